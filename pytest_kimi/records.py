@@ -1,0 +1,77 @@
+"""Plain records that flow through the pipeline: one streamed request as the client saw it.
+
+The load engine produces :class:`RequestRecord` objects and nothing else; every figure
+(steady-state tok/s, TTFT, ITL, decode rate) is computed from them after a trial ends, so the
+per-chunk hot path only appends a timestamp and a count.  Timestamps are ``time.perf_counter()``
+seconds on the client's clock.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request of a trial, from scheduling to the end of its stream."""
+
+    index: int
+    """Position of the request in its trial (0-based, in send order)."""
+    worker: int
+    """Closed-loop worker (or open-loop slot) that sent it."""
+    scheduled: float
+    """When the request was due to be sent (closed loop: when its worker became free)."""
+    sent: float = 0.0
+    """Just before the HTTP request was written."""
+    first_token: float | None = None
+    """Arrival of the first read block that held a non-empty content or reasoning token."""
+    end: float = 0.0
+    """When the stream ended: ``[DONE]``, connection close, error or timeout."""
+    chunk_times: array = field(default_factory=lambda: array("d"))
+    """Arrival time of every read block that held at least one token event."""
+    chunk_events: array = field(default_factory=lambda: array("I"))
+    """How many token events (content/reasoning deltas) each of those blocks held."""
+    completion_tokens: int = 0
+    """From the server's ``usage``; counted from events when ``tokens_approx``."""
+    prompt_tokens: int = 0
+    tokens_approx: bool = False
+    """True when the server sent no ``usage`` and the token count is the number of events."""
+    status: int = 0
+    """HTTP status; 0 when no response arrived (connection refused, timeout before headers)."""
+    error: str | None = None
+    """First error seen for this request (HTTP error body, error event, timeout, disconnect)."""
+    finish_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """A completed 200 stream with no error."""
+        return self.error is None and self.status == 200
+
+    @property
+    def events(self) -> int:
+        """Number of token events received."""
+        return int(sum(self.chunk_events))
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token, from send to the first block carrying a token."""
+        if self.first_token is None:
+            return None
+        return self.first_token - self.sent
+
+    @property
+    def last_token(self) -> float | None:
+        return self.chunk_times[-1] if self.chunk_times else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Per-request decode rate: (tokens - 1) / (last token - first token)."""
+        last = self.last_token
+        if self.first_token is None or last is None or last <= self.first_token:
+            return None
+        return (self.completion_tokens - 1) / (last - self.first_token)
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.sent
