@@ -1,0 +1,142 @@
+"""An OpenAI-compatible endpoint: URL validation, discovery (/v1/models, server info), health.
+
+Errors here are the first thing a user meets when the URL is wrong or the server is down,
+so each says what was tried, what came back, and what to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+
+
+class EndpointError(RuntimeError):
+    """The endpoint cannot be used; the message names the URL, the problem and the fix."""
+
+
+@dataclass(slots=True)
+class EndpointInfo:
+    url: str
+    """Base URL without credentials, path or trailing slash (``http://host:port``)."""
+    model: str
+    models: list[str] = field(default_factory=list)
+    server_info: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False)
+    """Kept only to build request headers; never printed or written."""
+
+    def headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+    def public(self) -> dict[str, Any]:
+        """What reports may show: URL without credentials, model, server info."""
+        return {"url": self.url, "model": self.model, "server_info": self.server_info}
+
+
+def normalize_url(raw: str, source: str) -> str:
+    """Validate a base URL and strip credentials, query and trailing ``/`` or ``/v1``."""
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EndpointError(
+            f"{source}: {redact_url(raw)!r} is not an http(s) URL; give the server's base URL, "
+            "e.g. --endpoint=http://127.0.0.1:30000 (or --endpoint=sim for the built-in simulator)"
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        raise EndpointError(f"{source}: {redact_url(raw)!r} has an invalid port") from None
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = host if port is None else f"{host}:{port}"
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return urlunsplit((parts.scheme, netloc, path, "", ""))
+
+
+def redact_url(raw: str) -> str:
+    """The URL with any ``user:password@`` removed, for messages and reports."""
+    parts = urlsplit(raw)
+    if parts.username is None and parts.password is None:
+        return raw
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+async def _get_json(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+) -> tuple[int, Any]:
+    async with session.get(url, headers=headers) as resp:
+        text = await resp.text(errors="replace")
+        if resp.status != 200:
+            return resp.status, text[:200]
+        try:
+            return resp.status, json.loads(text)
+        except json.JSONDecodeError:
+            raise EndpointError(
+                f"{url} answered 200 but not JSON ({text[:80]!r}): is this an OpenAI-compatible "
+                "server (SGLang, vLLM)? check the port"
+            ) from None
+
+
+async def discover(
+    base_url: str, *, api_key: str | None, model: str | None, timeout_s: float = 30.0
+) -> EndpointInfo:
+    """Ask the server which models it serves and, where it can say, how it was launched."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            status, body = await _get_json(session, f"{base_url}/v1/models", headers)
+            if status == 401 or status == 403:
+                raise EndpointError(
+                    f"{base_url}/v1/models answered {status}: the server wants an API key; pass "
+                    "--api-key or set KIMI_API_KEY"
+                )
+            if status != 200:
+                raise EndpointError(f"{base_url}/v1/models answered HTTP {status}: {body}")
+            models = _model_ids(body, base_url)
+            server_info: dict[str, Any] = {}
+            for path in ("/get_server_info", "/server_info"):
+                try:
+                    st, info = await _get_json(session, base_url + path, headers)
+                except EndpointError:
+                    continue
+                if st == 200 and isinstance(info, dict):
+                    server_info = info
+                    break
+    except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+        raise EndpointError(
+            f"cannot connect to {base_url} ({exc.__class__.__name__}: {exc.strerror or exc}): "
+            "is the server up and listening on that host and port?"
+        ) from None
+    except asyncio.TimeoutError:
+        raise EndpointError(
+            f"{base_url} did not answer /v1/models within {timeout_s:g} s: is it still starting?"
+        ) from None
+    except aiohttp.ClientError as exc:
+        raise EndpointError(f"{base_url}: {exc.__class__.__name__}: {exc}") from None
+    chosen = model or models[0]
+    if model and models and model not in models:
+        raise EndpointError(
+            f"model {model!r} is not served by {base_url}; it serves: {', '.join(models)}"
+        )
+    return EndpointInfo(
+        url=base_url, model=chosen, models=models, server_info=server_info, api_key=api_key
+    )
+
+
+def _model_ids(body: Any, base_url: str) -> list[str]:
+    data = body.get("data") if isinstance(body, dict) else None
+    ids = [m.get("id") for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    if not ids:
+        raise EndpointError(
+            f"{base_url}/v1/models lists no models ({str(body)[:120]}); pass --model explicitly"
+        )
+    return ids

@@ -1,0 +1,325 @@
+"""Buffered parser for OpenAI-style SSE token streams (the client's hot path).
+
+Why this exists instead of "split lines, ``json.loads`` every chunk": at the token rates a
+batched server streams (hundreds of thousands of tok/s across all requests), decoding every
+~250-byte chunk costs more CPU than everything else the client does, and a client that runs
+out of CPU reports *its own* limit as the server's.  So the parser works per read block, not
+per event:
+
+* Complete events of a block are classified with a handful of ``bytes.count``/``find`` scans
+  (C loops over the whole block).  This is sound because in valid JSON a literal ``"`` inside
+  a string value is always escaped and a raw newline never occurs, so byte patterns such as
+  ``"content":"`` or ``\\n`` can only come from the JSON structure / SSE framing, never from
+  token text.
+* Only when the counts do not prove "every event in this block is a plain token chunk" (role
+  chunk, finish chunk, usage, ``[DONE]``, errors, keep-alives, garbage...) are the block's
+  events decoded one by one with ``json.loads``.  That happens on the first and last block of
+  a stream and almost never in between.
+* Per block the parser appends one timestamp and one count to the record; everything else
+  (token totals, usage fallback) is settled once in :meth:`StreamParser.close`.
+
+Event semantics (shared with the JSON-decoding reference used in the tests):
+
+* A token event is a ``data:`` event whose first-level ``choices[*]`` carry a non-empty
+  string ``delta.content`` / ``delta.reasoning_content`` / ``delta.reasoning`` (chat) or
+  ``text`` (completions).  Role-only or empty-content chunks are not tokens.
+* ``data: [DONE]`` ends the stream; an error event (``{"error": ...}`` or
+  ``{"object": "error", ...}``), or a ``data:`` payload that is not a JSON object, ends it with
+  an error on the record.  Nothing after the end is looked at.
+* ``usage`` (last one wins) and ``finish_reason`` (last non-null wins) are taken from decoded
+  events.  Limitation by design: usage riding on an ordinary token chunk *without* a
+  finish_reason (vLLM's ``continuous_usage_stats``) is not decoded; the final usage is always in
+  the finish chunk or the trailing ``choices: []`` chunk, which are decoded.
+* Events must be separated by a blank line (``\\n\\n`` or ``\\r\\n\\r\\n``); an incomplete event
+  at EOF is discarded (per the SSE spec) except a bare ``data: [DONE]``.
+* Streams with ``n > 1`` choices are decoded correctly but take the slow path.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from ..records import RequestRecord
+
+Api = Literal["chat", "completions"]
+
+_CHAT_FIELDS = ("content", "reasoning_content", "reasoning")
+_COMPLETION_FIELDS = ("text",)
+_KNOWN_FIELDS = (b"data", b"event", b"id", b"retry")
+
+
+def malformed_message(payload: bytes) -> str:
+    """The error text for an undecodable event (shared with the test reference)."""
+    return "malformed SSE event: " + payload[:80].decode("utf-8", "replace")
+
+
+def error_event_message(obj: dict[str, Any]) -> str:
+    """Readable text for a server-sent error event (SGLang ``{"error": {...}}`` / vLLM
+    ``{"object": "error", "message": ...}``)."""
+    err = obj.get("error")
+    if err is None or obj.get("object") == "error":
+        err = obj
+    if isinstance(err, dict):
+        msg = err.get("message") or err.get("msg") or err.get("detail") or json.dumps(err)[:200]
+        code = err.get("code") or err.get("type")
+        text = f"{msg} ({code})" if code else str(msg)
+    else:
+        text = str(err)
+    return "server error event: " + text[:300]
+
+
+def is_error_object(obj: dict[str, Any]) -> bool:
+    return obj.get("error") is not None or obj.get("object") == "error"
+
+
+class _Patterns:
+    """Byte patterns for one JSON style (compact ``"k":"v"`` or spaced ``"k": "v"``)."""
+
+    __slots__ = ("kinds", "first", "first_empty", "finish")
+
+    def __init__(self, fields: tuple[str, ...], sep: str) -> None:
+        self.kinds: tuple[tuple[bytes, bytes], ...] = tuple(
+            (f'"{f}"{sep}"'.encode(), f'"{f}"{sep}""'.encode()) for f in fields
+        )
+        self.first, self.first_empty = self.kinds[0]
+        self.finish = f'"finish_reason"{sep}"'.encode()
+
+
+class StreamParser:
+    """Incremental parser feeding one :class:`RequestRecord`.
+
+    Call :meth:`feed` with every read block and its arrival time, then :meth:`close` once at
+    the end of the stream.  ``done`` / ``failed`` tell the reader it can stop reading.
+    """
+
+    __slots__ = (
+        "record",
+        "api",
+        "done",
+        "failed",
+        "events",
+        "usage_seen",
+        "fast_blocks",
+        "slow_blocks",
+        "_fields",
+        "_styles",
+        "_pat",
+        "_pending",
+        "_crlf",
+        "_last_t",
+        "_times",
+        "_counts",
+    )
+
+    def __init__(self, record: RequestRecord, api: Api = "chat") -> None:
+        if api not in ("chat", "completions"):
+            raise ValueError(f"api must be 'chat' or 'completions', not {api!r}")
+        self.record = record
+        self.api = api
+        self.done = False
+        """``data: [DONE]`` seen."""
+        self.failed = False
+        """An error event or malformed data ended the stream (``record.error`` says why)."""
+        self.events = 0
+        """Token events so far."""
+        self.usage_seen = False
+        self.fast_blocks = 0
+        """Blocks classified by byte counting alone (for profiling / tests)."""
+        self.slow_blocks = 0
+        self._fields = _CHAT_FIELDS if api == "chat" else _COMPLETION_FIELDS
+        self._styles = (_Patterns(self._fields, ""), _Patterns(self._fields, " "))
+        self._pat = self._styles[0]
+        self._pending = b""
+        self._crlf = False
+        self._last_t = 0.0
+        self._times = record.chunk_times
+        self._counts = record.chunk_events
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more will be taken from the stream."""
+        return self.done or self.failed
+
+    # ------------------------------------------------------------------ hot path
+    def feed(self, t: float, data: bytes) -> None:
+        """Take one read block that arrived at ``t`` (``time.perf_counter()``)."""
+        if self.done or self.failed:
+            return
+        self._last_t = t
+        buf = self._pending + data if self._pending else data
+        if self._crlf or b"\r" in data:
+            # Normalise CRLF once per block; a trailing lone "\r" stays in the pending tail
+            # and pairs with the "\n" of the next read.
+            self._crlf = True
+            buf = buf.replace(b"\r\n", b"\n")
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self._pending = buf
+            return
+        end = cut + 2
+        self._pending = buf[end:]
+        n = self._count_fast(buf, end)
+        if n is None:
+            self.slow_blocks += 1
+            n = self._decode_events(buf, end)
+        else:
+            self.fast_blocks += 1
+        if n:
+            if not self._times:
+                self.record.first_token = t
+            self._times.append(t)
+            self._counts.append(n)
+            self.events += n
+
+    def _count_fast(self, buf: bytes, end: int) -> int | None:
+        """Token events in ``buf[:end]`` if byte counts prove every event is a plain token
+        chunk (or a harmless empty one); ``None`` when the events must be decoded.
+
+        Invariant used: each ordinary event is exactly ``data: {...}\\n\\n`` (two newlines), so
+        ``newlines == 2 * events``; any other event (comment, ``[DONE]``, usage-only, error,
+        garbage, multi-line) breaks ``pattern count == events`` and goes to the slow path.
+        """
+        p = self._pat
+        events = buf.count(b"\n", 0, end)
+        if events & 1:
+            return None
+        events >>= 1
+        c = buf.count(p.first, 0, end)
+        if c == events and events:
+            if buf.find(p.finish, 0, end) >= 0:
+                return None
+            if buf.find(p.first_empty, 0, end) < 0:
+                return events
+        elif not events:
+            return None
+        elif buf.find(p.finish, 0, end) >= 0:
+            return None
+        # General case: several delta fields (reasoning streams) and/or empty ones.  Decidable
+        # only if every field that occurs occurs once in *every* event; fields that are empty
+        # everywhere are inert; at most one field may vary.
+        # An event where no field occurs at all (usage-only, [DONE], comment, error) is
+        # never "ordinary", so some field must occur in every event.
+        varying = -1
+        present = False
+        for i, (pat, empty) in enumerate(p.kinds):
+            k = c if i == 0 else buf.count(pat, 0, end)
+            if k == 0:
+                continue
+            if k != events:
+                return None
+            present = True
+            e = buf.count(empty, 0, end)
+            if e == events:
+                continue
+            if varying >= 0:
+                return None
+            varying = e
+        if not present:
+            return None
+        return 0 if varying < 0 else events - varying
+
+    # ----------------------------------------------------------------- slow path
+    def _decode_events(self, buf: bytes, end: int) -> int:
+        """Decode every event of ``buf[:end]`` with ``json.loads``; returns token events."""
+        tokens = 0
+        for raw in buf[:end].split(b"\n\n"):
+            if not raw:
+                continue
+            data_lines: list[bytes] = []
+            for line in raw.split(b"\n"):
+                if not line or line[0] == 0x3A:  # ":" comment / keep-alive
+                    continue
+                name, sep, value = line.partition(b":")
+                if name == b"data":
+                    data_lines.append(value[1:] if value[:1] == b" " else value)
+                elif name not in _KNOWN_FIELDS:
+                    self._fail(malformed_message(line))
+                    return tokens
+            if not data_lines:
+                continue
+            payload = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
+            if payload.strip() == b"[DONE]":
+                self.done = True
+                return tokens
+            tok = self._handle_payload(payload)
+            if tok < 0:
+                return tokens
+            tokens += tok
+        return tokens
+
+    def _handle_payload(self, payload: bytes) -> int:
+        """Interpret one decoded-needed payload: 1 if token event, 0 if not, -1 if it ended
+        the stream with an error."""
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            self._fail(malformed_message(payload))
+            return -1
+        if is_error_object(obj):
+            self._fail(error_event_message(obj))
+            return -1
+        choices = obj.get("choices")
+        token = 0
+        if isinstance(choices, list) and choices:
+            if b'"choices": ' in payload:
+                self._pat = self._styles[1]
+            elif b'"choices":' in payload:
+                self._pat = self._styles[0]
+            for ch in choices:
+                if not isinstance(ch, dict):
+                    continue
+                if self.api == "chat":
+                    delta = ch.get("delta")
+                    if isinstance(delta, dict):
+                        for f in self._fields:
+                            v = delta.get(f)
+                            if isinstance(v, str) and v:
+                                token = 1
+                                break
+                else:
+                    v = ch.get("text")
+                    if isinstance(v, str) and v:
+                        token = 1
+                fr = ch.get("finish_reason")
+                if fr is not None:
+                    self.record.finish_reason = str(fr)
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self.usage_seen = True
+            self.record.completion_tokens = usage["completion_tokens"]
+            pt = usage.get("prompt_tokens")
+            self.record.prompt_tokens = pt if isinstance(pt, int) else 0
+        return token
+
+    def _fail(self, message: str) -> None:
+        self.failed = True
+        if self.record.error is None:
+            self.record.error = message
+
+    # ------------------------------------------------------------------- the end
+    def close(self) -> None:
+        """End of stream: settle token counts.  Safe to call more than once."""
+        if not (self.done or self.failed) and self._pending:
+            tail = self._pending.replace(b"\r", b"").strip()
+            if tail in (b"data: [DONE]", b"data:[DONE]"):
+                self.done = True
+        self._pending = b""
+        rec = self.record
+        if not self.usage_seen:
+            rec.completion_tokens = self.events
+            rec.tokens_approx = True
+        else:
+            rec.tokens_approx = False
+
+
+def parse_blocks(blocks: list[tuple[float, bytes]], api: Api = "chat") -> RequestRecord:
+    """Parse a whole recorded stream (convenience for tests and offline use)."""
+    rec = RequestRecord(index=0, worker=0, scheduled=0.0)
+    p = StreamParser(rec, api)
+    for t, data in blocks:
+        p.feed(t, data)
+    p.close()
+    return rec

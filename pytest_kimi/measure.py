@@ -1,0 +1,187 @@
+"""Run a test's workload level by level: warm-up, trials, verdicts, stop-on-error.
+
+Plain async code over the load runner; the plugin calls :func:`measure_test` on the
+background load loop.  A level that ends in ``error`` stops the sweep: later levels are
+reported as ``not-run`` with the reason rather than silently missing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Protocol, Sequence
+
+from .load.request import Target
+from .load.runner import LoadClient, TrialPlan, TrialRecords
+from .markers import Targets, Workload
+from .metrics import ClientSignals, TrialResult, summarize_trial
+from .results import LevelResult, ThroughputResult, judge_level, not_run_level
+
+WARMUP_MAX_TOKENS = 16
+DEFAULT_TRIALS = 3
+
+
+class TrialPolicy(Protocol):
+    """Decides, after each trial, whether a level needs more (the adaptive gate plugs in here)."""
+
+    def more_trials(self, concurrency: int, samples: Sequence[float]) -> int:
+        """How many further trials to run now; 0 ends the level."""
+        ...
+
+
+@dataclass(slots=True)
+class FixedTrials:
+    """Exactly ``trials`` trials per level."""
+
+    trials: int = DEFAULT_TRIALS
+
+    def more_trials(self, concurrency: int, samples: Sequence[float]) -> int:
+        return 0
+
+
+ProgressFn = Callable[[str], None]
+
+
+@dataclass(slots=True)
+class MeasureSpec:
+    """Everything :func:`measure_test` needs besides the client."""
+
+    nodeid: str
+    target: Target
+    workload: Workload
+    targets: Targets
+    bodies: list[bytes]
+    prompts_key: str
+    trials: int = DEFAULT_TRIALS
+    policy: TrialPolicy = field(default_factory=FixedTrials)
+
+
+def _rotated(bodies: list[bytes], offset: int) -> list[bytes]:
+    """Bodies starting at ``offset``: successive trials continue through the prompt set."""
+    k = offset % len(bodies)
+    return bodies[k:] + bodies[:k]
+
+
+def _warmup_bodies(bodies: list[bytes]) -> list[bytes]:
+    out = []
+    for raw in bodies[:2]:
+        body = json.loads(raw)
+        body["max_tokens"] = WARMUP_MAX_TOKENS
+        out.append(json.dumps(body, separators=(",", ":")).encode())
+    return out
+
+
+def _signals(tr: TrialRecords) -> ClientSignals:
+    wall = max(tr.ended - tr.started, 1e-9)
+    return ClientSignals(
+        loop_lag_max_s=tr.loop_lag_max_s,
+        loop_lag_p99_s=tr.loop_lag_p99_s,
+        send_delay_p99_s=tr.send_delay_p99_s,
+        cpu_share=tr.client_cpu_s / wall,
+    )
+
+
+def _max_failures(workload: Workload, requests: int | None, concurrency: int) -> int:
+    """A dead server must not be hammered: stop starting requests past the allowed failures."""
+    budget = requests if requests is not None else 10 * concurrency
+    return max(1, int(workload.max_error_rate * budget)) + concurrency
+
+
+async def run_trial(
+    client: LoadClient, spec: MeasureSpec, concurrency: int, index: int, offset: int
+) -> TrialResult:
+    w = spec.workload
+    requests = w.requests_for(concurrency)
+    plan = TrialPlan(
+        concurrency=concurrency,
+        bodies=_rotated(spec.bodies, offset),
+        requests=requests,
+        duration_s=w.duration_s,
+        timeout_s=w.timeout_s,
+        max_failures=_max_failures(w, requests, concurrency),
+        warmup=0,
+    )
+    tr = await client.run_trial(spec.target, plan)
+    return summarize_trial(
+        index,
+        concurrency,
+        tr.records,
+        started=tr.started,
+        ended=tr.ended,
+        client=_signals(tr),
+        max_tokens=w.max_tokens,
+        ignore_eos=w.ignore_eos,
+        stopped_early=tr.stopped_early,
+    )
+
+
+async def warm_up(client: LoadClient, spec: MeasureSpec) -> list[str]:
+    """Short requests that absorb one-time costs (JIT, CUDA graphs); their errors are returned."""
+    n = spec.workload.warmup
+    if n <= 0:
+        return []
+    plan = TrialPlan(
+        concurrency=min(n, 8),
+        bodies=_warmup_bodies(spec.bodies),
+        requests=n,
+        duration_s=None,
+        timeout_s=spec.workload.timeout_s,
+        max_failures=n,
+        warmup=0,
+    )
+    tr = await client.run_trial(spec.target, plan)
+    return [r.error for r in tr.records if r.error]
+
+
+async def measure_level(
+    client: LoadClient,
+    spec: MeasureSpec,
+    concurrency: int,
+    progress: ProgressFn | None = None,
+) -> LevelResult:
+    trials: list[TrialResult] = []
+    planned = spec.trials
+    offset = 0
+    while len(trials) < planned:
+        trial = await run_trial(client, spec, concurrency, len(trials), offset)
+        offset += trial.requests_ok + trial.requests_failed
+        trials.append(trial)
+        if progress:
+            shown = f"{trial.tok_s:.1f} tok/s" if trial.tok_s is not None else "no figure"
+            progress(
+                f"C={concurrency} trial {len(trials)}/{planned}: {shown}, "
+                f"{trial.requests_ok} ok, {trial.requests_failed} failed"
+            )
+        if trial.requests_failed and trial.stopped_early:
+            break  # the server is failing: more trials would only repeat it
+        if len(trials) == planned:
+            samples = [t.tok_s for t in trials if t.valid and t.tok_s is not None]
+            planned += spec.policy.more_trials(concurrency, samples)
+    return judge_level(concurrency, spec.workload, spec.targets, trials)
+
+
+async def measure_test(
+    client: LoadClient,
+    spec: MeasureSpec,
+    progress: ProgressFn | None = None,
+    on_level: Callable[[LevelResult], Awaitable[None] | None] | None = None,
+) -> ThroughputResult:
+    """All levels of one test, in order; levels after an ``error`` are ``not-run``."""
+    result = ThroughputResult(spec.nodeid, spec.workload, spec.targets, prompts_key=spec.prompts_key)
+    warm_errors = await warm_up(client, spec)
+    if warm_errors and len(warm_errors) >= spec.workload.warmup and progress:
+        progress(f"warm-up failed: {warm_errors[0]}")
+    stop_reason: str | None = None
+    for concurrency in spec.workload.levels:
+        if stop_reason is not None:
+            result.levels.append(not_run_level(concurrency, spec.workload, spec.targets, stop_reason))
+            continue
+        level = await measure_level(client, spec, concurrency, progress)
+        result.levels.append(level)
+        if on_level is not None:
+            maybe = on_level(level)
+            if maybe is not None:
+                await maybe
+        if level.verdict == "error":
+            stop_reason = f"not run: C={concurrency} ended in error"
+    return result

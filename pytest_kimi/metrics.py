@@ -1,0 +1,233 @@
+"""Request records -> trial and level figures: steady-state window, percentiles, validity.
+
+Everything here runs after a trial has ended, so the load engine's hot path never pays for it.
+
+Steady-state window (closed loop, C workers): from the moment *every* worker has received its
+first token to the moment the *first* worker receives the last token of its last request.
+Inside it exactly C streams are decoding, so token arrivals in the window divided by its
+length is the server's aggregate output rate at concurrency C, free of the ramp-up (requests
+still in prefill) and of the drain (the tail where fewer than C streams remain) that bias
+``tokens / wall``.  The window is half-open, (start, end], so a lone stream's rate comes out as
+(tokens - 1) / (last - first), the same as its per-request decode rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .records import RequestRecord
+
+CLIENT_LAG_LIMIT_S = 0.02
+"""Event-loop lag (p99) or send delay (p99) above this means the client, not the server, set the pace."""
+
+
+@dataclass(slots=True)
+class ClientSignals:
+    """How hard the load client itself worked during a trial (from the runner)."""
+
+    loop_lag_max_s: float = 0.0
+    loop_lag_p99_s: float = 0.0
+    send_delay_p99_s: float = 0.0
+    cpu_share: float = 0.0
+    """Client process CPU seconds per wall second (1.0 = one core busy)."""
+
+
+@dataclass(slots=True)
+class TrialResult:
+    """One measured load phase at one level: the sample unit of the statistics."""
+
+    index: int
+    concurrency: int
+    tok_s: float | None
+    """Aggregate output tok/s in the steady-state window; None when there is no window."""
+    window_s: float
+    window_tokens: float
+    requests_ok: int
+    requests_failed: int
+    wall_s: float
+    client: ClientSignals
+    invalid: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stopped_early: str | None = None
+    records: list[RequestRecord] = field(default_factory=list, repr=False)
+
+    @property
+    def valid(self) -> bool:
+        return not self.invalid and self.tok_s is not None
+
+
+def steady_window(records: Sequence[RequestRecord]) -> tuple[float, float] | None:
+    """(start, end] of the closed-loop steady state, or None when it is empty."""
+    first_by_worker: dict[int, float] = {}
+    last_by_worker: dict[int, float] = {}
+    for rec in records:
+        last = rec.last_token
+        if rec.first_token is None or last is None:
+            continue
+        w = rec.worker
+        if w not in first_by_worker or rec.first_token < first_by_worker[w]:
+            first_by_worker[w] = rec.first_token
+        if w not in last_by_worker or last > last_by_worker[w]:
+            last_by_worker[w] = last
+    if not first_by_worker:
+        return None
+    start = max(first_by_worker.values())
+    end = min(last_by_worker.values())
+    return (start, end) if end > start else None
+
+
+def tokens_in_window(records: Iterable[RequestRecord], start: float, end: float) -> float:
+    """Token arrivals in (start, end].
+
+    A block's events are weighted by ``completion_tokens / events`` of its request, so a server
+    that packs several tokens into one event (SGLang's ``stream_interval``) is counted right.
+    """
+    total = 0.0
+    for rec in records:
+        if not rec.chunk_times:
+            continue
+        times = np.frombuffer(rec.chunk_times, dtype=np.float64)
+        events = np.frombuffer(rec.chunk_events, dtype=np.uint32)
+        n_events = int(events.sum())
+        weight = rec.completion_tokens / n_events if rec.completion_tokens else 1.0
+        inside = (times > start) & (times <= end)
+        total += float(events[inside].sum()) * weight
+    return total
+
+
+def inter_token_latencies(records: Iterable[RequestRecord]) -> np.ndarray:
+    """One gap per token event after the first: a block's gap is shared by the events in it."""
+    parts = []
+    for rec in records:
+        if len(rec.chunk_times) < 2:
+            continue
+        times = np.frombuffer(rec.chunk_times, dtype=np.float64)
+        events = np.frombuffer(rec.chunk_events, dtype=np.uint32)[1:]
+        gaps = np.diff(times) / events
+        parts.append(np.repeat(gaps, events))
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
+    arr = np.asarray(values, dtype=np.float64)
+    return float(np.percentile(arr, q)) if arr.size else None
+
+
+def is_empty_ok_response(rec: RequestRecord) -> bool:
+    """A 200 stream that ended normally without a single token: untrustworthy, not an HTTP failure."""
+    return rec.status == 200 and rec.completion_tokens == 0 and not rec.chunk_times and (
+        rec.error is None or "no tokens" in rec.error
+    )
+
+
+def summarize_trial(
+    index: int,
+    concurrency: int,
+    records: list[RequestRecord],
+    *,
+    started: float,
+    ended: float,
+    client: ClientSignals,
+    max_tokens: int,
+    ignore_eos: bool,
+    stopped_early: str | None = None,
+) -> TrialResult:
+    """Figures and validity of one trial; never raises on bad data, it says what is wrong."""
+    empty = [r for r in records if is_empty_ok_response(r)]
+    failed = [r for r in records if not r.ok and not is_empty_ok_response(r)]
+    ok = [r for r in records if r.ok]
+    invalid: list[str] = []
+    window = steady_window(ok)
+    tok_s = window_tokens = window_s = 0.0
+    if window is None:
+        tok_s_value: float | None = None
+        if ok:
+            invalid.append(
+                "no steady-state window: a worker finished before all had their first token "
+                "(give more requests per trial)"
+            )
+    else:
+        window_s = window[1] - window[0]
+        window_tokens = tokens_in_window(ok, *window)
+        tok_s = window_tokens / window_s
+        tok_s_value = tok_s
+    if empty:
+        invalid.append(f"{len(empty)} request(s) answered 200 with no tokens")
+    if ignore_eos:
+        short = [r.completion_tokens for r in ok if r.completion_tokens != max_tokens]
+        if short:
+            invalid.append(
+                f"{len(short)} request(s) returned {sorted(set(short))[:5]} tokens instead of "
+                f"max_tokens={max_tokens} under ignore_eos (server ignores ignore_eos, or the "
+                "context length truncates)"
+            )
+    approx = sum(1 for r in ok if r.tokens_approx)
+    if client.loop_lag_p99_s > CLIENT_LAG_LIMIT_S or client.send_delay_p99_s > CLIENT_LAG_LIMIT_S:
+        invalid.append(
+            f"load client saturated (event-loop lag p99 {client.loop_lag_p99_s * 1e3:.1f} ms, "
+            f"send delay p99 {client.send_delay_p99_s * 1e3:.1f} ms > "
+            f"{CLIENT_LAG_LIMIT_S * 1e3:.0f} ms): the figure would be the client's limit"
+        )
+    errors: list[str] = []
+    for r in failed:
+        if r.error and r.error not in errors:
+            errors.append(r.error)
+        if len(errors) >= 3:
+            break
+    result = TrialResult(
+        index=index,
+        concurrency=concurrency,
+        tok_s=tok_s_value,
+        window_s=window_s,
+        window_tokens=window_tokens,
+        requests_ok=len(ok),
+        requests_failed=len(failed) + len(empty),
+        wall_s=ended - started,
+        client=client,
+        invalid=invalid,
+        errors=errors,
+        stopped_early=stopped_early,
+        records=records,
+    )
+    if approx:
+        result.errors.append(f"note: {approx} request(s) sent no usage; tokens counted from events")
+    return result
+
+
+@dataclass(slots=True)
+class LevelFigures:
+    """The level's headline figures over all its trials (what the report prints)."""
+
+    tok_s: float | None
+    trials_tok_s: list[float]
+    spread_pct: float | None
+    request_tok_s_p50: float | None
+    ttft_s_p50: float | None
+    ttft_s_p95: float | None
+    itl_s_p50: float | None
+    requests_ok: int
+    requests_failed: int
+
+
+def level_figures(trials: Sequence[TrialResult]) -> LevelFigures:
+    samples = [t.tok_s for t in trials if t.valid and t.tok_s is not None]
+    ok = [r for t in trials for r in t.records if r.ok]
+    rates = [x for x in (r.decode_tok_s for r in ok) if x is not None]
+    ttfts = [x for x in (r.ttft for r in ok) if x is not None]
+    mid = median(samples) if samples else None
+    spread = (max(samples) - min(samples)) / mid * 100 if mid and len(samples) > 1 else None
+    return LevelFigures(
+        tok_s=mid,
+        trials_tok_s=samples,
+        spread_pct=spread,
+        request_tok_s_p50=percentile(rates, 50),
+        ttft_s_p50=percentile(ttfts, 50),
+        ttft_s_p95=percentile(ttfts, 95),
+        itl_s_p50=percentile(inter_token_latencies(ok), 50),
+        requests_ok=sum(t.requests_ok for t in trials),
+        requests_failed=sum(t.requests_failed for t in trials),
+    )

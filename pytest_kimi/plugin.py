@@ -1,0 +1,255 @@
+"""pytest hooks and fixtures: wiring only; measuring, judging and reporting live elsewhere.
+
+Flow: markers are validated at collection (a bad one stops the run before any GPU time is
+spent), each marked test is measured in its setup phase by ``_kimi_measure``, a missed target
+fails the test in its call phase with the per-level table, and the figures ride on the test
+report (so they survive pytest-xdist) into the terminal summary and ``--perf-json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generator, Iterator
+
+import pytest
+
+from . import settings
+from .endpoint import EndpointError, EndpointInfo, normalize_url
+from .markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_marker_kwargs, parse_throughput
+from .report.json_report import build_report, write_json
+from .report.terminal import format_table, format_test
+from .results import ThroughputResult
+from .session import KimiLoad, PerfSession, build_spec
+from .workload import WorkloadError
+
+REPORT_ATTR = "kimi_perf"
+"""Attribute on TestReport carrying a test's result dict (serialised by xdist with the report)."""
+
+NO_ENDPOINT_REASON = (
+    "no endpoint given: pass --endpoint=URL (an OpenAI-compatible server, e.g. "
+    "http://127.0.0.1:30000) or --endpoint=sim (the built-in simulator), "
+    "or set KIMI_ENDPOINT or the ini key kimi_endpoint"
+)
+
+
+@dataclass(slots=True)
+class RunState:
+    """What the session accumulates for its reports (controller side under xdist)."""
+
+    endpoint: dict[str, Any] | None = None
+    tests: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PerfItem:
+    workload: Workload
+    targets: Targets
+
+
+STATE = pytest.StashKey[RunState]()
+PERF_ITEM = pytest.StashKey[PerfItem]()
+RESULT = pytest.StashKey[ThroughputResult]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER_SIGNATURE)
+    config.addinivalue_line("markers", "perf: a throughput test (added to every @throughput test)")
+    config.addinivalue_line("markers", "kimi_perf_group: internal: keeps perf tests on one xdist worker")
+    config.stash[STATE] = RunState()
+    config.pluginmanager.register(PerfReporter(config), "kimi-perf-reporter")
+    _group_perf_tests_under_xdist(config)
+
+
+def _group_perf_tests_under_xdist(config: pytest.Config) -> None:
+    """Perf tests share one endpoint: parallel workers would measure each other's load.
+
+    With ``-n N`` we switch xdist to ``--dist loadgroup`` and give every perf test the same
+    ``xdist_group``, so they all run, one after another, on one worker.
+    """
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") in ("load", "no"):
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems: list[str] = []
+    endpoint = settings.resolve(config, "endpoint").value
+    for item in items:
+        marks = list(item.iter_markers("throughput"))
+        if not marks:
+            continue
+        args, kwargs = merge_marker_kwargs([(m.args, m.kwargs) for m in marks])
+        try:
+            workload, targets = parse_throughput(args, kwargs)
+        except MarkerError as exc:
+            problems.append(f"{item.nodeid}: @throughput {exc}")
+            continue
+        item.stash[PERF_ITEM] = PerfItem(workload, targets)
+        item.add_marker(pytest.mark.perf)
+        item.add_marker(pytest.mark.xdist_group("kimi-perf"))
+        if endpoint is None:
+            item.add_marker(pytest.mark.skip(reason=NO_ENDPOINT_REASON))
+    if problems:
+        raise pytest.UsageError("malformed @throughput marker:\n  " + "\n  ".join(problems))
+
+
+@pytest.fixture(scope="session")
+def _kimi_session() -> Iterator[PerfSession]:
+    session = PerfSession()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+@pytest.fixture(scope="session")
+def kimi_endpoint(pytestconfig: pytest.Config, _kimi_session: PerfSession) -> Iterator[EndpointInfo]:
+    """The endpoint under test: URL, model and server info (launching the simulator for ``sim``)."""
+    resolved = settings.resolve(pytestconfig, "endpoint")
+    if resolved.value is None:
+        pytest.skip(NO_ENDPOINT_REASON)
+    api_key = settings.resolve(pytestconfig, "api_key").value
+    model = settings.resolve(pytestconfig, "model").value
+    raw: str = resolved.value
+    sim = None
+    try:
+        if raw == "sim" or raw.startswith("sim:"):
+            from .sim.process import SimProcess
+            from .sim.profile import SimConfigError, parse_sim_spec
+
+            try:
+                profile = parse_sim_spec(raw, resolved.source)
+            except SimConfigError as exc:
+                raise pytest.UsageError(str(exc)) from None
+            if api_key:
+                profile = profile.with_api_key(api_key) if hasattr(profile, "with_api_key") else profile
+            sim = SimProcess(profile, log_dir=Path(pytestconfig.rootpath) / ".kimi" / "logs")
+            sim.start()
+            base = sim.url
+        else:
+            base = normalize_url(raw, resolved.source)
+        info = _kimi_session.discover(base, api_key=api_key, model=model)
+    except EndpointError as exc:
+        if sim is not None:
+            sim.stop()
+        pytest.fail(str(exc), pytrace=False)
+    pytestconfig.stash[STATE].endpoint = info.public()
+    try:
+        yield info
+    finally:
+        if sim is not None:
+            sim.stop()
+
+
+def _trials(config: pytest.Config) -> int | None:
+    return settings.resolve(config, "perf_trials").value
+
+
+@pytest.fixture(scope="session")
+def _kimi_trials(pytestconfig: pytest.Config) -> int | None:
+    return _trials(pytestconfig)
+
+
+@pytest.fixture
+def kimi_load(
+    request: pytest.FixtureRequest, kimi_endpoint: EndpointInfo, _kimi_session: PerfSession,
+    _kimi_trials: int | None,
+) -> KimiLoad:
+    """The load engine bound to the endpoint: ``await kimi_load.sweep(concurrency=[1, 8])``."""
+    return KimiLoad(
+        _kimi_session, kimi_endpoint, request.node.nodeid, Path(request.config.rootpath), _kimi_trials
+    )
+
+
+@pytest.fixture(autouse=True)
+def _kimi_measure(request: pytest.FixtureRequest) -> ThroughputResult | None:
+    """Measure a ``@throughput`` test before its body runs; never raises on a bad level."""
+    item = request.node
+    perf = item.stash.get(PERF_ITEM, None)
+    if perf is None:
+        return None
+    endpoint: EndpointInfo = request.getfixturevalue("kimi_endpoint")
+    session: PerfSession = request.getfixturevalue("_kimi_session")
+    try:
+        spec = build_spec(
+            endpoint, item.nodeid, perf.workload, perf.targets,
+            rootdir=Path(request.config.rootpath), trials=_trials(request.config),
+        )
+    except WorkloadError as exc:
+        pytest.fail(f"@throughput prompts: {exc}", pytrace=False)
+    result = session.measure(spec)
+    item.stash[RESULT] = result
+    return result
+
+
+@pytest.fixture
+def throughput_result(request: pytest.FixtureRequest, _kimi_measure: ThroughputResult | None) -> ThroughputResult:
+    """All levels, trials and per-request records of this test's measurement."""
+    if _kimi_measure is None:
+        pytest.fail("throughput_result needs the test to carry @throughput(...)", pytrace=False)
+    return _kimi_measure
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    result = item.stash.get(RESULT, None)
+    if result is not None and result.failed:
+        lines = format_table([lv.to_dict() for lv in result.levels])
+        pytest.fail("throughput target missed:\n" + "\n".join(lines), pytrace=False)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    result = item.stash.get(RESULT, None)
+    # The call phase carries the figures; a setup that failed after measuring carries them too.
+    if result is not None and (report.when == "call" or report.when == "setup" and not report.passed):
+        data = result.to_dict()
+        data["outcome"] = report.outcome if report.when == "call" else "error"
+        endpoint = item.config.stash[STATE].endpoint
+        if endpoint is not None:
+            data["endpoint"] = endpoint
+        setattr(report, REPORT_ATTR, data)
+    return report
+
+
+class PerfReporter:
+    """Collects the figures from test reports (also those xdist workers send) and writes reports."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.state = config.stash[STATE]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = getattr(report, REPORT_ATTR, None)
+        if data is None:
+            return
+        data = dict(data)
+        endpoint = data.pop("endpoint", None)
+        if endpoint is not None and self.state.endpoint is None:
+            self.state.endpoint = endpoint
+        self.state.tests.append(data)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.state.tests:
+            return
+        terminalreporter.section("pytest-kimi throughput")
+        if self.state.endpoint:
+            ep = self.state.endpoint
+            terminalreporter.write_line(f"endpoint {ep['url']}  model {ep['model']}")
+        for test in self.state.tests:
+            for line in format_test(test):
+                terminalreporter.write_line(line)
+
+    def pytest_sessionfinish(self) -> None:
+        if hasattr(self.config, "workerinput"):
+            return  # the controller writes, from the reports the workers sent
+        path = settings.resolve(self.config, "perf_json").value
+        if path:
+            write_json(Path(path), build_report(self.state.endpoint, self.state.tests))

@@ -1,0 +1,62 @@
+"""The per-level table: in the terminal summary and in a failed test's message."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _tok_s(level: dict[str, Any]) -> str:
+    tok_s = level.get("tok_s")
+    if tok_s is None:
+        return "-"
+    spread = level.get("spread_pct")
+    return f"{tok_s:.1f}" + (f" ±{spread / 2:.1f}%" if spread is not None else "")
+
+
+def _ttft(level: dict[str, Any]) -> str:
+    return f"{_num(level.get('ttft_s_p50'), '.3f')}/{_num(level.get('ttft_s_p95'), '.3f')}"
+
+
+def _itl(level: dict[str, Any]) -> str:
+    itl = level.get("itl_s_p50")
+    return "-" if itl is None else f"{itl * 1e3:.2f}"
+
+
+COLUMNS: list[Column] = [
+    ("C", lambda lv: str(lv["concurrency"])),
+    ("tok/s", _tok_s),
+    ("req tok/s p50", lambda lv: _num(lv.get("request_tok_s_p50"), ".1f")),
+    ("TTFT p50/p95 s", _ttft),
+    ("ITL p50 ms", _itl),
+    ("ok/failed", lambda lv: f"{lv.get('requests_ok', 0)}/{lv.get('requests_failed', 0)}"),
+    ("target", lambda lv: _num(lv.get("target_tok_s"), "g")),
+    ("verdict", lambda lv: str(lv.get("verdict", "?"))),
+]
+
+
+def format_table(levels: Sequence[dict[str, Any]], columns: Sequence[Column] = COLUMNS) -> list[str]:
+    """Aligned rows, numbers right-aligned, then one line per reason of a non-passing level."""
+    header = [name for name, _ in columns]
+    rows = [[fn(lv) for _, fn in columns] for lv in levels]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    for lv in levels:
+        for reason in lv.get("reasons", []):
+            lines.append(f"  C={lv['concurrency']} {lv.get('verdict')}: {reason}")
+    return lines
+
+
+def format_test(test: dict[str, Any]) -> list[str]:
+    w = test.get("workload", {})
+    title = (
+        f"{test['nodeid']} [{test.get('outcome', '?')}] "
+        f"max_tokens={w.get('max_tokens')} prompts={w.get('prompts')} api={w.get('api')}"
+    )
+    return [title, *("  " + line for line in format_table(test.get("levels", [])))]

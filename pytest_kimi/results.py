@@ -1,0 +1,184 @@
+"""Level and test results, their verdicts, and the one JSON shape every report reads.
+
+Verdicts of a level, strongest first:
+
+- ``not-run``: an earlier level of the sweep ended in ``error``, so this one was not measured;
+- ``error``: requests failed (HTTP errors, timeouts, broken streams) beyond ``max_error_rate``;
+- ``invalid``: the figure cannot be trusted (wrong token counts under ``ignore_eos``, empty 200
+  responses, no steady-state window, or a saturated client), so none is published;
+- ``fail``: a target (floor or ceiling) was missed;
+- ``pass``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .markers import Targets, Workload
+from .metrics import LevelFigures, TrialResult, level_figures
+
+VERDICTS = ("pass", "fail", "invalid", "error", "not-run")
+FAILING_VERDICTS = frozenset({"fail", "invalid", "error"})
+
+
+@dataclass(slots=True)
+class LevelResult:
+    concurrency: int
+    max_tokens: int
+    trials: list[TrialResult]
+    figures: LevelFigures
+    verdict: str
+    reasons: list[str] = field(default_factory=list)
+    target_tok_s: float | None = None
+    errors: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Fields later stages add to the JSON level (baseline comparison, server counters)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        f = self.figures
+        out: dict[str, Any] = {
+            "concurrency": self.concurrency,
+            "max_tokens": self.max_tokens,
+            "tok_s": _round(f.tok_s, 2),
+            "trials_tok_s": [_round(x, 2) for x in f.trials_tok_s],
+            "spread_pct": _round(f.spread_pct, 2),
+            "request_tok_s_p50": _round(f.request_tok_s_p50, 2),
+            "ttft_s_p50": _round(f.ttft_s_p50, 5),
+            "ttft_s_p95": _round(f.ttft_s_p95, 5),
+            "itl_s_p50": _round(f.itl_s_p50, 6),
+            "requests_ok": f.requests_ok,
+            "requests_failed": f.requests_failed,
+            "target_tok_s": self.target_tok_s,
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "errors": list(self.errors),
+            "trials": len(self.trials),
+            "client": _client_summary(self.trials),
+        }
+        out.update(self.extra)
+        return out
+
+
+@dataclass(slots=True)
+class ThroughputResult:
+    """All levels of one test; what ``throughput_result`` gives a test body."""
+
+    nodeid: str
+    workload: Workload
+    targets: Targets
+    levels: list[LevelResult] = field(default_factory=list)
+    prompts_key: str = ""
+
+    def level(self, concurrency: int) -> LevelResult:
+        for lv in self.levels:
+            if lv.concurrency == concurrency:
+                return lv
+        raise KeyError(f"no level with concurrency {concurrency}")
+
+    @property
+    def failed(self) -> bool:
+        return any(lv.verdict in FAILING_VERDICTS for lv in self.levels)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodeid": self.nodeid,
+            "workload": workload_dict(self.workload, self.prompts_key),
+            "levels": [lv.to_dict() for lv in self.levels],
+        }
+
+
+def workload_dict(workload: Workload, prompts_key: str) -> dict[str, Any]:
+    return {
+        "api": workload.api,
+        "ignore_eos": workload.ignore_eos,
+        "input_tokens": workload.input_tokens,
+        "max_tokens": workload.max_tokens,
+        "prompts": prompts_key,
+    }
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def _client_summary(trials: list[TrialResult]) -> dict[str, float]:
+    if not trials:
+        return {}
+    return {
+        "loop_lag_max_ms": round(max(t.client.loop_lag_max_s for t in trials) * 1e3, 2),
+        "send_delay_p99_ms": round(max(t.client.send_delay_p99_s for t in trials) * 1e3, 2),
+        "cpu_share": round(max(t.client.cpu_share for t in trials), 3),
+    }
+
+
+def judge_level(
+    concurrency: int,
+    workload: Workload,
+    targets: Targets,
+    trials: list[TrialResult],
+) -> LevelResult:
+    """Figures and verdict of one level, with every reason a non-pass verdict has."""
+    figures = level_figures(trials)
+    floor = targets.floor_for(concurrency)
+    errors: list[str] = []
+    for t in trials:
+        for e in t.errors:
+            if e not in errors and len(errors) < 5:
+                errors.append(e)
+    total = figures.requests_ok + figures.requests_failed
+    failed_share = figures.requests_failed / total if total else 1.0
+    reasons: list[str] = []
+    verdict = "pass"
+    hard_errors = [e for e in errors if not e.startswith("note:")]
+    if total == 0 or figures.requests_ok == 0 or failed_share > workload.max_error_rate:
+        verdict = "error"
+        reasons.append(
+            f"{figures.requests_failed} of {total} requests failed "
+            f"(max_error_rate={workload.max_error_rate:g})"
+            + (f": {hard_errors[0]}" if hard_errors else "")
+        )
+        stopped = [t.stopped_early for t in trials if t.stopped_early]
+        if stopped:
+            reasons.append(stopped[0])
+    else:
+        invalid = [msg for t in trials for msg in t.invalid]
+        if invalid or figures.tok_s is None:
+            verdict = "invalid"
+            reasons.extend(dict.fromkeys(invalid or ["no trial gave a throughput figure"]))
+        else:
+            if floor is not None and figures.tok_s < floor:
+                reasons.append(f"aggregate {figures.tok_s:.1f} tok/s < min_tok_s {floor:g}")
+            rate = figures.request_tok_s_p50
+            if targets.min_request_tok_s is not None and (rate is None or rate < targets.min_request_tok_s):
+                reasons.append(
+                    f"per-request p50 {rate or 0:.1f} tok/s < min_request_tok_s "
+                    f"{targets.min_request_tok_s:g}"
+                )
+            ttft = figures.ttft_s_p95
+            if targets.max_ttft_s is not None and (ttft is None or ttft > targets.max_ttft_s):
+                reasons.append(f"TTFT p95 {ttft or 0:.3f} s > max_ttft_s {targets.max_ttft_s:g}")
+            if reasons:
+                verdict = "fail"
+    return LevelResult(
+        concurrency=concurrency,
+        max_tokens=workload.max_tokens,
+        trials=trials,
+        figures=figures,
+        verdict=verdict,
+        reasons=reasons,
+        target_tok_s=floor,
+        errors=errors,
+    )
+
+
+def not_run_level(concurrency: int, workload: Workload, targets: Targets, reason: str) -> LevelResult:
+    return LevelResult(
+        concurrency=concurrency,
+        max_tokens=workload.max_tokens,
+        trials=[],
+        figures=level_figures([]),
+        verdict="not-run",
+        reasons=[reason],
+        target_tok_s=targets.floor_for(concurrency),
+    )

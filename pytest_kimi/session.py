@@ -1,0 +1,120 @@
+"""The measuring side of a pytest session, without pytest: one loop, one client, one endpoint.
+
+:class:`PerfSession` owns the background loop and the single :class:`LoadClient` that every
+test shares; :class:`KimiLoad` is what ``async def`` tests get as ``kimi_load``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .endpoint import EndpointInfo, discover
+from .load.request import Target
+from .load.runner import LoadClient
+from .loop_thread import LoopThread
+from .markers import Targets, Workload, parse_throughput
+from .measure import DEFAULT_TRIALS, FixedTrials, MeasureSpec, ProgressFn, TrialPolicy, measure_test
+from .results import ThroughputResult
+from .workload import API_PATHS, encode_bodies, resolve_prompts
+
+
+class PerfSession:
+    """Background loop + shared load client bound to one endpoint."""
+
+    def __init__(self) -> None:
+        self._loop = LoopThread()
+        self._client: LoadClient | None = None
+
+    def discover(self, base_url: str, *, api_key: str | None, model: str | None) -> EndpointInfo:
+        return self._loop.run(discover(base_url, api_key=api_key, model=model))
+
+    async def _client_instance(self) -> LoadClient:
+        if self._client is None:
+            self._client = LoadClient()
+            await self._client.__aenter__()
+        return self._client
+
+    async def _measure(self, spec: MeasureSpec, progress: ProgressFn | None) -> ThroughputResult:
+        client = await self._client_instance()
+        return await measure_test(client, spec, progress)
+
+    def measure(self, spec: MeasureSpec, progress: ProgressFn | None = None) -> ThroughputResult:
+        return self._loop.run(self._measure(spec, progress))
+
+    async def measure_async(self, spec: MeasureSpec, progress: ProgressFn | None = None) -> ThroughputResult:
+        return await self._loop.run_async(self._measure(spec, progress))
+
+    def close(self) -> None:
+        async def _close() -> None:
+            if self._client is not None:
+                await self._client.__aexit__(None, None, None)
+                self._client = None
+
+        try:
+            self._loop.run(_close())
+        finally:
+            self._loop.close()
+
+
+def build_spec(
+    endpoint: EndpointInfo,
+    nodeid: str,
+    workload: Workload,
+    targets: Targets,
+    *,
+    rootdir: Path,
+    trials: int | None = None,
+    policy: TrialPolicy | None = None,
+) -> MeasureSpec:
+    """Resolve prompts and pre-encode bodies: all the work that must not happen under the clock."""
+    source = resolve_prompts(workload.prompts, workload.input_tokens, rootdir)
+    bodies = encode_bodies(
+        source,
+        model=endpoint.model,
+        api=workload.api,
+        max_tokens=workload.max_tokens,
+        ignore_eos=workload.ignore_eos,
+    )
+    target = Target(url=endpoint.url + API_PATHS[workload.api], headers=endpoint.headers(), api=workload.api)
+    return MeasureSpec(
+        nodeid=nodeid,
+        target=target,
+        workload=workload,
+        targets=targets,
+        bodies=bodies,
+        prompts_key=source.key,
+        trials=workload.trials or trials or DEFAULT_TRIALS,
+        policy=policy or FixedTrials(),
+    )
+
+
+class KimiLoad:
+    """The load engine bound to the session's endpoint, for tests that drive it themselves.
+
+    ``await kimi_load.sweep(concurrency=[1, 8], max_tokens=256)`` takes the same arguments as
+    ``@throughput`` and returns a :class:`ThroughputResult`; it judges targets but fails nothing:
+    the test asserts what it wants.
+    """
+
+    def __init__(
+        self, session: PerfSession, endpoint: EndpointInfo, nodeid: str, rootdir: Path, trials: int | None
+    ) -> None:
+        self._session = session
+        self.endpoint = endpoint
+        self._nodeid = nodeid
+        self._rootdir = rootdir
+        self._trials = trials
+
+    def _spec(self, kwargs: dict[str, Any]) -> MeasureSpec:
+        workload, targets = parse_throughput((), kwargs)
+        return build_spec(
+            self.endpoint, self._nodeid, workload, targets, rootdir=self._rootdir, trials=self._trials
+        )
+
+    async def sweep(self, **kwargs: Any) -> ThroughputResult:
+        return await self._session.measure_async(self._spec(kwargs))
+
+    def sweep_sync(self, **kwargs: Any) -> ThroughputResult:
+        """The same from a plain ``def`` test."""
+        return self._session.measure(self._spec(kwargs))

@@ -1,0 +1,126 @@
+"""Options: command line > environment > ini file, each value checked and traced to its source.
+
+A bad value is reported with where it came from (``--perf-trials``, ``env KIMI_PERF_TRIALS``
+or ``ini kimi_perf_trials``), so a stale variable in a CI job is found at once.  Marker
+arguments override all three; that merge happens where the marker is read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Mapping, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Option(Generic[T]):
+    flag: str
+    ini: str
+    env: str | None
+    help: str
+    parse: Callable[[str], T]
+    default: T | None = None
+    metavar: str | None = None
+    secret: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved(Generic[T]):
+    value: T | None
+    source: str
+    """Where the value came from: a flag, ``env NAME``, ``ini NAME`` or ``default``."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number between 0 and 1, got {text!r}") from None
+    if not 0 < value < 1:
+        raise ValueError(f"expected a number between 0 and 1 (exclusive), got {text!r}")
+    return value
+
+
+def non_empty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a non-empty value")
+    return text.strip()
+
+
+OPTIONS: dict[str, Option[Any]] = {
+    o.dest: o
+    for o in (
+        Option(
+            "--endpoint", "kimi_endpoint", "KIMI_ENDPOINT",
+            "base URL of an OpenAI-compatible server (SGLang, vLLM), e.g. http://127.0.0.1:30000; "
+            "'sim' (or 'sim:speed=20,slowdown=1.1') starts the built-in simulator for the session",
+            non_empty, metavar="URL",
+        ),
+        Option(
+            "--model", "kimi_model", "KIMI_MODEL",
+            "model name to request (default: the first id from /v1/models)", non_empty,
+        ),
+        Option(
+            "--api-key", "kimi_api_key", "KIMI_API_KEY",
+            "bearer token for the endpoint (default: env KIMI_API_KEY); never printed or written",
+            non_empty, secret=True,
+        ),
+        Option(
+            "--perf-json", "kimi_perf_json", "KIMI_PERF_JSON",
+            "write every perf test's levels, figures and verdicts to this JSON file", non_empty,
+            metavar="PATH",
+        ),
+        Option(
+            "--perf-trials", "kimi_perf_trials", "KIMI_PERF_TRIALS",
+            "trials per level (default 3); the marker's trials= overrides it", positive_int,
+            metavar="N",
+        ),
+    )
+}
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kimi", "pytest-kimi: throughput targets for LLM endpoints")
+    for opt in OPTIONS.values():
+        env = f" [env {opt.env}]" if opt.env else ""
+        group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help + env)
+        parser.addini(opt.ini, opt.help, default="")
+
+
+def resolve(
+    config: pytest.Config, name: str, environ: Mapping[str, str] | None = None
+) -> Resolved[Any]:
+    """The option's value and its source; raises ``pytest.UsageError`` naming the source."""
+    opt = OPTIONS[name]
+    env = os.environ if environ is None else environ
+    candidates: list[tuple[str, Any]] = [(opt.flag, config.getoption(opt.dest))]
+    if opt.env:
+        candidates.append((f"env {opt.env}", env.get(opt.env)))
+    candidates.append((f"ini {opt.ini}", config.getini(opt.ini) or None))
+    for source, raw in candidates:
+        if raw is None or raw == "":
+            continue
+        try:
+            return Resolved(opt.parse(str(raw)), source)
+        except ValueError as exc:
+            shown = "<hidden>" if opt.secret else repr(raw)
+            raise pytest.UsageError(f"{source}: bad value {shown}: {exc}") from None
+    return Resolved(opt.default, "default")
