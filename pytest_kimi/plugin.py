@@ -8,6 +8,7 @@ report (so they survive pytest-xdist) into the terminal summary and ``--perf-jso
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generator, Iterator
@@ -48,8 +49,13 @@ class PerfItem:
 
 
 STATE = pytest.StashKey[RunState]()
+SETTINGS = pytest.StashKey[dict[str, settings.Resolved[Any]]]()
 PERF_ITEM = pytest.StashKey[PerfItem]()
 RESULT = pytest.StashKey[ThroughputResult]()
+
+
+def _setting(config: pytest.Config, name: str) -> settings.Resolved[Any]:
+    return config.stash[SETTINGS][name]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -59,26 +65,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_SIGNATURE)
     config.addinivalue_line("markers", "perf: a throughput test (added to every @throughput test)")
-    config.addinivalue_line("markers", "kimi_perf_group: internal: keeps perf tests on one xdist worker")
+    config.stash[SETTINGS] = settings.resolve_all(config)
     config.stash[STATE] = RunState()
     config.pluginmanager.register(PerfReporter(config), "kimi-perf-reporter")
     _group_perf_tests_under_xdist(config)
 
 
+PERF_GROUP = "kimi-perf"
+
+
 def _group_perf_tests_under_xdist(config: pytest.Config) -> None:
     """Perf tests share one endpoint: parallel workers would measure each other's load.
 
-    With ``-n N`` we switch xdist to ``--dist loadgroup`` and give every perf test the same
-    ``xdist_group``, so they all run, one after another, on one worker.
+    With ``-n N`` the controller switches xdist to ``--dist loadgroup`` and every perf test gets
+    the same ``xdist_group``, so they all run, one after another, on one worker.  Workers are
+    told through ``workerinput`` (see ``pytest_configure_node``) since they parse the original
+    command line, where the distribution mode is still ``load``.
     """
     if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") in ("load", "no"):
         config.option.dist = "loadgroup"
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and workerinput.get("kimi_loadgroup"):
+        config.option.loadgroup = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: tell each worker that perf tests are grouped."""
+    node.workerinput["kimi_loadgroup"] = node.config.getvalue("dist") == "loadgroup"
+
+
+def _perf_nodeid(item: pytest.Item) -> str:
+    """The test's id without xdist's ``@group`` suffix: baselines and reports must not depend on -n."""
+    suffix = "@" + PERF_GROUP
+    return item.nodeid[: -len(suffix)] if item.nodeid.endswith(suffix) else item.nodeid
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     problems: list[str] = []
-    endpoint = settings.resolve(config, "endpoint").value
+    endpoint = _setting(config, "endpoint").value
     for item in items:
         marks = list(item.iter_markers("throughput"))
         if not marks:
@@ -91,7 +117,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         item.stash[PERF_ITEM] = PerfItem(workload, targets)
         item.add_marker(pytest.mark.perf)
-        item.add_marker(pytest.mark.xdist_group("kimi-perf"))
+        item.add_marker(pytest.mark.xdist_group(PERF_GROUP))
         if endpoint is None:
             item.add_marker(pytest.mark.skip(reason=NO_ENDPOINT_REASON))
     if problems:
@@ -110,11 +136,11 @@ def _kimi_session() -> Iterator[PerfSession]:
 @pytest.fixture(scope="session")
 def kimi_endpoint(pytestconfig: pytest.Config, _kimi_session: PerfSession) -> Iterator[EndpointInfo]:
     """The endpoint under test: URL, model and server info (launching the simulator for ``sim``)."""
-    resolved = settings.resolve(pytestconfig, "endpoint")
+    resolved = _setting(pytestconfig, "endpoint")
     if resolved.value is None:
         pytest.skip(NO_ENDPOINT_REASON)
-    api_key = settings.resolve(pytestconfig, "api_key").value
-    model = settings.resolve(pytestconfig, "model").value
+    api_key = _setting(pytestconfig, "api_key").value
+    model = _setting(pytestconfig, "model").value
     raw: str = resolved.value
     sim = None
     try:
@@ -126,8 +152,8 @@ def kimi_endpoint(pytestconfig: pytest.Config, _kimi_session: PerfSession) -> It
                 profile = parse_sim_spec(raw, resolved.source)
             except SimConfigError as exc:
                 raise pytest.UsageError(str(exc)) from None
-            if api_key:
-                profile = profile.with_api_key(api_key) if hasattr(profile, "with_api_key") else profile
+            if api_key and profile.api_key is None:
+                profile = dataclasses.replace(profile, api_key=api_key)
             sim = SimProcess(profile, log_dir=Path(pytestconfig.rootpath) / ".kimi" / "logs")
             sim.start()
             base = sim.url
@@ -147,7 +173,7 @@ def kimi_endpoint(pytestconfig: pytest.Config, _kimi_session: PerfSession) -> It
 
 
 def _trials(config: pytest.Config) -> int | None:
-    return settings.resolve(config, "perf_trials").value
+    return _setting(config, "perf_trials").value
 
 
 @pytest.fixture(scope="session")
@@ -162,7 +188,7 @@ def kimi_load(
 ) -> KimiLoad:
     """The load engine bound to the endpoint: ``await kimi_load.sweep(concurrency=[1, 8])``."""
     return KimiLoad(
-        _kimi_session, kimi_endpoint, request.node.nodeid, Path(request.config.rootpath), _kimi_trials
+        _kimi_session, kimi_endpoint, _perf_nodeid(request.node), Path(request.config.rootpath), _kimi_trials
     )
 
 
@@ -177,7 +203,7 @@ def _kimi_measure(request: pytest.FixtureRequest) -> ThroughputResult | None:
     session: PerfSession = request.getfixturevalue("_kimi_session")
     try:
         spec = build_spec(
-            endpoint, item.nodeid, perf.workload, perf.targets,
+            endpoint, _perf_nodeid(item), perf.workload, perf.targets,
             rootdir=Path(request.config.rootpath), trials=_trials(request.config),
         )
     except WorkloadError as exc:
@@ -250,6 +276,6 @@ class PerfReporter:
     def pytest_sessionfinish(self) -> None:
         if hasattr(self.config, "workerinput"):
             return  # the controller writes, from the reports the workers sent
-        path = settings.resolve(self.config, "perf_json").value
+        path = _setting(self.config, "perf_json").value
         if path:
             write_json(Path(path), build_report(self.state.endpoint, self.state.tests))

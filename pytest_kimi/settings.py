@@ -124,3 +124,8 @@ def resolve(
             shown = "<hidden>" if opt.secret else repr(raw)
             raise pytest.UsageError(f"{source}: bad value {shown}: {exc}") from None
     return Resolved(opt.default, "default")
+
+
+def resolve_all(config: pytest.Config) -> dict[str, Resolved[Any]]:
+    """Every option, checked once at start-up so a bad value stops the run before any test."""
+    return {name: resolve(config, name) for name in OPTIONS}

@@ -102,7 +102,7 @@ _KNOBS: dict[str, _Knob] = {
                          help="sigma of the per-step log-normal jitter (mean 1)"),
     "error_rate": _Knob("float", lo=0.0, hi=1.0,
                         help="fraction of generation requests answered HTTP 500"),
-    "stall_after_tokens": _Knob("int", lo=0, optional=True,
+    "stall_after_tokens": _Knob("int", lo=1, optional=True,
                                 help="each stream goes silent after this many tokens"),
     "stall_s": _Knob("float", lo=0.0, help="length of that silence, wall-clock seconds"),
     "disconnect_after_tokens": _Knob("int", lo=0, optional=True,
@@ -116,6 +116,9 @@ _KNOBS: dict[str, _Knob] = {
     "seed": _Knob("int", lo=0, hi=2**63 - 1, help="seed for noise, jitter, errors, EOS lengths"),
     "server_args": _Knob("json", help="extra keys merged into /get_server_info"),
     "no_usage": _Knob("bool", help="never send usage, even when asked"),
+    "crash_after_requests": _Knob("int", lo=0, optional=True,
+                                  help="the process dies (exit 1, traceback on stderr) when "
+                                       "generation request N+1 arrives: a crash mid-sweep"),
 }
 
 KNOB_HELP: dict[str, str] = {name: knob.help for name, knob in _KNOBS.items()}
@@ -156,6 +159,7 @@ class SimProfile:
     seed: int = 0
     server_args: dict[str, Any] = field(default_factory=dict, hash=False)
     no_usage: bool = False
+    crash_after_requests: int | None = None
 
     def __post_init__(self) -> None:
         _validate(self, "SimProfile")
@@ -323,7 +327,7 @@ class SimProfile:
                 if getattr(self, name):
                     args.append(flag)
                 continue
-            args += [flag, text]
+            args.append(f"{flag}={text}")  # "=" form: safe for values starting with "-"
         return args
 
     def describe(self) -> dict[str, Any]:

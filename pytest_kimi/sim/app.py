@@ -1,0 +1,632 @@
+"""aiohttp application that looks like SGLang's OpenAI-compatible server to a benchmark client.
+
+Only what a throughput client touches is modelled, but that part is modelled faithfully:
+SGLang-shaped SSE chunks (one per token, ``usage`` chunk on request, ``[DONE]``), the
+side endpoints a harness probes (``/get_server_info``, ``/health_generate``, ``/metrics``)
+and the faults a client must survive (HTTP 500s, stalls, dropped connections, malformed
+events, a server that is still warming up, a missing ``usage``).
+
+The per-token path is a list lookup and a bytes join: every token's complete SSE event is
+pre-encoded per request, so the server keeps up with its own schedule at tens of thousands
+of tokens per second instead of spending its time in ``json.dumps``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, NoReturn
+
+from aiohttp import web
+
+from .engine import EngineNotRunning, Sequence, SeqState, SimEngine
+from .profile import SimProfile
+
+__all__ = [
+    "ENGINE_KEY",
+    "PROFILE_KEY",
+    "VOCAB",
+    "SimServer",
+    "count_prompt_tokens",
+    "create_app",
+    "start_server",
+    "SIM_VERSION",
+]
+
+SIM_VERSION = "0.1.0-sim"
+ALLOWED_HOSTS = ("127.0.0.1",)
+
+ENGINE_KEY: web.AppKey[SimEngine] = web.AppKey("pytest_kimi_sim_engine", SimEngine)
+PROFILE_KEY: web.AppKey[SimProfile] = web.AppKey("pytest_kimi_sim_profile", SimProfile)
+
+VOCAB: tuple[str, ...] = (
+    " The", " answer", " is", " 4", ".", " café", " naïve", " 日本", "語", " 🚀",
+    " 🙂", ' "quoted"', " back\\slash", "\n", "\t", " <b>", " &", " über", ",", " and",
+    " résumé", " 😀", " so", " on",
+)
+"""Token texts: multi-byte UTF-8 and JSON-escaped characters on purpose, so a client that
+splits UTF-8 or unescapes JSON wrongly is caught by the plugin's own tests."""
+
+EOS_TOKEN_ID = 163586
+"""Reported as ``matched_stop`` when a sequence ends at its simulated EOS (arbitrary id)."""
+
+_VOCAB_JSON: tuple[bytes, ...] = tuple(
+    json.dumps(t, ensure_ascii=False).encode("utf-8") for t in VOCAB)
+_DONE = b"data: [DONE]\n\n"
+_MALFORMED = b'data: {"object":"chat.completion.chunk","choices":[{"delta":{"content":"trunc\n\n'
+_CHAT_TAIL = (b',"reasoning_content":null,"tool_calls":null},"logprobs":null,'
+              b'"finish_reason":null,"matched_stop":null}],"usage":null}\n\n')
+_TEXT_TAIL = b',"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache"}
+_HEALTH_EXEMPT = ("/health", "/health_generate", "/metrics", "/sim/")
+
+
+def count_prompt_tokens(text: str) -> int:
+    """Deterministic prompt size: one token per 4 UTF-8 bytes, rounded up, at least 1.
+
+    Real tokenizers average roughly 4 bytes per token on English; what matters here is
+    that client and server can both compute the same number without a tokenizer.
+    """
+    return max(1, math.ceil(len(text.encode("utf-8")) / 4))
+
+
+def _token_text(offset: int, i: int) -> str:
+    return VOCAB[(offset + i) % len(VOCAB)]
+
+
+# ---------------------------------------------------------------------- request parsing
+
+
+class BadRequest(Exception):
+    """A request body the server rejects with 400 and this message."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenParams:
+    """What the engine and the writer need from a generation request body."""
+
+    kind: str  # "chat" | "completion"
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+
+
+def _opt_bool(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{key}' must be a boolean, got {json.dumps(value)}")
+    return value
+
+
+def _max_tokens(body: dict[str, Any], keys: tuple[str, ...]) -> int:
+    for key in keys:
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BadRequest(f"'{key}' must be an integer >= 1, got {json.dumps(value)}")
+        return value
+    return 16
+
+
+def _chat_prompt_tokens(body: dict[str, Any]) -> int:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
+    texts: list[str] = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
+        content = msg.get("content")
+        if content is None:
+            continue
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict):
+                    raise BadRequest(f"messages[{i}].content[{j}] must be an object")
+                text = part.get("text")
+                if isinstance(text, str):
+                    texts.append(text)
+        else:
+            raise BadRequest(f"messages[{i}].content must be a string, a list of parts "
+                             f"or null")
+    return count_prompt_tokens("".join(texts))
+
+
+def _completion_prompt_tokens(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return count_prompt_tokens(prompt)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+            return len(prompt)
+        if len(prompt) == 1:
+            only = prompt[0]
+            if isinstance(only, str):
+                return count_prompt_tokens(only)
+            if isinstance(only, list) and only and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in only):
+                return len(only)
+        if len(prompt) > 1 and all(isinstance(x, (str, list)) for x in prompt):
+            raise BadRequest("batched prompts are not supported by the simulator; "
+                             "send one prompt per request")
+    raise BadRequest("'prompt' must be a string, a list of token ids, or a one-element list")
+
+
+def parse_generation(body: object, kind: str) -> GenParams:
+    """Validate a chat or completions body; raises :class:`BadRequest` with a clear reason."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise BadRequest(f"'n' must be 1 in the simulator, got {json.dumps(n)}")
+    if kind == "chat":
+        prompt_tokens = _chat_prompt_tokens(body)
+        max_tokens = _max_tokens(body, ("max_tokens", "max_completion_tokens"))
+    else:
+        prompt_tokens = _completion_prompt_tokens(body)
+        max_tokens = _max_tokens(body, ("max_tokens",))
+    stream = _opt_bool(body, "stream", False)
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise BadRequest("'stream_options' must be an object")
+        include_usage = _opt_bool(options, "include_usage", False)
+    ignore_eos = _opt_bool(body, "ignore_eos", False)
+    return GenParams(kind=kind, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                     stream=stream, include_usage=include_usage, ignore_eos=ignore_eos)
+
+
+# ---------------------------------------------------------------------- SSE encoding
+
+
+class _Encoder:
+    """Pre-encoded SSE events for one request: per-token cost is a list lookup."""
+
+    __slots__ = ("kind", "rid", "created", "model", "offset", "events", "first_events", "_head")
+
+    def __init__(self, kind: str, model: str, offset: int) -> None:
+        self.kind = kind
+        self.rid = uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model = model
+        self.offset = offset % len(VOCAB)
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        self._head = (f'data: {{"id":"{self.rid}","object":"{obj}","created":{self.created},'
+                      f'"model":{json.dumps(model, ensure_ascii=False)},').encode("utf-8")
+        head = self._head + b'"choices":[{"index":0,'
+        if kind == "chat":
+            self.events = [head + b'"delta":{"content":' + enc + _CHAT_TAIL
+                           for enc in _VOCAB_JSON]
+            self.first_events = [head + b'"delta":{"role":"assistant","content":' + enc
+                                 + _CHAT_TAIL for enc in _VOCAB_JSON]
+        else:
+            self.events = [head + b'"text":' + enc + _TEXT_TAIL for enc in _VOCAB_JSON]
+            self.first_events = self.events
+
+    def tokens(self, start: int, stop: int) -> bytes:
+        """The SSE events of tokens ``start`` (inclusive) to ``stop`` (exclusive)."""
+        if stop <= start:
+            return b""
+        ev = self.events
+        v = len(ev)
+        off = self.offset
+        if start == 0:
+            first = self.first_events[off]
+            return first + b"".join([ev[(off + i) % v] for i in range(1, stop)])
+        return b"".join([ev[(off + i) % v] for i in range(start, stop)])
+
+    def finish(self, reason: str) -> bytes:
+        matched = str(EOS_TOKEN_ID) if reason == "stop" else "null"
+        if self.kind == "chat":
+            choice = (f'{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{reason}",'
+                      f'"matched_stop":{matched}}}')
+        else:
+            choice = (f'{{"index":0,"text":"","logprobs":null,"finish_reason":"{reason}",'
+                      f'"matched_stop":{matched}}}')
+        return self._head + f'"choices":[{choice}],"usage":null}}\n\n'.encode()
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        usage = json.dumps(_usage(prompt_tokens, completion_tokens), separators=(",", ":"))
+        return self._head + f'"choices":[],"usage":{usage}}}\n\n'.encode()
+
+    def text(self, n: int) -> str:
+        return "".join(_token_text(self.offset, i) for i in range(n))
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+# ---------------------------------------------------------------------- responses
+
+
+def _error(status: int, message: str, etype: str) -> web.Response:
+    """An error shaped like SGLang's OpenAI-compatible error body."""
+    return web.json_response(
+        {"object": "error", "message": message, "type": etype, "param": None, "code": status},
+        status=status)
+
+
+def _drop_connection(request: web.Request) -> None:
+    """Close the TCP connection under a response so the client sees a broken stream."""
+    transport = request.transport
+    if transport is not None and not transport.is_closing():
+        transport.close()
+
+
+async def _stream(request: web.Request, engine: SimEngine, seq: Sequence,
+                  params: GenParams, enc: _Encoder) -> web.StreamResponse:
+    """Write the SSE stream; on a deliberate drop or a vanished client return the prepared
+    response, whose ``write_eof`` then fails and aiohttp quietly closes the connection."""
+    resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    try:
+        await _write_events(request, resp, engine.profile, seq, params, enc)
+    except ConnectionError:
+        _drop_connection(request)
+    return resp
+
+
+async def _write_events(request: web.Request, resp: web.StreamResponse, profile: SimProfile,
+                        seq: Sequence, params: GenParams, enc: _Encoder) -> None:
+    disc = profile.disconnect_after_tokens
+    mal = profile.malformed_after_tokens
+    if disc == 0:
+        _drop_connection(request)
+        return
+    sent = 0
+    while True:
+        await seq.wait_progress(sent)
+        if seq.state is SeqState.ABORTED:
+            _drop_connection(request)
+            return
+        n = seq.generated
+        upto = n if disc is None or n < disc else disc
+        if mal is not None and sent <= mal <= upto:
+            data = enc.tokens(sent, mal) + _MALFORMED + enc.tokens(mal, upto)
+            mal = None
+        else:
+            data = enc.tokens(sent, upto)
+        sent = upto
+        if disc is not None and sent >= disc:
+            if data:
+                await resp.write(data)
+            _drop_connection(request)
+            return
+        if seq.state is SeqState.FINISHED and sent >= seq.target:
+            tail = [data, enc.finish(seq.finish_reason)]
+            if params.include_usage and not profile.no_usage:
+                tail.append(enc.usage(params.prompt_tokens, sent))
+            tail.append(_DONE)
+            await resp.write(b"".join(tail))
+            await resp.write_eof()
+            return
+        if data:
+            await resp.write(data)
+
+
+async def _complete(engine: SimEngine, seq: Sequence, params: GenParams,
+                    enc: _Encoder) -> web.Response:
+    await seq.wait_done()
+    if seq.state is not SeqState.FINISHED:
+        return _error(503, "request aborted: the simulator is shutting down",
+                      "ServiceUnavailableError")
+    n = seq.generated
+    text = enc.text(n)
+    matched = EOS_TOKEN_ID if seq.finish_reason == "stop" else None
+    if params.kind == "chat":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                        "tool_calls": None},
+            "logprobs": None, "finish_reason": seq.finish_reason, "matched_stop": matched}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None,
+                  "finish_reason": seq.finish_reason, "matched_stop": matched}
+        obj = "text_completion"
+    usage = None if engine.profile.no_usage else _usage(params.prompt_tokens, n)
+    body = {"id": enc.rid, "object": obj, "created": enc.created, "model": enc.model,
+            "choices": [choice], "usage": usage}
+    return web.Response(body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
+                        content_type="application/json")
+
+
+def _crash(after: int) -> NoReturn:
+    """Die like a server whose scheduler raised: traceback on stderr, exit 1, sockets dropped."""
+    sys.stderr.write(
+        "Traceback (most recent call last):\n"
+        '  File "sglang/srt/managers/scheduler.py", line 2417, in run_scheduler_process\n'
+        f"RuntimeError: simulated crash after {after} generation requests (crash_after_requests)\n"
+    )
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _warming_up(engine: SimEngine) -> bool:
+    return engine.uptime_s() < engine.profile.slow_start_s
+
+
+def _generation_handler(kind: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        engine = request.app[ENGINE_KEY]
+        if _warming_up(engine):
+            return _error(503, "server is starting up (slow_start_s)", "ServiceUnavailableError")
+        try:
+            body = await request.json(loads=json.loads)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _error(400, f"request body is not valid JSON: {exc}", "BadRequestError")
+        try:
+            params = parse_generation(body, kind)
+        except BadRequest as exc:
+            return _error(400, str(exc), "BadRequestError")
+        crash_after = engine.profile.crash_after_requests
+        if crash_after is not None and engine.requests_received >= crash_after:
+            _crash(crash_after)
+        if engine.inject_error():
+            return _error(500, f"simulated internal server error "
+                               f"(error_rate={engine.profile.error_rate})",
+                          "InternalServerError")
+        enc = _Encoder(kind, engine.profile.model, engine.requests_received)
+        try:
+            seq = engine.submit(params.prompt_tokens, params.max_tokens,
+                                ignore_eos=params.ignore_eos)
+        except EngineNotRunning:
+            return _error(503, "the simulator engine is not running", "ServiceUnavailableError")
+        try:
+            if params.stream:
+                return await _stream(request, engine, seq, params, enc)
+            return await _complete(engine, seq, params, enc)
+        finally:
+            engine.abort(seq)  # no-op when finished; frees the slot when the client left
+    return handler
+
+
+# ---------------------------------------------------------------------- side endpoints
+
+
+async def _models(request: web.Request) -> web.Response:
+    model = request.app[PROFILE_KEY].model
+    return web.json_response({"object": "list", "data": [
+        {"id": model, "object": "model", "created": 0, "owned_by": "sglang",
+         "root": model, "max_model_len": 262144}]})
+
+
+def server_info(profile: SimProfile, port: int | None) -> dict[str, Any]:
+    """A dict shaped like SGLang's ``/get_server_info`` (server args plus a few extras).
+
+    The numbers describe the deployment the default profile imitates; the ``sim`` key
+    holds the simulator's own knobs so a report can tell a simulated run apart.
+    """
+    info: dict[str, Any] = {
+        "model_path": profile.model,
+        "tokenizer_path": profile.model,
+        "served_model_name": profile.model,
+        "host": "127.0.0.1",
+        "port": port,
+        "tp_size": 8,
+        "ep_size": 8,
+        "dp_size": 1,
+        "pp_size": 1,
+        "nnodes": 1,
+        "max_running_requests": profile.max_running_requests,
+        "max_total_tokens": 1_048_576,
+        "chunked_prefill_size": 8192,
+        "max_prefill_tokens": 16384,
+        "num_continuous_decode_steps": 1,
+        "schedule_policy": "fcfs",
+        "enable_eplb": False,
+        "enable_dp_attention": False,
+        "moe_a2a_backend": "deepep",
+        "attention_backend": "flashinfer",
+        "context_length": 262144,
+        "dtype": "bfloat16",
+        "kv_cache_dtype": "auto",
+        "mem_fraction_static": 0.85,
+        "cuda_graph_max_bs": 256,
+        "disable_radix_cache": False,
+        "speculative_algorithm": None,
+        "api_key": "***" if profile.api_key else None,
+        "version": SIM_VERSION,
+        "sim": {**profile.describe(), "pid": os.getpid()},
+    }
+    info.update(profile.server_args)
+    return info
+
+
+async def _server_info(request: web.Request) -> web.Response:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    port = sockname[1] if isinstance(sockname, tuple) and len(sockname) >= 2 else None
+    return web.json_response(server_info(request.app[PROFILE_KEY], port))
+
+
+async def _model_info(request: web.Request) -> web.Response:
+    model = request.app[PROFILE_KEY].model
+    return web.json_response({"model_path": model, "tokenizer_path": model,
+                              "is_generation": True})
+
+
+async def _health(request: web.Request) -> web.Response:
+    if _warming_up(request.app[ENGINE_KEY]):
+        return web.Response(status=503, text="starting up")
+    return web.Response(status=200)
+
+
+async def _health_generate(request: web.Request) -> web.Response:
+    """Runs a real one-token generation so a probe proves the batching loop is alive."""
+    engine = request.app[ENGINE_KEY]
+    if _warming_up(engine):
+        return web.Response(status=503, text="starting up")
+    try:
+        seq = engine.submit(1, 1, ignore_eos=True, faults=False)
+    except EngineNotRunning:
+        return web.Response(status=503, text="engine not running")
+    try:
+        await seq.wait_done()
+    finally:
+        engine.abort(seq)
+    if seq.state is not SeqState.FINISHED:
+        return web.Response(status=503, text="generation aborted")
+    return web.Response(status=200)
+
+
+async def _flush_cache(request: web.Request) -> web.Response:
+    return web.Response(text="Cache flushed.\n")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    label = '{model_name=' + json.dumps(engine.profile.model, ensure_ascii=False) + '}'
+    rows = [
+        ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+         engine.prompt_tokens),
+        ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+         engine.generated_tokens),
+        ("sglang:num_requests_total", "counter", "Number of requests processed.",
+         engine.requests_finished),
+        ("sglang:num_running_reqs", "gauge", "The number of running requests.",
+         engine.num_running),
+        ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+         engine.num_waiting),
+    ]
+    lines: list[str] = []
+    for name, mtype, help_text, value in rows:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {mtype}")
+        lines.append(f"{name}{label} {float(value)}")
+    return web.Response(text="\n".join(lines) + "\n",
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def _sim_stats(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    data = asdict(engine.stats())
+    data["profile"] = engine.profile.describe()
+    return web.json_response(data)
+
+
+# ---------------------------------------------------------------------- middlewares
+
+
+@web.middleware
+async def _auth_and_errors(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                           ) -> web.StreamResponse:
+    """API-key check (health, metrics and /sim/ stay open, as probes need them) and JSON
+    bodies for unknown paths and methods, so clients can always parse an error."""
+    key = request.app[PROFILE_KEY].api_key
+    if key is not None and not request.path.startswith(_HEALTH_EXEMPT):
+        if request.headers.get("Authorization", "") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return _error(404, f"Not Found: {request.path}", "NotFoundError")
+    except web.HTTPMethodNotAllowed:
+        return _error(405, f"Method {request.method} not allowed for {request.path}",
+                      "MethodNotAllowedError")
+
+
+# ---------------------------------------------------------------------- app and server
+
+
+def create_app(profile: SimProfile) -> web.Application:
+    """The simulator application; its engine starts and stops with the app."""
+    app = web.Application(middlewares=[_auth_and_errors], client_max_size=64 * 1024 * 1024)
+    engine = SimEngine(profile)
+    app[PROFILE_KEY] = profile
+    app[ENGINE_KEY] = engine
+
+    async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
+        await engine.start()
+        yield
+        await engine.stop()
+
+    async def abort_all(app: web.Application) -> None:
+        # Shutdown waits for in-flight handlers; aborting every sequence first makes open
+        # streams end at once instead of holding a SIGTERM'd server for their full length.
+        await engine.stop()
+
+    app.cleanup_ctx.append(engine_ctx)
+    app.on_shutdown.append(abort_all)
+    app.router.add_post("/v1/chat/completions", _generation_handler("chat"))
+    app.router.add_post("/v1/completions", _generation_handler("completion"))
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/get_server_info", _server_info)
+    app.router.add_get("/server_info", _server_info)
+    app.router.add_get("/get_model_info", _model_info)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/health_generate", _health_generate)
+    app.router.add_route("POST", "/flush_cache", _flush_cache)
+    app.router.add_route("GET", "/flush_cache", _flush_cache)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/sim/stats", _sim_stats)
+    return app
+
+
+@dataclass
+class SimServer:
+    """An in-process simulator listening on 127.0.0.1 (tests and embedding)."""
+
+    runner: web.AppRunner
+    engine: SimEngine
+    profile: SimProfile
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+    async def __aenter__(self) -> SimServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def check_host(host: str) -> None:
+    """The simulator only ever listens on loopback; anything else is a configuration error."""
+    if host not in ALLOWED_HOSTS:
+        raise ValueError(f"the pytest-kimi simulator binds 127.0.0.1 only; refusing host "
+                         f"{host!r}")
+
+
+async def start_server(profile: SimProfile | None = None, port: int = 0,
+                       host: str = "127.0.0.1") -> SimServer:
+    """Start the simulator in the current event loop; ``port=0`` picks a free port."""
+    check_host(host)
+    profile = profile or SimProfile()
+    app = create_app(profile)
+    # No access log (it would cost more than a token) and cancel handlers of clients that
+    # hang up, so their sequences release their batch slots at once.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                           shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0][1]
+    return SimServer(runner=runner, engine=app[ENGINE_KEY], profile=profile, port=bound)

@@ -1,0 +1,349 @@
+"""The plugin as users meet it: real pytest sessions run by ``pytester`` against the simulator."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_kimi.sim.process import SimProcess
+from pytest_kimi.sim.profile import SimProfile
+
+FAST = dict(speed=50.0)
+"""EP8-shaped simulator 50x faster: C=1 gives ~3250 tok/s, so small workloads take well under a second."""
+
+SECRET = "sk-test-5f1d9a0c-never-print-me"
+
+
+@pytest.fixture(scope="module")
+def sim_url(tmp_path_factory: pytest.TempPathFactory):
+    sim = SimProcess(SimProfile(**FAST), log_dir=tmp_path_factory.mktemp("simlogs"))
+    sim.start()
+    try:
+        yield sim.url
+    finally:
+        sim.stop()
+
+
+@pytest.fixture(scope="module")
+def secret_sim_url(tmp_path_factory: pytest.TempPathFactory):
+    sim = SimProcess(SimProfile(api_key=SECRET, **FAST), log_dir=tmp_path_factory.mktemp("simlogs"))
+    sim.start()
+    try:
+        yield sim.url
+    finally:
+        sim.stop()
+
+
+SMALL = "max_tokens=64, trials=2, warmup=1"
+
+
+def test_marker_is_registered_with_its_signature(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--markers")
+    result.stdout.fnmatch_lines(["@pytest.mark.throughput(concurrency=1, max_tokens=512, min_tok_s=None*"])
+    result.stdout.fnmatch_lines(["@pytest.mark.perf:*"])
+
+
+def test_perf_tests_skip_with_one_clear_reason_without_endpoint(pytester: pytest.Pytester, monkeypatch) -> None:
+    monkeypatch.delenv("KIMI_ENDPOINT", raising=False)
+    pytester.makepyfile(
+        f"""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=1, {SMALL}, min_tok_s=1)
+        def test_a():
+            pass
+        """
+    )
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*no endpoint given: pass --endpoint=URL*--endpoint=sim*"])
+
+
+def test_m_perf_selects_exactly_the_throughput_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        f"""
+        import pytest
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=1, {SMALL})
+        def test_fn():
+            pass
+
+        @throughput(concurrency=2, {SMALL})
+        class TestClass:
+            def test_in_class(self):
+                pass
+
+        def test_plain():
+            pass
+        """
+    )
+    pytester.makepyfile(
+        test_module_mark=f"""
+        from pytest_kimi import throughput
+        pytestmark = throughput(concurrency=1, {SMALL})
+
+        def test_module_level():
+            pass
+        """
+    )
+    result = pytester.runpytest("-m", "perf", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*test_fn", "*test_in_class", "*test_module_level"])
+    assert "test_plain" not in result.stdout.str()
+    result = pytester.runpytest("-m", "not perf", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*test_plain"])
+    assert "test_fn" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ("concurrency=0", "concurrency=0: expected an integer >= 1"),
+        ("concurrency=[1, 'x']", "concurrency='x': expected an integer >= 1"),
+        ("concurency=4", "unknown argument concurency; allowed: *"),
+        ("min_tok_s={8: 100}", "min_tok_s={8: 100}: level 8 is not one of the concurrency levels [[]1[]]"),
+        ("api='grpc'", "api='grpc': expected one of 'chat', 'completions'"),
+        ("prompts='diverse', input_tokens=100", "prompts and input_tokens are exclusive*"),
+        ("ignore_eos='yes'", "ignore_eos='yes': expected True or False"),
+        ("max_error_rate=2", "max_error_rate=2: expected a number with 0 <= x <= 1"),
+    ],
+)
+def test_malformed_marker_fails_collection_naming_test_and_argument(
+    pytester: pytest.Pytester, args: str, expected: str
+) -> None:
+    pytester.makepyfile(
+        f"""
+        from pytest_kimi import throughput
+
+        @throughput({args})
+        def test_bad():
+            pass
+        """
+    )
+    result = pytester.runpytest("--endpoint=http://127.0.0.1:9")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*test_malformed_marker*.py::test_bad: @throughput {expected}"])
+
+
+def test_bad_option_value_names_its_source(pytester: pytest.Pytester, monkeypatch) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--perf-trials=abc", "--endpoint=http://127.0.0.1:9")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--perf-trials: bad value 'abc': expected a positive integer*"])
+    monkeypatch.setenv("KIMI_PERF_TRIALS", "0")
+    result = pytester.runpytest("--endpoint=http://127.0.0.1:9")
+    result.stderr.fnmatch_lines(["*env KIMI_PERF_TRIALS: bad value '0'*"])
+    monkeypatch.delenv("KIMI_PERF_TRIALS")
+    pytester.makeini("[pytest]\nkimi_endpoint = ftp://nowhere\n")
+    pytester.makepyfile(
+        test_y=f"""
+        from pytest_kimi import throughput
+        @throughput({SMALL})
+        def test_y(): pass
+        """
+    )
+    result = pytester.runpytest()
+    result.stdout.fnmatch_lines(["*ini kimi_endpoint: 'ftp://nowhere' is not an http(s) URL*"])
+
+
+def test_floor_met_passes_and_missed_fails_with_table(pytester: pytest.Pytester, sim_url: str) -> None:
+    pytester.makepyfile(
+        f"""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=[1, 4], {SMALL}, min_tok_s=100)
+        def test_met():
+            pass
+
+        @throughput(concurrency=[1, 4], {SMALL}, min_tok_s={{4: 10_000_000}})
+        def test_missed():
+            raise AssertionError("the body must not run when a target is missed")
+        """
+    )
+    result = pytester.runpytest(f"--endpoint={sim_url}")
+    result.assert_outcomes(passed=1, failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    assert "the body must not run" not in out
+    result.stdout.fnmatch_lines(
+        [
+            "*throughput target missed:*",
+            "*C*tok/s*req tok/s p50*TTFT p50/p95 s*ITL p50 ms*ok/failed*target*verdict*",
+            "*C=4 fail: aggregate * tok/s < min_tok_s 1e+07*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*pytest-kimi throughput*", "*test_met [[]passed[]]*"])
+
+
+def test_other_targets_and_throughput_result(pytester: pytest.Pytester, sim_url: str) -> None:
+    pytester.makepyfile(
+        f"""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=2, {SMALL}, min_request_tok_s=1e9)
+        def test_request_rate():
+            pass
+
+        @throughput(concurrency=2, {SMALL}, max_ttft_s=1e-6)
+        def test_ttft():
+            pass
+
+        @throughput(concurrency=[1, 2], {SMALL})
+        def test_result(throughput_result):
+            lv = throughput_result.level(2)
+            assert lv.verdict == "pass"
+            assert len(lv.trials) == 2
+            assert all(r.completion_tokens == 64 for t in lv.trials for r in t.records)
+            assert lv.figures.tok_s > lv.figures.request_tok_s_p50
+        """
+    )
+    result = pytester.runpytest(f"--endpoint={sim_url}")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(["*per-request p50 * tok/s < min_request_tok_s 1e+09*"])
+    result.stdout.fnmatch_lines(["*TTFT p95 * s > max_ttft_s 1e-06*"])
+
+
+def test_json_report_fields(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+    pytester.makepyfile(
+        f"""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=[1, 4], {SMALL}, min_tok_s=50)
+        def test_sweep():
+            pass
+        """
+    )
+    out = tmp_path / "perf.json"
+    result = pytester.runpytest(f"--endpoint={sim_url}", f"--perf-json={out}")
+    result.assert_outcomes(passed=1)
+    report = json.loads(out.read_text())
+    assert report["endpoint"]["url"] == sim_url
+    assert report["endpoint"]["model"] == "kimi-k2.6-sim"
+    assert report["endpoint"]["server_info"]
+    (test,) = report["tests"]
+    assert test["nodeid"] == "test_json_report_fields.py::test_sweep"
+    assert test["outcome"] == "passed"
+    assert [lv["concurrency"] for lv in test["levels"]] == [1, 4]
+    for lv in test["levels"]:
+        for key in (
+            "concurrency", "max_tokens", "tok_s", "trials_tok_s", "request_tok_s_p50", "ttft_s_p50",
+            "ttft_s_p95", "itl_s_p50", "requests_ok", "requests_failed", "verdict",
+        ):
+            assert key in lv, key
+        assert lv["verdict"] == "pass"
+        assert lv["max_tokens"] == 64
+        assert len(lv["trials_tok_s"]) == 2
+        assert sorted(lv["trials_tok_s"])[0] <= lv["tok_s"] <= sorted(lv["trials_tok_s"])[-1]
+        assert lv["requests_failed"] == 0
+
+
+def test_api_key_is_used_and_never_shown(
+    pytester: pytest.Pytester, secret_sim_url: str, tmp_path: Path, monkeypatch
+) -> None:
+    pytester.makepyfile(
+        f"""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=[1, 2], {SMALL})
+        def test_auth():
+            pass
+        """
+    )
+    out = tmp_path / "perf.json"
+    monkeypatch.setenv("KIMI_API_KEY", SECRET)
+    result = pytester.runpytest(f"--endpoint={secret_sim_url}", f"--perf-json={out}", "-v", "-rA")
+    result.assert_outcomes(passed=1)
+    assert SECRET not in result.stdout.str() + result.stderr.str()
+    assert SECRET not in out.read_text()
+    monkeypatch.setenv("KIMI_API_KEY", "wrong-" + SECRET)
+    result = pytester.runpytest(f"--endpoint={secret_sim_url}", f"--perf-json={out}")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*answered 401: the server wants an API key*"])
+    assert SECRET not in result.stdout.str() + result.stderr.str()
+    assert SECRET not in out.read_text()
+
+
+def test_kimi_load_from_an_async_test(pytester: pytest.Pytester, sim_url: str) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.asyncio
+        async def test_sweep(kimi_load, kimi_endpoint):
+            assert kimi_endpoint.model == "kimi-k2.6-sim"
+            result = await kimi_load.sweep(concurrency=[1, 8], max_tokens=32, trials=2, warmup=0)
+            assert [lv.verdict for lv in result.levels] == ["pass", "pass"]
+            assert result.level(8).figures.tok_s > result.level(1).figures.tok_s
+        """
+    )
+    result = pytester.runpytest(f"--endpoint={sim_url}")
+    result.assert_outcomes(passed=1)
+
+
+def test_endpoint_sim_starts_and_reaps_a_simulator(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(
+        f"""
+        import os
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=2, {SMALL})
+        def test_sim(kimi_endpoint):
+            pid = kimi_endpoint.server_info["sim"]["pid"]
+            with open(os.environ["PID_FILE"], "w") as fh:
+                fh.write(str(pid))
+        """
+    )
+    pid_file = tmp_path / "pid"
+    import os
+
+    os.environ["PID_FILE"] = str(pid_file)
+    try:
+        result = pytester.runpytest("--endpoint=sim:speed=50")
+    finally:
+        del os.environ["PID_FILE"]
+    result.assert_outcomes(passed=1)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"simulator {pid} still alive after the session")
+
+
+def test_perf_tests_share_one_xdist_worker(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(
+        f"""
+        import os
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=1, {SMALL})
+        def test_a():
+            print(os.environ.get("PYTEST_XDIST_WORKER"))
+
+        @throughput(concurrency=2, {SMALL})
+        def test_b():
+            pass
+
+        def test_plain():
+            pass
+        """
+    )
+    out = tmp_path / "perf.json"
+    result = pytester.runpytest_subprocess("-n", "2", f"--endpoint={sim_url}", f"--perf-json={out}", "-v")
+    result.assert_outcomes(passed=3)
+    report = json.loads(out.read_text())
+    assert sorted(t["nodeid"].split("::")[-1] for t in report["tests"]) == ["test_a", "test_b"]
+    workers = {
+        line.split()[0]
+        for line in result.stdout.lines
+        if line.startswith("[gw") and "PASSED" in line and ("::test_a" in line or "::test_b" in line)
+    }
+    assert len(workers) == 1, result.stdout.lines

@@ -1,0 +1,455 @@
+"""The byte-counting SSE parser must agree with a plain parser that json-decodes every event.
+
+The reference below is deliberately written differently from :mod:`pytest_kimi.load.sse`
+(line by line, decoding everything) so that agreement over many generated streams, split at
+every byte, is evidence that the fast path's counting shortcuts are sound.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_kimi.load.sse import StreamParser, error_event_message, malformed_message, parse_blocks
+from pytest_kimi.records import RequestRecord
+
+
+# --------------------------------------------------------------------------- reference parser
+@dataclass
+class RefResult:
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_events: list[int] = field(default_factory=list)
+    first_token: float | None = None
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    tokens_approx: bool = False
+    error: str | None = None
+    finish_reason: str | None = None
+    done: bool = False
+
+
+def _ref_interpret(payload: bytes, api: str, res: RefResult, usage: list[Any]) -> int:
+    """1 token event, 0 other, -1 stream ended with an error."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        res.error = res.error or malformed_message(payload)
+        return -1
+    if obj.get("error") is not None or obj.get("object") == "error":
+        res.error = res.error or error_event_message(obj)
+        return -1
+    token = 0
+    for ch in obj.get("choices") or []:
+        if not isinstance(ch, dict):
+            continue
+        if api == "chat":
+            delta = ch.get("delta") or {}
+            texts = [delta.get(k) for k in ("content", "reasoning_content", "reasoning")] if isinstance(delta, dict) else []
+        else:
+            texts = [ch.get("text")]
+        if any(isinstance(x, str) and x != "" for x in texts):
+            token = 1
+        if ch.get("finish_reason") is not None:
+            res.finish_reason = str(ch["finish_reason"])
+    u = obj.get("usage")
+    if isinstance(u, dict) and isinstance(u.get("completion_tokens"), int):
+        usage[:] = [u]
+    return token
+
+
+def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> RefResult:
+    """Plain SSE parser: lines, blank-line dispatch, ``json.loads`` on every data event."""
+    res = RefResult()
+    usage: list[Any] = []
+    buf = b""
+    cur_raw = b""
+    data: list[bytes] = []
+    ended = False
+    for t, block in blocks:
+        if ended:
+            break
+        buf += block
+        tokens = 0
+        while not ended:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                break
+            line, buf = buf[:nl], buf[nl + 1 :]
+            cur_raw += line + b"\n"
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if line == b"":
+                cur_raw = b""
+                if data:
+                    payload = b"\n".join(data)
+                    data = []
+                    if payload.strip() == b"[DONE]":
+                        res.done = ended = True
+                        break
+                    r = _ref_interpret(payload, api, res, usage)
+                    if r < 0:
+                        ended = True
+                        break
+                    tokens += r
+                continue
+            if line.startswith(b":"):
+                continue
+            if b":" in line:
+                name, value = line.split(b":", 1)
+            else:
+                name, value = line, b""
+            if name == b"data":
+                data.append(value[1:] if value.startswith(b" ") else value)
+            elif name not in (b"event", b"id", b"retry"):
+                res.error = res.error or malformed_message(line)
+                ended = True
+        if tokens:
+            if res.first_token is None:
+                res.first_token = t
+            res.chunk_times.append(t)
+            res.chunk_events.append(tokens)
+    if not ended:
+        tail = (cur_raw + buf).replace(b"\r", b"").strip()
+        if tail in (b"data: [DONE]", b"data:[DONE]"):
+            res.done = True
+    if usage:
+        res.completion_tokens = usage[0]["completion_tokens"]
+        pt = usage[0].get("prompt_tokens")
+        res.prompt_tokens = pt if isinstance(pt, int) else 0
+    else:
+        res.completion_tokens = sum(res.chunk_events)
+        res.tokens_approx = True
+    return res
+
+
+def fast_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> tuple[RefResult, StreamParser]:
+    rec = RequestRecord(index=0, worker=0, scheduled=0.0)
+    p = StreamParser(rec, api)  # type: ignore[arg-type]
+    for t, b in blocks:
+        p.feed(t, b)
+    p.close()
+    out = RefResult(
+        chunk_times=list(rec.chunk_times),
+        chunk_events=list(rec.chunk_events),
+        first_token=rec.first_token,
+        completion_tokens=rec.completion_tokens,
+        prompt_tokens=rec.prompt_tokens,
+        tokens_approx=rec.tokens_approx,
+        error=rec.error,
+        finish_reason=rec.finish_reason,
+        done=p.done,
+    )
+    return out, p
+
+
+# --------------------------------------------------------------------------- stream generator
+WORDS = [
+    " the", " a", "Hello", ",", ".", " 世界", " 🚀", "é", "\n", " \"quoted\"", '"content":"', "data: [DONE]\n\n",
+    "\\", " {\"x\": 1}", " ø", "\t", " token", " ", "Ω", " 𝔘𝔫𝔦", '"finish_reason":"stop"', ": ping", "\r\n",
+]
+
+
+def _dumps(obj: Any, spaced: bool) -> str:
+    return json.dumps(obj) if spaced else json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass
+class Style:
+    name: str
+    api: str = "chat"
+    role_chunk: bool = True
+    role_every_chunk: bool = False
+    reasoning_key: str | None = None  # reasoning tokens before content tokens
+    null_fields: bool = False  # sglang-style "reasoning_content":null,"tool_calls":null
+    usage: str = "last"  # "last" (choices: []), "finish" (in finish chunk), "none"
+    finish_with_token: bool = False  # last token rides in the finish chunk (TGI)
+    spaced: bool = False
+    crlf: bool = False
+    empty_content_with_reasoning: bool = False  # DeepSeek: "content":"","reasoning_content":"x"
+
+
+STYLES = [
+    Style("vllm"),
+    Style("sglang", null_fields=True),
+    Style("llamacpp", usage="finish", role_chunk=False),
+    Style("tgi", role_every_chunk=True, finish_with_token=True, usage="none"),
+    Style("reasoning_content", reasoning_key="reasoning_content", null_fields=True),
+    Style("reasoning_vllm_new", reasoning_key="reasoning"),
+    Style("deepseek", reasoning_key="reasoning_content", empty_content_with_reasoning=True),
+    Style("spaced", spaced=True),
+    Style("crlf", crlf=True),
+    Style("completions", api="completions", role_chunk=False),
+    Style("completions_usage_finish", api="completions", role_chunk=False, usage="finish", spaced=True),
+]
+
+
+def gen_stream(style: Style, rng: random.Random, n_tokens: int, *, extras: bool = True) -> bytes:
+    """One server response body in ``style`` with optional comments, empty deltas, errors."""
+    head = {"id": "chatcmpl-" + "%08x" % rng.getrandbits(32), "object": "chat.completion.chunk", "created": 1700000000, "model": "m"}
+    if style.api == "completions":
+        head["object"] = "text_completion"
+    events: list[str] = []
+
+    def choice(delta: dict[str, Any] | None = None, text: str | None = None, finish: str | None = None) -> dict[str, Any]:
+        c: dict[str, Any] = {"index": 0}
+        if style.api == "chat":
+            c["delta"] = delta if delta is not None else {}
+        else:
+            c["text"] = text if text is not None else ""
+        c["logprobs"] = None
+        c["finish_reason"] = finish
+        if style.null_fields:
+            c["matched_stop"] = None
+        return c
+
+    def chunk(ch: dict[str, Any] | None, usage: dict[str, Any] | None = None) -> str:
+        obj = dict(head)
+        obj["choices"] = [ch] if ch is not None else []
+        if usage is not None or style.null_fields:
+            obj["usage"] = usage
+        return "data: " + _dumps(obj, style.spaced)
+
+    def delta(key: str, value: str | None) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        if style.role_every_chunk:
+            d["role"] = "assistant"
+        d[key] = value
+        if style.null_fields:
+            d.setdefault("content", None)
+            d.setdefault("reasoning_content", None)
+            d["tool_calls"] = None
+        if style.empty_content_with_reasoning and key != "content":
+            d["content"] = ""
+        return d
+
+    if style.role_chunk and style.api == "chat":
+        d = {"role": "assistant", "content": ""}
+        if style.null_fields:
+            d.update(reasoning_content=None, tool_calls=None)
+        events.append(chunk(choice(d)))
+    n_reason = n_tokens // 3 if style.reasoning_key else 0
+    last_token_in_finish = style.finish_with_token and n_tokens > 0
+    body_tokens = n_tokens - 1 if last_token_in_finish else n_tokens
+    for i in range(body_tokens):
+        w = rng.choice(WORDS)
+        if extras and rng.random() < 0.04:
+            events.append(rng.choice([": ping", ": keep-alive", ":"]))
+        if extras and rng.random() < 0.04 and style.api == "chat":
+            events.append(chunk(choice(delta("content", ""))))  # empty delta: not a token
+        if extras and rng.random() < 0.03:
+            events.append("event: message\nid: %d\n" % i + chunk(choice(delta("content", w) if style.api == "chat" else None, text=w)))
+            continue
+        if style.api == "completions":
+            events.append(chunk(choice(text=w)))
+        elif i < n_reason:
+            events.append(chunk(choice(delta(style.reasoning_key or "content", w))))
+        else:
+            events.append(chunk(choice(delta("content", w))))
+    usage = {"prompt_tokens": 17, "total_tokens": 17 + n_tokens, "completion_tokens": n_tokens}
+    fin_usage = usage if style.usage == "finish" else None
+    if last_token_in_finish:
+        fin = choice(delta("content", "!"), text="!", finish="length")
+    else:
+        fin = choice(delta("content", "") if style.usage != "finish" else {}, text="", finish="stop")
+    events.append(chunk(fin, fin_usage))
+    if style.usage == "last":
+        events.append(chunk(None, usage))
+    events.append("data: [DONE]")
+    sep = "\r\n" if style.crlf else "\n"
+    text = "".join(e.replace("\n", sep) + sep + sep for e in events)
+    return text.encode()
+
+
+def split_at(stream: bytes, points: list[int]) -> list[tuple[float, bytes]]:
+    pts = [0, *sorted(set(p for p in points if 0 < p < len(stream))), len(stream)]
+    return [(float(i), stream[a:b]) for i, (a, b) in enumerate(zip(pts, pts[1:]))]
+
+
+def random_blocks(stream: bytes, rng: random.Random, mean: int) -> list[tuple[float, bytes]]:
+    pts, pos = [], 0
+    while pos < len(stream):
+        pos += max(1, int(rng.expovariate(1 / mean)))
+        pts.append(pos)
+    return split_at(stream, pts)
+
+
+def assert_same(blocks: list[tuple[float, bytes]], api: str = "chat") -> StreamParser:
+    ref = reference_parse(blocks, api)
+    got, parser = fast_parse(blocks, api)
+    assert got == ref, f"fast {got}\nref  {ref}"
+    return parser
+
+
+# ----------------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("style", STYLES, ids=lambda s: s.name)
+def test_every_split_point(style: Style) -> None:
+    """Two blocks, split at every byte: events split anywhere, also inside UTF-8 chars."""
+    rng = random.Random(hash(style.name) & 0xFFFF)
+    stream = gen_stream(style, rng, 8)
+    for cut in range(len(stream) + 1):
+        assert_same(split_at(stream, [cut]), style.api)
+
+
+@pytest.mark.parametrize("style", STYLES, ids=lambda s: s.name)
+def test_random_blocks(style: Style) -> None:
+    rng = random.Random(7 + len(style.name))
+    for trial in range(40):
+        stream = gen_stream(style, rng, rng.randint(0, 80))
+        mean = rng.choice([1, 7, 60, 400, 3000, 100000])
+        p = assert_same(random_blocks(stream, rng, mean), style.api)
+        assert p.done
+
+
+@pytest.mark.parametrize("style", STYLES, ids=lambda s: s.name)
+def test_three_way_splits(style: Style) -> None:
+    rng = random.Random(99)
+    stream = gen_stream(style, rng, 6)
+    n = len(stream)
+    for a in range(0, n, 17):
+        for b in range(a, n, 43):
+            assert_same(split_at(stream, [a, b]), style.api)
+
+
+@pytest.mark.parametrize("mean", [4000, 10**7])
+def test_fast_path_is_taken_on_plain_token_blocks(mean: int) -> None:
+    """Only the few unusual events (role, finish, usage, [DONE]) are json-decoded, also when
+    the whole stream arrives as one huge block (a client that fell behind)."""
+    rng = random.Random(1)
+    for style in STYLES:
+        stream = gen_stream(style, rng, 400, extras=False)
+        p = assert_same(random_blocks(stream, rng, mean), style.api)
+        assert p.decoded <= 20, (style.name, p.decoded, p.fast_ranges)
+
+
+def test_token_counts_and_usage() -> None:
+    for style in STYLES:
+        stream = gen_stream(style, random.Random(3), 50, extras=False)
+        rec = parse_blocks([(1.0, stream)], style.api)  # type: ignore[arg-type]
+        assert rec.events == 50, style.name
+        assert rec.first_token == 1.0
+        if style.usage == "none":
+            assert rec.tokens_approx and rec.completion_tokens == 50
+        else:
+            assert not rec.tokens_approx and rec.completion_tokens == 50 and rec.prompt_tokens == 17
+        assert rec.finish_reason in ("stop", "length")
+        assert rec.error is None
+
+
+def _events(*payloads: str, sep: str = "\n") -> bytes:
+    return "".join(p + sep + sep for p in payloads).encode()
+
+
+TOK = 'data: {"choices":[{"index":0,"delta":{"content":"%s"},"finish_reason":null}]}'
+
+
+@pytest.mark.parametrize(
+    "bad, expect",
+    [
+        ('data: {"error": {"message": "KV cache exhausted", "code": 503}}', "server error event: KV cache exhausted (503)"),
+        ('data: {"object":"error","message":"too long","type":"BadRequestError","code":400}', "server error event: too long (400)"),
+        ("data: this is not json", "malformed SSE event: this is not json"),
+        ('data: {"choices":[{"delta":{},"finish_reason":"stop"', "malformed SSE event: {\"choices"),
+        ("<html><body>502 Bad Gateway</body></html>", "malformed SSE event: <html>"),
+        ("data: [1, 2]", "malformed SSE event: [1, 2]"),
+        ("garbage line\n" + TOK % "z", "malformed SSE event: garbage line"),
+    ],
+)
+def test_error_events_mid_stream(bad: str, expect: str) -> None:
+    stream = _events(TOK % "a", TOK % "b", bad, TOK % "c", "data: [DONE]")
+    for cut in range(len(stream) + 1):
+        p = assert_same(split_at(stream, [cut]))
+        assert p.failed and not p.done
+        assert p.record.error is not None and p.record.error.startswith(expect)
+        assert p.record.events == 2
+
+
+def test_malformed_message_is_bounded() -> None:
+    rec = parse_blocks([(0.0, b"data: " + b"x" * 500 + b"\n\n")])
+    assert rec.error == "malformed SSE event: " + "x" * 80
+
+
+def test_split_inside_multibyte_utf8() -> None:
+    stream = _events(TOK % "🚀世界", TOK % "é", "data: [DONE]")
+    for cut in range(len(stream) + 1):
+        for cut2 in range(cut, len(stream) + 1, 3):
+            assert_same(split_at(stream, [cut, cut2]))
+    assert parse_blocks([(0.0, stream[:i]) if i == 9 else (1.0, stream[9:]) for i in (9, 10)]).events == 2
+
+
+def test_escaped_quotes_cannot_fake_tokens() -> None:
+    tricky = json.dumps('"content":"x", "finish_reason":"stop" data: [DONE]\n\n "text":"')
+    stream = _events(
+        'data: {"choices":[{"delta":{"content":%s},"finish_reason":null}]}' % tricky,
+        TOK % "\\\"",
+        "data: [DONE]",
+    )
+    assert b'\\"content\\":\\"' in stream
+    p = assert_same([(0.0, stream)])
+    assert p.record.events == 2 and p.record.finish_reason is None and p.done
+
+
+def test_role_only_and_empty_chunks_are_not_tokens() -> None:
+    stream = _events(
+        'data: {"choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}',
+        'data: {"choices":[{"delta":{"role":"assistant","content":""},"finish_reason":null}]}',
+        'data: {"choices":[{"delta":{"content":null},"finish_reason":null}]}',
+        'data: {"choices":[{"delta":{},"finish_reason":null}]}',
+        "data: [DONE]",
+    )
+    p = assert_same([(0.0, stream)])
+    assert p.done and p.record.events == 0 and p.record.first_token is None
+
+
+def test_crlf_split_between_cr_and_lf() -> None:
+    stream = _events(TOK % "a", TOK % "b", "data: [DONE]", sep="\r\n")
+    for cut in range(len(stream) + 1):
+        p = assert_same(split_at(stream, [cut]))
+        assert p.done and p.record.events == 2
+
+
+def test_keepalive_only_blocks_and_done_without_blank_line() -> None:
+    blocks = [(0.0, b": ping\n\n"), (1.0, _events(TOK % "a")), (2.0, b":\n\n: keep-alive\n\n"), (3.0, b"data: [DONE]\n")]
+    p = assert_same(blocks)
+    assert p.done and list(p.record.chunk_times) == [1.0]
+
+
+def test_token_shaped_events_are_counted_without_validation() -> None:
+    """Documented trade-off: a block whose events all *look like* token chunks is counted by
+    byte patterns, so a truncated-but-token-shaped payload is not reported as malformed."""
+    rec = parse_blocks([(0.0, _events(TOK % "a", 'data: {"choices":[{"delta":{"content":"x"', TOK % "b"))])
+    assert rec.error is None and rec.events == 3
+
+
+def test_truncated_stream_is_not_done() -> None:
+    stream = _events(TOK % "a", TOK % "b")
+    p = assert_same([(0.0, stream + b'data: {"choices":[{"del')])
+    assert not p.done and not p.failed and p.record.events == 2 and p.record.tokens_approx
+
+
+def test_nothing_after_done_is_counted() -> None:
+    stream = _events(TOK % "a", "data: [DONE]", TOK % "b")
+    p = assert_same([(0.0, stream[:30]), (1.0, stream[30:])])
+    assert p.record.events == 1
+
+
+def test_multi_choice_events_count_once() -> None:
+    two = 'data: {"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}}]}'
+    p = assert_same([(0.0, _events(two, two, TOK % "c", "data: [DONE]"))])
+    assert p.record.events == 3
+
+
+def test_block_timestamps() -> None:
+    a, b = _events(TOK % "a", TOK % "b"), _events(TOK % "c", "data: [DONE]")
+    rec = parse_blocks([(5.0, a[:10]), (6.0, a[10:] + b[:5]), (7.0, b[5:])])
+    assert list(rec.chunk_times) == [6.0, 7.0] and list(rec.chunk_events) == [2, 1] and rec.first_token == 6.0
+
+
+def test_bad_api_rejected() -> None:
+    with pytest.raises(ValueError):
+        StreamParser(RequestRecord(index=0, worker=0, scheduled=0.0), "embeddings")  # type: ignore[arg-type]
