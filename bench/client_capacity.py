@@ -55,7 +55,8 @@ class Result:
     lag_max_s: float
     lag_p99_s: float
     errors: int
-    offered: float = 0.0
+    blocks: int = 0
+    """Read blocks that carried tokens (our client only): reads/s matter as much as tok/s."""
 
     @property
     def tok_s(self) -> float:
@@ -70,8 +71,8 @@ class Result:
 class Firehose:
     """bench/firehose.py in a child process, pinned to ``cpu`` when given."""
 
-    def __init__(self, cpu: int | None) -> None:
-        cmd = [sys.executable, str(ROOT / "bench" / "firehose.py"), "--port", "0"]
+    def __init__(self, cpu: int | None, tick_s: float = 0.01) -> None:
+        cmd = [sys.executable, str(ROOT / "bench" / "firehose.py"), "--port", "0", "--tick", str(tick_s)]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -107,7 +108,15 @@ async def run_ours(url: str, c: int, requests: int, tokens: int, rate: float = 0
     if errors:
         print(f"  [pytest-kimi] {len(errors)} errors, first: {errors[0]}", file=sys.stderr)
     toks = sum(r.completion_tokens for r in tr.records if r.ok)
-    return Result("pytest-kimi", c, toks, tr.ended - tr.started, tr.client_cpu_s, tr.loop_lag_max_s, tr.loop_lag_p99_s, len(errors))
+    blocks = sum(len(r.chunk_times) for r in tr.records)
+    wall = tr.ended - tr.started
+    if rate > 0:  # paced: measure over the streaming window, not connection setup/teardown
+        firsts = [r.first_token for r in tr.records if r.first_token is not None]
+        lasts = [r.last_token for r in tr.records if r.last_token is not None]
+        if firsts and lasts:
+            wall = max(lasts) - min(firsts)
+    return Result("pytest-kimi", c, toks, wall, tr.client_cpu_s * wall / max(tr.ended - tr.started, 1e-9),
+                  tr.loop_lag_max_s, tr.loop_lag_p99_s, len(errors), blocks)
 
 
 Reader = Callable[[aiohttp.ClientResponse], Awaitable[int]]
@@ -226,7 +235,7 @@ HEADER = ("| client       |    C |    tokens |  tok/s in   |   CPU  | lag max ms
 
 
 def table_mode(args: argparse.Namespace, url: str) -> None:
-    levels = [(1, 16, 2048), (64, 256, 2048), (512, 1024, 512)]
+    levels = [(1, 16, 8192), (64, 256, 2048), (512, 1024, 1024)]
     if args.quick:
         levels = [(1, 4, 2048), (64, 64, 1024), (512, 512, 128)]
     print(HEADER)
@@ -240,28 +249,75 @@ def table_mode(args: argparse.Namespace, url: str) -> None:
             print(fmt_row(r), flush=True)
 
 
-def ramp_mode(args: argparse.Namespace, url: str) -> None:
-    """Offer paced load in steps; capacity = highest step ingested with loop-lag p99 <= 5 ms."""
+async def _ramp(args: argparse.Namespace, url: str) -> float:
     c = args.ramp_concurrency
-    step_s = args.step_s
-    print(f"ramp at C={c}, {step_s:g}s per step, firehose paced per stream (5 ms ticks)")
-    print("| offered tok/s | ingested tok/s | CPU | lag max ms | lag p99 ms | ok |")
-    print("|--------------:|---------------:|----:|-----------:|-----------:|----|")
     best = 0.0
     offered = args.ramp_start
-    while offered <= args.ramp_max:
-        per_stream = offered / c
-        tokens = max(8, int(per_stream * step_s))
-        r = run_one("pytest-kimi", url, c, c, tokens, per_stream)
-        assert r is not None
-        ok = r.lag_p99_s <= LAG_LIMIT_S and r.tok_s >= 0.9 * offered and not r.errors
-        print(f"| {offered:>13,.0f} | {r.tok_s:>14,.0f} | {100 * r.cpu_share:>2.0f}% | {1e3 * r.lag_max_s:>10.1f} "
-              f"| {1e3 * r.lag_p99_s:>10.1f} | {'yes' if ok else 'NO'} |", flush=True)
-        if not ok:
-            break
-        best = offered
-        offered *= args.ramp_factor
-    print(f"\ncapacity before loop lag p99 > {LAG_LIMIT_S * 1e3:g} ms: ~{best:,.0f} tok/s at C={c}")
+    async with LoadClient() as client:
+        while offered <= args.ramp_max:
+            per_stream = offered / c
+            tokens = max(8, int(per_stream * args.step_s))
+            # warm connections first: connection setup is not what this step measures
+            await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(8)], requests=c, timeout_s=30))
+            tr = await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(tokens, per_stream)], requests=c, timeout_s=30))
+            ok_recs = [r for r in tr.records if r.ok]
+            toks = sum(r.completion_tokens for r in ok_recs)
+            firsts = [r.first_token for r in ok_recs if r.first_token is not None]
+            lasts = [r.last_token for r in ok_recs if r.last_token is not None]
+            window = (max(lasts) - min(firsts)) if firsts and lasts else tr.ended - tr.started
+            got = toks / window if window > 0 else 0.0
+            reads = sum(len(r.chunk_times) for r in ok_recs) / window if window > 0 else 0.0
+            cpu = tr.client_cpu_s / max(tr.ended - tr.started, 1e-9)
+            ok = tr.loop_lag_p99_s <= LAG_LIMIT_S and got >= 0.9 * offered and len(ok_recs) == len(tr.records)
+            print(f"| {offered:>13,.0f} | {got:>14,.0f} | {reads:>7,.0f} | {100 * cpu:>3.0f}% | {1e3 * tr.loop_lag_max_s:>10.1f} "
+                  f"| {1e3 * tr.loop_lag_p99_s:>10.1f} | {'yes' if ok else 'NO'} |", flush=True)
+            if not ok:
+                break
+            best = offered
+            offered *= args.ramp_factor
+    return best
+
+
+def ramp_mode(args: argparse.Namespace, url: str) -> None:
+    """Offer paced load in steps; capacity = highest step ingested with loop-lag p99 <= 5 ms."""
+    print(f"ramp at C={args.ramp_concurrency}, {args.step_s:g}s per step, firehose paced per stream "
+          f"({1e3 * args.tick:g} ms ticks: every stream gets its tokens of a tick in one write, like a decode step)")
+    print("| offered tok/s | ingested tok/s | reads/s | CPU | lag max ms | lag p99 ms | ok |")
+    print("|--------------:|---------------:|--------:|----:|-----------:|-----------:|----|")
+    best = asyncio.run(_ramp(args, url))
+    print(f"\ncapacity before loop lag p99 > {LAG_LIMIT_S * 1e3:g} ms: ~{best:,.0f} tok/s at C={args.ramp_concurrency}")
+
+
+CATEGORIES = [
+    # (label, substring of a frame; the first match walking from the leaf upwards wins)
+    ("SSE parser (pytest_kimi/load/sse.py)", "pytest_kimi/load/sse.py"),
+    ("block read: drain() (pytest_kimi/load/request.py)", "drain (pytest_kimi/load/request.py"),
+    ("aiohttp request setup + connection", "_BaseRequestContextManager.__aenter__"),
+    ("aiohttp HTTP parse + StreamReader feed (per HTTP chunk)", "ResponseHandler.data_received"),
+    ("aiohttp response release", "__aexit__"),
+    ("asyncio socket reads", "_read_ready"),
+    ("runner / lag monitor / other", ""),
+]
+
+
+def summarize_profile(raw: Path) -> str:
+    """Group py-spy's raw (collapsed) stacks into where the client's busy time goes."""
+    totals = dict.fromkeys((label for label, _ in CATEGORIES), 0)
+    busy = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if "run_until_complete" not in stack:
+            continue
+        frames = stack.split(";")
+        if "select (selectors.py" in frames[-1]:
+            continue  # idle in epoll
+        busy += int(n)
+        for label, key in CATEGORIES:
+            if any(key in f for f in reversed(frames)):
+                totals[label] += int(n)
+                break
+    rows = [f"| {label} | {100 * v / max(busy, 1):.0f}% |" for label, v in totals.items()]
+    return "| where | share of busy samples |\n|---|---:|\n" + "\n".join(rows)
 
 
 def profile_mode(args: argparse.Namespace, url: str) -> None:
@@ -270,10 +326,11 @@ def profile_mode(args: argparse.Namespace, url: str) -> None:
         print("py-spy not installed: pip install py-spy (kept out of the project's dependencies)")
         return
     out = Path(args.profile)
-    cmd = [spy, "record", "--format", "raw", "-r", "500", "-o", str(out), "--",
-           sys.executable, __file__, "--url", url, "--clients", "pytest-kimi", "--levels-only", "64"]
-    subprocess.run(cmd, check=True)
-    print(f"py-spy raw profile in {out}")
+    cmd = [spy, "record", "--nonblocking", "--format", "raw", "-r", "250", "-o", str(out), "--",
+           sys.executable, __file__, "--url", url, "--framing", args.framing, "--levels-only", str(args.profile_concurrency)]
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+    print(f"py-spy raw profile in {out}, C={args.profile_concurrency}, framing={args.framing}\n")
+    print(summarize_profile(out))
 
 
 def main() -> None:
@@ -286,24 +343,27 @@ def main() -> None:
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--url", help="use a running firehose instead of starting one")
     ap.add_argument("--ramp", action="store_true")
-    ap.add_argument("--ramp-concurrency", type=int, default=256)
-    ap.add_argument("--ramp-start", type=float, default=50_000)
+    ap.add_argument("--ramp-concurrency", type=int, default=64)
+    ap.add_argument("--tick", type=float, default=0.01,
+                    help="firehose pacing tick (s): each paced stream gets one write per tick, like a decode step")
+    ap.add_argument("--ramp-start", type=float, default=10_000)
     ap.add_argument("--ramp-factor", type=float, default=1.4)
     ap.add_argument("--ramp-max", type=float, default=3_000_000)
     ap.add_argument("--step-s", type=float, default=3.0)
-    ap.add_argument("--profile", metavar="OUT", help="py-spy raw (collapsed) profile of our client at C=64")
+    ap.add_argument("--profile", metavar="OUT", help="py-spy raw (collapsed) profile of our client")
+    ap.add_argument("--profile-concurrency", type=int, default=64)
     ap.add_argument("--levels-only", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     global FRAMING
     FRAMING = args.framing
     raise_nofile_limit(8192)
     client_cpu, server_cpu, note = pin(args)
-    fh = None if args.url else Firehose(server_cpu)
+    fh = None if args.url else Firehose(server_cpu, args.tick)
     url = args.url or (fh.url if fh else "")
     try:
         if args.levels_only:
-            r = run_one("pytest-kimi", url, args.levels_only, 4 * args.levels_only, 4096)
-            print(fmt_row(r) if r else "")
+            r = run_one("pytest-kimi", url, args.levels_only, max(16, 4 * args.levels_only), 2048)
+            print(HEADER + "\n" + fmt_row(r) if r else "")
             return
         print(f"# {note}; python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}; framing={FRAMING}")
         if args.profile:

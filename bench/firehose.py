@@ -113,16 +113,24 @@ class Pacer:
         self.tick_s = tick_s
         self.streams: set[Stream] = set()
         self._handle: asyncio.TimerHandle | None = None
+        self._last = 0.0
 
     def add(self, s: Stream) -> None:
         self.streams.add(s)
         if self._handle is None:
-            self._handle = asyncio.get_running_loop().call_later(self.tick_s, self._tick)
+            loop = asyncio.get_running_loop()
+            self._last = loop.time()
+            self._handle = loop.call_at(self._last + self.tick_s, self._tick)
 
     def _tick(self) -> None:
+        # Credit by elapsed time (not by tick count) so a late tick still delivers exactly
+        # the offered rate.
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        dt, self._last = now - self._last, now
         done = []
         for s in self.streams:
-            s.credit += s.rate * self.tick_s
+            s.credit += s.rate * dt
             n = int(s.credit)
             if n:
                 s.credit -= n
@@ -130,7 +138,10 @@ class Pacer:
                     done.append(s)
         for s in done:
             self.streams.discard(s)
-        self._handle = asyncio.get_running_loop().call_later(self.tick_s, self._tick) if self.streams else None
+        if self.streams:
+            self._handle = loop.call_at(now + self.tick_s, self._tick)
+        else:
+            self._handle = None
 
 
 class FirehoseProtocol(asyncio.Protocol):

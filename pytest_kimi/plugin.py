@@ -16,16 +16,31 @@ from typing import Any, Generator, Iterator
 import pytest
 
 from . import settings
+from .baseline import (
+    DEFAULT_DIRNAME, BaselineError, BaselineStore, LevelBaseline, Provenance, ProvenanceConflict,
+    TestBaseline, WorkloadKey,
+)
+from .gate import AdaptiveTrials, GateSettings, IncomparableBaseline, apply_gate, baseline_samples, check_comparable, level_key
 from .endpoint import EndpointError, EndpointInfo, normalize_url
 from .markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_marker_kwargs, parse_throughput
 from .report.json_report import build_report, write_json
-from .report.terminal import format_table, format_test
+from .report.terminal import format_test
 from .results import ThroughputResult
 from .session import KimiLoad, PerfSession, build_spec
 from .workload import WorkloadError
 
 REPORT_ATTR = "kimi_perf"
 """Attribute on TestReport carrying a test's result dict (serialised by xdist with the report)."""
+
+FAILURE_HEADLINES = {
+    "fail": "target missed",
+    "regression": "regression beyond noise",
+    "error": "requests failed",
+    "invalid": "measurement invalid",
+    "no-baseline": "no baseline (--perf-require-baseline)",
+    "inconclusive": "inconclusive (--perf-strict)",
+    "underpowered": "underpowered (--perf-strict)",
+}
 
 NO_ENDPOINT_REASON = (
     "no endpoint given: pass --endpoint=URL (an OpenAI-compatible server, e.g. "
@@ -48,7 +63,18 @@ class PerfItem:
     targets: Targets
 
 
+@dataclass(frozen=True, slots=True)
+class GateContext:
+    """Resolved once per session: where baselines live and how strictly they are judged."""
+
+    settings: GateSettings
+    store: BaselineStore
+    update: str | None
+    """None, 'yes' or 'force' (--update-baselines)."""
+
+
 STATE = pytest.StashKey[RunState]()
+GATE = pytest.StashKey[GateContext]()
 SETTINGS = pytest.StashKey[dict[str, settings.Resolved[Any]]]()
 PERF_ITEM = pytest.StashKey[PerfItem]()
 RESULT = pytest.StashKey[ThroughputResult]()
@@ -56,6 +82,32 @@ RESULT = pytest.StashKey[ThroughputResult]()
 
 def _setting(config: pytest.Config, name: str) -> settings.Resolved[Any]:
     return config.stash[SETTINGS][name]
+
+
+def _is_sim(endpoint: str | None) -> bool:
+    return endpoint is not None and (endpoint == "sim" or endpoint.startswith("sim:"))
+
+
+def _gate_context(config: pytest.Config) -> GateContext:
+    def value(name: str, default: Any) -> Any:
+        v = _setting(config, name).value
+        return default if v is None else v
+
+    root = Path(value("baseline_dir", DEFAULT_DIRNAME))
+    if not root.is_absolute():
+        root = Path(config.rootpath) / root
+    profile = value("baseline_profile", "sim" if _is_sim(_setting(config, "endpoint").value) else "default")
+    update = _setting(config, "update_baselines").value
+    gate_settings = GateSettings(
+        tolerance=value("perf_tolerance", GateSettings.tolerance),
+        alpha=value("perf_alpha", GateSettings.alpha),
+        session_sigma=value("perf_session_sigma", GateSettings.session_sigma),
+        max_trials=value("perf_max_trials", GateSettings.max_trials),
+        require_baseline=value("perf_require_baseline", False),
+        strict=value("perf_strict", False),
+        updating=update is not None,
+    )
+    return GateContext(gate_settings, BaselineStore(root, profile), update)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -67,6 +119,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "perf: a throughput test (added to every @throughput test)")
     config.stash[SETTINGS] = settings.resolve_all(config)
     config.stash[STATE] = RunState()
+    config.stash[GATE] = _gate_context(config)
     config.pluginmanager.register(PerfReporter(config), "kimi-perf-reporter")
     _group_perf_tests_under_xdist(config)
 
@@ -194,21 +247,56 @@ def kimi_load(
 
 @pytest.fixture(autouse=True)
 def _kimi_measure(request: pytest.FixtureRequest) -> ThroughputResult | None:
-    """Measure a ``@throughput`` test before its body runs; never raises on a bad level."""
+    """Measure a ``@throughput`` test before its body runs and judge it against its baseline.
+
+    Never raises on a bad level (verdicts say what went wrong); a corrupt or incomparable
+    baseline fails the test before any load is sent.
+    """
     item = request.node
     perf = item.stash.get(PERF_ITEM, None)
     if perf is None:
         return None
     endpoint: EndpointInfo = request.getfixturevalue("kimi_endpoint")
     session: PerfSession = request.getfixturevalue("_kimi_session")
+    gate = request.config.stash[GATE]
+    nodeid = _perf_nodeid(item)
+    rootdir = Path(request.config.rootpath)
     try:
         spec = build_spec(
-            endpoint, _perf_nodeid(item), perf.workload, perf.targets,
-            rootdir=Path(request.config.rootpath), trials=_trials(request.config),
+            endpoint, nodeid, perf.workload, perf.targets,
+            rootdir=rootdir, trials=_trials(request.config),
         )
     except WorkloadError as exc:
         pytest.fail(f"@throughput prompts: {exc}", pytrace=False)
+    path = gate.store.path_for(nodeid)
+    current = Provenance.collect(
+        model=endpoint.model, server_info=endpoint.server_info,
+        session_ids=[session.session_id], suite_dir=rootdir,
+    )
+    try:
+        baseline = gate.store.load(nodeid)
+        check_comparable(baseline, current, str(path))
+    except (BaselineError, IncomparableBaseline) as exc:
+        pytest.fail(str(exc), pytrace=False)
+    keys = {c: level_key(perf.workload, spec.prompts_key, c) for c in perf.workload.levels}
+    policy = AdaptiveTrials(
+        baseline_samples(baseline, keys), gate.settings, len(keys), first_trials=spec.trials
+    )
+    spec.policy = policy
     result = session.measure(spec)
+    changes = apply_gate(
+        result, baseline, str(path), current, gate.settings,
+        tolerance=perf.targets.tolerance, alpha=perf.targets.alpha,
+        alpha_weights=policy.alpha_weights,
+    )
+    result.extra.update(
+        baseline_file=str(path),
+        baseline_profile=gate.store.profile,
+        provenance_changes=[str(c) for c in changes],
+        session_id=session.session_id,
+    )
+    if baseline is None:
+        result.extra["baseline_note"] = f"no baseline yet: {path} (record it with --update-baselines)"
     item.stash[RESULT] = result
     return result
 
@@ -224,9 +312,12 @@ def throughput_result(request: pytest.FixtureRequest, _kimi_measure: ThroughputR
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     result = item.stash.get(RESULT, None)
-    if result is not None and result.failed:
-        lines = format_table([lv.to_dict() for lv in result.levels])
-        pytest.fail("throughput target missed:\n" + "\n".join(lines), pytrace=False)
+    if result is not None:
+        failing = result.failing_levels(item.config.stash[GATE].settings.failing_verdicts())
+        if failing:
+            kinds = ", ".join(dict.fromkeys(FAILURE_HEADLINES.get(lv.verdict, lv.verdict) for lv in failing))
+            lines = format_test(result.to_dict())[1:]
+            pytest.fail(f"throughput {kinds}:\n" + "\n".join(lines), pytrace=False)
     return (yield)
 
 
@@ -251,6 +342,8 @@ class PerfReporter:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.state = config.stash[STATE]
+        self.updates: list[str] = []
+        self.refused: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = getattr(report, REPORT_ATTR, None)
@@ -272,10 +365,80 @@ class PerfReporter:
         for test in self.state.tests:
             for line in format_test(test):
                 terminalreporter.write_line(line)
+        if self.updates or self.refused:
+            terminalreporter.section("pytest-kimi baselines")
+            for text in self.updates:
+                terminalreporter.write_line(text)
+            for text in self.refused:
+                terminalreporter.write_line(text, red=True)
+            if self.updates:
+                terminalreporter.write_line(
+                    "Review the YAML diff and commit it in a pull request: its approval is the "
+                    "approval of the new baseline."
+                )
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workerinput"):
             return  # the controller writes, from the reports the workers sent
         path = _setting(self.config, "perf_json").value
         if path:
             write_json(Path(path), build_report(self.state.endpoint, self.state.tests))
+        gate = self.config.stash[GATE]
+        if gate.update is not None and self.state.tests:
+            self.updates, self.refused = update_baselines(
+                gate, self.state.tests, self.state.endpoint or {}, Path(self.config.rootpath)
+            )
+            if self.refused and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def update_baselines(
+    gate: GateContext, tests: list[dict[str, Any]], endpoint: dict[str, Any], rootdir: Path
+) -> tuple[list[str], list[str]]:
+    """Write the baselines of the tests that ran; refuse untrustworthy ones unless forced.
+
+    Returns the summary lines (old -> new per level, git commands) and the refusals.
+    """
+    written: list[str] = []
+    refused: list[str] = []
+    for test in tests:
+        bad = [lv for lv in test["levels"] if lv["verdict"] in UNRECORDABLE]
+        if bad and gate.update != "force":
+            why = "; ".join(f"C={lv['concurrency']} {lv['verdict']}" for lv in bad)
+            refused.append(
+                f"{test['nodeid']}: not recorded ({why}); fix the run, or record anyway with "
+                "--update-baselines=force"
+            )
+            continue
+        levels = [
+            LevelBaseline(
+                workload=WorkloadKey.from_dict({**test["workload"], "concurrency": lv["concurrency"]}),
+                trials_tok_s=lv["trials_tok_s"],
+                request_tok_s=_summary(p50=lv.get("request_tok_s_p50")),
+                ttft_s=_summary(p50=lv.get("ttft_s_p50"), p95=lv.get("ttft_s_p95")),
+            )
+            for lv in test["levels"]
+            if lv.get("trials_tok_s")
+        ]
+        if not levels:
+            refused.append(f"{test['nodeid']}: not recorded: no level gave a throughput figure")
+            continue
+        provenance = Provenance.collect(
+            model=endpoint.get("model"), server_info=endpoint.get("server_info"),
+            session_ids=[test["session_id"]] if test.get("session_id") else [], suite_dir=rootdir,
+        )
+        new = TestBaseline(test=test["nodeid"], profile=gate.store.profile, provenance=provenance, levels=levels)
+        try:
+            summary = gate.store.update(new, cwd=rootdir)
+        except (BaselineError, ProvenanceConflict, OSError) as exc:
+            refused.append(f"{test['nodeid']}: not recorded: {exc}")
+            continue
+        written.append(str(summary))
+    return written, refused
+
+
+UNRECORDABLE = frozenset({"error", "invalid", "not-run"})
+
+
+def _summary(**values: float | None) -> dict[str, float]:
+    return {k: v for k, v in values.items() if v is not None}

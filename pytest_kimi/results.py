@@ -69,6 +69,8 @@ class ThroughputResult:
     targets: Targets
     levels: list[LevelResult] = field(default_factory=list)
     prompts_key: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Test-level report fields later stages add (baseline file, provenance changes)."""
 
     def level(self, concurrency: int) -> LevelResult:
         for lv in self.levels:
@@ -76,15 +78,15 @@ class ThroughputResult:
                 return lv
         raise KeyError(f"no level with concurrency {concurrency}")
 
-    @property
-    def failed(self) -> bool:
-        return any(lv.verdict in FAILING_VERDICTS for lv in self.levels)
+    def failing_levels(self, failing: frozenset[str] = FAILING_VERDICTS) -> list[LevelResult]:
+        return [lv for lv in self.levels if lv.verdict in failing]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "nodeid": self.nodeid,
             "workload": workload_dict(self.workload, self.prompts_key),
             "levels": [lv.to_dict() for lv in self.levels],
+            **self.extra,
         }
 
 

@@ -6,6 +6,8 @@ test shares; :class:`KimiLoad` is what ``async def`` tests get as ``kimi_load``.
 
 from __future__ import annotations
 
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ class PerfSession:
     def __init__(self) -> None:
         self._loop = LoopThread()
         self._client: LoadClient | None = None
+        self.session_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+        """Names the measuring session in baselines (trials of one session share its noise)."""
 
     def discover(self, base_url: str, *, api_key: str | None, model: str | None) -> EndpointInfo:
         return self._loop.run(discover(base_url, api_key=api_key, model=model))

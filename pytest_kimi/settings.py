@@ -26,6 +26,8 @@ class Option(Generic[T]):
     default: T | None = None
     metavar: str | None = None
     secret: bool = False
+    switch: bool = False
+    """A bare flag (``--perf-strict``); env and ini take true/false."""
 
     @property
     def dest(self) -> str:
@@ -57,6 +59,34 @@ def fraction(text: str) -> float:
     if not 0 < value < 1:
         raise ValueError(f"expected a number between 0 and 1 (exclusive), got {text!r}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise ValueError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def boolean(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def update_mode(text: str) -> str:
+    if text not in ("yes", "force"):
+        raise ValueError(
+            f"expected nothing or 'force', got {text!r} (write --update-baselines=force, and put "
+            "test paths before a bare --update-baselines)"
+        )
+    return text
 
 
 def non_empty(text: str) -> str:
@@ -93,6 +123,48 @@ OPTIONS: dict[str, Option[Any]] = {
             "trials per level (default 3); the marker's trials= overrides it", positive_int,
             metavar="N",
         ),
+        Option(
+            "--baseline-dir", "kimi_baseline_dir", "KIMI_BASELINE_DIR",
+            "where baselines live (default: baselines/ under the rootdir)", non_empty, metavar="DIR",
+        ),
+        Option(
+            "--baseline-profile", "kimi_baseline_profile", "KIMI_BASELINE_PROFILE",
+            "baseline group, e.g. the deployment's name (default 'default'; 'sim' for the simulator)",
+            non_empty, metavar="NAME",
+        ),
+        Option(
+            "--perf-tolerance", "kimi_perf_tolerance", "KIMI_PERF_TOLERANCE",
+            "relative drop the gate tolerates before it may call a regression (default 0.05)",
+            fraction, metavar="FRACTION",
+        ),
+        Option(
+            "--perf-alpha", "kimi_perf_alpha", "KIMI_PERF_ALPHA",
+            "false-alarm rate of the regression test per test (default 0.05)", fraction,
+            metavar="ALPHA",
+        ),
+        Option(
+            "--perf-session-sigma", "kimi_perf_session_sigma", "KIMI_PERF_SESSION_SIGMA",
+            "session-to-session noise (log sd) of the deployment (default 0.03); 0 for a noiseless one",
+            non_negative_float, metavar="SIGMA",
+        ),
+        Option(
+            "--perf-max-trials", "kimi_perf_max_trials", "KIMI_PERF_MAX_TRIALS",
+            "adaptive trials: at most this many per level while the verdict is unclear (default 10)",
+            positive_int, metavar="N",
+        ),
+        Option(
+            "--perf-require-baseline", "kimi_perf_require_baseline", "KIMI_PERF_REQUIRE_BASELINE",
+            "fail levels that have no baseline", boolean, switch=True,
+        ),
+        Option(
+            "--perf-strict", "kimi_perf_strict", "KIMI_PERF_STRICT",
+            "fail inconclusive and underpowered levels too", boolean, switch=True,
+        ),
+        Option(
+            "--update-baselines", "kimi_update_baselines", None,
+            "write the baselines of the tests that ran ('force': also from a run with failed or "
+            "invalid levels)", update_mode, metavar="force",
+        ),
     )
 }
 
@@ -101,7 +173,12 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("kimi", "pytest-kimi: throughput targets for LLM endpoints")
     for opt in OPTIONS.values():
         env = f" [env {opt.env}]" if opt.env else ""
-        group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help + env)
+        if opt.switch:
+            group.addoption(opt.flag, dest=opt.dest, action="store_const", const="true", default=None, help=opt.help + env)
+        elif opt.dest == "update_baselines":
+            group.addoption(opt.flag, dest=opt.dest, nargs="?", const="yes", default=None, metavar=opt.metavar, help=opt.help)
+        else:
+            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help + env)
         parser.addini(opt.ini, opt.help, default="")
 
 

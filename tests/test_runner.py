@@ -43,6 +43,7 @@ class Stats:
     at_arrival: list[int] = field(default_factory=list)
     requests: int = 0
     auth: list[str] = field(default_factory=list)
+    peers: set[Any] = field(default_factory=set)
     barrier: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -60,6 +61,8 @@ async def handler(request: web.Request) -> web.StreamResponse:
     stats.max_inflight = max(stats.max_inflight, stats.inflight)
     stats.at_arrival.append(stats.inflight)
     stats.auth.append(request.headers.get("Authorization", ""))
+    assert request.transport is not None
+    stats.peers.add(request.transport.get_extra_info("peername"))
     try:
         if mode == "500":
             return web.Response(status=500, text="internal boom " + "y" * 500)
@@ -95,6 +98,10 @@ async def handler(request: web.Request) -> web.StreamResponse:
             await resp.write(chunk(None, usage={"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}))
         if mode != "nodone":
             await resp.write(b"data: [DONE]\n\n")
+        if mode == "linger":
+            await asyncio.sleep(30)  # never ends the HTTP body after [DONE]
+        if body.get("eof_delay"):  # like uvicorn: the final zero-length chunk comes separately
+            await asyncio.sleep(float(body["eof_delay"]))
         await resp.write_eof()
         return resp
     finally:
@@ -194,6 +201,17 @@ async def test_slow_but_steady_stream_is_not_a_stall(server: tuple[str, Stats], 
 
 
 @pytest.mark.asyncio
+async def test_done_without_end_of_body_is_ok(server: tuple[str, Stats], client: LoadClient) -> None:
+    """A server that never finishes the HTTP body after [DONE] costs at most the grace time."""
+    url, _ = server
+    t0 = time.perf_counter()
+    rec = await stream_request(client.session, Target(url), body(mode="linger"), index=0, worker=0, scheduled=0, timeout_s=5)
+    took = time.perf_counter() - t0
+    assert rec.ok, rec.error
+    assert took < 2.5 and rec.end - rec.chunk_times[-1] < 0.5
+
+
+@pytest.mark.asyncio
 async def test_disconnect_mid_stream(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
     rec = await stream_request(client.session, Target(url), body(mode="disconnect", max_tokens=8), index=0, worker=0, scheduled=0, timeout_s=5)
@@ -254,7 +272,7 @@ async def test_api_key_sent_but_never_in_errors(server: tuple[str, Stats], clien
 async def test_closed_loop_keeps_c_in_flight(server: tuple[str, Stats], client: LoadClient) -> None:
     url, stats = server
     C = 16
-    plan = TrialPlan(concurrency=C, bodies=[body(max_tokens=3, delay=0.01), body(max_tokens=2, delay=0.01)], requests=96, timeout_s=5, warmup=5)
+    plan = TrialPlan(concurrency=C, bodies=[body(max_tokens=3, delay=0.01, eof_delay=0.005), body(max_tokens=2, delay=0.01)], requests=96, timeout_s=5, warmup=5)
     tr = await client.run_trial(Target(url), plan)
     assert len(tr.records) == 96 and [r.index for r in tr.records] == list(range(96))
     assert all(r.ok for r in tr.records), {r.error for r in tr.records}
@@ -262,6 +280,7 @@ async def test_closed_loop_keeps_c_in_flight(server: tuple[str, Stats], client: 
     # bodies cycled in order: even indices got 3 tokens, odd ones 2
     assert [r.completion_tokens for r in tr.records[:4]] == [3, 2, 3, 2]
     assert stats.max_inflight == C
+    assert len(stats.peers) <= C + 1  # connections are reused, not one per request
     trial_arrivals = stats.at_arrival[5:]
     assert sum(trial_arrivals[C:]) / len(trial_arrivals[C:]) > C - 1.5  # a new one arrives as one ends
     # client side: each worker runs its requests strictly one after another

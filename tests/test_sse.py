@@ -442,6 +442,8 @@ def test_multi_choice_events_count_once() -> None:
     two = 'data: {"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}}]}'
     p = assert_same([(0.0, _events(two, two, TOK % "c", "data: [DONE]"))])
     assert p.record.events == 3
+    p = assert_same([(0.0, _events(TOK % "c", two, "data: [DONE]"))])
+    assert p.record.events == 2 and p.done
 
 
 def test_block_timestamps() -> None:
@@ -453,3 +455,62 @@ def test_block_timestamps() -> None:
 def test_bad_api_rejected() -> None:
     with pytest.raises(ValueError):
         StreamParser(RequestRecord(index=0, worker=0, scheduled=0.0), "embeddings")  # type: ignore[arg-type]
+
+
+def _soup_event(rng: random.Random, api: str, spaced: bool) -> str:
+    """One random event of any kind the parser may meet (excluding documented limits:
+    token-shaped invalid JSON, usage on plain token chunks, multi-choice chunks mid-stream)."""
+    w = rng.choice(WORDS)
+
+    def ch(**kw: Any) -> str:
+        c: dict[str, Any] = {"index": 0}
+        if api == "chat":
+            c["delta"] = kw.pop("delta", {})
+        else:
+            c["text"] = kw.pop("text", "")
+        c["finish_reason"] = kw.pop("finish", None)
+        obj: dict[str, Any] = {"id": "x", "choices": [c]}
+        obj.update(kw)
+        return "data: " + _dumps(obj, spaced)
+
+    kinds = [
+        lambda: ch(delta={"content": w}, text=w),
+        lambda: ch(delta={"reasoning_content": w, "content": None}),
+        lambda: ch(delta={"reasoning": w}),
+        lambda: ch(delta={"content": "", "reasoning_content": w}),
+        lambda: ch(delta={"content": w, "reasoning_content": w}),
+        lambda: ch(delta={"content": ""}, text=""),
+        lambda: ch(delta={"content": None}),
+        lambda: ch(delta={"role": "assistant"}),
+        lambda: ch(delta={"role": "assistant", "content": w}),
+        lambda: ch(delta={}),
+        lambda: ch(delta={"content": w}, text=w, finish="length"),
+        lambda: ch(delta={"content": ""}, text="", finish="stop", usage={"prompt_tokens": 3, "completion_tokens": 9}),
+        lambda: "data: " + _dumps({"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}}, spaced),
+        lambda: ": ping",
+        lambda: ":",
+        lambda: "event: delta\n" + ch(delta={"content": w}, text=w),
+        lambda: "id: 7\n" + ch(delta={"content": w}, text=w),
+        lambda: 'data: {"error": {"message": "boom", "code": 500}}',
+        lambda: "data: not-json",
+        lambda: "junk line",
+        lambda: "data: [DONE]",
+        lambda: ch(delta={"content": w}, text=w) + "\n",  # extra blank line
+    ]
+    weights = [40, 6, 6, 4, 3, 4, 3, 2, 3, 2, 2, 1, 1, 3, 1, 2, 2, 0.5, 0.5, 0.5, 0.7, 2]
+    return rng.choices(kinds, weights)[0]()
+
+
+def test_random_event_soup() -> None:
+    """Adversarial mixtures in random order, random JSON style, random CRLF and splits."""
+    rng = random.Random(2024)
+    for trial in range(300):
+        api = rng.choice(["chat", "chat", "completions"])
+        spaced = rng.random() < 0.2
+        events = [_soup_event(rng, api, spaced if rng.random() < 0.95 else not spaced) for _ in range(rng.randint(1, 60))]
+        if rng.random() < 0.7:
+            events.append("data: [DONE]")
+        sep = "\r\n" if rng.random() < 0.2 else "\n"
+        stream = "".join(e.replace("\n", sep) + sep + sep for e in events).encode()
+        mean = rng.choice([5, 50, 500, 5000, 10**6])
+        assert_same(random_blocks(stream, rng, mean), api)

@@ -9,6 +9,7 @@ so that a trial against a broken server still produces records and a clear verdi
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from dataclasses import dataclass, field
 from functools import partial
@@ -123,6 +124,23 @@ def redact(text: str, secrets: list[str]) -> str:
     return text
 
 
+EOF_GRACE_S = 1.0
+"""How long to wait after ``[DONE]`` for the end of the HTTP body (uvicorn writes the final
+zero-length chunk separately).  Reading it lets the connection go back to the pool instead of
+being closed, so a closed-loop trial does not open a new TCP connection per request."""
+
+
+async def _finish_body(read: Callable[[], Awaitable[bytes]]) -> None:
+    async def to_eof() -> None:
+        while await read():
+            pass
+
+    try:
+        await asyncio.wait_for(to_eof(), EOF_GRACE_S)
+    except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+        pass  # the stream itself completed; the connection just is not reused
+
+
 def silence_timeout(timeout_s: float) -> aiohttp.ClientTimeout:
     """Longest allowed *silence*: connecting, waiting for headers, and between reads.
 
@@ -177,11 +195,18 @@ async def stream_request(
                     feed(perf_counter(), data)
                     if parser.done or parser.failed:
                         break
+                if parser.done and not resp.content.is_eof():
+                    rec.end = perf_counter()
+                    await _finish_body(read)
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         where = "" if connected else f" (connecting to / waiting for headers from {target.url})"
         rec.error = f"stalled: no data for {_fmt_s(timeout_s)}s{where}"
     except aiohttp.ClientConnectorError as exc:
-        reason = exc.os_error.strerror if exc.os_error is not None and exc.os_error.strerror else str(exc)
+        err = exc.os_error
+        if isinstance(err, ConnectionRefusedError) or getattr(err, "errno", None) == errno.ECONNREFUSED:
+            reason = "connection refused"
+        else:
+            reason = (err.strerror if err is not None and err.strerror else None) or str(exc)
         rec.error = f"cannot connect to {target.url}: {reason} (server looks down)"
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError, ConnectionError):
         # With a 200 stream this is reported below as a stream that ended without [DONE].
@@ -194,7 +219,8 @@ async def stream_request(
     except Exception as exc:  # never let one request take the trial down
         rec.error = f"client error: {type(exc).__name__}: {exc}"
     finally:
-        rec.end = perf_counter()
+        if not rec.end:
+            rec.end = perf_counter()
     parser.close()
     if rec.error is None and rec.status == 200:
         if not parser.done:

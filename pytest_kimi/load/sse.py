@@ -32,7 +32,10 @@ Event semantics (shared with the JSON-decoding reference used in the tests):
   the finish chunk or the trailing ``choices: []`` chunk, which are decoded.
 * Events must be separated by a blank line (``\\n\\n`` or ``\\r\\n\\r\\n``); an incomplete event
   at EOF is discarded (per the SSE spec) except a bare ``data: [DONE]``.
-* Streams with ``n > 1`` choices are decoded correctly but take the slow path.
+* Events carrying several choices (``n > 1`` packed into one chunk) would break the counting;
+  they are detected on the first event (always decoded) or any later decoded one, and the
+  stream is decoded event by event from then on.  (vLLM/OpenAI send one choice per chunk even
+  with ``n > 1``; that is counted normally.)
 """
 
 from __future__ import annotations
@@ -98,6 +101,14 @@ class _Patterns:
         self.finish = f'"finish_reason":{sep}"'.encode()
 
 
+_STYLES = {
+    api: (_Patterns(fields, ""), _Patterns(fields, " "))
+    for api, fields in (("chat", _CHAT_FIELDS), ("completions", _COMPLETION_FIELDS))
+}
+"""Pattern sets per API, built once: compact JSON first (vLLM, SGLang, llama.cpp, TGI), the
+spaced ``json.dumps`` default second (switched to when a decoded event shows it)."""
+
+
 class StreamParser:
     """Incremental parser feeding one :class:`RequestRecord`.
 
@@ -119,6 +130,8 @@ class StreamParser:
         "_pat",
         "_pending",
         "_crlf",
+        "_first",
+        "_multi",
         "_times",
         "_counts",
     )
@@ -140,10 +153,12 @@ class StreamParser:
         self.decoded = 0
         """Events that needed ``json.loads``."""
         self._fields = _CHAT_FIELDS if api == "chat" else _COMPLETION_FIELDS
-        self._styles = (_Patterns(self._fields, ""), _Patterns(self._fields, " "))
+        self._styles = _STYLES[api]
         self._pat = self._styles[0]
         self._pending = b""
         self._crlf = False
+        self._first = True
+        self._multi = False
         self._times = record.chunk_times
         self._counts = record.chunk_events
 
@@ -169,11 +184,24 @@ class StreamParser:
             return
         end = cut + 2
         self._pending = buf[end:]
-        n = self._count_fast(buf, 0, end)
-        if n is None:
-            n = self._split(buf, 0, end)
-        else:
-            self.fast_ranges += 1
+        start = 0
+        n = 0
+        if self._first:
+            # The first event is almost always the role chunk ("content":"" plus role): one
+            # json.loads for it is cheaper than the extra scans it would force on a whole
+            # (possibly large) first block, and it settles the JSON style early.
+            self._first = False
+            start = buf.find(b"\n\n", 0, end) + 2
+            n = self._decode_events(buf, 0, start)
+            if self.done or self.failed:
+                start = end
+        if start < end:
+            k = self._count_fast(buf, start, end)
+            if k is None:
+                k = self._split(buf, start, end)
+            else:
+                self.fast_ranges += 1
+            n += k
         if n:
             if not self._times:
                 self.record.first_token = t
@@ -196,7 +224,7 @@ class StreamParser:
         event (the finish chunk at the end of a 1 MB block read by a client that fell behind)
         costs a few extra scans plus one small decode, not a ``json.loads`` of every event.
         """
-        if end - start > _DECODE_BELOW:
+        if end - start > _DECODE_BELOW and not self._multi:
             # The usual culprit is the finish chunk near the end of the stream: cut right
             # before it (one scan of the ordinary part) instead of halving (two scans).
             f = buf.find(self._pat.finish, start, end)
@@ -223,6 +251,8 @@ class StreamParser:
         ``newlines == 2 * events``; any other event (comment, ``[DONE]``, usage-only, error,
         garbage, multi-line) breaks ``pattern count == events`` and goes to the slow path.
         """
+        if self._multi or buf.endswith(b"[DONE]\n\n", start, end) or not buf.startswith(b"data:", start):
+            return None  # O(1) guards: the stream's end, and ranges that open with a non-data line
         p = self._pat
         if end - start >= _NUMPY_ABOVE and _np_frombuffer is not None:
             events = int(_np_count_nonzero(_np_frombuffer(buf, _np_uint8, end - start, start) == 10))
@@ -311,6 +341,10 @@ class StreamParser:
         choices = obj.get("choices")
         token = 0
         if isinstance(choices, list) and choices:
+            if len(choices) > 1:
+                # Several choices per event break "one pattern per event"; such streams
+                # (n > 1 in one chunk) are decoded event by event from here on.
+                self._multi = True
             if b'"choices": ' in payload:
                 self._pat = self._styles[1]
             elif b'"choices":' in payload:

@@ -28,6 +28,15 @@ def _itl(level: dict[str, Any]) -> str:
     return "-" if itl is None else f"{itl * 1e3:.2f}"
 
 
+def _change(level: dict[str, Any]) -> str:
+    change = level.get("change_pct")
+    if change is None:
+        return "-"
+    ci = level.get("ci90") or [None, None]
+    lo, hi = (("?" if x is None else f"{x:+.1f}") for x in ci)
+    return f"{change:+.1f}% ({lo}..{hi})"
+
+
 COLUMNS: list[Column] = [
     ("C", lambda lv: str(lv["concurrency"])),
     ("tok/s", _tok_s),
@@ -36,6 +45,10 @@ COLUMNS: list[Column] = [
     ("ITL p50 ms", _itl),
     ("ok/failed", lambda lv: f"{lv.get('requests_ok', 0)}/{lv.get('requests_failed', 0)}"),
     ("target", lambda lv: _num(lv.get("target_tok_s"), "g")),
+    ("baseline", lambda lv: _num(lv.get("baseline_tok_s"), ".1f")),
+    ("change (90% CI)", _change),
+    ("p", lambda lv: _num(lv.get("p_value"), ".3g")),
+    ("trials", lambda lv: str(lv.get("trials", 0))),
     ("verdict", lambda lv: str(lv.get("verdict", "?"))),
 ]
 
@@ -59,4 +72,10 @@ def format_test(test: dict[str, Any]) -> list[str]:
         f"{test['nodeid']} [{test.get('outcome', '?')}] "
         f"max_tokens={w.get('max_tokens')} prompts={w.get('prompts')} api={w.get('api')}"
     )
-    return [title, *("  " + line for line in format_table(test.get("levels", [])))]
+    lines = [title, *("  " + line for line in format_table(test.get("levels", [])))]
+    if test.get("baseline_note"):
+        lines.append("  " + test["baseline_note"])
+    changes = test.get("provenance_changes")
+    if changes:
+        lines.append("  changed since baseline: " + "; ".join(changes))
+    return lines

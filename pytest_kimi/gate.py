@@ -1,0 +1,189 @@
+"""The regression gate: a test's levels against its stored baseline, beyond noise.
+
+Glue between the measurement (``measure``), the statistics (``stats``) and the baseline store
+(``baseline``): adaptive trials while measuring, then Holm-adjusted verdicts per level, notes
+for the verdicts that pass, and the provenance diff that explains a regression.  No pytest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from . import stats
+from .baseline import FieldChange, Provenance, TestBaseline, incomparable, provenance_diff
+from .markers import Workload
+from .results import LevelResult, ThroughputResult, workload_dict
+
+BASE_FAILING = frozenset({"fail", "invalid", "error", "regression"})
+
+
+class IncomparableBaseline(RuntimeError):
+    """The stored baseline measured something else (another model): refused, with the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class GateSettings:
+    tolerance: float = stats.DEFAULT_TOLERANCE
+    alpha: float = stats.DEFAULT_ALPHA
+    session_sigma: float = stats.DEFAULT_SESSION_SIGMA
+    max_trials: int = stats.DEFAULT_MAX_TRIALS
+    require_baseline: bool = False
+    strict: bool = False
+    updating: bool = False
+    """Recording baselines: every level runs ``max_trials`` so the stored samples are good."""
+
+    def failing_verdicts(self) -> frozenset[str]:
+        extra = set()
+        if self.require_baseline:
+            extra.add("no-baseline")
+        if self.strict:
+            extra |= {"inconclusive", "underpowered"}
+        return BASE_FAILING | extra
+
+
+def level_key(workload: Workload, prompts_key: str, concurrency: int) -> dict[str, Any]:
+    """The baseline key of one level: the test's workload plus its concurrency."""
+    return {**workload_dict(workload, prompts_key), "concurrency": concurrency}
+
+
+@dataclass(slots=True)
+class AdaptiveTrials:
+    """Trial policy: after the first trials, ask :func:`stats.decide` whether the verdict is clear.
+
+    Levels without a baseline run the fixed number of trials (all ``max_trials`` when recording,
+    since a baseline with more samples makes every later comparison stronger).
+    """
+
+    baseline_samples: dict[int, list[float]]
+    settings: GateSettings
+    n_levels: int
+    first_trials: int
+    looks: dict[int, int] = field(default_factory=dict)
+    alpha_weights: dict[int, float] = field(default_factory=dict)
+
+    def more_trials(self, concurrency: int, samples: Sequence[float]) -> int:
+        s = self.settings
+        if s.updating:
+            return max(0, s.max_trials - len(samples))
+        base = self.baseline_samples.get(concurrency)
+        if not base or not samples or len(samples) >= s.max_trials:
+            return 0
+        look = self.looks.get(concurrency, 0)
+        decision = stats.decide(
+            base, samples, look=look, tolerance=s.tolerance, alpha=s.alpha,
+            session_sigma=s.session_sigma, min_trials=min(self.first_trials, s.max_trials),
+            max_trials=s.max_trials, n_levels=self.n_levels,
+        )
+        self.looks[concurrency] = look + 1
+        self.alpha_weights[concurrency] = decision.alpha_weight
+        return 0 if decision.stop else decision.next_trials
+
+
+def baseline_samples(baseline: TestBaseline | None, result_keys: dict[int, dict[str, Any]]) -> dict[int, list[float]]:
+    if baseline is None:
+        return {}
+    out = {}
+    for concurrency, key in result_keys.items():
+        level = baseline.level_for(key)
+        if level is not None:
+            out[concurrency] = list(level.trials_tok_s)
+    return out
+
+
+def check_comparable(baseline: TestBaseline | None, current: Provenance, path: str) -> None:
+    if baseline is None:
+        return
+    why = incomparable(baseline.provenance, current)
+    if why:
+        raise IncomparableBaseline(
+            f"{path}: {why}; record a baseline for this setup with --update-baselines, or choose "
+            "another --baseline-profile"
+        )
+
+
+def apply_gate(
+    result: ThroughputResult,
+    baseline: TestBaseline | None,
+    baseline_path: str,
+    current: Provenance,
+    settings: GateSettings,
+    tolerance: float | None = None,
+    alpha: float | None = None,
+    alpha_weights: dict[int, float] | None = None,
+) -> list[FieldChange]:
+    """Compare every measured level with its baseline; set verdicts, notes and report fields.
+
+    Returns the provenance changes since the baseline (empty when there is none).
+    """
+    tol = settings.tolerance if tolerance is None else tolerance
+    alp = settings.alpha if alpha is None else alpha
+    changes = provenance_diff(baseline.provenance, current) if baseline is not None else []
+    eligible: list[tuple[LevelResult, list[float], list[float]]] = []
+    for level in result.levels:
+        if level.verdict not in ("pass", "fail") or not level.figures.trials_tok_s:
+            continue
+        key = level_key(result.workload, result.prompts_key, level.concurrency)
+        stored = baseline.level_for(key) if baseline is not None else None
+        if stored is None:
+            level.extra.update(baseline_tok_s=None, change_pct=None, ci90=None, p_value=None)
+            if level.verdict == "pass":
+                level.verdict = "no-baseline"
+                if baseline is not None:  # a missing file is said once, for the whole test
+                    level.reasons.append(baseline.explain_miss(key))
+            continue
+        eligible.append((level, list(stored.trials_tok_s), list(level.figures.trials_tok_s)))
+    if not eligible:
+        return changes
+    weights = alpha_weights or {}
+    comparisons = stats.compare_test(
+        [(b, c) for _, b, c in eligible], tolerance=tol, alpha=alp,
+        session_sigma=settings.session_sigma,
+        alpha_weights=[weights.get(lv.concurrency, 1.0) for lv, _, _ in eligible],
+    )
+    changed = "; ".join(str(c) for c in changes)
+    for (level, base, _), cmp in zip(eligible, comparisons):
+        lo, hi = cmp.ci90
+        level.extra.update(
+            baseline_tok_s=round(cmp.baseline_median, 2),
+            baseline_trials=len(base),
+            change_pct=round((cmp.ratio - 1) * 100, 2),
+            ci90=[_pct(lo), _pct(hi)],
+            p_value=_finite(cmp.p_regression),
+            min_detectable_drop_pct=_finite(cmp.min_detectable_drop * 100),
+            tolerance_pct=round(tol * 100, 2),
+        )
+        verdict = cmp.verdict.value
+        change = f"{(cmp.ratio - 1) * 100:+.1f}% (90% CI {_pct_text(lo)} .. {_pct_text(hi)})"
+        note = {
+            "regression": f"regression {change}, p={cmp.p_regression:.3g} vs baseline {cmp.baseline_median:.1f} tok/s"
+            + (f"; changed since baseline: {changed}" if changed else ""),
+            "improved": f"improved {change}: update the baseline (--update-baselines) so the slack "
+            "cannot hide a later regression",
+            "underpowered": f"underpowered: the smallest drop these samples can detect is "
+            f"{cmp.min_detectable_drop * 100:.1f}% > tolerance {tol * 100:g}% "
+            "(more trials: --perf-max-trials, or a wider tolerance)",
+            "inconclusive": f"inconclusive {change}: neither within tolerance nor a regression "
+            f"at alpha {alp:g}",
+        }.get(verdict)
+        if level.verdict == "pass":
+            level.verdict = verdict
+        elif verdict == "regression":
+            level.verdict = "fail"  # the floor was missed too; keep the stronger, absolute verdict
+        if note:
+            level.reasons.append(note)
+    return changes
+
+
+def _pct(ratio: float) -> float | None:
+    return round((ratio - 1) * 100, 2) if math.isfinite(ratio) else None
+
+
+def _pct_text(ratio: float) -> str:
+    pct = _pct(ratio)
+    return "?" if pct is None else f"{pct:+.1f}%"
+
+
+def _finite(x: float) -> float | None:
+    return round(x, 6) if math.isfinite(x) else None
