@@ -68,7 +68,7 @@ class AdaptiveTrials:
         if s.updating:
             return max(0, s.max_trials - len(samples))
         base = self.baseline_samples.get(concurrency)
-        if not base or not samples or len(samples) >= s.max_trials:
+        if not base or not samples:
             return 0
         look = self.looks.get(concurrency, 0)
         decision = stats.decide(
@@ -77,8 +77,11 @@ class AdaptiveTrials:
             max_trials=s.max_trials, n_levels=self.n_levels,
         )
         self.looks[concurrency] = look + 1
+        # The look a level stops at fixes its share of alpha for the final comparison.
         self.alpha_weights[concurrency] = decision.alpha_weight
-        return 0 if decision.stop else decision.next_trials
+        if decision.stop or len(samples) >= s.max_trials:
+            return 0
+        return decision.next_trials
 
 
 def baseline_samples(baseline: TestBaseline | None, result_keys: dict[int, dict[str, Any]]) -> dict[int, list[float]]:

@@ -98,11 +98,12 @@ def _gate_context(config: pytest.Config) -> GateContext:
         root = Path(config.rootpath) / root
     profile = value("baseline_profile", "sim" if _is_sim(_setting(config, "endpoint").value) else "default")
     update = _setting(config, "update_baselines").value
+    defaults = GateSettings()
     gate_settings = GateSettings(
-        tolerance=value("perf_tolerance", GateSettings.tolerance),
-        alpha=value("perf_alpha", GateSettings.alpha),
-        session_sigma=value("perf_session_sigma", GateSettings.session_sigma),
-        max_trials=value("perf_max_trials", GateSettings.max_trials),
+        tolerance=value("perf_tolerance", defaults.tolerance),
+        alpha=value("perf_alpha", defaults.alpha),
+        session_sigma=value("perf_session_sigma", defaults.session_sigma),
+        max_trials=value("perf_max_trials", defaults.max_trials),
         require_baseline=value("perf_require_baseline", False),
         strict=value("perf_strict", False),
         updating=update is not None,
@@ -260,6 +261,7 @@ def _kimi_measure(request: pytest.FixtureRequest) -> ThroughputResult | None:
     session: PerfSession = request.getfixturevalue("_kimi_session")
     gate = request.config.stash[GATE]
     nodeid = _perf_nodeid(item)
+    problem: str | None = None
     rootdir = Path(request.config.rootpath)
     try:
         spec = build_spec(
@@ -267,17 +269,22 @@ def _kimi_measure(request: pytest.FixtureRequest) -> ThroughputResult | None:
             rootdir=rootdir, trials=_trials(request.config),
         )
     except WorkloadError as exc:
-        pytest.fail(f"@throughput prompts: {exc}", pytrace=False)
+        problem = f"@throughput prompts: {exc}"
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
     path = gate.store.path_for(nodeid)
     current = Provenance.collect(
         model=endpoint.model, server_info=endpoint.server_info,
         session_ids=[session.session_id], suite_dir=rootdir,
     )
+    problem = None
     try:
         baseline = gate.store.load(nodeid)
         check_comparable(baseline, current, str(path))
     except (BaselineError, IncomparableBaseline) as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
     keys = {c: level_key(perf.workload, spec.prompts_key, c) for c in perf.workload.levels}
     policy = AdaptiveTrials(
         baseline_samples(baseline, keys), gate.settings, len(keys), first_trials=spec.trials

@@ -67,25 +67,25 @@ def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> Ref
     """Plain SSE parser: lines, blank-line dispatch, ``json.loads`` on every data event."""
     res = RefResult()
     usage: list[Any] = []
-    buf = b""
-    cur_raw = b""
+    full = b""
+    pos = 0  # next unparsed byte of `full`
+    ev_start = 0  # first byte after the last blank line
     data: list[bytes] = []
     ended = False
     for t, block in blocks:
         if ended:
             break
-        buf += block
+        full += block
         tokens = 0
         while not ended:
-            nl = buf.find(b"\n")
+            nl = full.find(b"\n", pos)
             if nl < 0:
                 break
-            line, buf = buf[:nl], buf[nl + 1 :]
-            cur_raw += line + b"\n"
+            line, pos = full[pos:nl], nl + 1
             if line.endswith(b"\r"):
                 line = line[:-1]
             if line == b"":
-                cur_raw = b""
+                ev_start = pos
                 if data:
                     payload = b"\n".join(data)
                     data = []
@@ -115,7 +115,7 @@ def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> Ref
             res.chunk_times.append(t)
             res.chunk_events.append(tokens)
     if not ended:
-        tail = (cur_raw + buf).replace(b"\r", b"").strip()
+        tail = full[ev_start:].replace(b"\r", b"").strip()
         if tail in (b"data: [DONE]", b"data:[DONE]"):
             res.done = True
     if usage:
@@ -290,16 +290,18 @@ def assert_same(blocks: list[tuple[float, bytes]], api: str = "chat") -> StreamP
 @pytest.mark.parametrize("style", STYLES, ids=lambda s: s.name)
 def test_every_split_point(style: Style) -> None:
     """Two blocks, split at every byte: events split anywhere, also inside UTF-8 chars."""
-    rng = random.Random(hash(style.name) & 0xFFFF)
+    rng = random.Random(len(style.name))
     stream = gen_stream(style, rng, 8)
-    for cut in range(len(stream) + 1):
+    # every byte for the main server shapes; every 5th for the variants (keeps the run short)
+    step = 1 if style.name in ("vllm", "crlf", "reasoning_content", "completions") else 5
+    for cut in range(0, len(stream) + 1, step):
         assert_same(split_at(stream, [cut]), style.api)
 
 
 @pytest.mark.parametrize("style", STYLES, ids=lambda s: s.name)
 def test_random_blocks(style: Style) -> None:
     rng = random.Random(7 + len(style.name))
-    for trial in range(40):
+    for trial in range(25):
         stream = gen_stream(style, rng, rng.randint(0, 80))
         mean = rng.choice([1, 7, 60, 400, 3000, 100000])
         p = assert_same(random_blocks(stream, rng, mean), style.api)
@@ -311,8 +313,8 @@ def test_three_way_splits(style: Style) -> None:
     rng = random.Random(99)
     stream = gen_stream(style, rng, 6)
     n = len(stream)
-    for a in range(0, n, 17):
-        for b in range(a, n, 43):
+    for a in range(0, n, 29):
+        for b in range(a, n, 71):
             assert_same(split_at(stream, [a, b]), style.api)
 
 
@@ -444,6 +446,9 @@ def test_multi_choice_events_count_once() -> None:
     assert p.record.events == 3
     p = assert_same([(0.0, _events(TOK % "c", two, "data: [DONE]"))])
     assert p.record.events == 2 and p.done
+    usage = 'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":5}}'
+    p = assert_same([(0.0, _events(two)), (1.0, _events(two, TOK % "c", usage))])
+    assert p.record.events == 3 and p.record.completion_tokens == 5
 
 
 def test_block_timestamps() -> None:
@@ -504,7 +509,7 @@ def _soup_event(rng: random.Random, api: str, spaced: bool) -> str:
 def test_random_event_soup() -> None:
     """Adversarial mixtures in random order, random JSON style, random CRLF and splits."""
     rng = random.Random(2024)
-    for trial in range(300):
+    for trial in range(200):
         api = rng.choice(["chat", "chat", "completions"])
         spaced = rng.random() < 0.2
         events = [_soup_event(rng, api, spaced if rng.random() < 0.95 else not spaced) for _ in range(rng.randint(1, 60))]

@@ -11,10 +11,11 @@ per event:
   a string value is always escaped and a raw newline never occurs, so byte patterns such as
   ``"content":"`` or ``\\n`` can only come from the JSON structure / SSE framing, never from
   token text.
-* Only when the counts do not prove "every event in this block is a plain token chunk" (role
-  chunk, finish chunk, usage, ``[DONE]``, errors, keep-alives, garbage...) are the block's
-  events decoded one by one with ``json.loads``.  That happens on the first and last block of
-  a stream and almost never in between.
+* Only events the counts cannot vouch for (finish chunk, usage, ``[DONE]``, errors,
+  keep-alives, garbage...) are decoded with ``json.loads``: a range that fails the counts is
+  cut before its finish chunk or halved, and the parts retried, down to a few hundred bytes.
+  The first event of a stream (the role chunk, as a rule) is always decoded.  A plain stream
+  costs two or three ``json.loads`` in all, however it is split into reads.
 * Per block the parser appends one timestamp and one count to the record; everything else
   (token totals, usage fallback) is settled once in :meth:`StreamParser.close`.
 
@@ -58,10 +59,9 @@ _CHAT_FIELDS = ("content", "reasoning_content", "reasoning")
 _COMPLETION_FIELDS = ("text",)
 _KNOWN_FIELDS = (b"data", b"event", b"id", b"retry")
 _DECODE_BELOW = 768
+"""Ranges of unclassifiable events smaller than this are decoded whole instead of halved."""
 _NUMPY_ABOVE = 4096
 """Ranges at least this long count newlines with numpy (its per-call overhead is ~3 us)."""
-
-"""Ranges of unclassifiable events smaller than this are decoded whole instead of halved."""
 
 
 def malformed_message(payload: bytes) -> str:

@@ -1,0 +1,403 @@
+"""Server profiles: one YAML file per deployment, loaded into :class:`ServerProfile`.
+
+A profile replaces the command line someone used to paste into a terminal before a
+benchmark run.  Keeping it in a file means the exact flags of a deployment are reviewed,
+versioned and reported with its numbers, and an A/B comparison is two file names.
+
+Two shapes are accepted:
+
+* **managed**: ``command`` (optional) + ``args`` + ``env``; the plugin starts the server
+  itself on a free loopback port and owns the process until the end of the session.
+* **external**: ``url`` with optional ``start``/``stop`` shell commands (for instance
+  ``ssh gpu-host systemctl start sglang-ep8``); the plugin runs ``start``, waits for the
+  engine's health probe at ``url`` and runs ``stop`` at the end.
+
+Every problem raises :class:`ProfileError` naming the file and the offending key, because
+a typo found after a ten-minute server start is a lost ten minutes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from .engines import ENGINES, Engine, get_engine
+
+__all__ = [
+    "DEFAULT_STARTUP_TIMEOUT_S",
+    "DEFAULT_STOP_TIMEOUT_S",
+    "ProfileError",
+    "ServerProfile",
+    "argv",
+    "load_profile",
+    "parse_profile",
+    "server_args",
+]
+
+DEFAULT_STARTUP_TIMEOUT_S = 900.0
+"""Large on purpose: a TP8 Kimi deployment with CUDA graphs took 570 s to come up."""
+DEFAULT_STOP_TIMEOUT_S = 30.0
+"""Grace between SIGTERM and SIGKILL; enough for NCCL teardown, short enough not to hang CI."""
+
+_MANAGED_KEYS = ("command", "args")
+_EXTERNAL_KEYS = ("start", "stop", "url")
+ALLOWED_KEYS: tuple[str, ...] = (
+    "name", "engine", "command", "args", "env", "startup_timeout_s", "stop_timeout_s",
+    "start", "stop", "url", "health_path",
+)
+
+_SCALARS = (str, int, float)
+
+
+class ProfileError(ValueError):
+    """A server profile cannot be used; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    """One deployment: how to start it (or reach it), how long to wait, how to stop it."""
+
+    name: str
+    """Used in log file names and reports; the file stem unless ``name:`` is given."""
+    path: Path | None = None
+    engine: str = "sglang"
+    command: list[str] = field(default_factory=list)
+    """argv prefix for a managed server; empty for an external one."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Flag name (dashed, without ``--``) -> value, in file order."""
+    env: dict[str, str | None] = field(default_factory=dict)
+    """Added to the plugin's environment; ``None`` removes a variable."""
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
+    start: str | None = None
+    """External: shell command that starts the server (may return at once or keep running)."""
+    stop: str | None = None
+    """External: shell command that stops it, run at teardown."""
+    url: str | None = None
+    """External: base URL where the server answers once started."""
+    health_path: str | None = None
+    """Overrides the engine's readiness probe path (rarely needed)."""
+
+    @property
+    def external(self) -> bool:
+        """Whether something other than the plugin owns the server process."""
+        return self.url is not None
+
+    @property
+    def engine_spec(self) -> Engine:
+        return get_engine(self.engine)
+
+    @property
+    def source(self) -> str:
+        """How messages refer to this profile: its file, else its name."""
+        return str(self.path) if self.path is not None else f"server profile {self.name!r}"
+
+    def readiness_path(self) -> str:
+        return self.health_path or self.engine_spec.health_path
+
+
+# ---------------------------------------------------------------------- loading
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys: PyYAML keeps the last one silently, which
+    would hide a second ``tp-size:`` that someone added further down the file."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # SafeLoader itself reports unhashable keys
+        if key in seen:
+            first = seen[key].start_mark.line + 1
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                f"found duplicate key {key!r} (first given on line {first})",
+                key_node.start_mark)
+        seen[key] = key_node
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_profile(path: str | Path) -> ServerProfile:
+    """Read and validate a profile file; :class:`ProfileError` on any problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"server profile {p}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"server profile {p}: cannot read it: {exc}") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = " ".join(x for x in (exc.context, exc.problem) if x)
+        raise ProfileError(f"{p}: invalid YAML{where}: {what}") from None
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{p}: invalid YAML: {exc}") from None
+    if data is None:
+        raise ProfileError(f"{p}: the file is empty; a server profile needs at least "
+                           f"'args:' (managed server) or 'url:' (external server)")
+    return parse_profile(data, source=str(p), default_name=p.stem, path=p)
+
+
+def parse_profile(data: object, *, source: str, default_name: str,
+                  path: Path | None = None) -> ServerProfile:
+    """Validate an already-parsed mapping (what :func:`load_profile` does after YAML)."""
+    if not isinstance(data, Mapping):
+        raise ProfileError(f"{source}: a server profile must be a mapping of keys "
+                           f"({', '.join(ALLOWED_KEYS)}), got {type(data).__name__}")
+    for key in data:
+        if not isinstance(key, str) or key not in ALLOWED_KEYS:
+            hint = _did_you_mean(key, ALLOWED_KEYS)
+            raise ProfileError(f"{source}: unknown key {key!r}{hint}; allowed keys: "
+                               f"{', '.join(ALLOWED_KEYS)}")
+
+    name = _opt_str(data, "name", source) or default_name
+    engine = _opt_str(data, "engine", source) or "sglang"
+    if engine not in ENGINES:
+        raise ProfileError(f"{source}: unknown engine {engine!r}; known engines: "
+                           f"{', '.join(sorted(ENGINES))}")
+    startup = _positive(data, "startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S, source)
+    stop_timeout = _positive(data, "stop_timeout_s", DEFAULT_STOP_TIMEOUT_S, source)
+    env = _env(data.get("env"), source)
+    health_path = _opt_str(data, "health_path", source)
+    if health_path is not None and not health_path.startswith("/"):
+        raise ProfileError(f"{source}: 'health_path' must start with '/', got {health_path!r}")
+
+    managed = [k for k in _MANAGED_KEYS if k in data]
+    external = [k for k in _EXTERNAL_KEYS if k in data]
+    if managed and external:
+        raise ProfileError(
+            f"{source}: {' and '.join(repr(k) for k in managed)} cannot be combined with "
+            f"{' and '.join(repr(k) for k in external)}; a profile either has the plugin "
+            f"launch the server (command/args) or drives an external one (start/stop/url)")
+    common: dict[str, Any] = dict(name=name, path=path, engine=engine, env=env,
+                                  startup_timeout_s=startup, stop_timeout_s=stop_timeout,
+                                  health_path=health_path)
+    if external:
+        start = _opt_str(data, "start", source)
+        stop = _opt_str(data, "stop", source)
+        url = _opt_str(data, "url", source)
+        if url is None:
+            raise ProfileError(
+                f"{source}: {' and '.join(repr(k) for k in external)} need 'url:', the "
+                f"base URL where the server answers once started "
+                f"(e.g. url: http://127.0.0.1:30000)")
+        return ServerProfile(**common, start=start, stop=stop, url=_url(url, source))
+
+    if "args" not in data:
+        raise ProfileError(
+            f"{source}: no 'args:'; a managed server profile needs the engine's flags "
+            f"(at least model-path), an external one needs 'url:'")
+    engine_spec = get_engine(engine)
+    command = _command(data.get("command"), source, engine_spec)
+    args = _args(data["args"], source)
+    return ServerProfile(**common, command=command, args=args)
+
+
+# ---------------------------------------------------------------------- argv
+
+
+def argv(profile: ServerProfile, host: str = "127.0.0.1", port: int | None = None) -> list[str]:
+    """The full command line of a managed server.
+
+    ``--host``/``--port`` are appended from the arguments unless the profile's ``args``
+    set them itself, so the plugin can pick a free port per run (two profiles of an A/B
+    comparison must not collide) while a profile that pins a port still gets it.
+    """
+    if profile.external:
+        raise ProfileError(f"{profile.source}: an external server profile has no command "
+                           f"line; the plugin runs its 'start:' command instead")
+    engine = profile.engine_spec
+    words = list(profile.command) + engine.render_args(profile.args)
+    if "host" not in profile.args:
+        words += [engine.flag("host"), host]
+    if "port" not in profile.args:
+        if port is None:
+            raise ValueError("argv() needs a port when the profile does not set one")
+        words += [engine.flag("port"), str(port)]
+    return words
+
+
+def server_args(profile: ServerProfile) -> dict[str, Any]:
+    """The profile's arguments as SGLang's ``/get_server_info`` spells them.
+
+    For reports and baseline provenance when the server cannot be asked (or to compare
+    what was requested with what it reports).  ``false`` is kept, as it is a statement
+    about the deployment (``enable_eplb: false``); ``null`` means "not given" and is
+    dropped.
+    """
+    return {key.replace("-", "_"): (list(v) if isinstance(v, (list, tuple)) else v)
+            for key, v in profile.args.items() if v is not None}
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _did_you_mean(key: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(key, str):
+        return ""
+    close = difflib.get_close_matches(key, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def _opt_str(data: Mapping[str, Any], key: str, source: str) -> str | None:
+    if key not in data or data[key] is None:
+        return None
+    value = data[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ProfileError(f"{source}: '{key}' must be a non-empty string, got "
+                           f"{_type_name(value)} ({value!r})")
+    return value.strip()
+
+
+def _positive(data: Mapping[str, Any], key: str, default: float, source: str) -> float:
+    if key not in data:
+        return default
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ProfileError(f"{source}: '{key}' must be a number of seconds > 0, got "
+                           f"{value!r}")
+    return float(value)
+
+
+def _url(url: str, source: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ProfileError(f"{source}: 'url' must be an http(s) base URL such as "
+                           f"http://127.0.0.1:30000, got {url!r}")
+    try:
+        parts.port
+    except ValueError:
+        raise ProfileError(f"{source}: 'url' has an invalid port: {url!r}") from None
+    base = url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def _command(value: object, source: str, engine: Engine) -> list[str]:
+    if value is None:
+        return engine.default_command()
+    if isinstance(value, str):
+        try:
+            words = shlex.split(value)
+        except ValueError as exc:
+            raise ProfileError(f"{source}: 'command' cannot be split into words: {exc} "
+                               f"(in {value!r})") from None
+    elif isinstance(value, list) and all(isinstance(w, str) for w in value):
+        words = list(value)
+    else:
+        raise ProfileError(f"{source}: 'command' must be a string (split like a shell "
+                           f"would) or a list of strings, got {_type_name(value)}")
+    if not words:
+        raise ProfileError(f"{source}: 'command' is empty")
+    return words
+
+
+def _args(value: object, source: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ProfileError(f"{source}: 'args' must be a mapping of flag -> value "
+                           f"(e.g. tp-size: 8), got {_type_name(value)}")
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for raw_key, v in value.items():
+        if not isinstance(raw_key, str):
+            raise ProfileError(
+                f"{source}: args key {raw_key!r} is not a flag name (YAML reads unquoted "
+                f"yes/no/on/off as booleans and digits as numbers; quote the key)")
+        # Accept "--tp-size" and "tp_size" (server_info's spelling): both engines only
+        # accept the dashed long option, so normalise rather than fail at launch.
+        key = raw_key.strip().lstrip("-").replace("_", "-")
+        if not key or any(c.isspace() for c in key) or "=" in key:
+            raise ProfileError(f"{source}: args key {raw_key!r} is not a flag name")
+        if key in out:
+            raise ProfileError(f"{source}: args flag {key!r} is given twice (as "
+                               f"{spelled[key]!r} and {raw_key!r})")
+        out[key] = _arg_value(key, v, source)
+        spelled[key] = raw_key
+    if "port" in out and out["port"] is not None:
+        port = out["port"]
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ProfileError(f"{source}: args 'port' must be an integer in [1, 65535], "
+                               f"got {port!r}")
+    if "host" in out and out["host"] is not None and not isinstance(out["host"], str):
+        raise ProfileError(f"{source}: args 'host' must be a string, got {out['host']!r}")
+    return out
+
+
+def _arg_value(key: str, v: object, source: str) -> Any:
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ProfileError(f"{source}: args '{key}' must be finite, got {v!r}")
+    if isinstance(v, _SCALARS):
+        return v
+    if isinstance(v, list):
+        if not v or not all(isinstance(x, _SCALARS) and not isinstance(x, bool) for x in v):
+            raise ProfileError(
+                f"{source}: args '{key}' is a list; it must be a non-empty list of numbers "
+                f"or strings (written as --{key} v1 v2 ...)")
+        return list(v)
+    if isinstance(v, Mapping):
+        return dict(v)  # passed as one JSON word; keys are strings after YAML anyway
+    raise ProfileError(f"{source}: args '{key}' has unsupported value {v!r}; use true "
+                       f"(bare flag), false/null (left out), a number, a string or a list")
+
+
+def _env(value: object, source: str) -> dict[str, str | None]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ProfileError(f"{source}: 'env' must be a mapping of variable -> value, got "
+                           f"{_type_name(value)}")
+    out: dict[str, str | None] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+            raise ProfileError(f"{source}: env variable name {k!r} is invalid")
+        if v is None:
+            out[k] = None
+        elif isinstance(v, bool):
+            raise ProfileError(
+                f"{source}: env {k} is a YAML boolean ({v!r}); environment values are "
+                f"text, so quote it (e.g. {k}: \"1\" or {k}: \"true\")")
+        elif isinstance(v, (str, int, float)):
+            out[k] = str(v)
+        else:
+            raise ProfileError(f"{source}: env {k} must be a string or a number, got "
+                               f"{_type_name(v)}")
+    return out
