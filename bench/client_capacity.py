@@ -249,29 +249,51 @@ def table_mode(args: argparse.Namespace, url: str) -> None:
             print(fmt_row(r), flush=True)
 
 
+async def _ramp_step(client: LoadClient, url: str, c: int, offered: float, step_s: float) -> bool:
+    per_stream = offered / c
+    tokens = max(8, int(per_stream * step_s))
+    # warm connections first: connection setup is not what this step measures
+    await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(8)], requests=c, timeout_s=30))
+    tr = await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(tokens, per_stream)], requests=c, timeout_s=30))
+    ok_recs = [r for r in tr.records if r.ok]
+    toks = sum(r.completion_tokens for r in ok_recs)
+    firsts = [r.first_token for r in ok_recs if r.first_token is not None]
+    lasts = [r.last_token for r in ok_recs if r.last_token is not None]
+    window = (max(lasts) - min(firsts)) if firsts and lasts else tr.ended - tr.started
+    got = toks / window if window > 0 else 0.0
+    reads = sum(len(r.chunk_times) for r in ok_recs) / window if window > 0 else 0.0
+    cpu = tr.client_cpu_s / max(tr.ended - tr.started, 1e-9)
+    ok = tr.loop_lag_p99_s <= LAG_LIMIT_S and got >= 0.9 * offered and len(ok_recs) == len(tr.records)
+    print(f"| {offered:>13,.0f} | {got:>14,.0f} | {reads:>7,.0f} | {100 * cpu:>3.0f}% | {1e3 * tr.loop_lag_max_s:>10.1f} "
+          f"| {1e3 * tr.loop_lag_p99_s:>10.1f} | {'yes' if ok else 'NO'} |", flush=True)
+    return ok
+
+
+async def idle_lag(seconds: float = 2.0) -> tuple[float, float]:
+    """Lag of an idle event loop (max, p99): the machine's noise floor for the 5 ms criterion."""
+    mon = _LagMonitor(0.005)
+    mon.start()
+    await asyncio.sleep(seconds)
+    await mon.stop()
+    lags = list(mon.samples)
+    return max(lags, default=0.0), _p99(lags)
+
+
 async def _ramp(args: argparse.Namespace, url: str) -> float:
     c = args.ramp_concurrency
     best = 0.0
     offered = args.ramp_start
+    mx, p99 = await idle_lag()
+    print(f"idle loop lag on this machine now: max {1e3 * mx:.1f} ms, p99 {1e3 * p99:.1f} ms"
+          + ("  (noisy: other processes are competing for the client's core)" if p99 > 0.002 else ""))
+    print("| offered tok/s | ingested tok/s | reads/s | CPU | lag max ms | lag p99 ms | ok |")
+    print("|--------------:|---------------:|--------:|----:|-----------:|-----------:|----|")
     async with LoadClient() as client:
         while offered <= args.ramp_max:
-            per_stream = offered / c
-            tokens = max(8, int(per_stream * args.step_s))
-            # warm connections first: connection setup is not what this step measures
-            await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(8)], requests=c, timeout_s=30))
-            tr = await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(tokens, per_stream)], requests=c, timeout_s=30))
-            ok_recs = [r for r in tr.records if r.ok]
-            toks = sum(r.completion_tokens for r in ok_recs)
-            firsts = [r.first_token for r in ok_recs if r.first_token is not None]
-            lasts = [r.last_token for r in ok_recs if r.last_token is not None]
-            window = (max(lasts) - min(firsts)) if firsts and lasts else tr.ended - tr.started
-            got = toks / window if window > 0 else 0.0
-            reads = sum(len(r.chunk_times) for r in ok_recs) / window if window > 0 else 0.0
-            cpu = tr.client_cpu_s / max(tr.ended - tr.started, 1e-9)
-            ok = tr.loop_lag_p99_s <= LAG_LIMIT_S and got >= 0.9 * offered and len(ok_recs) == len(tr.records)
-            print(f"| {offered:>13,.0f} | {got:>14,.0f} | {reads:>7,.0f} | {100 * cpu:>3.0f}% | {1e3 * tr.loop_lag_max_s:>10.1f} "
-                  f"| {1e3 * tr.loop_lag_p99_s:>10.1f} | {'yes' if ok else 'NO'} |", flush=True)
-            if not ok:
+            # a failed step is retried once: on a shared machine one preemption of the client
+            # by another process is enough to push lag p99 past 5 ms
+            if not (await _ramp_step(client, url, c, offered, args.step_s)
+                    or await _ramp_step(client, url, c, offered, args.step_s)):
                 break
             best = offered
             offered *= args.ramp_factor
@@ -282,8 +304,6 @@ def ramp_mode(args: argparse.Namespace, url: str) -> None:
     """Offer paced load in steps; capacity = highest step ingested with loop-lag p99 <= 5 ms."""
     print(f"ramp at C={args.ramp_concurrency}, {args.step_s:g}s per step, firehose paced per stream "
           f"({1e3 * args.tick:g} ms ticks: every stream gets its tokens of a tick in one write, like a decode step)")
-    print("| offered tok/s | ingested tok/s | reads/s | CPU | lag max ms | lag p99 ms | ok |")
-    print("|--------------:|---------------:|--------:|----:|-----------:|-----------:|----|")
     best = asyncio.run(_ramp(args, url))
     print(f"\ncapacity before loop lag p99 > {LAG_LIMIT_S * 1e3:g} ms: ~{best:,.0f} tok/s at C={args.ramp_concurrency}")
 

@@ -347,3 +347,25 @@ def test_perf_tests_share_one_xdist_worker(pytester: pytest.Pytester, sim_url: s
         if line.startswith("[gw") and "PASSED" in line and ("::test_a" in line or "::test_b" in line)
     }
     assert len(workers) == 1, result.stdout.lines
+
+
+def test_junit_properties_carry_levels_also_under_xdist(pytester: pytest.Pytester, sim_url: str) -> None:
+    import xml.etree.ElementTree as ET
+
+    pytester.makepyfile(
+        f"""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=[1, 2], {SMALL})
+        def test_sweep():
+            pass
+        """
+    )
+    for extra in ([], ["-n", "2"]):
+        junit = pytester.path / "junit.xml"
+        result = pytester.runpytest_subprocess(f"--endpoint={sim_url}", f"--junitxml={junit}", *extra)
+        result.assert_outcomes(passed=1)
+        props = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
+        assert float(props["kimi.C1.tok_s"]) > 0 and float(props["kimi.C2.tok_s"]) > 0
+        assert props["kimi.C2.verdict"] == "no-baseline"
+        assert props["kimi.C1.trials"] == "2"

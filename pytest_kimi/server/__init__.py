@@ -1,0 +1,46 @@
+"""Managed servers: start the deployment a profile describes, wait until it is really ready,
+and tear it down without leaving a GPU-holding process behind.
+
+Deliberately free of pytest so the same lifecycle can serve the plugin, a script or a CLI::
+
+    profile = load_profile("servers/ep8-tuned.yaml")
+    with open_server(profile, ".kimi/logs") as server:   # start + wait_ready
+        ...  # measure server.url
+
+See ``docs/managed-servers.md`` for the profile format and failure behaviour.
+"""
+
+from __future__ import annotations
+
+from .engines import ENGINES, SGLANG, VLLM, Engine, get_engine
+from .launcher import (
+    ExternalServer,
+    ManagedServer,
+    ProgressFn,
+    Server,
+    ServerError,
+    ServerStartError,
+    open_server,
+)
+from .profile import ProfileError, ServerProfile, argv, load_profile, parse_profile, server_args
+
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "ExternalServer",
+    "ManagedServer",
+    "ProfileError",
+    "ProgressFn",
+    "SGLANG",
+    "Server",
+    "ServerError",
+    "ServerProfile",
+    "ServerStartError",
+    "VLLM",
+    "argv",
+    "get_engine",
+    "load_profile",
+    "open_server",
+    "parse_profile",
+    "server_args",
+]

@@ -1,0 +1,859 @@
+"""Start, wait for, inspect and stop the server a profile describes.
+
+Why the plugin owns this instead of a shell script: a Kimi deployment takes minutes to
+come up (570 s for TP8 with CUDA graphs), fails in ways that only show in its log (an OOM,
+a ``ZeroDivisionError`` for an impossible TP/EP split) and leaves GPU-holding child
+processes behind when it is killed carelessly.  So the launcher
+
+* runs the server in its **own process group** and stops the whole group (SIGTERM, grace,
+  SIGKILL, reap), so scheduler and detokenizer children cannot outlive it;
+* decides readiness by the engine's rule (a real generation probe or the engine's own
+  "ready" log line), never by ``/v1/models``, which answers before warm-up;
+* notices a dead server within a fraction of a second and reports its exit code, log path
+  and the log tail (the traceback) instead of waiting out the startup timeout;
+* reports progress while it waits, so a ten-minute start does not look like a hang.
+
+The API is synchronous and thread-safe (HTTP via urllib), so it can be driven from pytest
+hooks, a plain thread or an ``atexit`` handler, none of which has a running event loop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from .profile import ServerProfile, argv
+
+__all__ = [
+    "ExternalServer",
+    "ManagedServer",
+    "ProgressFn",
+    "Server",
+    "ServerError",
+    "ServerStartError",
+    "open_server",
+]
+
+ProgressFn = Callable[[str], None]
+"""Receives one human-readable line about a server that is still starting."""
+
+POLL_S = 0.5
+"""How often the readiness probe is sent while a server starts."""
+TICK_S = 0.1
+"""How often the process and the log are checked: bounds how late a crash is noticed."""
+PROBE_TIMEOUT_S = 5.0
+"""A probe that takes longer is retried; it runs in a thread so it never delays crash
+detection."""
+TAIL_LINES = 40
+"""Log lines quoted in start errors: enough for a Python traceback with its context."""
+DEAD_LEADER_GRACE_S = 3.0
+"""Grace for the children of a server that already died: nothing to shut down cleanly,
+and the start error should not wait the full stop timeout."""
+
+_SECRET_ENV = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+_SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key"})
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+# Loopback traffic must never be routed through an http_proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+_S = TypeVar("_S", bound="_ServerBase")
+
+
+class ServerError(RuntimeError):
+    """A managed or external server cannot be used (not started, unreachable, ...)."""
+
+
+class ServerStartError(ServerError):
+    """The server did not become ready; the message carries everything needed to fix it.
+
+    ``reason`` is one of ``"exited"`` (the server process died), ``"start-failed"`` (an
+    external profile's ``start:`` command failed), ``"timeout"``, ``"stopped"`` (stop was
+    requested while it started) or ``"spawn"`` (the command could not be run at all).
+    """
+
+    def __init__(self, message: str, *, reason: str, log_path: Path | None = None,
+                 returncode: int | None = None, elapsed_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.log_path = log_path
+        self.returncode = returncode
+        self.elapsed_s = elapsed_s
+
+
+# ---------------------------------------------------------------------- HTTP
+
+
+def _http(method: str, url: str, *, timeout: float,
+          headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """(status, body); HTTP error statuses are returned, connection failures raise OSError."""
+    data = b"" if method == "POST" else None
+    req = urllib.request.Request(url, method=method, headers=headers or {}, data=data)
+    try:
+        with _OPENER.open(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        try:
+            body = exc.read()
+        except OSError:
+            body = b""
+        return exc.code, body
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        raise reason if isinstance(reason, OSError) else OSError(str(reason)) from None
+
+
+class _Probe:
+    """One readiness GET running in a daemon thread.
+
+    A server that is still loading can accept a connection and then sit on it; running
+    the probe off the waiting thread keeps the process-exit check on its 0.1 s tick.
+    """
+
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        self.url = url
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.ok = False
+        self.detail = "no answer yet"
+        threading.Thread(target=self._run, args=(headers,), name="pytest-kimi-probe",
+                         daemon=True).start()
+
+    def _run(self, headers: dict[str, str]) -> None:
+        try:
+            status, _ = _http("GET", self.url, timeout=PROBE_TIMEOUT_S, headers=headers)
+            self.ok = status == 200
+            self.detail = f"HTTP {status}"
+        except Exception as exc:  # noqa: BLE001 - any failure just means "not ready yet"
+            self.detail = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.done.set()
+
+
+# ---------------------------------------------------------------------- processes
+
+
+def _group_members(pgid: int) -> list[int] | None:
+    """Live (non-zombie) processes in group ``pgid``; None where /proc is unavailable.
+
+    Zombies are skipped: a killed grandchild reparented to an init that does not reap
+    (common in containers) would otherwise look alive forever.
+    """
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    out: list[int] = []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ..."; comm may contain spaces and parentheses.
+        rest = stat[stat.rfind(b")") + 2:].split()
+        if len(rest) >= 3 and rest[0] not in (b"Z", b"X") and rest[2] == str(pgid).encode():
+            out.append(int(name))
+    return out
+
+
+class _Group:
+    """A child started with ``start_new_session=True``: its pid is its process-group id.
+
+    The leader is reaped only after the final group SIGKILL; until then its pid (the
+    group id) cannot be reused, so a group signal can never reach an unrelated process.
+    Exit is observed with ``WNOWAIT`` for the same reason.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.pgid = proc.pid
+        self.reaped = False
+        self._code: int | None = None
+
+    def exit_code(self) -> int | None:
+        """The leader's exit status (negative: killed by that signal), None while running."""
+        if self._code is not None:
+            return self._code
+        try:
+            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored, a stray wait())
+            self._code = self.proc.returncode if self.proc.returncode is not None else -1
+            return self._code
+        if info is None:
+            return None
+        self._code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        return self._code
+
+    def alive(self) -> bool:
+        """Whether anything in the group still runs (the leader or a lingering child)."""
+        members = _group_members(self.pgid)
+        if members is None:
+            return self.exit_code() is None
+        return bool(members)
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.reaped:
+            return
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def terminate(self, grace_s: float) -> int | None:
+        """SIGTERM the group, wait up to ``grace_s`` for all of it, SIGKILL, reap.
+
+        A KeyboardInterrupt during the grace period (a second Ctrl-C) skips straight to
+        SIGKILL and is re-raised once the group is gone, so an impatient user never leaves
+        a GPU-holding process behind.
+        """
+        interrupted: BaseException | None = None
+        if self.reaped:
+            return self._code
+        try:
+            if self.alive():
+                self.signal(signal.SIGTERM)
+                deadline = time.monotonic() + grace_s
+                while time.monotonic() < deadline and self.alive():
+                    time.sleep(TICK_S)
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+        self.signal(signal.SIGKILL)  # harmless when the group is already empty
+        try:
+            code = self.proc.wait(timeout=10.0)
+            if self._code is None:
+                self._code = code
+        except subprocess.TimeoutExpired:
+            pass  # unkillable (uninterruptible sleep in a driver); nothing more we can do
+        self.reaped = True
+        deadline = time.monotonic() + 2.0  # killed members vanish once init reaps them
+        while time.monotonic() < deadline and _group_members(self.pgid):
+            time.sleep(0.02)
+        if interrupted is not None:
+            raise interrupted
+        return self._code
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _connect_host(host: str) -> str:
+    """Where to connect to a server bound to ``host`` (a wildcard bind is reached locally)."""
+    if host in _WILDCARD_HOSTS:
+        return "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    return host
+
+
+def _child_env(extra: dict[str, str | None]) -> dict[str, str]:
+    env = dict(os.environ)
+    # Engines print() some progress; unbuffered output keeps the log (and the "ready"
+    # line and progress messages read from it) current.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def _redact_argv(words: list[str]) -> list[str]:
+    out: list[str] = []
+    hide_next = False
+    for w in words:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif w in _SECRET_FLAGS:
+            out.append(w)
+            hide_next = True
+        elif "=" in w and w.split("=", 1)[0] in _SECRET_FLAGS:
+            out.append(w.split("=", 1)[0] + "=***")
+        else:
+            out.append(w)
+    return out
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "server"
+
+
+def _new_log(log_dir: Path, name: str) -> Path:
+    """``<log_dir>/<name>-<YYYYmmdd-HHMMSS>.log``, never overwriting an earlier log."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{_safe_name(name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for i in range(1, 1000):
+        path = log_dir / (f"{stem}.log" if i == 1 else f"{stem}-{i}.log")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return path
+    raise ServerError(f"cannot create a log file for {name!r} in {log_dir}")
+
+
+def _read_tail(path: Path | None, n: int) -> str:
+    if path is None or n <= 0:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            data = f.read()
+    except OSError:
+        return ""
+    # \r too: progress bars (tqdm) redraw with carriage returns.
+    lines = [ln for ln in re.split(r"\r\n|\r|\n", data.decode("utf-8", "replace"))
+             if ln.strip()]
+    return "\n".join(lines[-n:])
+
+
+class _LogFollower:
+    """Reads what was appended to the log since the last call: the ready line and the
+    latest line for progress messages."""
+
+    def __init__(self, path: Path, needle: str | None, offset: int = 0) -> None:
+        self.path = path
+        self.needle = needle
+        self.offset = offset
+        self.partial = ""
+        self.last_line = ""
+        self.found = False
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(1 << 20)
+        except OSError:
+            return
+        if not data:
+            return
+        self.offset += len(data)
+        parts = re.split(r"\r\n|\r|\n", self.partial + data.decode("utf-8", "replace"))
+        self.partial = parts.pop()
+        for line in parts + [self.partial]:
+            if self.needle and self.needle in line:
+                self.found = True
+            if line.strip():
+                self.last_line = line.strip()
+
+
+# ---------------------------------------------------------------------- servers
+
+
+class _ServerBase:
+    """What managed and external servers share: log, readiness loop, HTTP extras, stop."""
+
+    def __init__(self, profile: ServerProfile, log_dir: str | os.PathLike[str], *,
+                 progress_every_s: float = 5.0) -> None:
+        self.profile = profile
+        self.name = profile.name
+        self.engine = profile.engine_spec
+        self.log_dir = Path(log_dir)
+        self.progress_every_s = progress_every_s
+        self.log_path: Path | None = None
+        self.url: str | None = None
+        self.ready = False
+        self._group: _Group | None = None
+        self._started_at: float | None = None
+        self._follower: _LogFollower | None = None
+        self._stop_requested = False
+        self._stopped = False
+        self._stop_lock = threading.Lock()
+        self._stop_owner: int | None = None
+        self._wake = threading.Event()
+
+    # -- overridden ----------------------------------------------------------------
+
+    def start(self: _S) -> _S:
+        raise NotImplementedError
+
+    def _startup_failure(self, elapsed: float) -> ServerStartError | None:
+        """An error when the launch is known to have failed (process exited, ...)."""
+        raise NotImplementedError
+
+    def _stop_impl(self) -> None:
+        raise NotImplementedError
+
+    def _describe(self) -> str:
+        return f"server {self.name!r}"
+
+    # -- identity ------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The process the plugin started (managed: the server; external: ``start:``)."""
+        return self._group.proc.pid if self._group is not None else None
+
+    @property
+    def pgid(self) -> int | None:
+        return self._group.pgid if self._group is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status of that process once it ended (negative: killed by a signal)."""
+        return self._group.exit_code() if self._group is not None else None
+
+    @property
+    def started(self) -> bool:
+        return self._started_at is not None
+
+    def log_tail(self, n: int = TAIL_LINES) -> str:
+        """The last ``n`` non-empty lines of the log."""
+        return _read_tail(self.log_path, n)
+
+    def _tail_block(self) -> str:
+        tail = self.log_tail(TAIL_LINES)
+        if not tail:
+            return f"log: {self.log_path} (empty)"
+        return f"log: {self.log_path}\n--- last {TAIL_LINES} log lines ---\n{tail}"
+
+    def _append_log(self, text: str) -> None:
+        if self.log_path is None:
+            return
+        try:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(text if text.endswith("\n") else text + "\n")
+        except OSError:
+            pass
+
+    # -- readiness -----------------------------------------------------------------
+
+    def wait_ready(self: _S, progress: ProgressFn | None = None, *,
+                   timeout_s: float | None = None) -> _S:
+        """Block until the server is ready; :class:`ServerStartError` otherwise.
+
+        The timeout (``startup_timeout_s`` unless given) counts from :meth:`start`.  On
+        any failure, including KeyboardInterrupt, the server is stopped before the error
+        propagates, so a failed start never leaves processes behind.
+        """
+        if self._started_at is None:
+            raise ServerError(f"{self._describe()}: call start() before wait_ready()")
+        if self.ready:
+            return self
+        assert self.url is not None
+        timeout = timeout_s if timeout_s is not None else self.profile.startup_timeout_s
+        probe_url = self.url + self.profile.readiness_path()
+        headers = self._headers()
+        deadline = self._started_at + timeout
+        next_progress = time.monotonic() + self.progress_every_s
+        probe: _Probe | None = None
+        last_probe = "not probed yet"
+        try:
+            while True:
+                now = time.monotonic()
+                elapsed = now - self._started_at
+                if self._stop_requested:
+                    raise ServerStartError(
+                        f"{self._describe()}: stopped while starting ({elapsed:.1f} s after "
+                        f"start)\n{self._tail_block()}", reason="stopped",
+                        log_path=self.log_path, returncode=self.returncode,
+                        elapsed_s=elapsed)
+                failure = self._startup_failure(elapsed)
+                if failure is not None:
+                    raise failure
+                if self._follower is not None:
+                    self._follower.poll()
+                    if self._follower.found:
+                        break
+                if probe is not None and probe.done.is_set():
+                    if probe.ok:
+                        break
+                    last_probe = probe.detail
+                    if now - probe.started >= POLL_S:
+                        probe = None
+                if probe is None:
+                    probe = _Probe(probe_url, headers)
+                if now >= deadline:
+                    raise ServerStartError(
+                        f"{self._describe()}: not ready after {timeout:g} s "
+                        f"(startup_timeout_s in {self.profile.source}); last probe of "
+                        f"{probe_url}: {last_probe}. The server was stopped.\n"
+                        f"{self._tail_block()}", reason="timeout", log_path=self.log_path,
+                        elapsed_s=elapsed)
+                if progress is not None and now >= next_progress:
+                    next_progress = now + self.progress_every_s
+                    progress(self._progress_line(elapsed, timeout))
+                self._wake.wait(TICK_S)
+        except BaseException:
+            self.stop()
+            raise
+        self.ready = True
+        return self
+
+    def _progress_line(self, elapsed: float, timeout: float) -> str:
+        line = self._follower.last_line if self._follower is not None else ""
+        if len(line) > 200:
+            line = line[:197] + "..."
+        return (f"{self.name}: starting for {elapsed:.0f} s (timeout {timeout:g} s); "
+                f"last log line: {line or '(none yet)'}")
+
+    def launch(self: _S, progress: ProgressFn | None = None) -> _S:
+        """:meth:`start` then :meth:`wait_ready`: the usual one-call use."""
+        self.start()
+        return self.wait_ready(progress)
+
+    # -- stop ----------------------------------------------------------------------
+
+    def stop(self) -> int | None:
+        """Stop the server and everything it spawned; idempotent and thread-safe.
+
+        Safe from ``atexit``, from a KeyboardInterrupt handler and from another thread
+        while :meth:`wait_ready` is still waiting (which then raises "stopped").  A
+        re-entrant call (a signal handler firing during a stop) returns at once.
+        """
+        me = threading.get_ident()
+        if self._stop_owner == me:
+            return self.returncode
+        self._stop_requested = True
+        self._wake.set()
+        with self._stop_lock:
+            self._stop_owner = me
+            try:
+                if not self._stopped and self._started_at is not None:
+                    try:
+                        self._stop_impl()
+                    finally:
+                        self._stopped = True
+                        try:
+                            atexit.unregister(self.stop)
+                        except Exception:  # noqa: BLE001 - interpreter shutting down
+                            pass
+            finally:
+                self._stop_owner = None
+        return self.returncode
+
+    # -- HTTP extras ---------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        return {}
+
+    def _require_url(self) -> str:
+        if self.url is None:
+            raise ServerError(f"{self._describe()}: not started")
+        return self.url
+
+    def server_info(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """The server's effective arguments (SGLang ``/get_server_info``), ``{}`` when the
+        engine has no such endpoint.  :class:`ServerError` when the server is unreachable,
+        because then the caller has a bigger problem than missing provenance."""
+        base = self._require_url()
+        for path in self.engine.info_paths:
+            try:
+                status, body = _http("GET", base + path, timeout=timeout_s,
+                                     headers=self._headers())
+            except OSError as exc:
+                raise ServerError(f"{self._describe()}: GET {base}{path} failed: {exc}") \
+                    from None
+            if status in (404, 405):
+                continue
+            if status != 200:
+                return {}
+            try:
+                data = json.loads(body)
+            except ValueError:
+                return {}
+            return data if isinstance(data, dict) else {}
+        return {}
+
+    def flush_cache(self, timeout_s: float = 30.0) -> bool:
+        """Drop the server's prefix cache so a measurement does not inherit cache hits.
+
+        True when flushed; False when the engine has no such endpoint (404/405) or refused
+        (SGLang answers 400 while requests are running).
+        """
+        base = self._require_url()
+        path = self.engine.flush_path
+        if path is None:
+            return False
+        for method in ("POST", "GET"):  # older SGLang releases only route GET
+            try:
+                status, _ = _http(method, base + path, timeout=timeout_s,
+                                  headers=self._headers())
+            except OSError as exc:
+                raise ServerError(f"{self._describe()}: {method} {base}{path} failed: "
+                                  f"{exc}") from None
+            if status == 405:
+                continue
+            return status == 200
+        return False
+
+    # -- context manager -----------------------------------------------------------
+
+    def __enter__(self: _S) -> _S:
+        return self.launch()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # -- spawning ------------------------------------------------------------------
+
+    def _open_log(self, header: list[str]) -> None:
+        self.log_path = _new_log(self.log_dir, self.name)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._append_log("\n".join(f"# pytest-kimi: {h}" for h in
+                                   [f"{self._describe()} from {self.profile.source}",
+                                    f"started at {stamp}", *header]))
+
+    def _env_summary(self) -> str:
+        parts = []
+        for k, v in self.profile.env.items():
+            if v is None:
+                parts.append(f"-{k}")
+            else:
+                parts.append(f"{k}={'***' if _SECRET_ENV.search(k) else v}")
+        return "env: " + (" ".join(parts) if parts else "(inherited)")
+
+    def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
+        assert self.log_path is not None
+        with open(self.log_path, "ab") as log:
+            return subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=_child_env(self.profile.env), start_new_session=True, close_fds=True)
+
+
+class ManagedServer(_ServerBase):
+    """A server process the plugin launches from a managed profile and owns completely.
+
+    ``url``, ``port``, ``pid``, ``pgid``, ``log_path`` and ``command`` are set by
+    :meth:`start`.  Use :meth:`launch` (or ``with``) to start and wait in one call.
+    """
+
+    def __init__(self, profile: ServerProfile, log_dir: str | os.PathLike[str], *,
+                 host: str = "127.0.0.1", port: int | None = None,
+                 progress_every_s: float = 5.0) -> None:
+        if profile.external:
+            raise ServerError(f"{profile.source}: an external profile (url:) needs "
+                              f"ExternalServer; use open_server()")
+        super().__init__(profile, log_dir, progress_every_s=progress_every_s)
+        self.host = str(profile.args.get("host") or host)
+        self._port_request = port
+        self.port: int | None = None
+        self.command: list[str] = []
+        self._crash_code: int | None = None
+        self._stopped_by_us = False
+
+    def _describe(self) -> str:
+        return f"server {self.name!r}"
+
+    @property
+    def api_key(self) -> str | None:
+        """The profile's ``api-key`` arg, which clients of this server must send."""
+        key = self.profile.args.get("api-key")
+        return str(key) if key not in (None, False, True) else None
+
+    def _headers(self) -> dict[str, str]:
+        key = self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def start(self) -> ManagedServer:
+        """Spawn the server in a new process group on a free loopback port; returns at
+        once (see :meth:`wait_ready`)."""
+        if self._started_at is not None:
+            raise ServerError(f"{self._describe()}: already started (a ManagedServer is "
+                              f"single-use; create a new one to restart)")
+        pinned = self.profile.args.get("port")
+        self.port = int(pinned) if pinned else (self._port_request or _free_port())
+        self.url = f"http://{_connect_host(self.host)}:{self.port}"
+        self.command = argv(self.profile, host=self.host, port=self.port)
+        self._open_log([f"command: {' '.join(_redact_argv(self.command))}",
+                        self._env_summary()])
+        assert self.log_path is not None
+        self._follower = _LogFollower(self.log_path, self.engine.ready_log_line,
+                                      offset=self.log_path.stat().st_size)
+        self._started_at = time.monotonic()
+        try:
+            proc = self._spawn(self.command)
+        except OSError as exc:
+            self._stopped = True
+            self._append_log(f"# pytest-kimi: cannot run the command: {exc}")
+            raise ServerStartError(
+                f"{self._describe()}: cannot run {self.command[0]!r} "
+                f"(command in {self.profile.source}): {exc}", reason="spawn",
+                log_path=self.log_path) from None
+        self._group = _Group(proc)
+        atexit.register(self.stop)
+        return self
+
+    def _startup_failure(self, elapsed: float) -> ServerStartError | None:
+        assert self._group is not None
+        code = self._group.exit_code()
+        if code is None or self._stop_requested:
+            return None  # a requested stop is reported as "stopped" by the caller
+        self.stop()  # its children may linger; clean up before reporting
+        return ServerStartError(
+            f"{self._describe()}: the server process exited with code {code} before it "
+            f"was ready ({elapsed:.1f} s after start)\n"
+            f"command: {' '.join(_redact_argv(self.command))}\n{self._tail_block()}",
+            reason="exited", log_path=self.log_path, returncode=code, elapsed_s=elapsed)
+
+    def _stop_impl(self) -> None:
+        group = self._group
+        if group is None or group.reaped:
+            return
+        code = group.exit_code()
+        if code is not None:
+            if not self._stopped_by_us:
+                self._crash_code = code
+            grace = min(self.profile.stop_timeout_s, DEAD_LEADER_GRACE_S)
+        else:
+            self._stopped_by_us = True
+            grace = self.profile.stop_timeout_s
+        group.terminate(grace)
+        self._append_log(f"# pytest-kimi: stopped (exit code {group.exit_code()})")
+
+    def alive(self) -> bool:
+        """Whether the server process is still running."""
+        return self._group is not None and self._group.exit_code() is None
+
+    def crashed(self) -> int | None:
+        """The exit code if the server died on its own (not through :meth:`stop`).
+
+        Meant for a failing measurement: "connection refused" then has a cause, and the
+        log tail (:meth:`log_tail`) has the traceback.
+        """
+        if self._crash_code is not None:
+            return self._crash_code
+        if self._group is None or self._stopped_by_us:
+            return None
+        return self._group.exit_code()
+
+    def __repr__(self) -> str:
+        return f"ManagedServer(name={self.name!r}, pid={self.pid}, url={self.url!r})"
+
+
+class ExternalServer(_ServerBase):
+    """A server someone else runs: ``start:``/``stop:`` shell commands and a ``url:``.
+
+    ``start:`` may return at once (``systemctl start ...``) or keep running (``ssh host
+    python -m sglang.launch_server ...``); either way readiness is the engine's probe at
+    ``url``.  A non-zero exit of ``start:`` fails the start at once.  At :meth:`stop`,
+    ``stop:`` runs (bounded by ``stop_timeout_s``), then whatever ``start:`` left running
+    in its process group is stopped as well.
+    """
+
+    def __init__(self, profile: ServerProfile, log_dir: str | os.PathLike[str], *,
+                 progress_every_s: float = 5.0) -> None:
+        if not profile.external:
+            raise ServerError(f"{profile.source}: not an external profile (no url:); use "
+                              f"ManagedServer or open_server()")
+        super().__init__(profile, log_dir, progress_every_s=progress_every_s)
+        self.url = profile.url
+        self._foreground = False
+        self._stopped_by_us = False
+
+    def _describe(self) -> str:
+        return f"external server {self.name!r} at {self.url}"
+
+    def start(self) -> ExternalServer:
+        """Run ``start:`` (if any) in its own process group; returns at once."""
+        if self._started_at is not None:
+            raise ServerError(f"{self._describe()}: already started")
+        self._open_log([f"start: {self.profile.start or '(none)'}",
+                        f"stop: {self.profile.stop or '(none)'}", self._env_summary()])
+        self._started_at = time.monotonic()
+        if self.profile.start:
+            try:
+                self._group = _Group(self._spawn(["/bin/sh", "-c", self.profile.start]))
+            except OSError as exc:
+                self._stopped = True
+                raise ServerStartError(f"{self._describe()}: cannot run start command: "
+                                       f"{exc}", reason="spawn",
+                                       log_path=self.log_path) from None
+        atexit.register(self.stop)
+        return self
+
+    def wait_ready(self, progress: ProgressFn | None = None, *,
+                   timeout_s: float | None = None) -> ExternalServer:
+        super().wait_ready(progress, timeout_s=timeout_s)
+        # A start command still running at this point is the server itself (foreground).
+        self._foreground = self._group is not None and self._group.exit_code() is None
+        return self
+
+    def _startup_failure(self, elapsed: float) -> ServerStartError | None:
+        if self._group is None:
+            return None
+        code = self._group.exit_code()
+        if code is None or code == 0 or self._stop_requested:
+            return None  # still running, or returned after handing off: keep probing
+        self.stop()
+        return ServerStartError(
+            f"{self._describe()}: the start command exited with code {code} "
+            f"({elapsed:.1f} s after start): {self.profile.start}\n{self._tail_block()}",
+            reason="start-failed", log_path=self.log_path, returncode=code,
+            elapsed_s=elapsed)
+
+    def _stop_impl(self) -> None:
+        self._stopped_by_us = True
+        if self.profile.stop:
+            self._append_log(f"# pytest-kimi: running stop command: {self.profile.stop}")
+            try:
+                group = _Group(self._spawn(["/bin/sh", "-c", self.profile.stop]))
+            except OSError as exc:
+                self._append_log(f"# pytest-kimi: cannot run stop command: {exc}")
+            else:
+                deadline = time.monotonic() + self.profile.stop_timeout_s
+                while time.monotonic() < deadline and group.exit_code() is None:
+                    time.sleep(TICK_S)
+                if group.exit_code() is None:
+                    self._append_log(f"# pytest-kimi: stop command still running after "
+                                     f"{self.profile.stop_timeout_s:g} s; killing it")
+                code = group.terminate(1.0)
+                self._append_log(f"# pytest-kimi: stop command exited with code {code}")
+        if self._group is not None and not self._group.reaped:
+            self._group.terminate(self.profile.stop_timeout_s)
+
+    def alive(self) -> bool:
+        """Whether the server answers at ``url`` (``/v1/models``: liveness, not readiness;
+        it is cheap and does not queue behind a running benchmark)."""
+        try:
+            status, _ = _http("GET", f"{self.url}/v1/models", timeout=2.0)
+        except OSError:
+            return False
+        return status < 500
+
+    def crashed(self) -> int | None:
+        """The exit code of a foreground ``start:`` command that ended on its own; None
+        otherwise (a detached external server's death shows as connection errors)."""
+        if not self._foreground or self._stopped_by_us or self._group is None:
+            return None
+        return self._group.exit_code()
+
+    def __repr__(self) -> str:
+        return f"ExternalServer(name={self.name!r}, url={self.url!r})"
+
+
+Server = ManagedServer | ExternalServer
+
+
+def open_server(profile: ServerProfile, log_dir: str | os.PathLike[str],
+                **kwargs: Any) -> ManagedServer | ExternalServer:
+    """The right server object for ``profile``, not started yet (call :meth:`launch`)."""
+    if profile.external:
+        return ExternalServer(profile, log_dir, **kwargs)
+    return ManagedServer(profile, log_dir, **kwargs)

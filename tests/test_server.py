@@ -1,0 +1,561 @@
+"""Tests of managed servers: profile files, command lines, and the launcher's lifecycle.
+
+The lifecycle tests run ``tests/fake_sglang`` (a fake ``sglang.launch_server`` that serves
+the simulator) in each failure mode a real deployment has shown: a crash during startup,
+a server that never gets ready, a crash in the middle of a sweep, and a server that
+ignores SIGTERM and leaves children behind.  What they guard is what cost real time
+before: waiting out a timeout for a server that died in the first second, and orphaned
+GPU processes after a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pytest_kimi.server import (
+    SGLANG,
+    ExternalServer,
+    ManagedServer,
+    ProfileError,
+    ServerError,
+    ServerStartError,
+    argv,
+    load_profile,
+    open_server,
+    parse_profile,
+    server_args,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE_SGLANG = Path(__file__).resolve().parent / "fake_sglang"
+SERVERS = REPO / "servers"
+PYTHONPATH = os.pathsep.join([str(FAKE_SGLANG), str(REPO)])
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def write_profile(tmp_path: Path, text: str, name: str = "prof") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def fake_profile(tmp_path: Path, mode: str = "ok", *, args: dict[str, Any] | None = None,
+                 startup_s: float = 0.3, env: dict[str, str] | None = None,
+                 name: str = "fake", **top: Any) -> Path:
+    """A managed profile running the fake sglang in ``mode``, written as YAML and loaded
+    back, so the lifecycle tests also go through the file format."""
+    data: dict[str, Any] = {
+        "args": {"model-path": "/root/models/Kimi-K2.6", "tp-size": 8, "ep-size": 8,
+                 **(args or {})},
+        "env": {"PYTHONPATH": PYTHONPATH, "FAKE_SGLANG_MODE": mode,
+                "FAKE_SGLANG_STARTUP_S": str(startup_s), **(env or {})},
+        "startup_timeout_s": 30,
+        "stop_timeout_s": 5,
+        **top,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def pid_alive(pid: int) -> bool:
+    """True for a running process; a zombie (killed, not yet reaped by init) is dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str, timeout: float = 5.0) -> int:
+    try:
+        with NO_PROXY.open(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def chat(url: str) -> int:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 4, "ignore_eos": True}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with NO_PROXY.open(req, timeout=10) as resp:
+        return int(resp.status)
+
+
+@pytest.fixture
+def servers() -> Any:
+    """Collects launched servers and stops every one of them, even after a failed assert."""
+    started: list[ManagedServer | ExternalServer] = []
+    yield started
+    for server in started:
+        server.stop()
+
+
+# ---------------------------------------------------------------------- profiles
+
+
+def test_minimal_profile_defaults(tmp_path: Path) -> None:
+    path = write_profile(tmp_path, "args:\n  model-path: /m\n", name="ep8-tuned")
+    p = load_profile(path)
+    assert p.name == "ep8-tuned"
+    assert p.path == path
+    assert p.engine == "sglang"
+    assert p.command == [sys.executable, "-m", "sglang.launch_server"]
+    assert p.args == {"model-path": "/m"}
+    assert p.env == {}
+    assert p.startup_timeout_s == 900.0
+    assert p.stop_timeout_s == 30.0
+    assert not p.external
+    assert p.readiness_path() == "/health_generate"
+
+
+def test_profile_fields_are_converted(tmp_path: Path) -> None:
+    path = write_profile(tmp_path, """
+name: kimi-ep8
+command: python3 -m sglang.launch_server --log-level "warning"
+args:
+  --tp-size: 8          # leading dashes are accepted
+  ep_size: 8            # as is server_info's spelling
+  model-path: /root/models/Kimi-K2.6
+env:
+  NCCL_IB_DISABLE: 1
+  NCCL_P2P_LEVEL: "5"
+  CUDA_VISIBLE_DEVICES: null
+startup_timeout_s: 60
+stop_timeout_s: 2.5
+""")
+    p = load_profile(path)
+    assert p.name == "kimi-ep8"
+    assert p.command == ["python3", "-m", "sglang.launch_server", "--log-level", "warning"]
+    assert list(p.args) == ["tp-size", "ep-size", "model-path"]
+    assert p.env == {"NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "5",
+                     "CUDA_VISIBLE_DEVICES": None}
+    assert (p.startup_timeout_s, p.stop_timeout_s) == (60.0, 2.5)
+
+    listed = write_profile(tmp_path, "command: [/opt/venv/bin/python, -m, sglang.launch_server]"
+                                     "\nargs: {}\n", name="listed")
+    assert load_profile(listed).command[0] == "/opt/venv/bin/python"
+
+
+def test_external_profile(tmp_path: Path) -> None:
+    path = write_profile(tmp_path, """
+start: ssh gpu-host systemctl start sglang-k26-ep8
+stop: ssh gpu-host systemctl stop sglang-k26-ep8
+url: http://127.0.0.1:30000/v1/
+startup_timeout_s: 1200
+""")
+    p = load_profile(path)
+    assert p.external
+    assert p.url == "http://127.0.0.1:30000"
+    assert p.start == "ssh gpu-host systemctl start sglang-k26-ep8"
+    assert p.command == [] and p.args == {}
+    assert isinstance(open_server(p, tmp_path / "logs"), ExternalServer)
+    with pytest.raises(ServerError, match="ExternalServer"):
+        ManagedServer(p, tmp_path / "logs")
+    with pytest.raises(ProfileError, match="no command line"):
+        argv(p, "127.0.0.1", 1)
+
+
+PROFILE_ERRORS = [
+    ("args: [1, 2\n", ["invalid YAML at line 2", "expected ',' or ']'"]),
+    ("args:\n  tp-size: 8\n  tp-size: 4\n", ["invalid YAML at line 3",
+                                             "duplicate key 'tp-size' (first given on line 2)"]),
+    ("- a\n- b\n", ["must be a mapping of keys", "got list"]),
+    ("", ["the file is empty", "'args:'", "'url:'"]),
+    ("argz:\n  tp-size: 8\n", ["unknown key 'argz' (did you mean 'args'?)",
+                               "allowed keys: name, engine, command, args, env"]),
+    ("args: 5\n", ["'args' must be a mapping of flag -> value", "got a number"]),
+    ("args:\n  tp-size: 8\n  tp_size: 4\n", ["'tp-size' is given twice",
+                                             "'tp-size' and 'tp_size'"]),
+    ("args:\n  on: true\n", ["args key True is not a flag name", "quote the key"]),
+    ("args:\n  cuda-graph-bs: []\n", ["args 'cuda-graph-bs' is a list", "non-empty list"]),
+    ("args:\n  port: http\n", ["args 'port' must be an integer in [1, 65535]", "'http'"]),
+    ("args: {}\nstartup_timeout_s: soon\n", ["'startup_timeout_s' must be a number of "
+                                            "seconds > 0", "'soon'"]),
+    ("args: {}\nstartup_timeout_s: -1\n", ["'startup_timeout_s' must be", "-1"]),
+    ("args: {}\nstop_timeout_s: true\n", ["'stop_timeout_s' must be", "True"]),
+    ("command: python -m x\nargs: {}\nurl: http://127.0.0.1:1\n",
+     ["'command' and 'args' cannot be combined with 'url'", "(command/args)",
+      "(start/stop/url)"]),
+    ("start: systemctl start sglang\nstop: systemctl stop sglang\n",
+     ["'start' and 'stop' need 'url:'"]),
+    ("url: ftp://127.0.0.1/\n", ["'url' must be an http(s) base URL", "'ftp://127.0.0.1/'"]),
+    ("engine: trtllm\nargs: {}\n", ["unknown engine 'trtllm'", "known engines: sglang, vllm"]),
+    ("command: \"python -m 'x\"\nargs: {}\n", ["'command' cannot be split into words",
+                                               "No closing quotation"]),
+    ("command: 5\nargs: {}\n", ["'command' must be a string", "or a list of strings"]),
+    ("args: {}\nenv:\n  NCCL_IB_DISABLE: yes\n", ["env NCCL_IB_DISABLE is a YAML boolean",
+                                                   "quote it"]),
+    ("args: {}\nenv: [1]\n", ["'env' must be a mapping", "got a list"]),
+    ("args: {}\nenv:\n  A: [1]\n", ["env A must be a string or a number"]),
+    ("name: ''\nargs: {}\n", ["'name' must be a non-empty string"]),
+    ("url: http://127.0.0.1:1\nhealth_path: health\n", ["'health_path' must start with '/'"]),
+    ("engine: sglang\n", ["no 'args:'", "model-path"]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), PROFILE_ERRORS,
+                         ids=[f"e{i}" for i in range(len(PROFILE_ERRORS))])
+def test_profile_errors(tmp_path: Path, text: str, expected: list[str]) -> None:
+    path = write_profile(tmp_path, text)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert str(path) in message
+    for part in expected:
+        assert part in message, f"{part!r} not in {message!r}"
+
+
+def test_missing_profile_file(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match=r"nope\.yaml: file not found"):
+        load_profile(tmp_path / "nope.yaml")
+
+
+def test_parse_profile_from_mapping() -> None:
+    p = parse_profile({"args": {"model-path": "/m"}}, source="--server-profile",
+                      default_name="inline")
+    assert p.name == "inline" and p.path is None
+    with pytest.raises(ProfileError, match=r"^--server-profile: unknown key 'x'"):
+        parse_profile({"x": 1}, source="--server-profile", default_name="inline")
+
+
+# ---------------------------------------------------------------------- argv
+
+
+def test_argv_flags_and_free_port(tmp_path: Path) -> None:
+    p = load_profile(write_profile(tmp_path, """
+command: python -m sglang.launch_server
+args:
+  model-path: /root/models/Kimi-K2.6
+  tp-size: 8
+  mem-fraction-static: 0.88
+  trust-remote-code: true
+  enable-eplb: false
+  chunked-prefill-size: null
+  cuda-graph-bs: [1, 2, 4]
+  json-model-override-args: {rope_scaling: {factor: 2}}
+"""))
+    assert argv(p, "127.0.0.1", 31234) == [
+        "python", "-m", "sglang.launch_server",
+        "--model-path", "/root/models/Kimi-K2.6", "--tp-size", "8",
+        "--mem-fraction-static", "0.88", "--trust-remote-code",
+        "--cuda-graph-bs", "1", "2", "4",
+        "--json-model-override-args", '{"rope_scaling":{"factor":2}}',
+        "--host", "127.0.0.1", "--port", "31234"]
+    assert server_args(p) == {
+        "model_path": "/root/models/Kimi-K2.6", "tp_size": 8, "mem_fraction_static": 0.88,
+        "trust_remote_code": True, "enable_eplb": False, "cuda_graph_bs": [1, 2, 4],
+        "json_model_override_args": {"rope_scaling": {"factor": 2}}}
+
+
+def test_argv_keeps_host_and_port_from_profile(tmp_path: Path) -> None:
+    p = load_profile(write_profile(tmp_path, "args:\n  model-path: /m\n  host: 0.0.0.0\n"
+                                             "  port: 30000\n"))
+    words = argv(p, "127.0.0.1", 31234)
+    assert words[3:] == ["--model-path", "/m", "--host", "0.0.0.0", "--port", "30000"]
+    assert ManagedServer(p, tmp_path).host == "0.0.0.0"
+    unpinned = load_profile(write_profile(tmp_path, "args: {}\n", name="u"))
+    with pytest.raises(ValueError, match="needs a port"):
+        argv(unpinned, "127.0.0.1", None)
+
+
+def test_engine_render_args() -> None:
+    assert SGLANG.render_args({"a": True, "b": False, "c": None, "d": "x y", "e": 1.5}) == \
+        ["--a", "--d", "x y", "--e", "1.5"]
+    assert SGLANG.default_command("/py") == ["/py", "-m", "sglang.launch_server"]
+
+
+def test_example_profiles_load() -> None:
+    files = sorted(SERVERS.glob("*.yaml"))
+    assert {f.stem for f in files} >= {"ep8", "ep8-tuned", "ep4", "tp8-tuned", "ep8-eplb"}
+    profiles = {f.stem: load_profile(f) for f in files}
+    for p in profiles.values():
+        assert p.args["model-path"] == "/root/models/Kimi-K2.6"
+        assert p.args["tp-size"] == 8
+        assert p.args["trust-remote-code"] is True
+        assert p.env["NCCL_IB_DISABLE"] == "1"
+        assert "--disable-cuda-graph" not in argv(p, "127.0.0.1", 1)
+    assert profiles["ep8"].args["max-running-requests"] == 64
+    assert profiles["ep8-tuned"].args["max-running-requests"] == 256
+    assert profiles["ep8-tuned"].args["num-continuous-decode-steps"] == 8
+    assert profiles["ep4"].args["ep-size"] == 4
+    assert "ep-size" not in profiles["tp8-tuned"].args
+    assert profiles["tp8-tuned"].startup_timeout_s == 900
+    eplb = server_args(profiles["ep8-eplb"])
+    assert eplb["enable_eplb"] is True
+    assert {k: v for k, v in eplb.items() if k != "enable_eplb"} == \
+        server_args(profiles["ep8-tuned"])
+
+
+# ---------------------------------------------------------------------- lifecycle
+
+
+def test_ready_health_and_server_info(tmp_path: Path, servers: list[Any]) -> None:
+    profile = load_profile(fake_profile(
+        tmp_path, args={"enable-eplb": True, "max-running-requests": 64,
+                        "disable-cuda-graph": False}, startup_s=1.0, name="ep8-eplb"))
+    server = open_server(profile, tmp_path / "logs", progress_every_s=0.2)
+    assert isinstance(server, ManagedServer)
+    servers.append(server)
+    messages: list[str] = []
+    server.launch(progress=messages.append)
+
+    assert server.url == f"http://127.0.0.1:{server.port}"
+    assert server.log_path is not None and server.log_path.parent == tmp_path / "logs"
+    assert re.fullmatch(r"ep8-eplb-\d{8}-\d{6}\.log", server.log_path.name)
+    assert messages and all(m.startswith("ep8-eplb: starting for ") for m in messages)
+    assert any("last log line: [" in m for m in messages)
+    assert "--port" in server.command and "--enable-eplb" in server.command
+    assert get(server.url + "/health_generate") == 200
+    info = server.server_info()
+    assert info["enable_eplb"] is True
+    assert info["max_running_requests"] == 64
+    assert (info["tp_size"], info["ep_size"]) == (8, 8)
+    assert info["port"] == server.port
+    assert info["sim"]["slowdown"] == 1.8  # the fake derives EPLB's cost from the flag
+    assert server.flush_cache() is True
+    assert server.alive() and server.crashed() is None
+    pid = server.pid
+    assert pid is not None and server.pgid == pid
+
+    assert server.stop() == 0
+    assert server.stop() == 0  # idempotent
+    assert not server.alive() and not pid_alive(pid)
+    assert server.crashed() is None  # we stopped it: not a crash
+    assert "The server is fired up and ready to roll!" in server.log_tail()
+
+
+def test_crash_at_start_reports_traceback_quickly(tmp_path: Path, servers: list[Any]) -> None:
+    profile = load_profile(fake_profile(tmp_path, "crash-at-start", args={"tp-size": 2,
+                                                                          "ep-size": 4},
+                                        startup_timeout_s=120))
+    server = open_server(profile, tmp_path / "logs")
+    servers.append(server)
+    t0 = time.monotonic()
+    with pytest.raises(ServerStartError) as info:
+        server.launch()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 15, f"crash reported after {elapsed:.1f} s"
+    err = info.value
+    message = str(err)
+    assert err.reason == "exited" and err.returncode == 1
+    assert "exited with code 1 before it was ready" in message
+    assert "Traceback (most recent call last)" in message
+    assert "ZeroDivisionError" in message
+    assert str(server.log_path) in message and err.log_path == server.log_path
+    assert server.pid is not None and not pid_alive(server.pid)
+    assert server.crashed() == 1
+
+
+def test_unknown_flag_fails_like_sglang(tmp_path: Path, servers: list[Any]) -> None:
+    profile = load_profile(fake_profile(tmp_path, args={"enable-turbo": True}))
+    server = open_server(profile, tmp_path / "logs")
+    servers.append(server)
+    with pytest.raises(ServerStartError, match="exited with code 2") as info:
+        server.launch()
+    assert "unrecognized arguments: --enable-turbo" in str(info.value)
+
+
+def test_never_ready_times_out_and_is_stopped(tmp_path: Path, servers: list[Any]) -> None:
+    profile = load_profile(fake_profile(tmp_path, "never-ready", startup_timeout_s=2))
+    server = open_server(profile, tmp_path / "logs")
+    servers.append(server)
+    t0 = time.monotonic()
+    with pytest.raises(ServerStartError) as info:
+        server.launch()
+    elapsed = time.monotonic() - t0
+    message = str(info.value)
+    assert info.value.reason == "timeout"
+    assert 1.9 <= elapsed < 12
+    assert "not ready after 2 s" in message
+    assert "startup_timeout_s in" in message and str(profile.path) in message
+    assert "Loading safetensors checkpoint shards" in message
+    assert str(server.log_path) in message
+    assert server.pid is not None and not pid_alive(server.pid)
+    assert server.crashed() is None
+
+
+def test_crash_mid_sweep_is_detected(tmp_path: Path, servers: list[Any]) -> None:
+    profile = load_profile(fake_profile(tmp_path, "crash-mid-sweep",
+                                        env={"FAKE_SGLANG_CRASH_AFTER": "3"}))
+    server = open_server(profile, tmp_path / "logs")
+    servers.append(server)
+    server.launch()
+    assert server.crashed() is None
+    assert server.url is not None
+    failed = False
+    for _ in range(10):
+        try:
+            chat(server.url)
+        except (urllib.error.URLError, ConnectionError, OSError):
+            failed = True
+            break
+    assert failed, "the fake should have crashed"
+    deadline = time.monotonic() + 5
+    while server.crashed() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.crashed() == 1
+    assert not server.alive()
+    assert "simulated crash after 3 generation requests" in server.log_tail()
+    server.stop()
+    assert server.crashed() == 1 and server.returncode == 1
+
+
+def test_ignore_sigterm_group_is_killed(tmp_path: Path, servers: list[Any]) -> None:
+    profile = load_profile(fake_profile(tmp_path, "ignore-sigterm", stop_timeout_s=1))
+    server = open_server(profile, tmp_path / "logs")
+    servers.append(server)
+    server.launch()
+    assert server.log_path is not None
+    match = re.search(r"scheduler child pid (\d+)", server.log_path.read_text())
+    assert match, server.log_tail()
+    child = int(match.group(1))
+    leader = server.pid
+    assert leader is not None and pid_alive(leader) and pid_alive(child)
+
+    t0 = time.monotonic()
+    server.stop()
+    elapsed = time.monotonic() - t0
+    assert 0.9 <= elapsed < 10, f"stop took {elapsed:.1f} s"  # the grace was honoured
+    assert not pid_alive(leader), "server survived stop()"
+    assert not pid_alive(child), "the server's child survived stop()"
+    assert server.returncode == -9
+
+
+def test_stop_while_starting(tmp_path: Path, servers: list[Any]) -> None:
+    profile = load_profile(fake_profile(tmp_path, startup_s=60))
+    server = open_server(profile, tmp_path / "logs")
+    servers.append(server)
+    server.start()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            server.wait_ready()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.5)
+    pid = server.pid
+    assert pid is not None and pid_alive(pid)
+    server.stop()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], ServerStartError)
+    assert errors[0].reason == "stopped"
+    assert "stopped while starting" in str(errors[0])
+    assert not pid_alive(pid)
+    assert server.crashed() is None
+
+
+def test_stop_before_start_and_single_use(tmp_path: Path) -> None:
+    profile = load_profile(fake_profile(tmp_path))
+    server = ManagedServer(profile, tmp_path / "logs")
+    assert server.stop() is None
+    with pytest.raises(ServerError, match="call start"):
+        server.wait_ready()
+
+
+def test_spawn_failure_is_reported(tmp_path: Path) -> None:
+    profile = load_profile(write_profile(
+        tmp_path, "command: /nonexistent/python -m sglang.launch_server\nargs: {}\n"))
+    server = open_server(profile, tmp_path / "logs")
+    with pytest.raises(ServerStartError, match="cannot run '/nonexistent/python'") as info:
+        server.launch()
+    assert info.value.reason == "spawn"
+
+
+# ---------------------------------------------------------------------- external
+
+
+def test_external_start_stop(tmp_path: Path, servers: list[Any]) -> None:
+    port = free_port()
+    pidfile = tmp_path / "sim.pid"
+    # The sim answers /v1/models at once but /health_generate only after 1.5 s: the
+    # launcher must wait for the latter.
+    path = write_profile(tmp_path, yaml.safe_dump({
+        "start": f"{sys.executable} -m pytest_kimi.sim --port {port} --slow-start-s 1.5 "
+                 f"& echo $! > {pidfile}",
+        "stop": f"kill $(cat {pidfile})",
+        "url": f"http://127.0.0.1:{port}",
+        "env": {"PYTHONPATH": str(REPO)},
+        "startup_timeout_s": 30,
+        "stop_timeout_s": 5,
+    }), name="remote-ep8")
+    server = open_server(load_profile(path), tmp_path / "logs")
+    assert isinstance(server, ExternalServer)
+    servers.append(server)
+    t0 = time.monotonic()
+    server.launch()
+    assert time.monotonic() - t0 >= 1.4, "ready before /health_generate answered"
+    sim_pid = int(pidfile.read_text())
+    assert pid_alive(sim_pid)
+    assert server.alive()
+    assert "sim" in server.server_info()
+    assert server.crashed() is None
+
+    server.stop()
+    assert not pid_alive(sim_pid)
+    assert not server.alive()
+    log = server.log_tail(100)
+    assert "running stop command: kill" in log
+    assert "stop command exited with code 0" in log
+
+
+def test_external_start_failure_is_fast(tmp_path: Path, servers: list[Any]) -> None:
+    path = write_profile(tmp_path, yaml.safe_dump({
+        "start": "echo 'ssh: connect to host gpu-7 port 22: No route to host' >&2; exit 255",
+        "url": f"http://127.0.0.1:{free_port()}",
+        "startup_timeout_s": 120,
+    }))
+    server = open_server(load_profile(path), tmp_path / "logs")
+    servers.append(server)
+    t0 = time.monotonic()
+    with pytest.raises(ServerStartError) as info:
+        server.launch()
+    assert time.monotonic() - t0 < 10
+    assert info.value.reason == "start-failed"
+    assert "start command exited with code 255" in str(info.value)
+    assert "No route to host" in str(info.value)
+
+
+def test_external_url_only_times_out(tmp_path: Path, servers: list[Any]) -> None:
+    path = write_profile(tmp_path, yaml.safe_dump({
+        "url": f"http://127.0.0.1:{free_port()}", "startup_timeout_s": 1}))
+    server = open_server(load_profile(path), tmp_path / "logs")
+    servers.append(server)
+    with pytest.raises(ServerStartError, match="not ready after 1 s") as info:
+        server.launch()
+    assert "ConnectionRefusedError" in str(info.value)
