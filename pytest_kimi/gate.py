@@ -161,7 +161,7 @@ def apply_gate(
         change = f"{(cmp.ratio - 1) * 100:+.1f}% (90% CI {_pct_text(lo)} .. {_pct_text(hi)})"
         note = {
             "regression": f"regression {change}, p={cmp.p_regression:.3g} vs baseline {cmp.baseline_median:.1f} tok/s"
-            + (f"; changed since baseline: {changed}" if changed else ""),
+            + (f"; changed: {changed}" if changed else ""),
             "improved": f"improved {change}: update the baseline (--update-baselines) so the slack "
             "cannot hide a later regression",
             "underpowered": f"underpowered: the smallest drop these samples can detect is "

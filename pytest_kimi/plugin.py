@@ -9,6 +9,7 @@ report (so they survive pytest-xdist) into the terminal summary and ``--perf-jso
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generator, Iterator
@@ -26,6 +27,7 @@ from .markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_mar
 from .report.json_report import build_report, write_json
 from .report.terminal import format_test
 from .results import ThroughputResult
+from .server import ProfileError, ServerProfile, ServerStartError, load_profile, open_server
 from .session import KimiLoad, PerfSession, build_spec
 from .workload import WorkloadError
 
@@ -44,8 +46,8 @@ FAILURE_HEADLINES = {
 
 NO_ENDPOINT_REASON = (
     "no endpoint given: pass --endpoint=URL (an OpenAI-compatible server, e.g. "
-    "http://127.0.0.1:30000) or --endpoint=sim (the built-in simulator), "
-    "or set KIMI_ENDPOINT or the ini key kimi_endpoint"
+    "http://127.0.0.1:30000), --endpoint=sim (the built-in simulator) or --server-profile=PATH "
+    "(a deployment to launch), or set KIMI_ENDPOINT or the ini key kimi_endpoint"
 )
 
 
@@ -55,6 +57,8 @@ class RunState:
 
     endpoint: dict[str, Any] | None = None
     tests: list[dict[str, Any]] = field(default_factory=list)
+    references: dict[str, TestBaseline] = field(default_factory=dict)
+    """Same-run A/B: the reference deployment's results per test, as a baseline for the others."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +72,20 @@ class GateContext:
     """Resolved once per session: where baselines live and how strictly they are judged."""
 
     settings: GateSettings
-    store: BaselineStore
+    root: Path
+    profile: str
+    """--baseline-profile, else the deployment's name, else 'sim' or 'default'."""
+    profile_explicit: bool
     update: str | None
     """None, 'yes' or 'force' (--update-baselines)."""
 
+    def store(self, deployment: ServerProfile | None = None) -> BaselineStore:
+        name = deployment.name if deployment is not None and not self.profile_explicit else self.profile
+        return BaselineStore(self.root, name)
+
 
 STATE = pytest.StashKey[RunState]()
+DEPLOYMENTS = pytest.StashKey[list[ServerProfile]]()
 GATE = pytest.StashKey[GateContext]()
 SETTINGS = pytest.StashKey[dict[str, settings.Resolved[Any]]]()
 PERF_ITEM = pytest.StashKey[PerfItem]()
@@ -96,7 +108,8 @@ def _gate_context(config: pytest.Config) -> GateContext:
     root = Path(value("baseline_dir", DEFAULT_DIRNAME))
     if not root.is_absolute():
         root = Path(config.rootpath) / root
-    profile = value("baseline_profile", "sim" if _is_sim(_setting(config, "endpoint").value) else "default")
+    explicit = _setting(config, "baseline_profile").value
+    profile = explicit or ("sim" if _is_sim(_setting(config, "endpoint").value) else "default")
     update = _setting(config, "update_baselines").value
     defaults = GateSettings()
     gate_settings = GateSettings(
@@ -108,7 +121,7 @@ def _gate_context(config: pytest.Config) -> GateContext:
         strict=value("perf_strict", False),
         updating=update is not None,
     )
-    return GateContext(gate_settings, BaselineStore(root, profile), update)
+    return GateContext(gate_settings, root, profile, explicit is not None, update)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -121,8 +134,42 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SETTINGS] = settings.resolve_all(config)
     config.stash[STATE] = RunState()
     config.stash[GATE] = _gate_context(config)
+    config.stash[DEPLOYMENTS] = _load_deployments(config)
     config.pluginmanager.register(PerfReporter(config), "kimi-perf-reporter")
     _group_perf_tests_under_xdist(config)
+
+
+def _load_deployments(config: pytest.Config) -> list[ServerProfile]:
+    paths = settings.server_profile_paths(config)
+    profiles = []
+    for raw in paths.value or []:
+        path = Path(raw) if Path(raw).is_absolute() else Path(config.invocation_params.dir) / raw
+        try:
+            profiles.append(load_profile(path))
+        except ProfileError as exc:
+            raise pytest.UsageError(f"{paths.source}: {exc}") from None
+    names = [p.name for p in profiles]
+    if len(set(names)) != len(names):
+        raise pytest.UsageError(f"{paths.source}: two server profiles share a name: {names}")
+    if profiles and _setting(config, "endpoint").value is not None:
+        raise pytest.UsageError(
+            f"{paths.source} and {_setting(config, 'endpoint').source} both name the endpoint: "
+            "give a server profile or an endpoint, not both"
+        )
+    return profiles
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """With server profiles, every perf test runs once per deployment, grouped by deployment.
+
+    ``kimi_deployment`` is session-scoped, so pytest orders the tests deployment by deployment
+    and tears one server down before it launches the next: one server up at a time.
+    """
+    deployments = metafunc.config.stash[DEPLOYMENTS]
+    if deployments and metafunc.definition.get_closest_marker("throughput") is not None:
+        metafunc.parametrize(
+            "kimi_deployment", deployments, ids=[d.name for d in deployments], scope="session"
+        )
 
 
 PERF_GROUP = "kimi-perf"
@@ -150,15 +197,31 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def _perf_nodeid(item: pytest.Item) -> str:
-    """The test's id without xdist's ``@group`` suffix: baselines and reports must not depend on -n."""
+    """The test's id without xdist's ``@group`` suffix or the deployment's parameter id.
+
+    Baselines are keyed by it, so they do not depend on ``-n`` or on which deployments run.
+    """
     suffix = "@" + PERF_GROUP
-    return item.nodeid[: -len(suffix)] if item.nodeid.endswith(suffix) else item.nodeid
+    nodeid = item.nodeid[: -len(suffix)] if item.nodeid.endswith(suffix) else item.nodeid
+    callspec = getattr(item, "callspec", None)
+    deployment = callspec.params.get("kimi_deployment") if callspec is not None else None
+    if deployment is None or not nodeid.endswith("]"):
+        return nodeid
+    head, _, inner = nodeid[:-1].rpartition("[")
+    name = deployment.name
+    if inner == name:
+        return head
+    if inner.endswith("-" + name):
+        return f"{head}[{inner[: -len(name) - 1]}]"
+    if inner.startswith(name + "-"):
+        return f"{head}[{inner[len(name) + 1:]}]"
+    return nodeid
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     problems: list[str] = []
-    endpoint = _setting(config, "endpoint").value
+    endpoint = _setting(config, "endpoint").value or config.stash[DEPLOYMENTS] or None
     for item in items:
         marks = list(item.iter_markers("throughput"))
         if not marks:
@@ -188,42 +251,91 @@ def _kimi_session() -> Iterator[PerfSession]:
 
 
 @pytest.fixture(scope="session")
-def kimi_endpoint(pytestconfig: pytest.Config, _kimi_session: PerfSession) -> Iterator[EndpointInfo]:
+def kimi_deployment() -> ServerProfile | None:
+    """The server profile under test; parametrized over ``--server-profile`` for perf tests."""
+    return None
+
+
+@pytest.fixture(scope="session")
+def kimi_server(pytestconfig: pytest.Config, kimi_deployment: ServerProfile | None) -> Iterator[Any]:
+    """The managed deployment (launched, ready, torn down at the end), or None without a profile."""
+    if kimi_deployment is None:
+        yield None
+        return
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+
+    def progress(message: str) -> None:
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"[kimi {kimi_deployment.name}] {message}")
+
+    server = open_server(kimi_deployment, Path(pytestconfig.rootpath) / ".kimi" / "logs")
+    problem = None
+    started = time.monotonic()
+    progress(f"launching {kimi_deployment.source} (up to {kimi_deployment.startup_timeout_s:g} s)")
+    try:
+        server.launch(progress=progress)
+        progress(f"ready at {server.url} after {time.monotonic() - started:.1f} s; log {server.log_path}")
+    except ServerStartError as exc:
+        problem = f"server profile {kimi_deployment.name} ({kimi_deployment.source}) did not start: {exc}"
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def kimi_endpoint(
+    pytestconfig: pytest.Config, _kimi_session: PerfSession, kimi_server: Any
+) -> Iterator[EndpointInfo]:
     """The endpoint under test: URL, model and server info (launching the simulator for ``sim``)."""
     resolved = _setting(pytestconfig, "endpoint")
-    if resolved.value is None:
+    if resolved.value is None and kimi_server is None:
         pytest.skip(NO_ENDPOINT_REASON)
     api_key = _setting(pytestconfig, "api_key").value
     model = _setting(pytestconfig, "model").value
-    raw: str = resolved.value
     sim = None
+    problem = None
     try:
-        if raw == "sim" or raw.startswith("sim:"):
-            from .sim.process import SimProcess
-            from .sim.profile import SimConfigError, parse_sim_spec
-
-            try:
-                profile = parse_sim_spec(raw, resolved.source)
-            except SimConfigError as exc:
-                raise pytest.UsageError(str(exc)) from None
-            if api_key and profile.api_key is None:
-                profile = dataclasses.replace(profile, api_key=api_key)
-            sim = SimProcess(profile, log_dir=Path(pytestconfig.rootpath) / ".kimi" / "logs")
-            sim.start()
+        if kimi_server is not None:
+            api_key = api_key or getattr(kimi_server, "api_key", None)
+            base = normalize_url(kimi_server.url, f"server profile {kimi_server.profile.name}")
+        elif _is_sim(resolved.value):
+            sim = _start_sim(pytestconfig, resolved, api_key)
             base = sim.url
         else:
-            base = normalize_url(raw, resolved.source)
+            base = normalize_url(resolved.value, resolved.source)
         info = _kimi_session.discover(base, api_key=api_key, model=model)
     except EndpointError as exc:
+        problem = str(exc)
+    if problem is not None:
         if sim is not None:
             sim.stop()
-        pytest.fail(str(exc), pytrace=False)
-    pytestconfig.stash[STATE].endpoint = info.public()
+        pytest.fail(problem, pytrace=False)
+    if pytestconfig.stash[STATE].endpoint is None:
+        pytestconfig.stash[STATE].endpoint = info.public()
     try:
         yield info
     finally:
         if sim is not None:
             sim.stop()
+
+
+def _start_sim(config: pytest.Config, resolved: settings.Resolved[Any], api_key: str | None) -> Any:
+    from .sim.process import SimProcess
+    from .sim.profile import SimConfigError, parse_sim_spec
+
+    try:
+        profile = parse_sim_spec(resolved.value, resolved.source)
+    except SimConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if api_key and profile.api_key is None:
+        profile = dataclasses.replace(profile, api_key=api_key)
+    sim = SimProcess(profile, log_dir=Path(config.rootpath) / ".kimi" / "logs")
+    sim.start()
+    return sim
 
 
 def _trials(config: pytest.Config) -> int | None:
@@ -247,66 +359,103 @@ def kimi_load(
 
 
 @pytest.fixture(autouse=True)
-def _kimi_measure(request: pytest.FixtureRequest) -> ThroughputResult | None:
+def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile | None) -> ThroughputResult | None:
     """Measure a ``@throughput`` test before its body runs and judge it against its baseline.
 
     Never raises on a bad level (verdicts say what went wrong); a corrupt or incomparable
-    baseline fails the test before any load is sent.
+    baseline fails the test before any load is sent.  In a same-run A/B, deployments after the
+    first are judged against the first one's figures from this very run.
     """
     item = request.node
     perf = item.stash.get(PERF_ITEM, None)
     if perf is None:
         return None
+    config = request.config
     endpoint: EndpointInfo = request.getfixturevalue("kimi_endpoint")
+    server = request.getfixturevalue("kimi_server")
     session: PerfSession = request.getfixturevalue("_kimi_session")
-    gate = request.config.stash[GATE]
+    gate = config.stash[GATE]
+    state = config.stash[STATE]
     nodeid = _perf_nodeid(item)
-    problem: str | None = None
-    rootdir = Path(request.config.rootpath)
-    try:
-        spec = build_spec(
-            endpoint, nodeid, perf.workload, perf.targets,
-            rootdir=rootdir, trials=_trials(request.config),
-        )
-    except WorkloadError as exc:
-        problem = f"@throughput prompts: {exc}"
-    if problem is not None:
-        pytest.fail(problem, pytrace=False)
-    path = gate.store.path_for(nodeid)
+    rootdir = Path(config.rootpath)
+    store = gate.store(kimi_deployment)
+    path = store.path_for(nodeid)
     current = Provenance.collect(
         model=endpoint.model, server_info=endpoint.server_info,
         session_ids=[session.session_id], suite_dir=rootdir,
     )
-    problem = None
+    deployments = config.stash[DEPLOYMENTS]
+    reference = deployments[0].name if len(deployments) > 1 else None
+    problem: str | None = None
     try:
-        baseline = gate.store.load(nodeid)
-        check_comparable(baseline, current, str(path))
-    except (BaselineError, IncomparableBaseline) as exc:
-        problem = str(exc)
+        spec = build_spec(endpoint, nodeid, perf.workload, perf.targets, rootdir=rootdir, trials=_trials(config))
+        if reference is not None and kimi_deployment is not None and kimi_deployment.name != reference:
+            baseline = state.references.get(nodeid)
+            compared_with = f"deployment {reference} (same run)"
+        else:
+            baseline = store.load(nodeid)
+            compared_with = str(path)
+        check_comparable(baseline, current, compared_with)
+    except (WorkloadError, BaselineError, IncomparableBaseline) as exc:
+        problem = str(exc) if not isinstance(exc, WorkloadError) else f"@throughput prompts: {exc}"
     if problem is not None:
         pytest.fail(problem, pytrace=False)
+    if server is not None:
+        server.flush_cache()  # one test's prefix cache must not flatter the next
     keys = {c: level_key(perf.workload, spec.prompts_key, c) for c in perf.workload.levels}
-    policy = AdaptiveTrials(
-        baseline_samples(baseline, keys), gate.settings, len(keys), first_trials=spec.trials
-    )
+    policy = AdaptiveTrials(baseline_samples(baseline, keys), gate.settings, len(keys), first_trials=spec.trials)
     spec.policy = policy
     result = session.measure(spec)
     changes = apply_gate(
-        result, baseline, str(path), current, gate.settings,
-        tolerance=perf.targets.tolerance, alpha=perf.targets.alpha,
-        alpha_weights=policy.alpha_weights,
+        result, baseline, compared_with, current, gate.settings,
+        tolerance=perf.targets.tolerance, alpha=perf.targets.alpha, alpha_weights=policy.alpha_weights,
     )
     result.extra.update(
         baseline_file=str(path),
-        baseline_profile=gate.store.profile,
+        baseline_profile=store.profile,
         provenance_changes=[str(c) for c in changes],
         session_id=session.session_id,
     )
     if baseline is None:
         result.extra["baseline_note"] = f"no baseline yet: {path} (record it with --update-baselines)"
+    if kimi_deployment is not None:
+        result.extra["profile"] = kimi_deployment.name
+        for level in result.levels:
+            level.extra["profile"] = kimi_deployment.name
+        if reference is not None:
+            result.extra["compared_with"] = compared_with
+        if kimi_deployment.name == reference:
+            state.references[nodeid] = reference_baseline(result, current, reference)
+    _note_server_crash(result, server)
     item.stash[RESULT] = result
     item.user_properties.extend(junit_properties(result.to_dict()))
     return result
+
+
+def _note_server_crash(result: ThroughputResult, server: Any) -> None:
+    """A managed server that died during the measurement: say so, with its last log lines."""
+    code = server.crashed() if server is not None else None
+    if code is None:
+        return
+    tail = server.log_tail(40)
+    result.extra["server_exit"] = {"returncode": code, "log": str(server.log_path), "log_tail": tail}
+    for level in result.levels:
+        if level.verdict in ("error", "not-run"):
+            level.reasons.append(f"the server exited with code {code} (log {server.log_path})")
+            break
+
+
+def reference_baseline(result: ThroughputResult, provenance: Provenance, name: str) -> TestBaseline:
+    """The reference deployment's figures of this run, shaped as a baseline for the others."""
+    levels = [
+        LevelBaseline(
+            workload=WorkloadKey.from_dict(level_key(result.workload, result.prompts_key, lv.concurrency)),
+            trials_tok_s=lv.figures.trials_tok_s,
+        )
+        for lv in result.levels
+        if lv.figures.trials_tok_s
+    ]
+    return TestBaseline(test=result.nodeid, profile=name, provenance=provenance, levels=levels)
 
 
 JUNIT_FIELDS = ("tok_s", "request_tok_s_p50", "ttft_s_p95", "baseline_tok_s", "change_pct", "p_value", "trials", "verdict")
@@ -449,9 +598,10 @@ def update_baselines(
             model=endpoint.get("model"), server_info=endpoint.get("server_info"),
             session_ids=[test["session_id"]] if test.get("session_id") else [], suite_dir=rootdir,
         )
-        new = TestBaseline(test=test["nodeid"], profile=gate.store.profile, provenance=provenance, levels=levels)
+        store = BaselineStore(gate.root, test.get("baseline_profile") or gate.profile)
+        new = TestBaseline(test=test["nodeid"], profile=store.profile, provenance=provenance, levels=levels)
         try:
-            summary = gate.store.update(new, cwd=rootdir)
+            summary = store.update(new, cwd=rootdir)
         except (BaselineError, ProvenanceConflict, OSError) as exc:
             refused.append(f"{test['nodeid']}: not recorded: {exc}")
             continue

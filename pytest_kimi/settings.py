@@ -169,8 +169,19 @@ OPTIONS: dict[str, Option[Any]] = {
 }
 
 
+SERVER_PROFILE_HELP = (
+    "YAML profile of a deployment the plugin launches (or starts/stops remotely), health-checks "
+    "and tears down; give it twice or more for a same-run A/B (the first is the reference)"
+)
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("kimi", "pytest-kimi: throughput targets for LLM endpoints")
+    group.addoption(
+        "--server-profile", dest="server_profile", action="append", default=None, metavar="PATH",
+        help=SERVER_PROFILE_HELP,
+    )
+    parser.addini("kimi_server_profile", SERVER_PROFILE_HELP, type="args", default=[])
     for opt in OPTIONS.values():
         env = f" [env {opt.env}]" if opt.env else ""
         if opt.switch:
@@ -201,6 +212,17 @@ def resolve(
             shown = "<hidden>" if opt.secret else repr(raw)
             raise pytest.UsageError(f"{source}: bad value {shown}: {exc}") from None
     return Resolved(opt.default, "default")
+
+
+def server_profile_paths(config: pytest.Config) -> Resolved[list[str]]:
+    """``--server-profile`` (repeatable) over the ini key ``kimi_server_profile`` (paths, rootdir-relative)."""
+    given = config.getoption("server_profile")
+    if given:
+        return Resolved(list(given), "--server-profile")
+    ini = config.getini("kimi_server_profile")
+    if ini:
+        return Resolved(list(ini), "ini kimi_server_profile")
+    return Resolved([], "default")
 
 
 def resolve_all(config: pytest.Config) -> dict[str, Resolved[Any]]:

@@ -66,7 +66,7 @@ def test_slowed_server_is_a_regression_with_the_deploy_change_named(pytester: py
         [
             "*throughput regression beyond noise:*",
             "*C=1 regression: regression -*% (90% CI*",
-            "*changed since baseline: sim.slowdown: 1.0 -> 1.5*",
+            "*changed*: sim.slowdown: 1.0 -> 1.5*",
         ]
     )
     levels = _levels(report)

@@ -179,7 +179,7 @@ async def test_stall_mid_stream_is_bounded(server: tuple[str, Stats], client: Lo
     rec = await stream_request(client.session, Target(url), body(mode="stall"), index=0, worker=0, scheduled=0, timeout_s=0.3)
     took = time.perf_counter() - t0
     assert rec.error == "stalled: no data for 0.3s" and rec.status == 200 and rec.events == 1
-    assert 0.25 < took < 2.0
+    assert 0.25 < took < 3.0
 
 
 @pytest.mark.asyncio
@@ -188,7 +188,7 @@ async def test_stall_before_headers(server: tuple[str, Stats], client: LoadClien
     t0 = time.perf_counter()
     rec = await stream_request(client.session, Target(url), body(mode="stall_headers"), index=0, worker=0, scheduled=0, timeout_s=0.3)
     assert rec.error is not None and rec.error.startswith("stalled: no data for 0.3s") and rec.status == 0
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 3.0
 
 
 @pytest.mark.asyncio
@@ -248,7 +248,7 @@ async def test_server_down(client: LoadClient) -> None:
     target = Target(url, headers={"Authorization": f"Bearer {SECRET}"})
     t0 = time.perf_counter()
     tr = await client.run_trial(target, TrialPlan(concurrency=8, bodies=[body()], requests=10_000, timeout_s=5, max_failures=20))
-    assert time.perf_counter() - t0 < 3.0
+    assert time.perf_counter() - t0 < 5.0
     assert 20 <= len(tr.records) < 20 + 8  # stopped; at most one extra per worker
     assert tr.stopped_early is not None and tr.stopped_early.startswith("max_failures reached")
     err = tr.records[0].error
@@ -272,17 +272,19 @@ async def test_api_key_sent_but_never_in_errors(server: tuple[str, Stats], clien
 async def test_closed_loop_keeps_c_in_flight(server: tuple[str, Stats], client: LoadClient) -> None:
     url, stats = server
     C = 16
-    plan = TrialPlan(concurrency=C, bodies=[body(max_tokens=3, delay=0.01, eof_delay=0.005), body(max_tokens=2, delay=0.01)], requests=96, timeout_s=5, warmup=5)
+    plan = TrialPlan(concurrency=C, bodies=[body(max_tokens=5, delay=0.02, eof_delay=0.005), body(max_tokens=4, delay=0.02)], requests=96, timeout_s=5, warmup=5)
     tr = await client.run_trial(Target(url), plan)
     assert len(tr.records) == 96 and [r.index for r in tr.records] == list(range(96))
     assert all(r.ok for r in tr.records), {r.error for r in tr.records}
     assert len(tr.warmup_records) == 5 and stats.requests == 101
     # bodies cycled in order: even indices got 3 tokens, odd ones 2
-    assert [r.completion_tokens for r in tr.records[:4]] == [3, 2, 3, 2]
+    assert [r.completion_tokens for r in tr.records[:4]] == [5, 4, 5, 4]
     assert stats.max_inflight == C
     assert len(stats.peers) <= C + 1  # connections are reused, not one per request
     trial_arrivals = stats.at_arrival[5:]
-    assert sum(trial_arrivals[C:]) / len(trial_arrivals[C:]) > C - 1.5  # a new one arrives as one ends
+    # a new request arrives as soon as one ends: ~C in flight at each arrival (the gap is the
+    # client's turnaround, small against the ~100 ms streams even on a loaded machine)
+    assert sum(trial_arrivals[C:]) / len(trial_arrivals[C:]) > 0.8 * C
     # client side: each worker runs its requests strictly one after another
     by_worker: dict[int, list[Any]] = {}
     for r in tr.records:
@@ -294,7 +296,9 @@ async def test_closed_loop_keeps_c_in_flight(server: tuple[str, Stats], client: 
             assert a.end <= b.scheduled <= b.sent
     assert tr.started <= min(r.sent for r in tr.records) and tr.ended >= max(r.end for r in tr.records)
     assert tr.loop_lag_max_s >= tr.loop_lag_p99_s >= 0 and tr.lag_samples > 0
-    assert tr.client_cpu_s > 0 and tr.send_delay_p99_s >= 0 and tr.stopped_early is None
+    assert tr.client_cpu_s > 0 and tr.stopped_early is None
+    # closed loop: a free worker sends at once; the staggered start is reported on its own
+    assert 0 <= tr.send_delay_p99_s < 0.02 and 0 <= tr.start_spread_s < 1.0
 
 
 @pytest.mark.asyncio
@@ -315,8 +319,8 @@ async def test_duration_stops_new_requests(server: tuple[str, Stats], client: Lo
     t0 = time.perf_counter()
     tr = await client.run_trial(Target(url), TrialPlan(concurrency=4, bodies=[body(max_tokens=2, delay=0.02)], duration_s=0.3, timeout_s=5))
     took = time.perf_counter() - t0
-    assert 0.3 <= took < 1.0 and 8 <= len(tr.records) and all(r.ok for r in tr.records)
-    assert max(r.sent for r in tr.records) < tr.started + 0.3 + 0.01
+    assert 0.3 <= took < 2.0 and 8 <= len(tr.records) and all(r.ok for r in tr.records)
+    assert max(r.sent for r in tr.records) < tr.started + 0.3 + 0.05
 
 
 @pytest.mark.asyncio
@@ -332,7 +336,7 @@ async def test_stalls_in_a_trial_are_bounded(server: tuple[str, Stats], client: 
     url, _ = server
     t0 = time.perf_counter()
     tr = await client.run_trial(Target(url), TrialPlan(concurrency=4, bodies=[body(mode="stall")], requests=8, timeout_s=0.25))
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 3.0
     assert len(tr.records) == 8 and all(r.error == "stalled: no data for 0.25s" for r in tr.records)
 
 

@@ -80,7 +80,12 @@ class TrialRecords:
     ready callback.  Idle baseline is ~0.1-1 ms (epoll's millisecond timeout)."""
     loop_lag_p99_s: float = 0.0
     send_delay_p99_s: float = 0.0
-    """p99 of ``sent - scheduled``."""
+    """p99 of ``sent - scheduled``: how long a free worker took to get its request out.  In a
+    closed loop this is near zero by construction (the worker sends in the same step in which
+    it becomes free); event-loop lag is the saturation signal there."""
+    start_spread_s: float = 0.0
+    """From the trial start to the last worker's first send: C requests cannot leave one loop
+    at the same instant (~0.5 ms each on a slow core with a new connection)."""
     client_cpu_s: float = 0.0
     """``time.process_time()`` delta over the trial: the whole process, not only the client."""
     stopped_early: str | None = None
@@ -94,6 +99,14 @@ def _p99(values: list[float]) -> float:
         return 0.0
     values.sort()
     return values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)]
+
+
+def _start_spread(records: list[RequestRecord], started: float) -> float:
+    first: dict[int, float] = {}
+    for r in records:
+        if r.sent and (r.worker not in first or r.sent < first[r.worker]):
+            first[r.worker] = r.sent
+    return max(first.values()) - started if first else 0.0
 
 
 def raise_nofile_limit(needed: int) -> int:
@@ -213,12 +226,15 @@ class LoadClient:
         append = records.append
 
         async def worker(w: int) -> None:
-            scheduled = started
             while not stop:
+                # Due now: the worker is free (its previous stream, including the end of the
+                # HTTP body, is done).  Not the trial start for the first request: workers
+                # start one after another, and that start-up spread is reported separately.
+                scheduled = perf_counter()
                 i = state["next"]
                 if requests is not None and i >= requests:
                     return
-                if deadline is not None and perf_counter() >= deadline:
+                if deadline is not None and scheduled >= deadline:
                     return
                 state["next"] = i + 1
                 rec = await stream_request(
@@ -233,7 +249,6 @@ class LoadClient:
                             f"max_failures reached: {state['failures']} requests failed "
                             f"(last: {rec.error[:160]})"
                         )
-                scheduled = rec.end
 
         n_workers = concurrency if requests is None else max(0, min(concurrency, requests))
         tasks = [asyncio.ensure_future(worker(w)) for w in range(n_workers)]
@@ -281,6 +296,7 @@ class LoadClient:
             loop_lag_max_s=max(lags, default=0.0),
             loop_lag_p99_s=_p99(lags),
             send_delay_p99_s=_p99([r.sent - r.scheduled for r in records if r.sent]),
+            start_spread_s=_start_spread(records, started),
             client_cpu_s=cpu,
             stopped_early=stopped,
             warmup_records=warm,

@@ -68,8 +68,9 @@ def format_table(levels: Sequence[dict[str, Any]], columns: Sequence[Column] = C
 
 def format_test(test: dict[str, Any]) -> list[str]:
     w = test.get("workload", {})
+    where = f" on {test['profile']}" if test.get("profile") else ""
     title = (
-        f"{test['nodeid']} [{test.get('outcome', '?')}] "
+        f"{test['nodeid']}{where} [{test.get('outcome', '?')}] "
         f"max_tokens={w.get('max_tokens')} prompts={w.get('prompts')} api={w.get('api')}"
     )
     lines = [title, *("  " + line for line in format_table(test.get("levels", [])))]
@@ -77,5 +78,6 @@ def format_test(test: dict[str, Any]) -> list[str]:
         lines.append("  " + test["baseline_note"])
     changes = test.get("provenance_changes")
     if changes:
-        lines.append("  changed since baseline: " + "; ".join(changes))
+        against = f"vs {test['compared_with']}" if test.get("compared_with") else "since baseline"
+        lines.append(f"  changed {against}: " + "; ".join(changes))
     return lines

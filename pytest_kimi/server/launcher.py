@@ -677,6 +677,8 @@ class ManagedServer(_ServerBase):
         if self._started_at is not None:
             raise ServerError(f"{self._describe()}: already started (a ManagedServer is "
                               f"single-use; create a new one to restart)")
+        if self._stop_requested:
+            raise ServerError(f"{self._describe()}: stop() was called before start()")
         pinned = self.profile.args.get("port")
         self.port = int(pinned) if pinned else (self._port_request or _free_port())
         self.url = f"http://{_connect_host(self.host)}:{self.port}"
@@ -774,6 +776,8 @@ class ExternalServer(_ServerBase):
         """Run ``start:`` (if any) in its own process group; returns at once."""
         if self._started_at is not None:
             raise ServerError(f"{self._describe()}: already started")
+        if self._stop_requested:
+            raise ServerError(f"{self._describe()}: stop() was called before start()")
         self._open_log([f"start: {self.profile.start or '(none)'}",
                         f"stop: {self.profile.stop or '(none)'}", self._env_summary()])
         self._started_at = time.monotonic()
@@ -810,23 +814,31 @@ class ExternalServer(_ServerBase):
 
     def _stop_impl(self) -> None:
         self._stopped_by_us = True
-        if self.profile.stop:
-            self._append_log(f"# pytest-kimi: running stop command: {self.profile.stop}")
-            try:
-                group = _Group(self._spawn(["/bin/sh", "-c", self.profile.stop]))
-            except OSError as exc:
-                self._append_log(f"# pytest-kimi: cannot run stop command: {exc}")
-            else:
-                deadline = time.monotonic() + self.profile.stop_timeout_s
-                while time.monotonic() < deadline and group.exit_code() is None:
-                    time.sleep(TICK_S)
-                if group.exit_code() is None:
-                    self._append_log(f"# pytest-kimi: stop command still running after "
-                                     f"{self.profile.stop_timeout_s:g} s; killing it")
-                code = group.terminate(1.0)
-                self._append_log(f"# pytest-kimi: stop command exited with code {code}")
-        if self._group is not None and not self._group.reaped:
-            self._group.terminate(self.profile.stop_timeout_s)
+        try:
+            if self.profile.stop:
+                self._run_stop_command(self.profile.stop)
+        finally:
+            # Even after a Ctrl-C during stop:, nothing start: left in its group survives.
+            if self._group is not None and not self._group.reaped:
+                self._group.terminate(self.profile.stop_timeout_s)
+
+    def _run_stop_command(self, command: str) -> None:
+        self._append_log(f"# pytest-kimi: running stop command: {command}")
+        try:
+            group = _Group(self._spawn(["/bin/sh", "-c", command]))
+        except OSError as exc:
+            self._append_log(f"# pytest-kimi: cannot run stop command: {exc}")
+            return
+        try:
+            deadline = time.monotonic() + self.profile.stop_timeout_s
+            while time.monotonic() < deadline and group.exit_code() is None:
+                time.sleep(TICK_S)
+            if group.exit_code() is None:
+                self._append_log(f"# pytest-kimi: stop command still running after "
+                                 f"{self.profile.stop_timeout_s:g} s; killing it")
+        finally:
+            code = group.terminate(1.0)
+        self._append_log(f"# pytest-kimi: stop command exited with code {code}")
 
     def alive(self) -> bool:
         """Whether the server answers at ``url`` (``/v1/models``: liveness, not readiness;

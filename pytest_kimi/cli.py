@@ -1,0 +1,484 @@
+"""``kimi-perf``: the offline side of pytest-kimi, for the moments no test session is running.
+
+* ``sim``        run the simulator in the foreground (to develop a suite without GPUs);
+* ``baselines``  what the stored targets are, and who recorded them when (review aid);
+* ``compare``    the regression statistics between two saved ``--perf-json`` reports, e.g. a
+                 run from before and after a deploy whose baselines were never recorded, or
+                 two deployments measured on different days;
+* ``plot``       the HTML page and PNGs of a saved report (CI machines often lack matplotlib).
+
+Exit codes: 0 fine, 1 the answer is "bad" (a regression; a corrupt baseline file), 2 the
+command could not do its job (missing or malformed input, bad option, missing extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from .report.markdown import test_title
+
+EXIT_OK = 0
+EXIT_BAD = 1
+EXIT_ERROR = 2
+
+PROG = "kimi-perf"
+UNCOMPARABLE_VERDICTS = frozenset({"invalid", "error", "not-run"})
+"""A level with one of these verdicts has no trustworthy samples: never compared offline."""
+
+
+class CliError(Exception):
+    """A problem with the input that the user fixes (message printed as one line, exit 2)."""
+
+
+# ----------------------------------------------------------------------------------- reports
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    """Read a ``--perf-json`` report, or raise :class:`CliError` saying what is wrong with it."""
+    from .report.json_report import SCHEMA_VERSION
+
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CliError(f"{path}: is a directory, expected a --perf-json report") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"{path}: cannot read: {exc}") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tests"), list) or "schema" not in data:
+        raise CliError(f"{path}: not a pytest-kimi report (expected an object with 'schema' and a "
+                       "'tests' list, as written by --perf-json)")
+    if data["schema"] != SCHEMA_VERSION:
+        raise CliError(f"{path}: report schema {data['schema']!r}; this kimi-perf reads schema "
+                       f"{SCHEMA_VERSION}")
+    for i, test in enumerate(data["tests"]):
+        if not isinstance(test, dict) or not isinstance(test.get("nodeid"), str) \
+                or not isinstance(test.get("levels", []), list):
+            raise CliError(f"{path}: tests[{i}] is not a test entry (needs a 'nodeid' and a 'levels' list)")
+        for j, level in enumerate(test.get("levels", [])):
+            if not isinstance(level, dict) or "concurrency" not in level:
+                raise CliError(f"{path}: tests[{i}].levels[{j}] has no 'concurrency'")
+    return data
+
+
+# ----------------------------------------------------------------------------------- compare
+
+
+def level_match_key(test: Mapping[str, Any], level: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Identity of a level across reports: its test's workload, its own max_tokens and
+    concurrency, and its deployment profile when it has one.
+
+    Same rule as the baseline store: a level at another concurrency or output length is never
+    a stand-in, however close.  Values are compared as JSON text so ``8`` and ``8.0`` match.
+    """
+    key: dict[str, Any] = {k: v for k, v in (test.get("workload") or {}).items() if v is not None}
+    key["concurrency"] = level.get("concurrency")
+    if level.get("max_tokens") is not None:
+        key["max_tokens"] = level["max_tokens"]
+    if level.get("profile") is not None:
+        key["profile"] = level["profile"]
+    def canon(v: Any) -> str:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return repr(float(v))
+        return json.dumps(v, sort_keys=True)
+    return tuple(sorted((k, canon(v)) for k, v in key.items()))
+
+
+def _samples(level: Mapping[str, Any]) -> list[float]:
+    values = level.get("trials_tok_s") or []
+    out = []
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            out.append(float(v))
+    return out
+
+
+def _pct(ratio: float) -> float | None:
+    return round((ratio - 1.0) * 100.0, 2) if math.isfinite(ratio) and ratio > 0 else None
+
+
+def _fmt_pct(value: float | None) -> str:
+    return "?" if value is None else f"{value:+.1f}%"
+
+
+@dataclass(slots=True)
+class Comparison:
+    """The offline comparison, shaped as a report so every renderer can show it."""
+
+    report: dict[str, Any]
+    regressions: list[str] = field(default_factory=list)
+    """``nodeid C=N`` of every regressed level."""
+    only_old: list[str] = field(default_factory=list)
+    only_new: list[str] = field(default_factory=list)
+    """Tests or levels present in only one of the reports."""
+
+
+def compare_reports(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    *,
+    tolerance: float,
+    alpha: float,
+    session_sigma: float,
+    old_name: str = "OLD",
+    new_name: str = "NEW",
+) -> Comparison:
+    """Compare every level of ``new`` with the same level of ``old``.
+
+    ``old`` plays the baseline: its ``trials_tok_s`` are the baseline samples.  Holm runs over
+    the compared levels of each test, as in a live run.  The result is a report dict: NEW's
+    levels with the baseline fields and verdict replaced by this comparison, so ``render_*``
+    and the terminal table need no special case.
+    """
+    from . import stats
+    from .baseline import Provenance, provenance_diff
+
+    old_ep, new_ep = old.get("endpoint") or {}, new.get("endpoint") or {}
+    changes = [str(c) for c in provenance_diff(
+        Provenance(model=old_ep.get("model"), server_info=old_ep.get("server_info") or {},
+                   plugin_version=old.get("plugin_version")),
+        Provenance(model=new_ep.get("model"), server_info=new_ep.get("server_info") or {},
+                   plugin_version=new.get("plugin_version")),
+    )]
+    old_tests = {test_title(t): t for t in old.get("tests", [])}
+    new_ids = {test_title(t) for t in new.get("tests", [])}
+    result = Comparison(report={})
+    out_tests: list[dict[str, Any]] = []
+    for test in new.get("tests", []):
+        nodeid = test_title(test)
+        before = old_tests.get(nodeid)
+        if before is None:
+            result.only_new.append(nodeid)
+            continue
+        old_levels = {level_match_key(before, lv): lv for lv in before.get("levels", [])}
+        levels: list[dict[str, Any]] = []
+        pending: list[tuple[dict[str, Any], list[float], list[float]]] = []
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        for lv in test.get("levels", []):
+            key = level_match_key(test, lv)
+            seen.add(key)
+            row = {k: v for k, v in lv.items() if k not in _COMPARISON_FIELDS}
+            row.update(baseline_tok_s=None, baseline_trials=None, change_pct=None, ci90=None,
+                       p_value=None, reasons=[], errors=list(lv.get("errors") or []))
+            levels.append(row)
+            match = old_levels.get(key)
+            label = _label(lv, test)
+            if match is None:
+                row["verdict"] = "no-baseline"
+                row["reasons"].append(f"no level with this workload in {old_name}")
+                result.only_new.append(f"{nodeid} {label}")
+                continue
+            bad = next((f"{name} level is {side.get('verdict')}" for name, side in
+                        ((old_name, match), (new_name, lv))
+                        if side.get("verdict") in UNCOMPARABLE_VERDICTS), None)
+            base, cur = _samples(match), _samples(lv)
+            if bad is None and (not base or not cur):
+                bad = f"{old_name if not base else new_name} level has no trial samples"
+            if bad is not None:
+                row["verdict"] = "not-run"
+                row["reasons"].append(f"not compared: {bad}")
+                continue
+            pending.append((row, base, cur))
+        for key, lv in old_levels.items():
+            if key not in seen:
+                result.only_old.append(f"{nodeid} {_label(lv, test)}")
+        if pending:
+            comparisons = stats.compare_test(
+                [(b, c) for _, b, c in pending], tolerance=tolerance, alpha=alpha,
+                session_sigma=session_sigma)
+            for (row, base, _), cmp in zip(pending, comparisons):
+                _apply(row, base, cmp, tolerance, alpha, changes)
+                if row["verdict"] == "regression":
+                    result.regressions.append(f"{nodeid} {_label(row, test)}")
+        regressed = any(r["verdict"] == "regression" for r in levels)
+        out = {k: v for k, v in test.items() if k not in ("levels", "baseline_note", "compared_with")}
+        # provenance changes are one list for the whole comparison: said once, in the notes
+        out.update(levels=levels, outcome="failed" if regressed else "passed",
+                   provenance_changes=[], baseline_profile=None, baseline_file=None)
+        missing = [_label(lv, test) for k, lv in old_levels.items() if k not in seen]
+        if missing:
+            out["baseline_note"] = f"levels only in {old_name}: " + ", ".join(missing)
+        out_tests.append(out)
+    result.only_old[:0] = [t for t in old_tests if t not in new_ids]
+    notes = [f"Offline comparison: {new_name} against {old_name} as the baseline "
+             f"(tolerance {tolerance * 100:g}%, alpha {alpha:g}, session sigma {session_sigma:g})."]
+    if changes:
+        notes.append("changed between the reports: " + "; ".join(changes))
+    only_old_tests = [t for t in old_tests if t not in new_ids]
+    only_new_tests = [n for n in (test_title(t) for t in new.get("tests", [])) if n not in old_tests]
+    if only_old_tests:
+        notes.append(f"tests only in {old_name}: " + ", ".join(only_old_tests))
+    if only_new_tests:
+        notes.append(f"tests only in {new_name}: " + ", ".join(only_new_tests))
+    result.report = {
+        "schema": new.get("schema"),
+        "plugin_version": new.get("plugin_version"),
+        "endpoint": new_ep,
+        "title": "kimi-perf compare",
+        "notes": notes,
+        "tests": out_tests,
+    }
+    return result
+
+
+_COMPARISON_FIELDS = frozenset({
+    "baseline_tok_s", "baseline_trials", "baseline_trials_tok_s", "change_pct", "ci90", "p_value",
+    "min_detectable_drop_pct", "tolerance_pct", "reasons", "errors",
+})
+
+
+def _label(level: Mapping[str, Any], test: Mapping[str, Any] | None = None) -> str:
+    """``C=8``, with the level's deployment unless the test entry already names it."""
+    label = f"C={level.get('concurrency')}"
+    profile = level.get("profile")
+    if profile is None or (test is not None and test.get("profile") == profile):
+        return label
+    return f"{profile} {label}"
+
+
+def _apply(row: dict[str, Any], base: list[float], cmp: Any, tolerance: float, alpha: float,
+           changes: list[str]) -> None:
+    lo, hi = cmp.ci90
+    change = _pct(cmp.ratio)
+    mdd = cmp.min_detectable_drop * 100 if math.isfinite(cmp.min_detectable_drop) else None
+    row.update(
+        baseline_tok_s=round(cmp.baseline_median, 2),
+        baseline_trials=len(base),
+        baseline_trials_tok_s=list(base),
+        change_pct=change,
+        ci90=[_pct(lo), _pct(hi)],
+        p_value=round(cmp.p_regression, 6) if math.isfinite(cmp.p_regression) else None,
+        min_detectable_drop_pct=round(mdd, 2) if mdd is not None else None,
+        tolerance_pct=round(tolerance * 100, 2),
+        verdict=cmp.verdict.value,
+    )
+    text = f"{_fmt_pct(change)} (90% CI {_fmt_pct(_pct(lo))} .. {_fmt_pct(_pct(hi))})"
+    reason = {
+        "regression": f"regression {text}, p={cmp.p_regression:.3g} vs {cmp.baseline_median:.1f} tok/s"
+        + (f"; changed between the reports: {'; '.join(changes)}" if changes else ""),
+        "improved": f"improved {text}",
+        "underpowered": f"underpowered: smallest detectable drop {mdd or 100:.1f}% > tolerance "
+        f"{tolerance * 100:g}%",
+        "inconclusive": f"inconclusive {text} at alpha {alpha:g}",
+    }.get(cmp.verdict.value)
+    if reason:
+        row["reasons"].append(reason)
+
+
+def _print_comparison(cmp: Comparison, old_path: Path, new_path: Path) -> None:
+    from .report.terminal import COLUMNS, format_table
+
+    base = dict(COLUMNS)
+    columns = [
+        ("C", base["C"]),
+        ("baseline", base["baseline"]),
+        ("tok/s", base["tok/s"]),
+        ("change (90% CI)", base["change (90% CI)"]),
+        ("p", base["p"]),
+        ("trials", base["trials"]),
+        ("base trials", lambda lv: str(lv.get("baseline_trials") or "-")),
+        ("verdict", base["verdict"]),
+    ]
+    if any(lv.get("profile") is not None for t in cmp.report["tests"] for lv in t["levels"]):
+        columns.insert(0, ("profile", lambda lv: str(lv.get("profile") or "-")))
+    print(f"{PROG} compare: {new_path} against {old_path} (baseline)")
+    for note in cmp.report["notes"][1:]:
+        print(f"  {note}")
+    for test in cmp.report["tests"]:
+        print()
+        print(f"{test_title(test)} [{'REGRESSION' if test['outcome'] == 'failed' else 'ok'}]")
+        for line in format_table(test["levels"], columns):
+            print("  " + line)
+        if test.get("baseline_note"):
+            print("  " + test["baseline_note"])
+    for item in cmp.only_old:
+        print(f"only in {old_path}: {item}")
+    for item in cmp.only_new:
+        print(f"only in {new_path}: {item}")
+    print()
+    if cmp.regressions:
+        print(f"{len(cmp.regressions)} regression{'s' if len(cmp.regressions) != 1 else ''}: "
+              + ", ".join(cmp.regressions))
+    else:
+        print("no regressions")
+
+
+def cmd_compare(ns: argparse.Namespace) -> int:
+    old, new = load_report(Path(ns.old)), load_report(Path(ns.new))
+    try:
+        cmp = compare_reports(old, new, tolerance=ns.tolerance, alpha=ns.alpha,
+                              session_sigma=ns.session_sigma, old_name=Path(ns.old).name,
+                              new_name=Path(ns.new).name)
+    except ValueError as exc:  # bad tolerance / alpha / sigma, from stats
+        raise CliError(str(exc)) from None
+    _print_comparison(cmp, Path(ns.old), Path(ns.new))
+    if ns.markdown:
+        from .report.markdown import render_markdown
+
+        path = Path(ns.markdown)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render_markdown(cmp.report), encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"{path}: cannot write: {exc}") from None
+        print(f"markdown: {path}")
+    return EXIT_BAD if cmp.regressions else EXIT_OK
+
+
+# --------------------------------------------------------------------------------- baselines
+
+
+def _profiles(root: Path, only: str | None) -> list[str]:
+    if only is not None:
+        return [only]
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def cmd_baselines(ns: argparse.Namespace) -> int:
+    from .baseline import BaselineError, BaselineStore, loads
+
+    root = Path(ns.dir)
+    if not root.is_dir():
+        raise CliError(f"{root}: no such baseline directory (record some with "
+                       "pytest --update-baselines, or pass the directory)")
+    try:
+        stores = [BaselineStore(root, name) for name in _profiles(root, ns.profile)]
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    shown = broken = 0
+    for store in stores:
+        if not store.directory.is_dir():
+            print(f"[{store.profile}] no baselines in {store.directory}")
+            continue
+        # Read file by file (not iter_all) so one corrupt file does not hide the others.
+        for path in sorted(store.directory.rglob("*.yaml")):
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            try:
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except UnicodeDecodeError as exc:
+                    raise BaselineError(path, f"not UTF-8 text ({exc.reason})") from None
+                baseline = loads(text, source=path)
+                if baseline.profile != store.profile:
+                    raise BaselineError(path, f"profile is {baseline.profile!r} but the file is "
+                                              f"in profile {store.profile!r}")
+            except BaselineError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                broken += 1
+                continue
+            shown += 1
+            print(f"[{baseline.profile}] {baseline.test}  ({path})")
+            prov = baseline.provenance
+            print(f"  model {prov.model or '?'}, recorded {prov.recorded_at or '?'}, "
+                  f"commit {(prov.git_commit or '?')[:12]}, plugin {prov.plugin_version or '?'}")
+            workloads = [lv.workload for lv in baseline.levels]
+            varying = sorted({k for w in workloads for k in w.keys()
+                              if len({json.dumps(x.get(k), default=str) for x in workloads}) > 1})
+            labels = [lv.workload.label(varying) for lv in baseline.levels]
+            width = max((len(lb) for lb in labels), default=0)
+            for label, lv in zip(labels, baseline.levels):
+                n = len(lv.trials_tok_s)
+                print(f"  {label.ljust(width)}  {lv.tok_s:>10.1f} tok/s  {n} trial{'s' if n != 1 else ''}")
+    print(f"{shown} baseline file{'s' if shown != 1 else ''} in {root}"
+          + (f", {broken} unreadable" if broken else ""))
+    return EXIT_BAD if broken else EXIT_OK
+
+
+# -------------------------------------------------------------------------------------- plot
+
+
+def cmd_plot(ns: argparse.Namespace) -> int:
+    from .report.html import write_html
+    from .report.plots import PlotUnavailable
+
+    report = load_report(Path(ns.report))
+    try:
+        index = write_html(report, Path(ns.out))
+    except PlotUnavailable as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"{ns.out}: cannot write: {exc}") from None
+    print(f"wrote {index}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------- sim
+
+
+def cmd_sim(argv: Sequence[str]) -> int:
+    """Hand the rest of the command line to the simulator's own parser, so its flags (one per
+    profile knob) and its ``--help`` never drift from what ``python -m pytest_kimi.sim`` takes."""
+    from .sim.__main__ import main as sim_main
+
+    return sim_main(list(argv))
+
+
+# -------------------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .stats import DEFAULT_ALPHA, DEFAULT_SESSION_SIGMA, DEFAULT_TOLERANCE
+
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="pytest-kimi offline tools: simulator, baselines, report comparison, plots.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    sub.add_parser("sim", add_help=False,
+                   help="run the simulator in the foreground (flags: see 'kimi-perf sim --help')")
+
+    p = sub.add_parser("baselines", help="list stored baselines with their provenance")
+    p.add_argument("dir", nargs="?", default="baselines", metavar="DIR",
+                   help="baseline root directory (default: ./baselines)")
+    p.add_argument("--profile", default=None, help="only this profile (default: all)")
+    p.set_defaults(func=cmd_baselines)
+
+    p = sub.add_parser("compare", help="regression statistics between two --perf-json reports",
+                       description="Compare NEW against OLD (OLD plays the baseline). "
+                                   "Exit 1 when any level regressed.")
+    p.add_argument("old", metavar="OLD.json")
+    p.add_argument("new", metavar="NEW.json")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help=f"allowed drop as a fraction (default {DEFAULT_TOLERANCE})")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                   help=f"false-alarm rate per test (default {DEFAULT_ALPHA})")
+    p.add_argument("--session-sigma", type=float, default=DEFAULT_SESSION_SIGMA,
+                   help="between-session noise, std of the log ratio (default "
+                        f"{DEFAULT_SESSION_SIGMA}; 0 for an interleaved A/B on one machine)")
+    p.add_argument("--markdown", metavar="PATH", help="also write the comparison as Markdown")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("plot", help="write the HTML report and PNG figures of a --perf-json report")
+    p.add_argument("report", metavar="REPORT.json")
+    p.add_argument("--out", default="perf-html", metavar="DIR",
+                   help="output directory (default: ./perf-html)")
+    p.set_defaults(func=cmd_plot)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "sim":
+        return cmd_sim(args[1:])
+    parser = build_parser()
+    ns = parser.parse_args(args)  # exits 2 with usage on bad arguments, like any CLI
+    func: Callable[[argparse.Namespace], int] = ns.func
+    try:
+        return func(ns)
+    except CliError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""``--perf-markdown``: the run summary people read on a CI job page or in a PR comment.
+
+It reads the ``--perf-json`` shape (never measures) so the same text can be produced live by
+the plugin, offline from a saved report, or from an offline ``kimi-perf compare``.  The column
+model (:func:`summary_columns`) is shared with the HTML report, so both always show the same
+figures.
+
+GitHub renders Markdown tables and also raw HTML, which is why every cell goes through
+:func:`cell` (a ``|`` would split the row; a ``<`` could open a tag and swallow text such as
+``<absent>``), and why the failing verdicts are marked with bold capitals instead of colour or
+emoji: the marker survives plain-text logs, e-mail notifications and screen readers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+BASE_FAILING_VERDICTS: frozenset[str] = frozenset({"fail", "invalid", "error", "regression"})
+"""Verdicts that fail a run whatever the flags (mirrors ``gate.BASE_FAILING``; kept here so
+report code does not import the measuring side)."""
+
+WARNING_VERDICTS: frozenset[str] = frozenset({"inconclusive", "underpowered", "no-baseline"})
+"""Verdicts that pass by default but fail with ``--perf-strict`` / ``--perf-require-baseline``."""
+
+VERDICT_HELP: dict[str, str] = {
+    "pass": "throughput within tolerance of the baseline (or above the target)",
+    "improved": "significantly faster than the baseline: update it so the slack cannot hide a later regression",
+    "regression": "significantly slower than the baseline beyond the tolerance",
+    "fail": "below the absolute target (min tok/s)",
+    "invalid": "the measurement cannot be trusted (client overloaded, too few requests, ...)",
+    "error": "the level could not be measured (requests failed, endpoint down)",
+    "not-run": "skipped because an earlier level of the test errored",
+    "inconclusive": "neither within tolerance nor a significant regression",
+    "underpowered": "too noisy / too few trials to detect a drop of the tolerance",
+    "no-baseline": "nothing recorded to compare with (record with --update-baselines)",
+}
+
+MAX_ERRORS_SHOWN = 5
+"""A level that failed every request has hundreds of near-identical errors; the summary shows
+a few, the JSON report keeps them all."""
+
+LEGEND = (
+    "Verdicts that fail a run: **FAIL**, **INVALID**, **ERROR**, **REGRESSION**; "
+    "also *no-baseline* with `--perf-require-baseline`, and *inconclusive* / *underpowered* "
+    "with `--perf-strict`. Change is current vs baseline median with its 90% confidence "
+    "interval; p is the Holm-adjusted p-value of the regression test."
+)
+
+
+# ------------------------------------------------------------------------------------ escaping
+
+
+def cell(text: str) -> str:
+    """One Markdown table cell: pipes escaped, no line breaks, no HTML tags."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace("\r", " ").replace("\n", " ")
+
+
+def text(value: str) -> str:
+    """Free Markdown text (list items, paragraphs): only ``<`` can do harm there."""
+    return value.replace("<", "&lt;").replace("\r", " ").replace("\n", " ")
+
+
+def code(value: str) -> str:
+    """An inline code span that survives backticks inside ``value`` (CommonMark rule)."""
+    fence = "`"
+    while fence in value:
+        fence += "`"
+    pad = " " if value.startswith("`") or value.endswith("`") else ""
+    return f"{fence}{pad}{value}{pad}{fence}"
+
+
+def marker(verdict: str, failing: Iterable[str] = BASE_FAILING_VERDICTS) -> str:
+    """``**REGRESSION**`` for verdicts that fail the run, ``*underpowered*`` for warnings."""
+    if verdict in set(failing):
+        return f"**{verdict.upper()}**"
+    if verdict in WARNING_VERDICTS:
+        return f"*{verdict}*"
+    return verdict
+
+
+# ------------------------------------------------------------------------------- column model
+
+
+def _num(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _current(level: Mapping[str, Any]) -> str:
+    tok_s = level.get("tok_s")
+    if tok_s is None:
+        return "-"
+    spread = level.get("spread_pct")
+    return f"{tok_s:.1f}" + (f" ±{spread / 2:.1f}%" if spread is not None else "")
+
+
+def _change(level: Mapping[str, Any]) -> str:
+    change = level.get("change_pct")
+    if change is None:
+        return "-"
+    ci = level.get("ci90") or [None, None]
+    lo, hi = ("?" if x is None else f"{x:+.1f}%" for x in ci)
+    return f"{change:+.1f}% ({lo} .. {hi})"
+
+
+def _trials(level: Mapping[str, Any]) -> str:
+    base = level.get("baseline_trials")
+    if isinstance(base, list):  # a report that carries the samples themselves
+        base = len(base)
+    return f"{level.get('trials', 0)}" + (f" (base {base})" if base else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One table column: header, cell text (plain, unescaped) and alignment."""
+
+    header: str
+    value: Callable[[Mapping[str, Any]], str]
+    numeric: bool = True
+
+
+def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
+    """The per-level columns of the summary table.
+
+    Columns that would be all dashes are dropped (profile, max_tokens, target, failed
+    requests) so the common table stays narrow enough for a PR comment.
+    """
+    cols: list[Column] = []
+    if any(lv.get("profile") is not None for lv in levels):
+        cols.append(Column("profile", lambda lv: str(lv.get("profile") or "-"), numeric=False))
+    cols.append(Column("C", lambda lv: str(lv.get("concurrency", "?"))))
+    if len({lv.get("max_tokens") for lv in levels}) > 1:
+        cols.append(Column("max_tokens", lambda lv: _num(lv.get("max_tokens"), "d")))
+    cols += [
+        Column("baseline tok/s", lambda lv: _num(lv.get("baseline_tok_s"), ".1f")),
+        Column("current tok/s", _current),
+        Column("change (90% CI)", _change),
+        Column("p", lambda lv: _num(lv.get("p_value"), ".3g")),
+        Column("trials", _trials),
+    ]
+    if any(lv.get("target_tok_s") is not None for lv in levels):
+        cols.append(Column("target tok/s", lambda lv: _num(lv.get("target_tok_s"), "g")))
+    if any(lv.get("requests_failed") for lv in levels):
+        cols.append(Column("failed req", lambda lv: f"{lv.get('requests_failed', 0)}/"
+                                                    f"{lv.get('requests_ok', 0) + lv.get('requests_failed', 0)}"))
+    return cols
+
+
+def level_label(level: Mapping[str, Any], test: Mapping[str, Any] | None = None) -> str:
+    """``C=8`` or ``ep8 C=8``: how reasons name a level (no profile when the test entry is
+    already the one deployment's)."""
+    label = f"C={level.get('concurrency', '?')}"
+    profile = level.get("profile")
+    if profile is None or (test is not None and test.get("profile") == profile):
+        return label
+    return f"{profile} {label}"
+
+
+def test_title(test: Mapping[str, Any]) -> str:
+    """``nodeid``, or ``nodeid on <deployment>`` for the entries of a same-run A/B, where one
+    nodeid appears once per deployment (test-level ``profile``)."""
+    profile = test.get("profile")
+    return f"{test.get('nodeid', '?')} on {profile}" if profile else str(test.get("nodeid", "?"))
+
+
+def workload_text(workload: Mapping[str, Any]) -> str:
+    """``api=chat max_tokens=64 prompts=builtin:diverse ignore_eos=true`` (unset keys left out)."""
+    parts = []
+    for key, value in workload.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+# ------------------------------------------------------------------------------------ headline
+
+
+def outcome_counts(tests: Sequence[Mapping[str, Any]]) -> Counter[str]:
+    return Counter(str(t.get("outcome", "unknown")) for t in tests)
+
+
+def headline(report: Mapping[str, Any]) -> tuple[str, str]:
+    """(status word, one-line summary) shared with the HTML report."""
+    tests = report.get("tests") or []
+    counts = outcome_counts(tests)
+    bad = counts.get("failed", 0) + counts.get("error", 0)
+    status = "FAILED" if bad else ("PASSED" if tests else "NO TESTS")
+    order = ["passed", "failed", "error", "skipped"]
+    parts = [f"{counts.get(k, 0)} {k}" for k in order[:2]]
+    parts += [f"{counts[k]} {k}" for k in (*order[2:], *sorted(set(counts) - set(order))) if counts.get(k)]
+    n = len(tests)
+    return status, f"{n} test{'s' if n != 1 else ''}: " + ", ".join(parts)
+
+
+def verdict_counts(tests: Sequence[Mapping[str, Any]]) -> Counter[str]:
+    return Counter(str(lv.get("verdict", "?")) for t in tests for lv in t.get("levels") or [])
+
+
+# ------------------------------------------------------------------------------------- render
+
+
+def render_markdown(
+    report: Mapping[str, Any], *, failing_verdicts: Iterable[str] | None = None
+) -> str:
+    """The whole summary as GitHub-flavoured Markdown (ends with a newline).
+
+    ``failing_verdicts`` is the set the run was judged by (``GateSettings.failing_verdicts()``)
+    so that ``--perf-strict`` runs mark *underpowered* as failing; by default the base set.
+    Optional top-level ``title`` and ``notes`` keys (written by ``kimi-perf compare``) replace
+    the default title and add lines under the headline.
+    """
+    failing = frozenset(failing_verdicts) if failing_verdicts is not None else BASE_FAILING_VERDICTS
+    tests = list(report.get("tests") or [])
+    endpoint = report.get("endpoint") or {}
+    status, summary = headline(report)
+    title = report.get("title") or "pytest-kimi throughput"
+    out = [f"## {text(str(title))}: {status}", "", f"**{summary}**"]
+    where = []
+    if endpoint.get("url"):
+        where.append(f"endpoint {code(str(endpoint['url']))}")
+    if endpoint.get("model"):
+        where.append(f"model {code(str(endpoint['model']))}")
+    version = (endpoint.get("server_info") or {}).get("version")
+    if version:
+        where.append(f"server {code(str(version))}")
+    if report.get("plugin_version"):
+        where.append(f"pytest-kimi {text(str(report['plugin_version']))}")
+    if where:
+        out += ["", " · ".join(where)]
+    verdicts = verdict_counts(tests)
+    if verdicts:
+        out += ["", "Levels: " + ", ".join(
+            f"{n} {marker(v, failing)}" for v, n in sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0])))]
+    for note in report.get("notes") or []:
+        out += ["", text(str(note))]
+    for test in tests:
+        out += ["", *_render_test(test, failing)]
+    out += ["", "---", "", LEGEND, ""]
+    return "\n".join(out)
+
+
+def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
+    outcome = str(test.get("outcome", "?"))
+    shown = f"**{outcome.upper()}**" if outcome in ("failed", "error") else outcome
+    where = f" on {code(str(test['profile']))}" if test.get("profile") else ""
+    lines = [f"### {code(str(test.get('nodeid', '?')))}{where} {shown}"]
+    meta = []
+    workload = test.get("workload") or {}
+    if workload:
+        meta.append(f"workload: {code(workload_text(workload))}")
+    if test.get("compared_with"):
+        meta.append(f"compared with {text(str(test['compared_with']))}")
+    elif test.get("baseline_profile"):
+        meta.append(f"baseline profile {code(str(test['baseline_profile']))}")
+    if meta:
+        lines += ["", " · ".join(meta)]
+    levels = list(test.get("levels") or [])
+    if levels:
+        cols = summary_columns(levels)
+        lines += [
+            "",
+            "| " + " | ".join(cell(c.header) for c in cols) + " | verdict |",
+            "|" + "|".join("---:" if c.numeric else ":---" for c in cols) + "|:---|",
+        ]
+        for lv in levels:
+            cells = [cell(c.value(lv)) for c in cols]
+            lines.append("| " + " | ".join(cells) + f" | {cell(marker(str(lv.get('verdict', '?')), failing))} |")
+    else:
+        lines += ["", "_no levels measured_"]
+    notes: list[str] = []
+    for lv in levels:
+        for reason in lv.get("reasons") or []:
+            notes.append(f"- {level_label(lv, test)} {marker(str(lv.get('verdict', '?')), failing)}: {text(str(reason))}")
+        errors = list(lv.get("errors") or [])
+        for error in errors[:MAX_ERRORS_SHOWN]:
+            notes.append(f"- {level_label(lv, test)} error: {text(str(error))}")
+        if len(errors) > MAX_ERRORS_SHOWN:
+            notes.append(f"- {level_label(lv, test)}: {len(errors) - MAX_ERRORS_SHOWN} more errors in the JSON report")
+    if notes:
+        lines += ["", *notes]
+    if test.get("baseline_note"):
+        lines += ["", text(str(test["baseline_note"]))]
+    changes = test.get("provenance_changes") or []
+    if changes:
+        against = f"vs {test['compared_with']}" if test.get("compared_with") else "since baseline"
+        lines += ["", f"changed {text(against)}: " + text("; ".join(str(c) for c in changes))]
+    return lines

@@ -1,0 +1,302 @@
+"""Markdown, HTML and plot reports, rendered from the two sample ``--perf-json`` reports.
+
+The samples are real runs against the simulator: ``report-regression.json`` was measured with
+a 20% slowdown (every level a regression, provenance diff ``sim.slowdown``), and
+``report-baseline-run.json`` is the unchanged run.  Reports only read that shape, so these
+tests need no endpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_kimi.gate import BASE_FAILING
+from pytest_kimi.report.markdown import BASE_FAILING_VERDICTS, cell, render_markdown
+
+DATA = Path(__file__).parent / "data"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((DATA / name).read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def regression() -> dict[str, Any]:
+    return _load("report-regression.json")
+
+
+@pytest.fixture
+def baseline_run() -> dict[str, Any]:
+    return _load("report-baseline-run.json")
+
+
+def _ab_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The sweep measured on two deployments in one run (levels carry ``profile``), with the
+    baseline samples present so the plots draw their band."""
+    out = copy.deepcopy(report)
+    test = out["tests"][0]
+    levels = []
+    for profile, factor in (("ep8-tuned", 1.1), ("tp8", 1.0)):
+        for lv in test["levels"]:
+            lv = copy.deepcopy(lv)
+            lv["profile"] = profile
+            lv["tok_s"] *= factor
+            lv["trials_tok_s"] = [x * factor for x in lv["trials_tok_s"]]
+            lv["baseline_trials_tok_s"] = [lv["baseline_tok_s"] * k for k in (0.98, 1.0, 1.02)]
+            levels.append(lv)
+    test["levels"] = levels
+    return out
+
+
+# ----------------------------------------------------------------------------------- markdown
+
+
+def test_failing_verdicts_mirror_the_gate() -> None:
+    assert BASE_FAILING_VERDICTS == BASE_FAILING
+
+
+def test_markdown_regression_report(regression: dict[str, Any]) -> None:
+    md = render_markdown(regression)
+    first = md.splitlines()[0]
+    assert first.startswith("## ") and "FAILED" in first
+    assert "2 tests: 0 passed, 2 failed" in md
+    assert "`http://127.0.0.1:44285`" in md and "`kimi-k2.6-sim`" in md
+    assert "### `test_s.py::test_sweep` **FAILED**" in md
+    assert "### `test_s.py::test_single` **FAILED**" in md
+    header = "| C | baseline tok/s | current tok/s | change (90% CI) | p | trials | target tok/s | verdict |"
+    assert header in md
+    assert ("| 1 | 1276.3 | 1065.2 ±0.3% | -16.6% (-20.6% .. -12.4%) | 0.000241 | 3 (base 4) | - "
+            "| **REGRESSION** |") in md
+    assert "| 16 | 10102.0 | 8533.7 ±0.6% | -15.7% (-19.9% .. -11.3%) | 0.00126 | 3 (base 4) | 1000 |" in md
+    assert md.count("| **REGRESSION** |") == 4
+    assert "changed since baseline: sim.slowdown: 1.0 -> 1.2" in md
+    assert "- C=4 **REGRESSION**: regression -14.9%" in md
+    # the legend says which verdicts fail a run
+    assert "Verdicts that fail a run: **FAIL**, **INVALID**, **ERROR**, **REGRESSION**" in md
+    assert "--perf-strict" in md and "--perf-require-baseline" in md
+
+
+def test_markdown_tables_are_well_formed(regression: dict[str, Any]) -> None:
+    rows = [line for line in render_markdown(regression).splitlines() if line.startswith("|")]
+    widths = {len(re.split(r"(?<!\\)\|", row)) for row in rows[:5]}
+    assert len(widths) == 1, rows[:5]
+
+
+def test_markdown_passing_report(baseline_run: dict[str, Any]) -> None:
+    md = render_markdown(baseline_run)
+    assert md.splitlines()[0].endswith("PASSED")
+    assert "2 tests: 2 passed, 0 failed" in md
+    assert "### `test_s.py::test_sweep` passed" in md
+    assert "| *underpowered* |" in md and "| pass |" in md
+    assert "**REGRESSION**" not in md.split("---")[0]
+    assert "changed since baseline" not in md
+    # the single-level test has no target, so no target column
+    single = md.split("### `test_s.py::test_single`")[1]
+    assert "target tok/s" not in single.split("\n\n")[2]
+
+
+def test_markdown_no_baseline_and_strict(baseline_run: dict[str, Any]) -> None:
+    report = copy.deepcopy(baseline_run)
+    for test in report["tests"]:
+        for lv in test["levels"]:
+            for key in ("baseline_tok_s", "baseline_trials", "change_pct", "ci90", "p_value"):
+                lv.pop(key, None)
+            lv["verdict"], lv["reasons"] = "no-baseline", []
+        test["baseline_note"] = "no baseline yet: baselines/sim/x.yaml (record it with --update-baselines)"
+    md = render_markdown(report)
+    assert "| 1 | - | 1273.2 ±2.4% | - | - | 3 | - | *no-baseline* |" in md
+    assert "no baseline yet: baselines/sim/x.yaml" in md
+    strict = render_markdown(report, failing_verdicts=BASE_FAILING | {"no-baseline"})
+    assert "**NO-BASELINE**" in strict
+
+
+def test_markdown_escapes_pipes_and_tags(regression: dict[str, Any]) -> None:
+    assert cell("a|b") == "a\\|b"
+    report = copy.deepcopy(regression)
+    lv = report["tests"][1]["levels"][0]
+    lv["profile"] = "ep|8"
+    lv["verdict"] = "weird|verdict"
+    lv["reasons"] = ["value <absent> | other"]
+    md = render_markdown(report)
+    assert "| ep\\|8 | 1 |" in md
+    assert "weird\\|verdict |" in md
+    assert "&lt;absent>" in md and "<absent>" not in md
+    table = [line for line in md.split("### `test_s.py::test_single`")[1].splitlines() if line.startswith("|")]
+    assert len({len(re.split(r"(?<!\\)\|", row)) for row in table}) == 1
+
+
+def test_markdown_profile_on_every_row(regression: dict[str, Any]) -> None:
+    md = render_markdown(_ab_report(regression))
+    sweep = md.split("### `test_s.py::test_sweep`")[1].split("###")[0]
+    rows = [line for line in sweep.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| profile | C |")
+    assert sum(r.startswith("| ep8-tuned |") for r in rows) == 3
+    assert sum(r.startswith("| tp8 |") for r in rows) == 3
+    assert "- ep8-tuned C=1 **REGRESSION**" in sweep
+
+
+def test_markdown_empty_report() -> None:
+    md = render_markdown({"schema": 1, "tests": []})
+    assert "NO TESTS" in md and "0 tests" in md
+
+
+# -------------------------------------------------------------------------------- plots, HTML
+
+
+def test_plot_unavailable_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                             regression: dict[str, Any]) -> None:
+    from pytest_kimi.report import html, plots
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    with pytest.raises(plots.PlotUnavailable, match=re.escape("pip install 'pytest-kimi[plot]'")):
+        plots.require_matplotlib()
+    with pytest.raises(plots.PlotUnavailable):
+        html.write_html(regression, tmp_path / "out")
+    assert not (tmp_path / "out").exists(), "nothing is written when plots cannot be made"
+    # the tables alone still work without the extra
+    index = html.write_html(regression, tmp_path / "tables", plots=False)
+    assert "<table" in index.read_text(encoding="utf-8")
+
+
+def _read_png(path: Path) -> Any:
+    import matplotlib.image as mpimg
+
+    return mpimg.imread(io.BytesIO(path.read_bytes()), format="png")
+
+
+@pytest.mark.parametrize("sample", ["report-regression.json", "report-baseline-run.json"])
+def test_write_html_and_pngs(tmp_path: Path, sample: str) -> None:
+    pytest.importorskip("matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'")
+    from pytest_kimi.report.html import write_html
+
+    report = _load(sample)
+    index = write_html(report, tmp_path / "html")
+    assert index == tmp_path / "html" / "index.html"
+    names = sorted(p.name for p in index.parent.glob("*.png"))
+    assert names == [
+        "test_s-test_single-latency.png", "test_s-test_single-throughput.png",
+        "test_s-test_sweep-latency.png", "test_s-test_sweep-throughput.png",
+    ]
+    page = index.read_text(encoding="utf-8")
+    embedded = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(embedded) == 4
+    files = {p.read_bytes() for p in index.parent.glob("*.png")}
+    for data in embedded:
+        png = base64.b64decode(data)
+        assert png.startswith(PNG_MAGIC)
+        assert png in files, "the page embeds exactly the PNGs written next to it"
+    for name in names:
+        pixels = _read_png(index.parent / name)
+        assert pixels.ndim == 3 and pixels.shape[0] > 300 and pixels.shape[1] > 600
+    # self-contained: no external references
+    assert not re.search(r'(src|href)="(https?:|//)', page)
+    assert "<script" not in page
+    # the tables
+    assert page.count('<table class="levels">') == 2
+    assert "<code>test_s.py::test_sweep</code>" in page
+    assert "<th>change (90% CI)</th>" in page
+    if sample == "report-regression.json":
+        assert page.count('<td class="v-failing"') == 4
+        assert "sim.slowdown: 1.0 -&gt; 1.2" in page
+    else:
+        assert ">underpowered</td>" in page
+
+
+def test_html_escapes_content(tmp_path: Path, regression: dict[str, Any]) -> None:
+    from pytest_kimi.report.html import render_html
+
+    report = copy.deepcopy(regression)
+    report["tests"][0]["levels"][0]["reasons"] = ["<script>alert(1)</script>"]
+    page = render_html(report)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_plots_with_profiles_and_odd_names(tmp_path: Path, regression: dict[str, Any]) -> None:
+    pytest.importorskip("matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'")
+    from pytest_kimi.report.html import write_html
+    from pytest_kimi.report.plots import safe_name
+
+    report = _ab_report(regression)
+    report["tests"][1]["nodeid"] = "tests/perf/test_x.py::TestY::test_z[c8/../ep 8]"
+    index = write_html(report, tmp_path)
+    names = {p.name for p in tmp_path.glob("*.png")}
+    assert "tests-perf-test_x-TestY-test_z-c8-ep-8-latency.png" in names
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+\.png", n) for n in names)
+    assert len(names) == 4
+    assert len(safe_name("t.py::" + "x" * 300)) <= 80
+    assert safe_name("a.py::t[1]") != safe_name("a.py::t[2]")
+    for name in names:
+        assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
+    assert ">ep8-tuned</td>" in index.read_text(encoding="utf-8")
+
+
+def test_plots_tolerate_missing_figures(tmp_path: Path, regression: dict[str, Any]) -> None:
+    """An errored level has no tok_s / latency: it is left out, not a crash."""
+    pytest.importorskip("matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'")
+    from pytest_kimi.report.plots import render_test
+
+    test = copy.deepcopy(regression["tests"][0])
+    for key in ("tok_s", "request_tok_s_p50", "ttft_s_p95", "baseline_tok_s"):
+        test["levels"][1][key] = None
+    test["levels"][1]["trials_tok_s"] = []
+    test["levels"][1]["verdict"] = "error"
+    images = render_test(test)
+    assert [i.kind for i in images] == ["throughput", "latency"]
+    assert all(i.png.startswith(PNG_MAGIC) for i in images)
+    empty = render_test({"nodeid": "t.py::t", "levels": []})
+    assert all(i.png.startswith(PNG_MAGIC) for i in empty)
+
+
+def _same_run_ab(report: dict[str, Any]) -> dict[str, Any]:
+    """The plugin's shape for ``--server-profile`` given twice: one test entry per deployment,
+    test- and level-level ``profile``, the candidate ``compared_with`` the reference."""
+    out = copy.deepcopy(report)
+    sweep = out["tests"][0]
+    ref, cand = copy.deepcopy(sweep), copy.deepcopy(sweep)
+    for entry, name in ((ref, "ep8"), (cand, "tp8")):
+        entry["profile"] = name
+        for lv in entry["levels"]:
+            lv["profile"] = name
+    cand["compared_with"] = "deployment ep8 (same run)"
+    cand["provenance_changes"] = ["ep_size: 8 -> 1"]
+    out["tests"] = [ref, cand]
+    return out
+
+
+def test_markdown_same_run_ab(regression: dict[str, Any]) -> None:
+    md = render_markdown(_same_run_ab(regression))
+    assert "### `test_s.py::test_sweep` on `ep8` **FAILED**" in md
+    assert "### `test_s.py::test_sweep` on `tp8` **FAILED**" in md
+    assert "compared with deployment ep8 (same run)" in md
+    assert "changed vs deployment ep8 (same run): ep_size: 8 -> 1" in md
+    assert "| tp8 | 16 |" in md
+    assert "- C=16 **REGRESSION**" in md, "the entry already names the deployment"
+
+
+def test_html_same_run_ab_one_figure_pair(tmp_path: Path, regression: dict[str, Any]) -> None:
+    pytest.importorskip("matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'")
+    from pytest_kimi.report.html import plot_tests, write_html
+
+    report = _same_run_ab(regression)
+    merged = plot_tests(report["tests"])
+    assert len(merged) == 1 and {lv["profile"] for lv in merged[0]["levels"]} == {"ep8", "tp8"}
+    index = write_html(report, tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "test_s-test_sweep-latency.png", "test_s-test_sweep-throughput.png"]
+    page = index.read_text(encoding="utf-8")
+    assert page.count("data:image/png;base64,") == 2
+    assert 'id="test_s-test_sweep-on-ep8"' in page and 'id="test_s-test_sweep-on-tp8"' in page
+    assert page.index('id="test_s-test_sweep-on-tp8"') < page.index("data:image/png"), \
+        "figures follow the last entry of the nodeid"
