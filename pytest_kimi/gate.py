@@ -151,6 +151,7 @@ def apply_gate(
         level.extra.update(
             baseline_tok_s=round(cmp.baseline_median, 2),
             baseline_trials=len(base),
+            baseline_trials_tok_s=list(base),
             change_pct=round((cmp.ratio - 1) * 100, 2),
             ci90=[_pct(lo), _pct(hi)],
             p_value=_finite(cmp.p_regression),

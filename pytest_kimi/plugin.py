@@ -9,6 +9,7 @@ report (so they survive pytest-xdist) into the terminal summary and ``--perf-jso
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,14 +18,13 @@ from typing import Any, Generator, Iterator
 import pytest
 
 from . import settings
-from .baseline import (
-    DEFAULT_DIRNAME, BaselineError, BaselineStore, LevelBaseline, Provenance, ProvenanceConflict,
-    TestBaseline, WorkloadKey,
-)
+from .baseline import DEFAULT_DIRNAME, BaselineError, BaselineStore, Provenance, TestBaseline
 from .gate import AdaptiveTrials, GateSettings, IncomparableBaseline, apply_gate, baseline_samples, check_comparable, level_key
 from .endpoint import EndpointError, EndpointInfo, normalize_url
 from .markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_marker_kwargs, parse_throughput
-from .report.json_report import build_report, write_json
+from .report.json_report import build_report, write_json, write_text
+from .recording import reference_baseline, update_baselines
+from .report.junit import junit_properties
 from .report.terminal import format_test
 from .results import ThroughputResult
 from .server import ProfileError, ServerProfile, ServerStartError, load_profile, open_server
@@ -57,6 +57,8 @@ class RunState:
 
     endpoint: dict[str, Any] | None = None
     tests: list[dict[str, Any]] = field(default_factory=list)
+    endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Endpoint (URL, model, server info) per deployment name ('' without profiles)."""
     references: dict[str, TestBaseline] = field(default_factory=dict)
     """Same-run A/B: the reference deployment's results per test, as a baseline for the others."""
 
@@ -135,6 +137,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = RunState()
     config.stash[GATE] = _gate_context(config)
     config.stash[DEPLOYMENTS] = _load_deployments(config)
+    if _setting(config, "perf_html").value and not hasattr(config, "workerinput"):
+        from .report.plots import PlotUnavailable, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except PlotUnavailable as exc:
+            raise pytest.UsageError(f"{_setting(config, 'perf_html').source}: {exc}") from None
     config.pluginmanager.register(PerfReporter(config), "kimi-perf-reporter")
     _group_perf_tests_under_xdist(config)
 
@@ -445,33 +454,6 @@ def _note_server_crash(result: ThroughputResult, server: Any) -> None:
             break
 
 
-def reference_baseline(result: ThroughputResult, provenance: Provenance, name: str) -> TestBaseline:
-    """The reference deployment's figures of this run, shaped as a baseline for the others."""
-    levels = [
-        LevelBaseline(
-            workload=WorkloadKey.from_dict(level_key(result.workload, result.prompts_key, lv.concurrency)),
-            trials_tok_s=lv.figures.trials_tok_s,
-        )
-        for lv in result.levels
-        if lv.figures.trials_tok_s
-    ]
-    return TestBaseline(test=result.nodeid, profile=name, provenance=provenance, levels=levels)
-
-
-JUNIT_FIELDS = ("tok_s", "request_tok_s_p50", "ttft_s_p95", "baseline_tok_s", "change_pct", "p_value", "trials", "verdict")
-
-
-def junit_properties(test: dict[str, Any]) -> list[tuple[str, Any]]:
-    """Per-level figures as ``kimi.C<c>.<field>`` properties: ``--junitxml`` carries them (also via xdist)."""
-    props: list[tuple[str, Any]] = []
-    for lv in test["levels"]:
-        prefix = f"kimi.{lv['profile']}.C{lv['concurrency']}" if lv.get("profile") else f"kimi.C{lv['concurrency']}"
-        props += [(f"{prefix}.{name}", lv[name]) for name in JUNIT_FIELDS if lv.get(name) is not None]
-    if test.get("provenance_changes"):
-        props.append(("kimi.provenance_changes", "; ".join(test["provenance_changes"])))
-    return props
-
-
 @pytest.fixture
 def throughput_result(request: pytest.FixtureRequest, _kimi_measure: ThroughputResult | None) -> ThroughputResult:
     """All levels, trials and per-request records of this test's measurement."""
@@ -507,6 +489,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def write_reports(config: pytest.Config, report: dict[str, Any], failing: frozenset[str]) -> None:
+    """JSON, Markdown (also to GitHub's step summary) and HTML, each from the one report dict."""
+    if not report["tests"]:
+        return
+    path = _setting(config, "perf_json").value
+    if path:
+        write_json(Path(path), report)
+    markdown_path = _setting(config, "perf_markdown").value
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if markdown_path or step_summary:
+        from .report.markdown import render_markdown
+
+        text = render_markdown(report, failing_verdicts=failing)
+        if markdown_path:
+            write_text(Path(markdown_path), text)
+        if step_summary:
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+    html_dir = _setting(config, "perf_html").value
+    if html_dir:
+        from .report.html import write_html
+
+        write_html(report, Path(html_dir), failing_verdicts=failing)
+
+
 class PerfReporter:
     """Collects the figures from test reports (also those xdist workers send) and writes reports."""
 
@@ -522,8 +529,10 @@ class PerfReporter:
             return
         data = dict(data)
         endpoint = data.pop("endpoint", None)
-        if endpoint is not None and self.state.endpoint is None:
-            self.state.endpoint = endpoint
+        if endpoint is not None:
+            self.state.endpoints.setdefault(data.get("profile") or "", endpoint)
+            if self.state.endpoint is None:
+                self.state.endpoint = endpoint
         self.state.tests.append(data)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -551,66 +560,13 @@ class PerfReporter:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workerinput"):
             return  # the controller writes, from the reports the workers sent
-        path = _setting(self.config, "perf_json").value
-        if path:
-            write_json(Path(path), build_report(self.state.endpoint, self.state.tests))
+        report = build_report(self.state.endpoint, self.state.tests)
+        write_reports(self.config, report, self.config.stash[GATE].settings.failing_verdicts())
         gate = self.config.stash[GATE]
         if gate.update is not None and self.state.tests:
             self.updates, self.refused = update_baselines(
-                gate, self.state.tests, self.state.endpoint or {}, Path(self.config.rootpath)
+                gate.root, gate.profile, gate.update, self.state.tests, self.state.endpoints,
+                Path(self.config.rootpath),
             )
             if self.refused and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def update_baselines(
-    gate: GateContext, tests: list[dict[str, Any]], endpoint: dict[str, Any], rootdir: Path
-) -> tuple[list[str], list[str]]:
-    """Write the baselines of the tests that ran; refuse untrustworthy ones unless forced.
-
-    Returns the summary lines (old -> new per level, git commands) and the refusals.
-    """
-    written: list[str] = []
-    refused: list[str] = []
-    for test in tests:
-        bad = [lv for lv in test["levels"] if lv["verdict"] in UNRECORDABLE]
-        if bad and gate.update != "force":
-            why = "; ".join(f"C={lv['concurrency']} {lv['verdict']}" for lv in bad)
-            refused.append(
-                f"{test['nodeid']}: not recorded ({why}); fix the run, or record anyway with "
-                "--update-baselines=force"
-            )
-            continue
-        levels = [
-            LevelBaseline(
-                workload=WorkloadKey.from_dict({**test["workload"], "concurrency": lv["concurrency"]}),
-                trials_tok_s=lv["trials_tok_s"],
-                request_tok_s=_summary(p50=lv.get("request_tok_s_p50")),
-                ttft_s=_summary(p50=lv.get("ttft_s_p50"), p95=lv.get("ttft_s_p95")),
-            )
-            for lv in test["levels"]
-            if lv.get("trials_tok_s")
-        ]
-        if not levels:
-            refused.append(f"{test['nodeid']}: not recorded: no level gave a throughput figure")
-            continue
-        provenance = Provenance.collect(
-            model=endpoint.get("model"), server_info=endpoint.get("server_info"),
-            session_ids=[test["session_id"]] if test.get("session_id") else [], suite_dir=rootdir,
-        )
-        store = BaselineStore(gate.root, test.get("baseline_profile") or gate.profile)
-        new = TestBaseline(test=test["nodeid"], profile=store.profile, provenance=provenance, levels=levels)
-        try:
-            summary = store.update(new, cwd=rootdir)
-        except (BaselineError, ProvenanceConflict, OSError) as exc:
-            refused.append(f"{test['nodeid']}: not recorded: {exc}")
-            continue
-        written.append(str(summary))
-    return written, refused
-
-
-UNRECORDABLE = frozenset({"error", "invalid", "not-run"})
-
-
-def _summary(**values: float | None) -> dict[str, float]:
-    return {k: v for k, v in values.items() if v is not None}

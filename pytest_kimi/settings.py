@@ -119,6 +119,16 @@ OPTIONS: dict[str, Option[Any]] = {
             metavar="PATH",
         ),
         Option(
+            "--perf-markdown", "kimi_perf_markdown", "KIMI_PERF_MARKDOWN",
+            "write a Markdown summary (tables, verdicts, provenance diff); it is also appended to "
+            "$GITHUB_STEP_SUMMARY when that is set", non_empty, metavar="PATH",
+        ),
+        Option(
+            "--perf-html", "kimi_perf_html", "KIMI_PERF_HTML",
+            "write a self-contained HTML report with plots (needs the 'plot' extra: matplotlib)",
+            non_empty, metavar="DIR",
+        ),
+        Option(
             "--perf-trials", "kimi_perf_trials", "KIMI_PERF_TRIALS",
             "trials per level (default 3); the marker's trials= overrides it", positive_int,
             metavar="N",

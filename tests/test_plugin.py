@@ -369,3 +369,44 @@ def test_junit_properties_carry_levels_also_under_xdist(pytester: pytest.Pyteste
         assert float(props["kimi.C1.tok_s"]) > 0 and float(props["kimi.C2.tok_s"]) > 0
         assert props["kimi.C2.verdict"] == "no-baseline"
         assert props["kimi.C1.trials"] == "2"
+
+
+def test_markdown_step_summary_and_html_reports(
+    pytester: pytest.Pytester, sim_url: str, tmp_path: Path, monkeypatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    pytester.makepyfile(
+        f"""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=[1, 4], {SMALL}, min_tok_s={{4: 10_000_000}})
+        def test_sweep():
+            pass
+        """
+    )
+    summary = tmp_path / "step_summary.md"
+    summary.write_text("previous step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    md, html_dir = tmp_path / "perf.md", tmp_path / "html"
+    result = pytester.runpytest(f"--endpoint={sim_url}", f"--perf-markdown={md}", f"--perf-html={html_dir}")
+    result.assert_outcomes(failed=1)
+    text = md.read_text()
+    assert "## pytest-kimi throughput: FAILED" in text
+    assert "### `test_markdown_step_summary_and_html_reports.py::test_sweep` **FAILED**" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 4 |")]
+    assert len(rows) == 1 and "**FAIL**" in rows[0] and "10000000" in rows[0]
+    assert summary.read_text().startswith("previous step\n") and text in summary.read_text()
+    page = (html_dir / "index.html").read_text()
+    pngs = sorted(html_dir.glob("*.png"))
+    assert len(pngs) == 2 and all(p.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
+    assert page.count("data:image/png;base64,") == 2
+
+
+def test_perf_html_without_matplotlib_says_how_to_install(pytester: pytest.Pytester, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest_inprocess("--perf-html=out")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--perf-html*pip install 'pytest-kimi[[]plot[]]'*"])

@@ -90,6 +90,8 @@ async def handler(request: web.Request) -> web.StreamResponse:
                 return resp
             if mode == "stall" and i == 1:
                 await asyncio.sleep(30)
+            if mode == "stall_late" and i == 4:
+                await asyncio.sleep(30)
             await resp.write(chunk(f" t{i}"))
             if delay:
                 await asyncio.sleep(delay)
@@ -180,6 +182,19 @@ async def test_stall_mid_stream_is_bounded(server: tuple[str, Stats], client: Lo
     took = time.perf_counter() - t0
     assert rec.error == "stalled: no data for 0.3s" and rec.status == 200 and rec.events == 1
     assert 0.25 < took < 3.0
+
+
+@pytest.mark.asyncio
+async def test_stall_after_steady_tokens(server: tuple[str, Stats], client: LoadClient) -> None:
+    """Silence after several separate reads: caught by the body watchdog, within 1.25x."""
+    url, _ = server
+    t0 = time.perf_counter()
+    rec = await stream_request(
+        client.session, Target(url), body(mode="stall_late", max_tokens=8, delay=0.05), index=0, worker=0, scheduled=0, timeout_s=0.4
+    )
+    silent = time.perf_counter() - rec.chunk_times[-1]
+    assert rec.error == "stalled: no data for 0.4s" and rec.events == 4
+    assert 0.35 < silent < 1.5 and time.perf_counter() - t0 < 3.0
 
 
 @pytest.mark.asyncio

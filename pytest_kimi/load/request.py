@@ -52,20 +52,10 @@ def _drain_supported() -> bool:
 FAST_DRAIN = _drain_supported()
 
 
-async def drain(content: StreamReader) -> bytes:
-    """Everything buffered in ``content`` as one block; waits if empty; ``b""`` at EOF.
-
-    Same contract as ``StreamReader.readany()`` (exceptions, EOF, flow control), minus the
-    per-chunk overhead.
-    """
-    exc = content._exception
-    if exc is not None:
-        raise exc
+def take(content: StreamReader) -> bytes:
+    """Everything buffered in ``content`` (non-empty) as one block, with ``readany()``'s
+    bookkeeping done once for the block instead of once per HTTP chunk."""
     buf = content._buffer
-    while not buf and not content._eof:
-        await content._wait("readany")
-    if not buf:
-        return b""
     if content._buffer_offset:
         buf[0] = buf[0][content._buffer_offset :]
         content._buffer_offset = 0
@@ -80,9 +70,31 @@ async def drain(content: StreamReader) -> bytes:
         splits.clear()
         if last >= cursor:
             splits.append(last)
-    if content._size < content._low_water and (splits is None or len(splits) < content._low_water_chunks):
-        content._protocol.resume_reading()
+    proto = content._protocol
+    # readany() calls resume_reading() for every chunk, which re-feeds the parser and pokes
+    # the transport even when nothing was paused; only a paused reader needs it.
+    if getattr(proto, "_reading_paused", True) and content._size < content._low_water and (
+        splits is None or len(splits) < content._low_water_chunks
+    ):
+        proto.resume_reading()
     return data
+
+
+async def drain(content: StreamReader) -> bytes:
+    """Everything buffered in ``content`` as one block; waits if empty; ``b""`` at EOF.
+
+    Same contract as ``StreamReader.readany()`` (exceptions, EOF, flow control), minus the
+    per-chunk overhead.
+    """
+    while True:
+        exc = content._exception
+        if exc is not None:
+            raise exc
+        if content._buffer:
+            return take(content)
+        if content._eof:
+            return b""
+        await content._wait("readany")
 
 
 def block_reader(content: StreamReader) -> Callable[[], Awaitable[bytes]]:
@@ -122,6 +134,65 @@ def redact(text: str, secrets: list[str]) -> str:
         if s and s in text:
             text = text.replace(s, "***")
     return text
+
+
+async def _read_with(read: Callable[[], Awaitable[bytes]], parser: StreamParser) -> None:
+    feed = parser.feed
+    while True:
+        data = await read()
+        if not data:
+            return
+        feed(perf_counter(), data)
+        if parser.done or parser.failed:
+            return
+
+
+class _SilenceWatchdog:
+    """Stall detection for the body without aiohttp's per-read timer.
+
+    aiohttp's ``sock_read`` cancels and re-arms a timer on every socket read (~10% of the
+    client's per-read cost when each token is its own read).  Once the headers are in, this
+    turns it off for the response and polls ``content.total_bytes`` every ``timeout_s / 4``
+    instead; no new bytes for ``timeout_s`` (detected within 1.25x) fails the read exactly as
+    aiohttp would, with ``ServerTimeoutError``.  Connection setup and the wait for headers keep
+    aiohttp's own timeouts.  If the protocol does not look as expected, aiohttp's timer stays.
+    """
+
+    __slots__ = ("content", "timeout_s", "period", "seen", "last", "handle", "loop")
+
+    def __init__(self, content: StreamReader, timeout_s: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.content = content
+        self.timeout_s = timeout_s
+        self.period = timeout_s / 4
+        self.seen = content.total_bytes
+        self.last = self.loop.time()
+        self.handle: asyncio.TimerHandle | None = self.loop.call_later(self.period, self._check)
+
+    @classmethod
+    def start(cls, resp: aiohttp.ClientResponse, timeout_s: float) -> _SilenceWatchdog | None:
+        conn = resp.connection
+        proto = getattr(conn, "protocol", None)
+        if proto is None or not hasattr(type(proto), "read_timeout") or not hasattr(resp.content, "total_bytes"):
+            return None
+        proto.read_timeout = None  # takes effect at the next read; until then aiohttp's timer stands
+        return cls(resp.content, timeout_s)
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        tb = self.content.total_bytes
+        if tb != self.seen:
+            self.seen, self.last = tb, now
+        elif now - self.last >= self.timeout_s:
+            self.handle = None
+            self.content.set_exception(aiohttp.ServerTimeoutError("no data for the silence timeout"))
+            return
+        self.handle = self.loop.call_later(self.period, self._check)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 EOF_GRACE_S = 1.0
@@ -186,18 +257,33 @@ async def stream_request(
                 rec.error = f"HTTP {resp.status}: {text}" if text else f"HTTP {resp.status} {resp.reason or ''}".rstrip()
             else:
                 ctype = resp.headers.get("Content-Type", "")
-                read = block_reader(resp.content)
-                feed = parser.feed
-                while True:
-                    data = await read()
-                    if not data:
-                        break
-                    feed(perf_counter(), data)
-                    if parser.done or parser.failed:
-                        break
-                if parser.done and not resp.content.is_eof():
-                    rec.end = perf_counter()
-                    await _finish_body(read)
+                content = resp.content
+                watchdog = _SilenceWatchdog.start(resp, timeout_s)
+                try:
+                    if FAST_DRAIN and type(content) is StreamReader:
+                        # drain() inlined: one coroutine frame less per read
+                        feed = parser.feed
+                        wait = content._wait
+                        while True:
+                            exc = content._exception
+                            if exc is not None:
+                                raise exc
+                            if content._buffer:
+                                feed(perf_counter(), take(content))
+                                if parser.done or parser.failed:
+                                    break
+                            elif content._eof:
+                                break
+                            else:
+                                await wait("readany")
+                    else:
+                        await _read_with(content.readany, parser)
+                    if parser.done and not content.is_eof():
+                        rec.end = perf_counter()
+                        await _finish_body(block_reader(content))
+                finally:
+                    if watchdog is not None:
+                        watchdog.cancel()
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         where = "" if connected else f" (connecting to / waiting for headers from {target.url})"
         rec.error = f"stalled: no data for {_fmt_s(timeout_s)}s{where}"

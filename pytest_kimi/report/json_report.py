@@ -23,13 +23,16 @@ def build_report(endpoint: dict[str, Any] | None, tests: list[dict[str, Any]]) -
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:
+    write_text(path, json.dumps(report, indent=2) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
     """Atomic: a reader never sees half a report, an interrupted run never leaves one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2, sort_keys=False)
-            fh.write("\n")
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -237,8 +237,12 @@ def throughput_figure(test: Mapping[str, Any]) -> Figure:
                 fail_labelled = True
                 change = lv.get("change_pct")
                 note = verdict.upper() + (f" {change:+.1f}%" if isinstance(change, (int, float)) else "")
-                ax.annotate(note, (x, y), xytext=(0, -16), textcoords="offset points",
-                            ha="center", va="top", fontsize=8, color=_FAIL_COLOUR, zorder=7)
+                # several deployments: the first series labels above its points, the others
+                # below, so the labels of two nearby curves do not print over each other
+                above = len(groups) > 1 and i == 0
+                ax.annotate(note, (x, y), xytext=(0, 14 if above else -16), textcoords="offset points",
+                            ha="center", va="bottom" if above else "top", fontsize=8,
+                            color=_FAIL_COLOUR, zorder=7)
     if all_c:
         _log2_concurrency_axis(ax, all_c)
     else:

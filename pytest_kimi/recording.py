@@ -1,0 +1,84 @@
+"""Turning a run's figures into baselines: the ``--update-baselines`` flow, and A/B references.
+
+Works on the JSON-shaped test results (the same dicts the reports read), so it runs on the
+xdist controller from what the workers sent.  No pytest here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .baseline import (
+    BaselineError, BaselineStore, LevelBaseline, Provenance, ProvenanceConflict, TestBaseline, WorkloadKey,
+)
+from .gate import level_key
+from .results import ThroughputResult
+
+
+def update_baselines(
+    root: Path, default_profile: str, mode: str, tests: list[dict[str, Any]],
+    endpoints: dict[str, dict[str, Any]], rootdir: Path
+) -> tuple[list[str], list[str]]:
+    """Write the baselines of the tests that ran; refuse untrustworthy ones unless forced.
+
+    Returns the summary lines (old -> new per level, git commands) and the refusals.
+    """
+    written: list[str] = []
+    refused: list[str] = []
+    for test in tests:
+        bad = [lv for lv in test["levels"] if lv["verdict"] in UNRECORDABLE]
+        if bad and mode != "force":
+            why = "; ".join(f"C={lv['concurrency']} {lv['verdict']}" for lv in bad)
+            refused.append(
+                f"{test['nodeid']}: not recorded ({why}); fix the run, or record anyway with "
+                "--update-baselines=force"
+            )
+            continue
+        levels = [
+            LevelBaseline(
+                workload=WorkloadKey.from_dict({**test["workload"], "concurrency": lv["concurrency"]}),
+                trials_tok_s=lv["trials_tok_s"],
+                request_tok_s=_summary(p50=lv.get("request_tok_s_p50")),
+                ttft_s=_summary(p50=lv.get("ttft_s_p50"), p95=lv.get("ttft_s_p95")),
+            )
+            for lv in test["levels"]
+            if lv.get("trials_tok_s")
+        ]
+        if not levels:
+            refused.append(f"{test['nodeid']}: not recorded: no level gave a throughput figure")
+            continue
+        endpoint = endpoints.get(test.get("profile") or "", {})
+        provenance = Provenance.collect(
+            model=endpoint.get("model"), server_info=endpoint.get("server_info"),
+            session_ids=[test["session_id"]] if test.get("session_id") else [], suite_dir=rootdir,
+        )
+        store = BaselineStore(root, test.get("baseline_profile") or default_profile)
+        new = TestBaseline(test=test["nodeid"], profile=store.profile, provenance=provenance, levels=levels)
+        try:
+            summary = store.update(new, cwd=rootdir)
+        except (BaselineError, ProvenanceConflict, OSError) as exc:
+            refused.append(f"{test['nodeid']}: not recorded: {exc}")
+            continue
+        written.append(str(summary))
+    return written, refused
+
+
+UNRECORDABLE = frozenset({"error", "invalid", "not-run"})
+
+
+def _summary(**values: float | None) -> dict[str, float]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def reference_baseline(result: ThroughputResult, provenance: Provenance, name: str) -> TestBaseline:
+    """The reference deployment's figures of this run, shaped as a baseline for the others."""
+    levels = [
+        LevelBaseline(
+            workload=WorkloadKey.from_dict(level_key(result.workload, result.prompts_key, lv.concurrency)),
+            trials_tok_s=lv.figures.trials_tok_s,
+        )
+        for lv in result.levels
+        if lv.figures.trials_tok_s
+    ]
+    return TestBaseline(test=result.nodeid, profile=name, provenance=provenance, levels=levels)

@@ -1,0 +1,18 @@
+"""Per-level figures as JUnit properties, so ``--junitxml`` carries them (also under xdist)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+JUNIT_FIELDS = ("tok_s", "request_tok_s_p50", "ttft_s_p95", "baseline_tok_s", "change_pct", "p_value", "trials", "verdict")
+
+
+def junit_properties(test: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Per-level figures as ``kimi.C<c>.<field>`` properties: ``--junitxml`` carries them (also via xdist)."""
+    props: list[tuple[str, Any]] = []
+    for lv in test["levels"]:
+        prefix = f"kimi.{lv['profile']}.C{lv['concurrency']}" if lv.get("profile") else f"kimi.C{lv['concurrency']}"
+        props += [(f"{prefix}.{name}", lv[name]) for name in JUNIT_FIELDS if lv.get(name) is not None]
+    if test.get("provenance_changes"):
+        props.append(("kimi.provenance_changes", "; ".join(test["provenance_changes"])))
+    return props
