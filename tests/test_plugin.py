@@ -394,7 +394,7 @@ def test_markdown_step_summary_and_html_reports(
     assert "## pytest-kimi throughput: FAILED" in text
     assert "### `test_markdown_step_summary_and_html_reports.py::test_sweep` **FAILED**" in text
     rows = [line for line in text.splitlines() if line.startswith("| 4 |")]
-    assert len(rows) == 1 and "**FAIL**" in rows[0] and "10000000" in rows[0]
+    assert len(rows) == 1 and "**FAIL**" in rows[0] and "1e+07" in rows[0]
     assert summary.read_text().startswith("previous step\n") and text in summary.read_text()
     page = (html_dir / "index.html").read_text()
     pngs = sorted(html_dir.glob("*.png"))
