@@ -14,7 +14,7 @@ from .workload import Api
 
 MARKER_SIGNATURE = (
     "throughput(concurrency=1, max_tokens=512, min_tok_s=None, min_request_tok_s=None, "
-    "max_ttft_s=None, prompts='diverse', input_tokens=None, requests=None, duration_s=None, "
+    "max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, min_goodput=None, prompts='diverse', input_tokens=None, requests=None, duration_s=None, "
     "trials=None, warmup=2, ignore_eos=True, timeout_s=600, api='chat', max_error_rate=0, "
     "tolerance=None, alpha=None): measure output tok/s at each concurrency level against an "
     "OpenAI-compatible endpoint before the test body runs, and fail on a missed target"
@@ -67,6 +67,12 @@ class Targets:
     min_tok_s: Mapping[int, float] = field(default_factory=dict)
     min_request_tok_s: float | None = None
     max_ttft_s: float | None = None
+    max_itl_s: float | None = None
+    max_e2e_s: float | None = None
+    percentile: float = 95.0
+    """Latency ceilings apply at this percentile of the level's requests."""
+    min_goodput: float | None = None
+    """Floor on the share of requests that meet every latency ceiling (each request on its own)."""
     tolerance: float | None = None
     alpha: float | None = None
 
@@ -93,6 +99,12 @@ def _fraction(name: str, value: Any, *, open_low: bool = False) -> float:
     if not ok:
         bounds = "0 < x < 1" if open_low else "0 <= x <= 1"
         raise MarkerError(f"{name}={value!r}: expected a number with {bounds}")
+    return float(value)
+
+
+def _percentile(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 100:
+        raise MarkerError(f"{name}={value!r}: expected a number with 0 < x < 100")
     return float(value)
 
 
@@ -159,6 +171,10 @@ _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
     "max_error_rate": _fraction,
     "min_request_tok_s": _positive_float,
     "max_ttft_s": _positive_float,
+    "max_itl_s": _positive_float,
+    "max_e2e_s": _positive_float,
+    "percentile": lambda n, v: _percentile(n, v),
+    "min_goodput": _fraction,
     "tolerance": lambda n, v: _fraction(n, v, open_low=True),
     "alpha": lambda n, v: _fraction(n, v, open_low=True),
 }
@@ -189,6 +205,8 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
     if prompts is not None and "input_tokens" in values:
         raise MarkerError("prompts and input_tokens are exclusive: give one or the other")
     requests = values.get("requests")
+    if "min_goodput" in values and not any(k in values for k in ("max_ttft_s", "max_itl_s", "max_e2e_s")):
+        raise MarkerError("min_goodput needs at least one of max_ttft_s, max_itl_s, max_e2e_s to define a good request")
     if requests is not None and requests < max(levels):
         raise MarkerError(
             f"requests={requests} is below concurrency {max(levels)}: a trial needs at "
@@ -198,6 +216,10 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
         min_tok_s=_floors(kwargs.get("min_tok_s"), levels),
         min_request_tok_s=values.pop("min_request_tok_s", None),
         max_ttft_s=values.pop("max_ttft_s", None),
+        max_itl_s=values.pop("max_itl_s", None),
+        max_e2e_s=values.pop("max_e2e_s", None),
+        percentile=values.pop("percentile", 95.0),
+        min_goodput=values.pop("min_goodput", None),
         tolerance=values.pop("tolerance", None),
         alpha=values.pop("alpha", None),
     )

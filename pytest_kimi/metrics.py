@@ -211,15 +211,51 @@ class LevelFigures:
     itl_s_p50: float | None
     requests_ok: int
     requests_failed: int
+    percentile: float = 95.0
+    ttft_s_pct: float | None = None
+    itl_s_pct: float | None = None
+    e2e_s_pct: float | None = None
+    """TTFT, inter-token latency and end-to-end latency at ``percentile``."""
+    goodput: float | None = None
+    """Share of requests meeting every latency ceiling (None when no ceiling is set)."""
 
 
-def level_figures(trials: Sequence[TrialResult]) -> LevelFigures:
+@dataclass(frozen=True, slots=True)
+class LatencyLimits:
+    """Per-request ceilings that define a *good* request for goodput."""
+
+    ttft_s: float | None = None
+    itl_s: float | None = None
+    e2e_s: float | None = None
+
+    def any(self) -> bool:
+        return any(x is not None for x in (self.ttft_s, self.itl_s, self.e2e_s))
+
+    def met_by(self, rec: RequestRecord) -> bool:
+        """TTFT, mean time per output token after the first (1 / decode rate), and end to end."""
+        if self.ttft_s is not None and (rec.ttft is None or rec.ttft > self.ttft_s):
+            return False
+        if self.itl_s is not None:
+            rate = rec.decode_tok_s
+            if rate is None or 1.0 / rate > self.itl_s:
+                return False
+        return self.e2e_s is None or rec.e2e <= self.e2e_s
+
+
+def level_figures(
+    trials: Sequence[TrialResult], percentile_q: float = 95.0, limits: LatencyLimits = LatencyLimits()
+) -> LevelFigures:
     samples = [t.tok_s for t in trials if t.valid and t.tok_s is not None]
     ok = [r for t in trials for r in t.records if r.ok]
+    everyone = [r for t in trials for r in t.records]
     rates = [x for x in (r.decode_tok_s for r in ok) if x is not None]
     ttfts = [x for x in (r.ttft for r in ok) if x is not None]
+    itls = inter_token_latencies(ok)
     mid = median(samples) if samples else None
     spread = (max(samples) - min(samples)) / mid * 100 if mid and len(samples) > 1 else None
+    goodput = None
+    if limits.any() and everyone:
+        goodput = sum(1 for r in everyone if r.ok and limits.met_by(r)) / len(everyone)
     return LevelFigures(
         tok_s=mid,
         trials_tok_s=samples,
@@ -227,7 +263,12 @@ def level_figures(trials: Sequence[TrialResult]) -> LevelFigures:
         request_tok_s_p50=percentile(rates, 50),
         ttft_s_p50=percentile(ttfts, 50),
         ttft_s_p95=percentile(ttfts, 95),
-        itl_s_p50=percentile(inter_token_latencies(ok), 50),
+        itl_s_p50=percentile(itls, 50),
         requests_ok=sum(t.requests_ok for t in trials),
         requests_failed=sum(t.requests_failed for t in trials),
+        percentile=percentile_q,
+        ttft_s_pct=percentile(ttfts, percentile_q),
+        itl_s_pct=percentile(itls, percentile_q),
+        e2e_s_pct=percentile([r.e2e for r in ok], percentile_q),
+        goodput=goodput,
     )

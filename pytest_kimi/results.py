@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .markers import Targets, Workload
-from .metrics import LevelFigures, TrialResult, level_figures
+from .metrics import LatencyLimits, LevelFigures, TrialResult, level_figures
 
 VERDICTS = ("pass", "fail", "invalid", "error", "not-run")
 FAILING_VERDICTS = frozenset({"fail", "invalid", "error"})
@@ -47,6 +47,11 @@ class LevelResult:
             "ttft_s_p50": _round(f.ttft_s_p50, 5),
             "ttft_s_p95": _round(f.ttft_s_p95, 5),
             "itl_s_p50": _round(f.itl_s_p50, 6),
+            "percentile": f.percentile,
+            "ttft_s_pct": _round(f.ttft_s_pct, 5),
+            "itl_s_pct": _round(f.itl_s_pct, 6),
+            "e2e_s_pct": _round(f.e2e_s_pct, 4),
+            "goodput": _round(f.goodput, 4),
             "requests_ok": f.requests_ok,
             "requests_failed": f.requests_failed,
             "target_tok_s": self.target_tok_s,
@@ -121,7 +126,7 @@ def judge_level(
     trials: list[TrialResult],
 ) -> LevelResult:
     """Figures and verdict of one level, with every reason a non-pass verdict has."""
-    figures = level_figures(trials)
+    figures = level_figures(trials, targets.percentile, latency_limits(targets))
     floor = targets.floor_for(concurrency)
     errors: list[str] = []
     for t in trials:
@@ -157,9 +162,20 @@ def judge_level(
                     f"per-request p50 {rate or 0:.1f} tok/s < min_request_tok_s "
                     f"{targets.min_request_tok_s:g}"
                 )
-            ttft = figures.ttft_s_p95
-            if targets.max_ttft_s is not None and (ttft is None or ttft > targets.max_ttft_s):
-                reasons.append(f"TTFT p95 {ttft or 0:.3f} s > max_ttft_s {targets.max_ttft_s:g}")
+            q = f"p{targets.percentile:g}"
+            for name, value, limit in (
+                ("TTFT", figures.ttft_s_pct, targets.max_ttft_s),
+                ("ITL", figures.itl_s_pct, targets.max_itl_s),
+                ("end-to-end latency", figures.e2e_s_pct, targets.max_e2e_s),
+            ):
+                if limit is not None and (value is None or value > limit):
+                    key = {"TTFT": "max_ttft_s", "ITL": "max_itl_s"}.get(name, "max_e2e_s")
+                    reasons.append(f"{name} {q} {value or 0:.4g} s > {key} {limit:g}")
+            if targets.min_goodput is not None and (figures.goodput or 0) < targets.min_goodput:
+                reasons.append(
+                    f"goodput {100 * (figures.goodput or 0):.1f}% < min_goodput "
+                    f"{100 * targets.min_goodput:g}% (requests meeting every latency ceiling)"
+                )
             if reasons:
                 verdict = "fail"
     return LevelResult(
@@ -172,6 +188,10 @@ def judge_level(
         target_tok_s=floor,
         errors=errors,
     )
+
+
+def latency_limits(targets: Targets) -> LatencyLimits:
+    return LatencyLimits(targets.max_ttft_s, targets.max_itl_s, targets.max_e2e_s)
 
 
 def not_run_level(concurrency: int, workload: Workload, targets: Targets, reason: str) -> LevelResult:

@@ -410,3 +410,32 @@ def test_perf_html_without_matplotlib_says_how_to_install(pytester: pytest.Pytes
     result = pytester.runpytest_inprocess("--perf-html=out")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--perf-html*pip install 'pytest-kimi[[]plot[]]'*"])
+
+
+def test_latency_targets_and_goodput(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+    pytester.makepyfile(
+        f"""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=2, {SMALL}, max_ttft_s=5, max_itl_s=1.0, max_e2e_s=10, percentile=90, min_goodput=0.9)
+        def test_met():
+            pass
+
+        @throughput(concurrency=2, {SMALL}, max_itl_s=1e-7, max_e2e_s=1e-6, percentile=99, min_goodput=0.5)
+        def test_missed():
+            pass
+        """
+    )
+    report = tmp_path / "perf.json"
+    result = pytester.runpytest(f"--endpoint={sim_url}", f"--perf-json={report}")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*C=2 fail: ITL p99 * s > max_itl_s 1e-07*",
+            "*C=2 fail: end-to-end latency p99 * s > max_e2e_s 1e-06*",
+            "*C=2 fail: goodput 0.0% < min_goodput 50% (requests meeting every latency ceiling)*",
+        ]
+    )
+    met = json.loads(report.read_text())["tests"][0]["levels"][0]
+    assert met["percentile"] == 90 and met["goodput"] == 1.0
+    assert 0 < met["ttft_s_pct"] < 5 and 0 < met["itl_s_pct"] < 1 and 0 < met["e2e_s_pct"] < 10
