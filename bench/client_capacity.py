@@ -311,7 +311,7 @@ def ramp_mode(args: argparse.Namespace, url: str) -> None:
 CATEGORIES = [
     # (label, substring of a frame; the first match walking from the leaf upwards wins)
     ("SSE parser (pytest_kimi/load/sse.py)", "pytest_kimi/load/sse.py"),
-    ("block read: drain() (pytest_kimi/load/request.py)", "drain (pytest_kimi/load/request.py"),
+    ("block read: take() (pytest_kimi/load/request.py)", "take (pytest_kimi/load/request.py"),
     ("aiohttp request setup + connection", "_BaseRequestContextManager.__aenter__"),
     ("aiohttp HTTP parse + StreamReader feed (per HTTP chunk)", "ResponseHandler.data_received"),
     ("aiohttp response release", "__aexit__"),
