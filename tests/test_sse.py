@@ -421,11 +421,11 @@ def test_keepalive_only_blocks_and_done_without_blank_line() -> None:
     assert p.done and list(p.record.chunk_times) == [1.0]
 
 
-def test_token_shaped_events_are_counted_without_validation() -> None:
-    """Documented trade-off: a block whose events all *look like* token chunks is counted by
-    byte patterns, so a truncated-but-token-shaped payload is not reported as malformed."""
+def test_truncated_token_shaped_event_is_malformed() -> None:
+    """An event that carries the token pattern but does not end as a JSON object (a truncated
+    write) fails the fast path's ``}\n\n`` count and is decoded, hence reported."""
     rec = parse_blocks([(0.0, _events(TOK % "a", 'data: {"choices":[{"delta":{"content":"x"', TOK % "b"))])
-    assert rec.error is None and rec.events == 3
+    assert rec.error is not None and "malformed SSE event" in rec.error
 
 
 def test_truncated_stream_is_not_done() -> None:

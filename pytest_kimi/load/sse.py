@@ -261,6 +261,8 @@ class StreamParser:
         if events & 1:
             return None
         events >>= 1
+        if buf.count(b"}\n\n", start, end) != events:
+            return None  # an event that does not end as a JSON object does (truncated, garbage)
         c = buf.count(p.first, start, end)
         if c == events and events:
             if buf.find(p.finish, start, end) >= 0:
