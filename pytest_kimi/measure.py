@@ -7,12 +7,14 @@ reported as ``not-run`` with the reason rather than silently missing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol, Sequence
+from time import perf_counter
+from typing import Awaitable, Callable, Literal, Protocol, Sequence
 
 from .load.request import Target
-from .load.runner import LoadClient, TrialPlan, TrialRecords
+from .load.runner import LiveTrial, LoadClient, TrialPlan, TrialRecords
 from .markers import Targets, Workload
 from .metrics import ClientSignals, TrialResult, summarize_trial
 from .results import LevelResult, ThroughputResult, judge_level, not_run_level
@@ -39,7 +41,27 @@ class FixedTrials:
         return 0
 
 
-ProgressFn = Callable[[str], None]
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A snapshot for the live display: sent about once a second, and at each trial's end."""
+
+    kind: Literal["tick", "trial", "level"]
+    concurrency: int
+    trial: int
+    """1-based trial number within the level."""
+    trials: int
+    """Trials planned so far (adaptive trials may add more)."""
+    done: int
+    total: int | None
+    failed: int
+    tok_s: float | None
+    """tick: approximate tok/s so far in this trial; trial: the trial's steady-state figure."""
+    elapsed_s: float
+    """Seconds since the level started."""
+
+
+ProgressFn = Callable[[Progress], None]
+TICK_S = 1.0
 
 
 @dataclass(slots=True)
@@ -88,7 +110,8 @@ def _max_failures(workload: Workload, requests: int | None, concurrency: int) ->
 
 
 async def run_trial(
-    client: LoadClient, spec: MeasureSpec, concurrency: int, index: int, offset: int
+    client: LoadClient, spec: MeasureSpec, concurrency: int, index: int, offset: int,
+    live: LiveTrial | None = None,
 ) -> TrialResult:
     w = spec.workload
     requests = w.requests_for(concurrency)
@@ -101,7 +124,7 @@ async def run_trial(
         max_failures=_max_failures(w, requests, concurrency),
         warmup=0,
     )
-    tr = await client.run_trial(spec.target, plan)
+    tr = await client.run_trial(spec.target, plan, live)
     return summarize_trial(
         index,
         concurrency,
@@ -113,6 +136,19 @@ async def run_trial(
         ignore_eos=w.ignore_eos,
         stopped_early=tr.stopped_early,
     )
+
+
+async def _ticker(
+    progress: ProgressFn, live: LiveTrial, concurrency: int, trial: int, trials: int, level_start: float
+) -> None:
+    while True:
+        await asyncio.sleep(TICK_S)
+        now = perf_counter()
+        running = now - live.started if live.started else 0.0
+        progress(Progress(
+            "tick", concurrency, trial, trials, live.done, live.total, live.failed,
+            live.approx_tokens() / running if running > 0 else None, now - level_start,
+        ))
 
 
 async def warm_up(client: LoadClient, spec: MeasureSpec) -> list[str]:
@@ -142,22 +178,39 @@ async def measure_level(
     trials: list[TrialResult] = []
     planned = spec.trials
     offset = 0
+    level_start = perf_counter()
     while len(trials) < planned:
-        trial = await run_trial(client, spec, concurrency, len(trials), offset)
+        live = LiveTrial(total=spec.workload.requests_for(concurrency))
+        ticker = None
+        if progress is not None:
+            ticker = asyncio.ensure_future(
+                _ticker(progress, live, concurrency, len(trials) + 1, planned, level_start)
+            )
+        try:
+            trial = await run_trial(client, spec, concurrency, len(trials), offset, live)
+        finally:
+            if ticker is not None:
+                ticker.cancel()
         offset += trial.requests_ok + trial.requests_failed
         trials.append(trial)
-        if progress:
-            shown = f"{trial.tok_s:.1f} tok/s" if trial.tok_s is not None else "no figure"
-            progress(
-                f"C={concurrency} trial {len(trials)}/{planned}: {shown}, "
-                f"{trial.requests_ok} ok, {trial.requests_failed} failed"
-            )
         if trial.requests_failed and trial.stopped_early:
             break  # the server is failing: more trials would only repeat it
         if len(trials) == planned:
             samples = [t.tok_s for t in trials if t.valid and t.tok_s is not None]
             planned += spec.policy.more_trials(concurrency, samples)
-    return judge_level(concurrency, spec.workload, spec.targets, trials)
+        if progress is not None:
+            progress(Progress(
+                "trial", concurrency, len(trials), planned, live.done, live.total, live.failed,
+                trial.tok_s, perf_counter() - level_start,
+            ))
+    level = judge_level(concurrency, spec.workload, spec.targets, trials)
+    if progress is not None:
+        f = level.figures
+        progress(Progress(
+            "level", concurrency, len(trials), len(trials), f.requests_ok + f.requests_failed, None,
+            f.requests_failed, f.tok_s, perf_counter() - level_start,
+        ))
+    return level
 
 
 async def measure_test(
@@ -168,9 +221,7 @@ async def measure_test(
 ) -> ThroughputResult:
     """All levels of one test, in order; levels after an ``error`` are ``not-run``."""
     result = ThroughputResult(spec.nodeid, spec.workload, spec.targets, prompts_key=spec.prompts_key)
-    warm_errors = await warm_up(client, spec)
-    if warm_errors and len(warm_errors) >= spec.workload.warmup and progress:
-        progress(f"warm-up failed: {warm_errors[0]}")
+    await warm_up(client, spec)  # a dead server shows in the first level's errors
     stop_reason: str | None = None
     for concurrency in spec.workload.levels:
         if stop_reason is not None:

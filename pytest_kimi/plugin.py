@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import pytest
 
@@ -25,6 +25,7 @@ from .markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_mar
 from .report.json_report import build_report, write_json, write_text
 from .recording import reference_baseline, update_baselines
 from .report.junit import junit_properties
+from .report.progress import ProgressPrinter
 from .report.terminal import format_test
 from .results import ThroughputResult
 from .server import ProfileError, ServerProfile, ServerStartError, load_profile, open_server
@@ -414,7 +415,7 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
     keys = {c: level_key(perf.workload, spec.prompts_key, c) for c in perf.workload.levels}
     policy = AdaptiveTrials(baseline_samples(baseline, keys), gate.settings, len(keys), first_trials=spec.trials)
     spec.policy = policy
-    result = session.measure(spec)
+    result = session.measure(spec, _progress_printer(config, nodeid))
     changes = apply_gate(
         result, baseline, compared_with, current, gate.settings,
         tolerance=perf.targets.tolerance, alpha=perf.targets.alpha, alpha_weights=policy.alpha_weights,
@@ -439,6 +440,34 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
     item.stash[RESULT] = result
     item.user_properties.extend(junit_properties(result.to_dict()))
     return result
+
+
+def _progress_printer(config: pytest.Config, nodeid: str) -> ProgressPrinter | None:
+    """Live lines through pytest's terminal reporter: updating on a TTY, plain in CI logs.
+
+    Output capture is suspended around each write (as pytest's live logging does), so the
+    lines reach the terminal while the test's setup is captured, with or without ``-s``.
+    """
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or config.get_verbosity() < -1:
+        return None
+
+    def uncaptured(write: Callable[[], None]) -> None:
+        if capman is None:
+            write()
+            return
+        with capman.global_and_fixture_disabled():
+            write()
+
+    def line(text: str) -> None:
+        uncaptured(lambda: (reporter.ensure_newline(), reporter.write_line(text)))
+
+    def rewrite(text: str) -> None:
+        uncaptured(lambda: reporter.rewrite(text, erase=True))
+
+    line(f"[kimi] measuring {nodeid}")
+    return ProgressPrinter(line, rewrite if reporter.isatty else None, prefix="[kimi] ")
 
 
 def _note_server_crash(result: ThroughputResult, server: Any) -> None:

@@ -234,13 +234,15 @@ async def stream_request(
     scheduled: float,
     timeout_s: float,
     timeout: aiohttp.ClientTimeout | None = None,
+    record: RequestRecord | None = None,
 ) -> RequestRecord:
     """Send ``body`` to ``target`` and read the SSE stream to its end.
 
     Never raises (except ``asyncio.CancelledError``); ``record.end`` is always set.
-    ``timeout`` may be passed pre-built by a caller that sends many requests.
+    ``timeout`` may be passed pre-built by a caller that sends many requests; ``record`` lets
+    the caller see the request while it streams (progress display).
     """
-    rec = RequestRecord(index=index, worker=worker, scheduled=scheduled)
+    rec = record if record is not None else RequestRecord(index=index, worker=worker, scheduled=scheduled)
     parser = StreamParser(rec, target.api)
     connected = False
     ctype = ""

@@ -94,6 +94,26 @@ class TrialRecords:
     lag_samples: int = 0
 
 
+@dataclass(slots=True, eq=False)
+class LiveTrial:
+    """Counters a progress display reads while a trial runs.
+
+    Updated once per request (start and end), never per chunk; tokens of requests still
+    streaming are estimated from their read blocks only when someone asks.
+    """
+
+    total: int | None
+    started: float = 0.0
+    done: int = 0
+    failed: int = 0
+    tokens: int = 0
+    inflight: dict[int, RequestRecord] = field(default_factory=dict)
+
+    def approx_tokens(self) -> int:
+        """Tokens of finished requests plus token-carrying blocks of the ones in flight."""
+        return self.tokens + sum(len(r.chunk_times) for r in list(self.inflight.values()))
+
+
 def _p99(values: list[float]) -> float:
     if not values:
         return 0.0
@@ -208,6 +228,7 @@ class LoadClient:
         deadline_after: float | None,
         max_failures: int | None,
         records: list[RequestRecord],
+        live: LiveTrial | None = None,
     ) -> tuple[float, str | None]:
         """Run C workers that each take the next index, send, await, repeat.
 
@@ -224,6 +245,8 @@ class LoadClient:
         started = perf_counter()
         deadline = None if deadline_after is None else started + deadline_after
         append = records.append
+        if live is not None:
+            live.started = started
 
         async def worker(w: int) -> None:
             while not stop:
@@ -237,11 +260,20 @@ class LoadClient:
                 if deadline is not None and scheduled >= deadline:
                     return
                 state["next"] = i + 1
-                rec = await stream_request(
+                rec = RequestRecord(index=i, worker=w, scheduled=scheduled)
+                if live is not None:
+                    live.inflight[i] = rec
+                await stream_request(
                     session, target, bodies[i % nb],
                     index=i, worker=w, scheduled=scheduled, timeout_s=timeout_s, timeout=timeout,
+                    record=rec,
                 )
                 append(rec)
+                if live is not None:
+                    del live.inflight[i]
+                    live.done += 1
+                    live.tokens += rec.completion_tokens
+                    live.failed += rec.error is not None
                 if rec.error is not None:
                     state["failures"] += 1
                     if max_failures is not None and state["failures"] >= max_failures and not stop:
@@ -262,8 +294,11 @@ class LoadClient:
                 await asyncio.gather(*tasks, return_exceptions=True)
         return started, (stop[0] if stop else None)
 
-    async def run_trial(self, target: Target, plan: TrialPlan) -> TrialRecords:
-        """Closed-loop trial: ``plan.concurrency`` requests in flight until the plan ends."""
+    async def run_trial(self, target: Target, plan: TrialPlan, live: LiveTrial | None = None) -> TrialRecords:
+        """Closed-loop trial: ``plan.concurrency`` requests in flight until the plan ends.
+
+        ``live``, when given, is kept up to date for a progress display.
+        """
         raise_nofile_limit(plan.concurrency + 256)
         warm: list[RequestRecord] = []
         if plan.warmup > 0:
@@ -281,6 +316,7 @@ class LoadClient:
                 target, plan,
                 concurrency=plan.concurrency, requests=plan.requests,
                 deadline_after=plan.duration_s, max_failures=plan.max_failures, records=records,
+                live=live,
             )
         finally:
             ended = perf_counter()
