@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 from . import stats
 from .baseline import FieldChange, Provenance, TestBaseline, incomparable, provenance_diff
-from .markers import Workload
-from .results import LevelResult, ThroughputResult, workload_dict
+from .markers import LevelSpec
+from .results import LevelResult, ThroughputResult, level_key, workload_dict
 
 BASE_FAILING = frozenset({"fail", "invalid", "error", "regression"})
 
@@ -43,9 +43,8 @@ class GateSettings:
         return BASE_FAILING | extra
 
 
-def level_key(workload: Workload, prompts_key: str, concurrency: int) -> dict[str, Any]:
-    """The baseline key of one level: the test's workload plus its concurrency."""
-    return {**workload_dict(workload, prompts_key), "concurrency": concurrency}
+def result_level_key(result: ThroughputResult, level: LevelResult) -> dict[str, Any]:
+    return level_key(level.to_dict(), workload_dict(result.workload))
 
 
 @dataclass(slots=True)
@@ -56,42 +55,44 @@ class AdaptiveTrials:
     since a baseline with more samples makes every later comparison stronger).
     """
 
-    baseline_samples: dict[int, list[float]]
+    baseline_samples: dict[LevelSpec, list[float]]
     settings: GateSettings
     n_levels: int
     first_trials: int
-    looks: dict[int, int] = field(default_factory=dict)
-    alpha_weights: dict[int, float] = field(default_factory=dict)
+    looks: dict[LevelSpec, int] = field(default_factory=dict)
+    alpha_weights: dict[LevelSpec, float] = field(default_factory=dict)
 
-    def more_trials(self, concurrency: int, samples: Sequence[float]) -> int:
+    def more_trials(self, level: LevelSpec, samples: Sequence[float]) -> int:
         s = self.settings
         if s.updating:
             return max(0, s.max_trials - len(samples))
-        base = self.baseline_samples.get(concurrency)
+        base = self.baseline_samples.get(level)
         if not base or not samples:
             return 0
-        look = self.looks.get(concurrency, 0)
+        look = self.looks.get(level, 0)
         decision = stats.decide(
             base, samples, look=look, tolerance=s.tolerance, alpha=s.alpha,
             session_sigma=s.session_sigma, min_trials=min(self.first_trials, s.max_trials),
             max_trials=s.max_trials, n_levels=self.n_levels,
         )
-        self.looks[concurrency] = look + 1
+        self.looks[level] = look + 1
         # The look a level stops at fixes its share of alpha for the final comparison.
-        self.alpha_weights[concurrency] = decision.alpha_weight
+        self.alpha_weights[level] = decision.alpha_weight
         if decision.stop or len(samples) >= s.max_trials:
             return 0
         return decision.next_trials
 
 
-def baseline_samples(baseline: TestBaseline | None, result_keys: dict[int, dict[str, Any]]) -> dict[int, list[float]]:
+def baseline_samples(
+    baseline: TestBaseline | None, keys: dict[LevelSpec, dict[str, Any]]
+) -> dict[LevelSpec, list[float]]:
     if baseline is None:
         return {}
     out = {}
-    for concurrency, key in result_keys.items():
+    for spec, key in keys.items():
         level = baseline.level_for(key)
         if level is not None:
-            out[concurrency] = list(level.trials_tok_s)
+            out[spec] = list(level.trials_tok_s)
     return out
 
 
@@ -114,7 +115,7 @@ def apply_gate(
     settings: GateSettings,
     tolerance: float | None = None,
     alpha: float | None = None,
-    alpha_weights: dict[int, float] | None = None,
+    alpha_weights: dict[LevelSpec, float] | None = None,
 ) -> list[FieldChange]:
     """Compare every measured level with its baseline; set verdicts, notes and report fields.
 
@@ -127,7 +128,7 @@ def apply_gate(
     for level in result.levels:
         if level.verdict not in ("pass", "fail") or not level.figures.trials_tok_s:
             continue
-        key = level_key(result.workload, result.prompts_key, level.concurrency)
+        key = result_level_key(result, level)
         stored = baseline.level_for(key) if baseline is not None else None
         if stored is None:
             level.extra.update(baseline_tok_s=None, change_pct=None, ci90=None, p_value=None)
@@ -143,7 +144,7 @@ def apply_gate(
     comparisons = stats.compare_test(
         [(b, c) for _, b, c in eligible], tolerance=tol, alpha=alp,
         session_sigma=settings.session_sigma,
-        alpha_weights=[weights.get(lv.concurrency, 1.0) for lv, _, _ in eligible],
+        alpha_weights=[weights.get(lv.spec, 1.0) for lv, _, _ in eligible],
     )
     changed = "; ".join(str(c) for c in changes)
     for (level, base, _), cmp in zip(eligible, comparisons):

@@ -13,10 +13,10 @@ from typing import Any, Callable, Mapping
 from .workload import Api
 
 MARKER_SIGNATURE = (
-    "throughput(concurrency=1, max_tokens=512, min_tok_s=None, min_request_tok_s=None, "
+    "throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None, min_request_tok_s=None, "
     "max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, min_goodput=None, prompts='diverse', input_tokens=None, requests=None, duration_s=None, "
     "trials=None, warmup=2, ignore_eos=True, timeout_s=600, api='chat', max_error_rate=0, "
-    "tolerance=None, alpha=None): measure output tok/s at each concurrency level against an "
+    "tolerance=None, alpha=None, seed=0): measure output tok/s at each concurrency level against an "
     "OpenAI-compatible endpoint before the test body runs, and fail on a missed target"
 )
 
@@ -34,14 +34,37 @@ class MarkerError(ValueError):
     """A malformed ``@throughput`` argument; the message says which and what is allowed."""
 
 
+OPEN_LOOP_SECONDS = 20.0
+"""Default open-loop trial: this many seconds of arrivals (at least ``MIN_OPEN_LOOP`` requests)."""
+MIN_OPEN_LOOP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class LevelSpec:
+    """One point of a sweep: the load (closed-loop concurrency or open-loop rate) and lengths."""
+
+    concurrency: int | None
+    rate: float | None
+    """Requests per second, Poisson arrivals (open loop); exclusive with ``concurrency``."""
+    max_tokens: int
+    input_tokens: int | None = None
+
+    @property
+    def load(self) -> float:
+        """The swept load value, for floors and plots: C, or requests/s."""
+        return float(self.concurrency if self.concurrency is not None else self.rate or 0.0)
+
+    @property
+    def label(self) -> str:
+        return f"C={self.concurrency}" if self.concurrency is not None else f"rate={self.rate:g}/s"
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     """What to send at each level; also the key under which baselines are stored."""
 
-    levels: tuple[int, ...]
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    levels: tuple[LevelSpec, ...]
     prompts: str | tuple[str, ...] | None = None
-    input_tokens: int | None = None
     requests: int | None = None
     duration_s: float | None = None
     trials: int | None = None
@@ -50,21 +73,43 @@ class Workload:
     timeout_s: float = DEFAULT_TIMEOUT_S
     api: Api = "chat"
     max_error_rate: float = 0.0
+    seed: int = 0
 
-    def requests_for(self, concurrency: int) -> int | None:
+    @property
+    def swept(self) -> frozenset[str]:
+        """Which of max_tokens / input_tokens vary between levels (they then label each level)."""
+        out = set()
+        if len({lv.max_tokens for lv in self.levels}) > 1:
+            out.add("max_tokens")
+        if len({lv.input_tokens for lv in self.levels}) > 1:
+            out.add("input_tokens")
+        return frozenset(out)
+
+    def label(self, level: LevelSpec) -> str:
+        parts = [level.label]
+        if "max_tokens" in self.swept:
+            parts.append(f"max_tokens={level.max_tokens}")
+        if "input_tokens" in self.swept:
+            parts.append(f"input_tokens={level.input_tokens}")
+        return " ".join(parts)
+
+    def requests_for(self, level: LevelSpec) -> int | None:
         """Requests in one trial at this level (None: bounded by ``duration_s`` alone)."""
         if self.requests is not None:
             return self.requests
         if self.duration_s is not None:
             return None
-        return REQUESTS_PER_WORKER * concurrency
+        if level.concurrency is not None:
+            return REQUESTS_PER_WORKER * level.concurrency
+        return max(MIN_OPEN_LOOP, round((level.rate or 0) * OPEN_LOOP_SECONDS))
 
 
 @dataclass(frozen=True, slots=True)
 class Targets:
     """What must hold at every level; ``None`` means no target of that kind."""
 
-    min_tok_s: Mapping[int, float] = field(default_factory=dict)
+    min_tok_s: Mapping[float, float] = field(default_factory=dict)
+    """Floor per load value (concurrency, or rate for open-loop levels)."""
     min_request_tok_s: float | None = None
     max_ttft_s: float | None = None
     max_itl_s: float | None = None
@@ -76,8 +121,8 @@ class Targets:
     tolerance: float | None = None
     alpha: float | None = None
 
-    def floor_for(self, concurrency: int) -> float | None:
-        return self.min_tok_s.get(concurrency)
+    def floor_for(self, level: LevelSpec) -> float | None:
+        return self.min_tok_s.get(level.load)
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -108,31 +153,49 @@ def _percentile(name: str, value: Any) -> float:
     return float(value)
 
 
-def _levels(value: Any) -> tuple[int, ...]:
+def _sweep(name: str, value: Any, check: Callable[[str, Any], Any]) -> tuple[Any, ...]:
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     if not items:
-        raise MarkerError("concurrency=[]: expected an integer >= 1 or a non-empty list of them")
-    levels = tuple(_positive_int("concurrency", v) for v in items)
-    if len(set(levels)) != len(levels):
-        raise MarkerError(f"concurrency={list(levels)!r}: levels must be distinct")
-    return levels
+        raise MarkerError(f"{name}=[]: expected a value or a non-empty list of them")
+    values = tuple(check(name, v) for v in items)
+    if len(set(values)) != len(values):
+        raise MarkerError(f"{name}={list(values)!r}: sweep values must be distinct")
+    return values
 
 
-def _floors(value: Any, levels: tuple[int, ...]) -> dict[int, float]:
+def _levels(kwargs: Mapping[str, Any]) -> tuple[LevelSpec, ...]:
+    """The sweep: every load value (concurrency or rate) x max_tokens x input_tokens, in order."""
+    if kwargs.get("rate") is not None and kwargs.get("concurrency") is not None:
+        raise MarkerError("concurrency and rate are exclusive: closed loop (concurrency) or open loop (rate)")
+    if kwargs.get("rate") is not None:
+        loads = [(None, r) for r in _sweep("rate", kwargs["rate"], _positive_float)]
+    else:
+        loads = [(c, None) for c in _sweep("concurrency", kwargs.get("concurrency", 1), _positive_int)]
+    lengths = _sweep("max_tokens", kwargs.get("max_tokens", DEFAULT_MAX_TOKENS), _positive_int)
+    raw_inputs = kwargs.get("input_tokens")
+    inputs = (None,) if raw_inputs is None else _sweep("input_tokens", raw_inputs, _positive_int)
+    return tuple(
+        LevelSpec(c, r, m, i) for (c, r) in loads for m in lengths for i in inputs
+    )
+
+
+def _floors(value: Any, levels: tuple[LevelSpec, ...]) -> dict[float, float]:
+    loads = sorted({lv.load for lv in levels})
+    kind = "concurrency" if levels[0].concurrency is not None else "rate"
     if value is None:
         return {}
     if isinstance(value, Mapping):
         floors = {}
-        for level, floor in value.items():
-            if level not in levels:
+        for load, floor in value.items():
+            if isinstance(load, bool) or not isinstance(load, (int, float)) or float(load) not in loads:
+                shown = [int(x) if x == int(x) else x for x in loads]
                 raise MarkerError(
-                    f"min_tok_s={dict(value)!r}: level {level!r} is not one of the "
-                    f"concurrency levels {list(levels)}"
+                    f"min_tok_s={dict(value)!r}: level {load!r} is not one of the {kind} levels {shown}"
                 )
-            floors[level] = _positive_float(f"min_tok_s[{level}]", floor)
+            floors[float(load)] = _positive_float(f"min_tok_s[{load}]", floor)
         return floors
     floor = _positive_float("min_tok_s", value)
-    return {level: floor for level in levels}
+    return {load: floor for load in loads}
 
 
 def _prompts(value: Any) -> str | tuple[str, ...] | None:
@@ -159,8 +222,6 @@ def _bool(name: str, value: Any) -> bool:
 
 
 _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
-    "max_tokens": _positive_int,
-    "input_tokens": _positive_int,
     "requests": _positive_int,
     "duration_s": _positive_float,
     "trials": _positive_int,
@@ -177,9 +238,10 @@ _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
     "min_goodput": _fraction,
     "tolerance": lambda n, v: _fraction(n, v, open_low=True),
     "alpha": lambda n, v: _fraction(n, v, open_low=True),
+    "seed": lambda n, v: _positive_int(n, v, minimum=0),
 }
 
-ALLOWED_ARGS = ("concurrency", "min_tok_s", "prompts", *_OPTIONAL)
+ALLOWED_ARGS = ("concurrency", "rate", "max_tokens", "input_tokens", "min_tok_s", "prompts", *_OPTIONAL)
 
 
 def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Workload, Targets]:
@@ -195,21 +257,22 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
             f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
             f"allowed: {', '.join(sorted(ALLOWED_ARGS))}"
         )
-    levels = _levels(kwargs.get("concurrency", 1))
+    levels = _levels(kwargs)
     values = {
         name: check(name, kwargs[name])
         for name, check in _OPTIONAL.items()
         if kwargs.get(name) is not None
     }
     prompts = _prompts(kwargs.get("prompts"))
-    if prompts is not None and "input_tokens" in values:
+    if prompts is not None and kwargs.get("input_tokens") is not None:
         raise MarkerError("prompts and input_tokens are exclusive: give one or the other")
     requests = values.get("requests")
     if "min_goodput" in values and not any(k in values for k in ("max_ttft_s", "max_itl_s", "max_e2e_s")):
         raise MarkerError("min_goodput needs at least one of max_ttft_s, max_itl_s, max_e2e_s to define a good request")
-    if requests is not None and requests < max(levels):
+    top = max((lv.concurrency or 0) for lv in levels)
+    if requests is not None and requests < top:
         raise MarkerError(
-            f"requests={requests} is below concurrency {max(levels)}: a trial needs at "
+            f"requests={requests} is below concurrency {top}: a trial needs at "
             "least one request per in-flight slot"
         )
     targets = Targets(

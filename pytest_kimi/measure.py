@@ -14,8 +14,9 @@ from time import perf_counter
 from typing import Awaitable, Callable, Literal, Protocol, Sequence
 
 from .load.request import Target
+from .load import runner as load_runner
 from .load.runner import LiveTrial, LoadClient, TrialPlan, TrialRecords
-from .markers import Targets, Workload
+from .markers import LevelSpec, Targets, Workload
 from .metrics import ClientSignals, TrialResult, summarize_trial
 from .results import LevelResult, ThroughputResult, judge_level, not_run_level
 
@@ -26,7 +27,7 @@ DEFAULT_TRIALS = 3
 class TrialPolicy(Protocol):
     """Decides, after each trial, whether a level needs more (the adaptive gate plugs in here)."""
 
-    def more_trials(self, concurrency: int, samples: Sequence[float]) -> int:
+    def more_trials(self, level: LevelSpec, samples: Sequence[float]) -> int:
         """How many further trials to run now; 0 ends the level."""
         ...
 
@@ -37,7 +38,7 @@ class FixedTrials:
 
     trials: int = DEFAULT_TRIALS
 
-    def more_trials(self, concurrency: int, samples: Sequence[float]) -> int:
+    def more_trials(self, level: LevelSpec, samples: Sequence[float]) -> int:
         return 0
 
 
@@ -46,7 +47,8 @@ class Progress:
     """A snapshot for the live display: sent about once a second, and at each trial's end."""
 
     kind: Literal["tick", "trial", "level"]
-    concurrency: int
+    label: str
+    """The level's name, e.g. ``C=8`` or ``rate=2/s max_tokens=256``."""
     trial: int
     """1-based trial number within the level."""
     trials: int
@@ -72,10 +74,26 @@ class MeasureSpec:
     target: Target
     workload: Workload
     targets: Targets
-    bodies: list[bytes]
-    prompts_key: str
+    bodies: dict[int | None, list[bytes]]
+    """Pre-encoded request bodies per input_tokens (None: the prompt set), at max_tokens 0;
+    :meth:`bodies_for` sets the level's max_tokens."""
+    prompts_keys: dict[int | None, str]
     trials: int = DEFAULT_TRIALS
     policy: TrialPolicy = field(default_factory=FixedTrials)
+
+
+    def bodies_for(self, level: LevelSpec) -> list[bytes]:
+        return [
+            raw.replace(MAX_TOKENS_SLOT, b'"max_tokens":%d' % level.max_tokens, 1)
+            for raw in self.bodies[level.input_tokens]
+        ]
+
+    def prompts_key(self, level: LevelSpec) -> str:
+        return self.prompts_keys[level.input_tokens]
+
+
+MAX_TOKENS_SLOT = b'"max_tokens":0'
+"""Bodies are encoded once with this placeholder; a level fills in its own max_tokens."""
 
 
 def _rotated(bodies: list[bytes], offset: int) -> list[bytes]:
@@ -109,44 +127,49 @@ def _max_failures(workload: Workload, requests: int | None, concurrency: int) ->
     return max(1, int(workload.max_error_rate * budget)) + concurrency
 
 
+def _in_flight(level: LevelSpec) -> int:
+    """Requests in flight to allow for when bounding failures (open loop: ~1 s of arrivals)."""
+    return level.concurrency if level.concurrency is not None else max(1, round(level.rate or 1))
+
+
 async def run_trial(
-    client: LoadClient, spec: MeasureSpec, concurrency: int, index: int, offset: int,
+    client: LoadClient, spec: MeasureSpec, level: LevelSpec, index: int, offset: int,
     live: LiveTrial | None = None,
 ) -> TrialResult:
     w = spec.workload
-    requests = w.requests_for(concurrency)
-    plan = TrialPlan(
-        concurrency=concurrency,
-        bodies=_rotated(spec.bodies, offset),
-        requests=requests,
-        duration_s=w.duration_s,
-        timeout_s=w.timeout_s,
-        max_failures=_max_failures(w, requests, concurrency),
-        warmup=0,
-    )
-    tr = await client.run_trial(spec.target, plan, live)
+    requests = w.requests_for(level)
+    bodies = _rotated(spec.bodies_for(level), offset)
+    max_failures = _max_failures(w, requests, _in_flight(level))
+    if level.concurrency is not None:
+        plan = TrialPlan(
+            concurrency=level.concurrency, bodies=bodies, requests=requests,
+            duration_s=w.duration_s, timeout_s=w.timeout_s, max_failures=max_failures, warmup=0,
+        )
+        tr = await client.run_trial(spec.target, plan, live)
+    else:
+        open_plan = load_runner.OpenLoopPlan(  # type: ignore[attr-defined]
+            rate=level.rate or 1.0, bodies=bodies, requests=requests, duration_s=w.duration_s,
+            timeout_s=w.timeout_s, max_failures=max_failures, seed=w.seed + index,
+        )
+        tr = await client.run_open_loop(spec.target, open_plan, live)
     return summarize_trial(
         index,
-        concurrency,
-        tr.records,
-        started=tr.started,
-        ended=tr.ended,
+        level,
+        tr,
         client=_signals(tr),
-        max_tokens=w.max_tokens,
         ignore_eos=w.ignore_eos,
-        stopped_early=tr.stopped_early,
     )
 
 
 async def _ticker(
-    progress: ProgressFn, live: LiveTrial, concurrency: int, trial: int, trials: int, level_start: float
+    progress: ProgressFn, live: LiveTrial, label: str, trial: int, trials: int, level_start: float
 ) -> None:
     while True:
         await asyncio.sleep(TICK_S)
         now = perf_counter()
         running = now - live.started if live.started else 0.0
         progress(Progress(
-            "tick", concurrency, trial, trials, live.done, live.total, live.failed,
+            "tick", label, trial, trials, live.done, live.total, live.failed,
             live.approx_tokens() / running if running > 0 else None, now - level_start,
         ))
 
@@ -156,9 +179,10 @@ async def warm_up(client: LoadClient, spec: MeasureSpec) -> list[str]:
     n = spec.workload.warmup
     if n <= 0:
         return []
+    first = next(iter(spec.bodies.values()))
     plan = TrialPlan(
         concurrency=min(n, 8),
-        bodies=_warmup_bodies(spec.bodies),
+        bodies=_warmup_bodies(first),
         requests=n,
         duration_s=None,
         timeout_s=spec.workload.timeout_s,
@@ -172,22 +196,23 @@ async def warm_up(client: LoadClient, spec: MeasureSpec) -> list[str]:
 async def measure_level(
     client: LoadClient,
     spec: MeasureSpec,
-    concurrency: int,
+    level: LevelSpec,
     progress: ProgressFn | None = None,
 ) -> LevelResult:
     trials: list[TrialResult] = []
     planned = spec.trials
     offset = 0
     level_start = perf_counter()
+    label = spec.workload.label(level)
     while len(trials) < planned:
-        live = LiveTrial(total=spec.workload.requests_for(concurrency))
+        live = LiveTrial(total=spec.workload.requests_for(level))
         ticker = None
         if progress is not None:
             ticker = asyncio.ensure_future(
-                _ticker(progress, live, concurrency, len(trials) + 1, planned, level_start)
+                _ticker(progress, live, label, len(trials) + 1, planned, level_start)
             )
         try:
-            trial = await run_trial(client, spec, concurrency, len(trials), offset, live)
+            trial = await run_trial(client, spec, level, len(trials), offset, live)
         finally:
             if ticker is not None:
                 ticker.cancel()
@@ -197,20 +222,20 @@ async def measure_level(
             break  # the server is failing: more trials would only repeat it
         if len(trials) == planned:
             samples = [t.tok_s for t in trials if t.valid and t.tok_s is not None]
-            planned += spec.policy.more_trials(concurrency, samples)
+            planned += spec.policy.more_trials(level, samples)
         if progress is not None:
             progress(Progress(
-                "trial", concurrency, len(trials), planned, live.done, live.total, live.failed,
+                "trial", label, len(trials), planned, live.done, live.total, live.failed,
                 trial.tok_s, perf_counter() - level_start,
             ))
-    level = judge_level(concurrency, spec.workload, spec.targets, trials)
+    result = judge_level(level, spec.workload, spec.targets, trials, spec.prompts_key(level))
     if progress is not None:
-        f = level.figures
+        f = result.figures
         progress(Progress(
-            "level", concurrency, len(trials), len(trials), f.requests_ok + f.requests_failed, None,
+            "level", label, len(trials), len(trials), f.requests_ok + f.requests_failed, None,
             f.requests_failed, f.tok_s, perf_counter() - level_start,
         ))
-    return level
+    return result
 
 
 async def measure_test(
@@ -220,19 +245,21 @@ async def measure_test(
     on_level: Callable[[LevelResult], Awaitable[None] | None] | None = None,
 ) -> ThroughputResult:
     """All levels of one test, in order; levels after an ``error`` are ``not-run``."""
-    result = ThroughputResult(spec.nodeid, spec.workload, spec.targets, prompts_key=spec.prompts_key)
+    result = ThroughputResult(spec.nodeid, spec.workload, spec.targets)
     await warm_up(client, spec)  # a dead server shows in the first level's errors
     stop_reason: str | None = None
-    for concurrency in spec.workload.levels:
+    for level in spec.workload.levels:
         if stop_reason is not None:
-            result.levels.append(not_run_level(concurrency, spec.workload, spec.targets, stop_reason))
+            result.levels.append(
+                not_run_level(level, spec.workload, spec.targets, stop_reason, spec.prompts_key(level))
+            )
             continue
-        level = await measure_level(client, spec, concurrency, progress)
-        result.levels.append(level)
+        measured = await measure_level(client, spec, level, progress)
+        result.levels.append(measured)
         if on_level is not None:
-            maybe = on_level(level)
+            maybe = on_level(measured)
             if maybe is not None:
                 await maybe
-        if level.verdict == "error":
-            stop_reason = f"not run: C={concurrency} ended in error"
+        if measured.verdict == "error":
+            stop_reason = f"not run: {measured.label} ended in error"
     return result

@@ -19,6 +19,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .load.runner import TrialRecords
+from .markers import LevelSpec
 from .records import RequestRecord
 
 CLIENT_LAG_LIMIT_S = 0.02
@@ -41,7 +43,7 @@ class TrialResult:
     """One measured load phase at one level: the sample unit of the statistics."""
 
     index: int
-    concurrency: int
+    label: str
     tok_s: float | None
     """Aggregate output tok/s in the steady-state window; None when there is no window."""
     window_s: float
@@ -54,6 +56,9 @@ class TrialResult:
     errors: list[str] = field(default_factory=list)
     stopped_early: str | None = None
     records: list[RequestRecord] = field(default_factory=list, repr=False)
+    offered_rate: float | None = None
+    """Open loop: the arrival rate asked for, and the one the client achieved."""
+    achieved_rate: float | None = None
 
     @property
     def valid(self) -> bool:
@@ -124,37 +129,48 @@ def is_empty_ok_response(rec: RequestRecord) -> bool:
     )
 
 
+def open_loop_window(records: Sequence[RequestRecord]) -> tuple[float, float] | None:
+    """Open loop: from the first completed request (the system has filled to its steady depth)
+    to the last arrival (after it, arrivals stop and the system drains)."""
+    ends = [r.last_token for r in records if r.last_token is not None]
+    if not ends:
+        return None
+    start = min(ends)
+    end = max(r.sent for r in records)
+    return (start, end) if end > start else None
+
+
 def summarize_trial(
     index: int,
-    concurrency: int,
-    records: list[RequestRecord],
+    level: LevelSpec,
+    tr: TrialRecords,
     *,
-    started: float,
-    ended: float,
     client: ClientSignals,
-    max_tokens: int,
     ignore_eos: bool,
-    stopped_early: str | None = None,
 ) -> TrialResult:
     """Figures and validity of one trial; never raises on bad data, it says what is wrong."""
+    records = tr.records
+    max_tokens = level.max_tokens
     empty = [r for r in records if is_empty_ok_response(r)]
     failed = [r for r in records if not r.ok and not is_empty_ok_response(r)]
     ok = [r for r in records if r.ok]
     invalid: list[str] = []
-    window = steady_window(ok)
-    tok_s = window_tokens = window_s = 0.0
+    open_loop = level.concurrency is None
+    window = open_loop_window(ok) if open_loop else steady_window(ok)
+    window_s = window_tokens = 0.0
+    tok_s: float | None = None
     if window is None:
-        tok_s_value: float | None = None
         if ok:
             invalid.append(
-                "no steady-state window: a worker finished before all had their first token "
-                "(give more requests per trial)"
+                "no steady-state window: "
+                + ("the first request ended after the last arrival" if open_loop
+                   else "a worker finished before all had their first token")
+                + " (give more requests per trial)"
             )
     else:
         window_s = window[1] - window[0]
         window_tokens = tokens_in_window(ok, *window)
         tok_s = window_tokens / window_s
-        tok_s_value = tok_s
     if empty:
         invalid.append(f"{len(empty)} request(s) answered 200 with no tokens")
     if ignore_eos:
@@ -178,24 +194,25 @@ def summarize_trial(
             errors.append(r.error)
         if len(errors) >= 3:
             break
-    result = TrialResult(
+    if approx:
+        errors.append(f"note: {approx} request(s) sent no usage; tokens counted from events")
+    return TrialResult(
         index=index,
-        concurrency=concurrency,
-        tok_s=tok_s_value,
+        label=level.label,
+        tok_s=tok_s,
         window_s=window_s,
         window_tokens=window_tokens,
         requests_ok=len(ok),
         requests_failed=len(failed) + len(empty),
-        wall_s=ended - started,
+        wall_s=tr.ended - tr.started,
         client=client,
         invalid=invalid,
         errors=errors,
-        stopped_early=stopped_early,
+        stopped_early=tr.stopped_early,
         records=records,
+        offered_rate=level.rate,
+        achieved_rate=getattr(tr, "achieved_rate", None),
     )
-    if approx:
-        result.errors.append(f"note: {approx} request(s) sent no usage; tokens counted from events")
-    return result
 
 
 @dataclass(slots=True)

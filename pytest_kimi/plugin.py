@@ -19,7 +19,7 @@ import pytest
 
 from . import settings
 from .baseline import DEFAULT_DIRNAME, BaselineError, BaselineStore, Provenance, TestBaseline
-from .gate import AdaptiveTrials, GateSettings, IncomparableBaseline, apply_gate, baseline_samples, check_comparable, level_key
+from .gate import AdaptiveTrials, GateSettings, IncomparableBaseline, apply_gate, baseline_samples, check_comparable
 from .endpoint import EndpointError, EndpointInfo, normalize_url
 from .markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_marker_kwargs, parse_throughput
 from .report.json_report import build_report, write_json, write_text
@@ -27,7 +27,7 @@ from .recording import reference_baseline, update_baselines
 from .report.junit import junit_properties
 from .report.progress import ProgressPrinter
 from .report.terminal import format_test
-from .results import ThroughputResult
+from .results import ThroughputResult, spec_key
 from .server import ProfileError, ServerProfile, ServerStartError, load_profile, open_server
 from .session import KimiLoad, PerfSession, build_spec
 from .workload import WorkloadError
@@ -412,7 +412,7 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
         pytest.fail(problem, pytrace=False)
     if server is not None:
         server.flush_cache()  # one test's prefix cache must not flatter the next
-    keys = {c: level_key(perf.workload, spec.prompts_key, c) for c in perf.workload.levels}
+    keys = {lv: spec_key(lv, spec.prompts_key(lv), perf.workload) for lv in perf.workload.levels}
     policy = AdaptiveTrials(baseline_samples(baseline, keys), gate.settings, len(keys), first_trials=spec.trials)
     spec.policy = policy
     result = session.measure(spec, _progress_printer(config, nodeid))

@@ -12,8 +12,7 @@ from typing import Any
 from .baseline import (
     BaselineError, BaselineStore, LevelBaseline, Provenance, ProvenanceConflict, TestBaseline, WorkloadKey,
 )
-from .gate import level_key
-from .results import ThroughputResult
+from .results import ThroughputResult, level_key, workload_dict
 
 
 def update_baselines(
@@ -29,7 +28,7 @@ def update_baselines(
     for test in tests:
         bad = [lv for lv in test["levels"] if lv["verdict"] in UNRECORDABLE]
         if bad and mode != "force":
-            why = "; ".join(f"C={lv['concurrency']} {lv['verdict']}" for lv in bad)
+            why = "; ".join(f"{lv['label']} {lv['verdict']}" for lv in bad)
             refused.append(
                 f"{test['nodeid']}: not recorded ({why}); fix the run, or record anyway with "
                 "--update-baselines=force"
@@ -37,7 +36,7 @@ def update_baselines(
             continue
         levels = [
             LevelBaseline(
-                workload=WorkloadKey.from_dict({**test["workload"], "concurrency": lv["concurrency"]}),
+                workload=WorkloadKey.from_dict(level_key(lv, test["workload"])),
                 trials_tok_s=lv["trials_tok_s"],
                 request_tok_s=_summary(p50=lv.get("request_tok_s_p50")),
                 ttft_s=_summary(p50=lv.get("ttft_s_p50"), p95=lv.get("ttft_s_p95")),
@@ -75,7 +74,7 @@ def reference_baseline(result: ThroughputResult, provenance: Provenance, name: s
     """The reference deployment's figures of this run, shaped as a baseline for the others."""
     levels = [
         LevelBaseline(
-            workload=WorkloadKey.from_dict(level_key(result.workload, result.prompts_key, lv.concurrency)),
+            workload=WorkloadKey.from_dict(level_key(lv.to_dict(), workload_dict(result.workload))),
             trials_tok_s=lv.figures.trials_tok_s,
         )
         for lv in result.levels

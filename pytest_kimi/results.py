@@ -13,9 +13,10 @@ Verdicts of a level, strongest first:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
-from .markers import Targets, Workload
+from .markers import LevelSpec, Targets, Workload
 from .metrics import LatencyLimits, LevelFigures, TrialResult, level_figures
 
 VERDICTS = ("pass", "fail", "invalid", "error", "not-run")
@@ -24,8 +25,10 @@ FAILING_VERDICTS = frozenset({"fail", "invalid", "error"})
 
 @dataclass(slots=True)
 class LevelResult:
-    concurrency: int
-    max_tokens: int
+    spec: LevelSpec
+    label: str
+    """How reports name the level: ``C=8``, ``rate=2/s``, plus swept lengths."""
+    prompts_key: str
     trials: list[TrialResult]
     figures: LevelFigures
     verdict: str
@@ -35,11 +38,23 @@ class LevelResult:
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields later stages add to the JSON level (baseline comparison, server counters)."""
 
+    @property
+    def concurrency(self) -> int | None:
+        return self.spec.concurrency
+
+    @property
+    def max_tokens(self) -> int:
+        return self.spec.max_tokens
+
     def to_dict(self) -> dict[str, Any]:
         f = self.figures
         out: dict[str, Any] = {
-            "concurrency": self.concurrency,
-            "max_tokens": self.max_tokens,
+            "label": self.label,
+            "concurrency": self.spec.concurrency,
+            "rate": self.spec.rate,
+            "max_tokens": self.spec.max_tokens,
+            "input_tokens": self.spec.input_tokens,
+            "prompts": self.prompts_key,
             "tok_s": _round(f.tok_s, 2),
             "trials_tok_s": [_round(x, 2) for x in f.trials_tok_s],
             "spread_pct": _round(f.spread_pct, 2),
@@ -61,6 +76,9 @@ class LevelResult:
             "trials": len(self.trials),
             "client": _client_summary(self.trials),
         }
+        if self.spec.rate is not None:
+            achieved = [t.achieved_rate for t in self.trials if t.achieved_rate is not None]
+            out["achieved_rate"] = _round(median(achieved), 3) if achieved else None
         out.update(self.extra)
         return out
 
@@ -73,15 +91,25 @@ class ThroughputResult:
     workload: Workload
     targets: Targets
     levels: list[LevelResult] = field(default_factory=list)
-    prompts_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     """Test-level report fields later stages add (baseline file, provenance changes)."""
 
-    def level(self, concurrency: int) -> LevelResult:
+    def level(self, concurrency: int | None = None, *, rate: float | None = None,
+              max_tokens: int | None = None, input_tokens: int | None = None) -> LevelResult:
+        """The level with these values (only the ones given are matched)."""
         for lv in self.levels:
-            if lv.concurrency == concurrency:
+            sp = lv.spec
+            if (
+                (concurrency is None or sp.concurrency == concurrency)
+                and (rate is None or sp.rate == rate)
+                and (max_tokens is None or sp.max_tokens == max_tokens)
+                and (input_tokens is None or sp.input_tokens == input_tokens)
+            ):
                 return lv
-        raise KeyError(f"no level with concurrency {concurrency}")
+        raise KeyError(
+            f"no level with concurrency={concurrency} rate={rate} max_tokens={max_tokens} "
+            f"input_tokens={input_tokens}; levels: {[lv.label for lv in self.levels]}"
+        )
 
     def failing_levels(self, failing: frozenset[str] = FAILING_VERDICTS) -> list[LevelResult]:
         return [lv for lv in self.levels if lv.verdict in failing]
@@ -89,20 +117,35 @@ class ThroughputResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "nodeid": self.nodeid,
-            "workload": workload_dict(self.workload, self.prompts_key),
+            "workload": workload_dict(self.workload),
             "levels": [lv.to_dict() for lv in self.levels],
             **self.extra,
         }
 
 
-def workload_dict(workload: Workload, prompts_key: str) -> dict[str, Any]:
-    return {
-        "api": workload.api,
-        "ignore_eos": workload.ignore_eos,
-        "input_tokens": workload.input_tokens,
-        "max_tokens": workload.max_tokens,
-        "prompts": prompts_key,
+def workload_dict(workload: Workload) -> dict[str, Any]:
+    """What is common to every level of the test (the levels carry their own lengths and load)."""
+    return {"api": workload.api, "ignore_eos": workload.ignore_eos}
+
+
+def spec_key(level: LevelSpec, prompts_key: str, workload: Workload) -> dict[str, Any]:
+    """The baseline key of a level before it is measured (for adaptive trials)."""
+    fields = {
+        "concurrency": level.concurrency, "rate": level.rate, "max_tokens": level.max_tokens,
+        "input_tokens": level.input_tokens, "prompts": prompts_key,
     }
+    return level_key(fields, workload_dict(workload))
+
+
+def level_key(level: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
+    """A level's baseline key from report dicts: everything that defines the load it measured.
+
+    Keys left None (no rate in a closed-loop level, no input_tokens with a prompt set) are absent.
+    """
+    key = {**workload}
+    for name in ("concurrency", "rate", "max_tokens", "input_tokens", "prompts"):
+        key[name] = level.get(name)
+    return {k: v for k, v in key.items() if v is not None}
 
 
 def _round(x: float | None, digits: int) -> float | None:
@@ -120,14 +163,15 @@ def _client_summary(trials: list[TrialResult]) -> dict[str, float]:
 
 
 def judge_level(
-    concurrency: int,
+    level: LevelSpec,
     workload: Workload,
     targets: Targets,
     trials: list[TrialResult],
+    prompts_key: str,
 ) -> LevelResult:
     """Figures and verdict of one level, with every reason a non-pass verdict has."""
     figures = level_figures(trials, targets.percentile, latency_limits(targets))
-    floor = targets.floor_for(concurrency)
+    floor = targets.floor_for(level)
     errors: list[str] = []
     for t in trials:
         for e in t.errors:
@@ -179,8 +223,9 @@ def judge_level(
             if reasons:
                 verdict = "fail"
     return LevelResult(
-        concurrency=concurrency,
-        max_tokens=workload.max_tokens,
+        spec=level,
+        label=workload.label(level),
+        prompts_key=prompts_key,
         trials=trials,
         figures=figures,
         verdict=verdict,
@@ -194,13 +239,16 @@ def latency_limits(targets: Targets) -> LatencyLimits:
     return LatencyLimits(targets.max_ttft_s, targets.max_itl_s, targets.max_e2e_s)
 
 
-def not_run_level(concurrency: int, workload: Workload, targets: Targets, reason: str) -> LevelResult:
+def not_run_level(
+    level: LevelSpec, workload: Workload, targets: Targets, reason: str, prompts_key: str
+) -> LevelResult:
     return LevelResult(
-        concurrency=concurrency,
-        max_tokens=workload.max_tokens,
+        spec=level,
+        label=workload.label(level),
+        prompts_key=prompts_key,
         trials=[],
         figures=level_figures([]),
         verdict="not-run",
         reasons=[reason],
-        target_tok_s=targets.floor_for(concurrency),
+        target_tok_s=targets.floor_for(level),
     )

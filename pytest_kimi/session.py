@@ -72,14 +72,14 @@ def build_spec(
     policy: TrialPolicy | None = None,
 ) -> MeasureSpec:
     """Resolve prompts and pre-encode bodies: all the work that must not happen under the clock."""
-    source = resolve_prompts(workload.prompts, workload.input_tokens, rootdir)
-    bodies = encode_bodies(
-        source,
-        model=endpoint.model,
-        api=workload.api,
-        max_tokens=workload.max_tokens,
-        ignore_eos=workload.ignore_eos,
-    )
+    bodies: dict[int | None, list[bytes]] = {}
+    keys: dict[int | None, str] = {}
+    for input_tokens in dict.fromkeys(lv.input_tokens for lv in workload.levels):
+        source = resolve_prompts(workload.prompts, input_tokens, rootdir)
+        bodies[input_tokens] = encode_bodies(
+            source, model=endpoint.model, api=workload.api, max_tokens=0, ignore_eos=workload.ignore_eos
+        )
+        keys[input_tokens] = source.key
     target = Target(url=endpoint.url + API_PATHS[workload.api], headers=endpoint.headers(), api=workload.api)
     return MeasureSpec(
         nodeid=nodeid,
@@ -87,7 +87,7 @@ def build_spec(
         workload=workload,
         targets=targets,
         bodies=bodies,
-        prompts_key=source.key,
+        prompts_keys=keys,
         trials=workload.trials or trials or DEFAULT_TRIALS,
         policy=policy or FixedTrials(),
     )

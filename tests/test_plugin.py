@@ -42,7 +42,7 @@ SMALL = "max_tokens=64, trials=2, warmup=1"
 
 def test_marker_is_registered_with_its_signature(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.throughput(concurrency=1, max_tokens=512, min_tok_s=None*"])
+    result.stdout.fnmatch_lines(["@pytest.mark.throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None*"])
     result.stdout.fnmatch_lines(["@pytest.mark.perf:*"])
 
 
@@ -171,7 +171,7 @@ def test_floor_met_passes_and_missed_fails_with_table(pytester: pytest.Pytester,
     result.stdout.fnmatch_lines(
         [
             "*throughput target missed:*",
-            "*C*tok/s*req tok/s p50*TTFT p50/p95 s*ITL p50 ms*ok/failed*target*verdict*",
+            "*level*tok/s*req tok/s p50*TTFT p50/p95 s*ITL p50 ms*ok/failed*target*verdict*",
             "*C=4 fail: aggregate * tok/s < min_tok_s 1e+07*",
         ]
     )

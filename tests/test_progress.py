@@ -24,7 +24,7 @@ def test_sweep():
 
 
 def _tick(elapsed: float, kind: str = "tick") -> Progress:
-    return Progress(kind, 8, 1, 3, 5, 16, 1, 1234.5, elapsed)  # type: ignore[arg-type]
+    return Progress(kind, "C=8", 1, 3, 5, 16, 1, 1234.5, elapsed)  # type: ignore[arg-type]
 
 
 def test_format() -> None:

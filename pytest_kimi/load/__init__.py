@@ -3,16 +3,24 @@
 Kept free of pytest so it can be driven from benchmarks and scripts as well as the plugin.
 """
 
+from .openloop import OpenLoopPlan, poisson_arrivals
 from .request import Target, stream_request
-from .runner import LoadClient, TrialPlan, TrialRecords
+from .runner import LiveTrial, LoadClient, ShardSummary, TrialPlan, TrialRecords
 from .sse import StreamParser, parse_blocks
+from .workers import ShardedClient, WorkerError
 
 __all__ = [
+    "LiveTrial",
     "LoadClient",
+    "OpenLoopPlan",
+    "ShardSummary",
+    "ShardedClient",
     "StreamParser",
     "Target",
     "TrialPlan",
     "TrialRecords",
+    "WorkerError",
     "parse_blocks",
+    "poisson_arrivals",
     "stream_request",
 ]

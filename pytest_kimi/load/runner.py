@@ -1,4 +1,5 @@
-"""Closed-loop load runner: keep exactly C streamed requests in flight and record them.
+"""Load runner: closed loop (keep exactly C streamed requests in flight) and open loop
+(send each request at its planned Poisson arrival, however many are in flight), recorded.
 
 Design choices and why:
 
@@ -23,6 +24,7 @@ from typing import Sequence
 import aiohttp
 
 from ..records import RequestRecord
+from .openloop import OpenLoopPlan
 from .request import Target, silence_timeout, stream_request
 
 try:  # POSIX only; elsewhere the default limit has to do
@@ -92,6 +94,42 @@ class TrialRecords:
     """Why the trial stopped starting requests before its plan said so (None: it did not)."""
     warmup_records: list[RequestRecord] = field(default_factory=list)
     lag_samples: int = 0
+    offered_rate: float | None = None
+    """Open loop: the arrival rate asked for (requests/s).  None for a closed loop."""
+    achieved_rate: float | None = None
+    """Open loop: ``(sent - 1) / (last send - first send)``, the rate that actually left the
+    client (intervals per second, so it does not depend on where the trial clock started)."""
+    schedule_delay_p99_s: float | None = None
+    """Open loop: p99 of ``sent - scheduled``, the client's own lateness against its plan.  A
+    late client offers less than ``offered_rate`` and flattens bursts: the figures would
+    then describe a gentler load than the one asked for."""
+    shards: list[ShardSummary] = field(default_factory=list)
+    """Per-process breakdown when a :class:`~pytest_kimi.load.workers.ShardedClient` ran the
+    trial (empty for a single :class:`LoadClient`)."""
+
+
+@dataclass(slots=True)
+class ShardSummary:
+    """What one worker process of a sharded trial did, for saturation checks per process.
+
+    The merged :class:`TrialRecords` takes the worst lag over processes, so a single
+    overloaded core is not averaged away; this keeps the per-process detail for reports.
+    """
+
+    shard: int
+    """Worker process number (0-based)."""
+    pid: int
+    concurrency: int
+    """Closed loop: slots this process ran; open loop: its peak in flight."""
+    requests: int | None
+    """Requests (closed loop) or arrivals (open loop) it was planned to send."""
+    first_slot: int
+    """Closed loop: its slots are ``record.worker`` in ``[first_slot, first_slot + concurrency)``."""
+    records: int
+    client_cpu_s: float
+    loop_lag_max_s: float
+    loop_lag_p99_s: float
+    stopped_early: str | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -108,10 +146,14 @@ class LiveTrial:
     failed: int = 0
     tokens: int = 0
     inflight: dict[int, RequestRecord] = field(default_factory=dict)
+    remote_inflight_tokens: int = 0
+    """Token-carrying blocks of requests streaming in worker processes (ShardedClient): their
+    records live in another process, so the workers report this count periodically."""
 
     def approx_tokens(self) -> int:
         """Tokens of finished requests plus token-carrying blocks of the ones in flight."""
-        return self.tokens + sum(len(r.chunk_times) for r in list(self.inflight.values()))
+        return (self.tokens + self.remote_inflight_tokens
+                + sum(len(r.chunk_times) for r in list(self.inflight.values())))
 
 
 def _p99(values: list[float]) -> float:
@@ -127,6 +169,47 @@ def _start_spread(records: list[RequestRecord], started: float) -> float:
         if r.sent and (r.worker not in first or r.sent < first[r.worker]):
             first[r.worker] = r.sent
     return max(first.values()) - started if first else 0.0
+
+
+def peak_inflight(records: Sequence[RequestRecord]) -> int:
+    """Most requests whose ``[sent, end]`` intervals overlap at one instant.
+
+    An end at the same instant as a send counts as finished first, so a closed-loop slot
+    that sends its next request the moment its previous one ends counts once.
+    """
+    events: list[tuple[float, int]] = []
+    for r in records:
+        if r.sent:
+            events.append((r.sent, 1))
+            events.append((max(r.end, r.sent), -1))
+    events.sort()
+    peak = cur = 0
+    for _, d in events:
+        cur += d
+        if cur > peak:
+            peak = cur
+    return peak
+
+
+def achieved_rate(records: Sequence[RequestRecord]) -> float | None:
+    """Sends per second between the first and the last send: ``(n - 1) / span``."""
+    sends = [r.sent for r in records if r.sent]
+    if len(sends) < 2:
+        return None
+    span = max(sends) - min(sends)
+    return (len(sends) - 1) / span if span > 0 else None
+
+
+async def sleep_until(when: float) -> None:
+    """Sleep until ``perf_counter() >= when`` (to ~1 ms: the event loop's timer resolution)."""
+    delay = when - perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def raise_nofile_limit(needed: int) -> int:
@@ -229,11 +312,14 @@ class LoadClient:
         max_failures: int | None,
         records: list[RequestRecord],
         live: LiveTrial | None = None,
+        start_at: float | None = None,
     ) -> tuple[float, str | None]:
         """Run C workers that each take the next index, send, await, repeat.
 
         Returns (start time, stop reason).  Workers stop taking indices when the count is
-        reached, the deadline has passed, or ``max_failures`` requests failed.
+        reached, the deadline has passed, or ``max_failures`` requests failed.  With
+        ``start_at`` (a ``perf_counter`` instant agreed with other processes) the trial starts
+        then, and that instant is its start time.
         """
         session = self.session
         bodies = list(plan.bodies)
@@ -242,7 +328,9 @@ class LoadClient:
         timeout_s = plan.timeout_s
         state = {"next": 0, "failures": 0}
         stop: list[str] = []
-        started = perf_counter()
+        if start_at is not None:
+            await sleep_until(start_at)
+        started = perf_counter() if start_at is None else start_at
         deadline = None if deadline_after is None else started + deadline_after
         append = records.append
         if live is not None:
@@ -299,15 +387,38 @@ class LoadClient:
 
         ``live``, when given, is kept up to date for a progress display.
         """
+        warm = await self.warm_up(target, plan)
+        return await self.measure_closed(target, plan, live, warm=warm)
+
+    async def warm_up(self, target: Target, plan: TrialPlan) -> list[RequestRecord]:
+        """The plan's ``warmup`` requests, sent and awaited; not part of any measurement.
+
+        Separate from :meth:`measure_closed` so that worker processes can all finish their
+        warm-up before they agree on one start instant.
+        """
+        if plan.warmup <= 0:
+            return []
         raise_nofile_limit(plan.concurrency + 256)
         warm: list[RequestRecord] = []
-        if plan.warmup > 0:
-            await self._closed_loop(
-                target, plan,
-                concurrency=min(plan.concurrency, plan.warmup), requests=plan.warmup,
-                deadline_after=None, max_failures=None, records=warm,
-            )
+        await self._closed_loop(
+            target, plan,
+            concurrency=min(plan.concurrency, plan.warmup), requests=plan.warmup,
+            deadline_after=None, max_failures=None, records=warm,
+        )
+        return warm
+
+    async def measure_closed(
+        self, target: Target, plan: TrialPlan, live: LiveTrial | None = None, *,
+        warm: list[RequestRecord] | None = None, start_at: float | None = None,
+    ) -> TrialRecords:
+        """The measured part of a closed-loop trial (``plan.warmup`` is not sent here).
+
+        ``start_at``: a ``perf_counter`` instant to start at (sharded trials); None: now.
+        """
+        raise_nofile_limit(plan.concurrency + 256)
         records: list[RequestRecord] = []
+        if start_at is not None:
+            await sleep_until(start_at)
         monitor = _LagMonitor(self.lag_interval_s)
         monitor.start()
         cpu0 = process_time()
@@ -316,7 +427,7 @@ class LoadClient:
                 target, plan,
                 concurrency=plan.concurrency, requests=plan.requests,
                 deadline_after=plan.duration_s, max_failures=plan.max_failures, records=records,
-                live=live,
+                live=live, start_at=start_at,
             )
         finally:
             ended = perf_counter()
@@ -335,6 +446,164 @@ class LoadClient:
             start_spread_s=_start_spread(records, started),
             client_cpu_s=cpu,
             stopped_early=stopped,
-            warmup_records=warm,
+            warmup_records=warm or [],
             lag_samples=len(lags),
         )
+
+    # ------------------------------------------------------------------------ open loop
+    async def run_open_loop(self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None) -> TrialRecords:
+        """Open-loop trial: each request is sent at its planned Poisson arrival, with no cap
+        on how many are in flight; then all of them are awaited.
+
+        ``record.scheduled`` is the planned arrival, ``record.sent`` the actual send and
+        ``record.worker`` the arrival index.  ``TrialRecords.concurrency`` is the peak number
+        in flight.  Stops scheduling at the plan's end or at ``max_failures``.
+        """
+        return await self.measure_open(target, plan, live)
+
+    async def measure_open(
+        self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None, *,
+        offsets: Sequence[float] | None = None, indices: Sequence[int] | None = None,
+        start_at: float | None = None,
+    ) -> TrialRecords:
+        """:meth:`run_open_loop` with an explicit schedule (a shard of a bigger one).
+
+        ``offsets``: planned sends, seconds after the start (default: ``plan.arrivals()``);
+        ``indices``: the global arrival index of each (default ``0..n-1``), which picks the
+        body and becomes ``record.index``/``record.worker``; ``start_at``: ``perf_counter``
+        instant of offset 0 (default: now).
+        """
+        if offsets is None:
+            offsets = plan.arrivals()
+        if indices is not None and len(indices) != len(offsets):
+            raise ValueError("indices and offsets must have the same length")
+        # nothing caps the number in flight, so allow a socket per planned arrival
+        raise_nofile_limit(len(offsets) + 256)
+        records: list[RequestRecord] = []
+        monitor = _LagMonitor(self.lag_interval_s)
+        monitor.start()
+        cpu0 = process_time()
+        try:
+            started, stopped, peak = await self._open_loop(
+                target, plan, offsets, indices, records=records, live=live, start_at=start_at,
+            )
+        finally:
+            ended = perf_counter()
+            cpu = process_time() - cpu0
+            await monitor.stop()
+        records.sort(key=lambda r: r.index)
+        lags = list(monitor.samples)
+        delay_p99 = _p99([r.sent - r.scheduled for r in records if r.sent])
+        return TrialRecords(
+            records=records,
+            started=started,
+            ended=ended,
+            concurrency=peak,
+            loop_lag_max_s=max(lags, default=0.0),
+            loop_lag_p99_s=_p99(lags),
+            send_delay_p99_s=delay_p99,
+            start_spread_s=0.0,
+            client_cpu_s=cpu,
+            stopped_early=stopped,
+            lag_samples=len(lags),
+            offered_rate=plan.rate,
+            achieved_rate=achieved_rate(records),
+            schedule_delay_p99_s=delay_p99,
+        )
+
+    async def _open_loop(
+        self,
+        target: Target,
+        plan: OpenLoopPlan,
+        offsets: Sequence[float],
+        indices: Sequence[int] | None,
+        *,
+        records: list[RequestRecord],
+        live: LiveTrial | None,
+        start_at: float | None,
+    ) -> tuple[float, str | None, int]:
+        """One scheduler loop that sleeps until each arrival and launches one task for it.
+
+        Returns (start time, stop reason, peak in flight).  Per arrival the scheduler only
+        creates a record and a task: arrivals that are already due (a burst, or a loop that
+        fell behind) all go out in one pass without yielding in between.
+        """
+        loop = asyncio.get_running_loop()
+        session = self.session
+        bodies = list(plan.bodies)
+        nb = len(bodies)
+        timeout_s = plan.timeout_s
+        timeout = silence_timeout(timeout_s)
+        max_failures = plan.max_failures
+        stop: list[str] = []
+        pending: set[asyncio.Task[None]] = set()
+        state = {"inflight": 0, "peak": 0, "failures": 0}
+        waiter: list[asyncio.Future[None] | None] = [None]
+        append = records.append
+
+        async def one(rec: RequestRecord) -> None:
+            i = rec.index
+            try:
+                await stream_request(
+                    session, target, bodies[i % nb],
+                    index=i, worker=rec.worker, scheduled=rec.scheduled, timeout_s=timeout_s,
+                    timeout=timeout, record=rec,
+                )
+            finally:
+                state["inflight"] -= 1
+            append(rec)
+            if live is not None:
+                live.inflight.pop(i, None)
+                live.done += 1
+                live.tokens += rec.completion_tokens
+                live.failed += rec.error is not None
+            if rec.error is not None:
+                state["failures"] += 1
+                if max_failures is not None and state["failures"] >= max_failures and not stop:
+                    stop.append(
+                        f"max_failures reached: {state['failures']} requests failed "
+                        f"(last: {rec.error[:160]})"
+                    )
+                    w = waiter[0]
+                    if w is not None:
+                        _wake(w)  # do not sleep until the next arrival: stop now
+
+        started = perf_counter() if start_at is None else start_at
+        if live is not None:
+            live.started = started
+        try:
+            for p, off in enumerate(offsets):
+                if stop:
+                    break
+                due = started + off
+                delay = due - perf_counter()
+                if delay > 0:
+                    # asyncio.sleep() without its extra frame, and wakeable by a stop
+                    fut: asyncio.Future[None] = loop.create_future()
+                    waiter[0] = fut
+                    handle = loop.call_later(delay, _wake, fut)
+                    try:
+                        await fut
+                    finally:
+                        handle.cancel()
+                        waiter[0] = None
+                    if stop:
+                        break
+                g = p if indices is None else indices[p]
+                rec = RequestRecord(index=g, worker=g, scheduled=due)
+                if live is not None:
+                    live.inflight[g] = rec
+                state["inflight"] += 1
+                if state["inflight"] > state["peak"]:
+                    state["peak"] = state["inflight"]
+                task = loop.create_task(one(rec))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            while pending:
+                await asyncio.gather(*list(pending))
+        finally:
+            for t in list(pending):
+                t.cancel()
+            if pending:
+                await asyncio.gather(*list(pending), return_exceptions=True)
+        return started, (stop[0] if stop else None), state["peak"]

@@ -11,7 +11,8 @@ def junit_properties(test: dict[str, Any]) -> list[tuple[str, Any]]:
     """Per-level figures as ``kimi.C<c>.<field>`` properties: ``--junitxml`` carries them (also via xdist)."""
     props: list[tuple[str, Any]] = []
     for lv in test["levels"]:
-        prefix = f"kimi.{lv['profile']}.C{lv['concurrency']}" if lv.get("profile") else f"kimi.C{lv['concurrency']}"
+        name = (lv.get("label") or f"C={lv['concurrency']}").replace("=", "").replace(" ", ".")
+        prefix = f"kimi.{lv['profile']}.{name}" if lv.get("profile") else f"kimi.{name}"
         props += [(f"{prefix}.{name}", lv[name]) for name in JUNIT_FIELDS if lv.get(name) is not None]
     if test.get("provenance_changes"):
         props.append(("kimi.provenance_changes", "; ".join(test["provenance_changes"])))

@@ -21,12 +21,12 @@ def format_progress(p: Progress) -> str:
     if p.kind == "level":
         rate = "-" if p.tok_s is None else f"{p.tok_s:,.1f}"
         return (
-            f"C={p.concurrency}: {rate} tok/s (median of {p.trials} trials), {p.done} requests, "
+            f"{p.label}: {rate} tok/s (median of {p.trials} trials), {p.done} requests, "
             f"{p.failed} failed, {p.elapsed_s:.1f} s"
         )
     rate = "-" if p.tok_s is None else f"{'~' if p.kind == 'tick' else ''}{p.tok_s:,.1f}"
     return (
-        f"C={p.concurrency} trial {p.trial}/{p.trials}: {p.done}/{total} requests, "
+        f"{p.label} trial {p.trial}/{p.trials}: {p.done}/{total} requests, "
         f"{rate} tok/s, {p.failed} errors, {p.elapsed_s:.1f} s"
     )
 

@@ -38,7 +38,7 @@ def _change(level: dict[str, Any]) -> str:
 
 
 COLUMNS: list[Column] = [
-    ("C", lambda lv: str(lv["concurrency"])),
+    ("level", lambda lv: str(lv.get("label") or f"C={lv['concurrency']}")),
     ("tok/s", _tok_s),
     ("req tok/s p50", lambda lv: _num(lv.get("request_tok_s_p50"), ".1f")),
     ("TTFT p50/p95 s", _ttft),
@@ -62,8 +62,18 @@ def format_table(levels: Sequence[dict[str, Any]], columns: Sequence[Column] = C
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     for lv in levels:
         for reason in lv.get("reasons", []):
-            lines.append(f"  C={lv['concurrency']} {lv.get('verdict')}: {reason}")
+            lines.append(f"  {lv.get('label') or 'C=' + str(lv['concurrency'])} {lv.get('verdict')}: {reason}")
     return lines
+
+
+def _lengths(levels: Sequence[dict[str, Any]]) -> str:
+    """The test's lengths and prompts once in the title, unless levels sweep them."""
+    parts = []
+    for name in ("max_tokens", "input_tokens", "prompts"):
+        values = list(dict.fromkeys(lv.get(name) for lv in levels))
+        if len(values) == 1 and values[0] is not None:
+            parts.append(f"{name}={values[0]}")
+    return " ".join(parts)
 
 
 def format_test(test: dict[str, Any]) -> list[str]:
@@ -71,7 +81,7 @@ def format_test(test: dict[str, Any]) -> list[str]:
     where = f" on {test['profile']}" if test.get("profile") else ""
     title = (
         f"{test['nodeid']}{where} [{test.get('outcome', '?')}] "
-        f"max_tokens={w.get('max_tokens')} prompts={w.get('prompts')} api={w.get('api')}"
+        f"{_lengths(test.get('levels', []))} api={w.get('api')}"
     )
     lines = [title, *("  " + line for line in format_table(test.get("levels", [])))]
     if test.get("baseline_note"):

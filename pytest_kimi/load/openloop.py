@@ -1,0 +1,148 @@
+"""Open-loop load: what a trial sends when requests *arrive* at a rate instead of waiting.
+
+A closed loop (``TrialPlan``) never has more than C requests in flight, so a slow server slows
+the client down with it and queueing delay stays hidden.  Real users do not wait for each
+other: requests arrive whenever they arrive.  An open-loop plan models that with a Poisson
+process, sends every request at its planned instant whatever is still in flight, and so
+shows what a server does when it falls behind (growing TTFT, a growing queue).
+
+This module holds only the plan and the arrival schedule (pure, no I/O); sending is done by
+:meth:`pytest_kimi.load.runner.LoadClient.run_open_loop` and, sharded over processes, by
+:class:`pytest_kimi.load.workers.ShardedClient`.  The schedule is computed completely before
+the clock starts so that the send path does nothing per arrival but wait and launch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+MAX_ARRIVALS = 20_000_000
+"""Refuse schedules longer than this: ``rate`` x ``duration_s`` typos (req/s vs req/min)
+would otherwise allocate gigabytes before a single request goes out."""
+
+
+@dataclass(slots=True)
+class OpenLoopPlan:
+    """What one open-loop trial sends.  At least one of ``requests`` / ``duration_s``."""
+
+    rate: float
+    """Mean arrival rate, requests per second."""
+    bodies: Sequence[bytes]
+    """Pre-encoded request bodies; arrival ``i`` uses ``bodies[i % len(bodies)]``."""
+    requests: int | None = None
+    """Number of arrivals of the trial."""
+    duration_s: float | None = None
+    """No arrival is scheduled at or after this many seconds; in-flight ones finish."""
+    timeout_s: float = 600.0
+    """Longest silence allowed per request (connect, headers, between reads)."""
+    max_failures: int | None = None
+    """Stop sending once this many requests failed: a dead server must not be spun on."""
+    seed: int = 0
+    """Seed of the arrival schedule: the same plan always offers the same arrivals."""
+    exact_rate: bool = True
+    """Rescale the drawn gaps so that the schedule's mean rate is exactly ``rate``.
+
+    Why: 200 exponential gaps have a sample mean that is off by ~7% (one sigma), so two
+    trials "at 50 req/s" would offer visibly different loads and that noise would land in
+    the measured throughput.  Normalising the gaps by their sum gives a Poisson process
+    *conditioned on its count* (arrivals are uniform order statistics over the span): the
+    gaps are still exponential-shaped with cv ~1, only the total is pinned.  False draws
+    plain i.i.d. exponential gaps."""
+
+    def __post_init__(self) -> None:
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ValueError(f"rate must be a positive number of requests/s, got {self.rate!r}")
+        if not self.bodies:
+            raise ValueError("bodies must not be empty")
+        if self.requests is None and self.duration_s is None:
+            raise ValueError("an OpenLoopPlan needs requests or duration_s (or both)")
+        if self.requests is not None and self.requests < 0:
+            raise ValueError("requests must be >= 0")
+        if self.duration_s is not None and not self.duration_s >= 0:
+            raise ValueError("duration_s must be >= 0")
+        if self.timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0")
+
+    def arrivals(self) -> list[float]:
+        """Planned send instants, seconds after the trial start (first one at 0)."""
+        return poisson_arrivals(
+            self.rate, requests=self.requests, duration_s=self.duration_s,
+            seed=self.seed, exact_rate=self.exact_rate,
+        )
+
+
+def poisson_arrivals(
+    rate: float,
+    *,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    seed: int = 0,
+    exact_rate: bool = True,
+) -> list[float]:
+    """Arrival offsets of a Poisson process at ``rate``/s, sorted, starting at 0.
+
+    The first arrival is at 0 so that a trial starts doing something at once (no idle
+    lead-in to subtract from the wall time).  Count: ``requests`` when given, else every
+    arrival before ``duration_s`` (with ``exact_rate``: ``ceil(rate * duration_s)`` of them,
+    the last one ``(n - 1) / rate`` after the first).  Both given: the first ``requests``
+    arrivals that fall before ``duration_s``.
+    """
+    if requests is None and duration_s is None:
+        raise ValueError("poisson_arrivals needs requests or duration_s")
+    if requests is not None:
+        n = requests
+    else:
+        assert duration_s is not None
+        # Without exact_rate the count is random; this is an upper bound for allocation checks.
+        n = math.ceil(rate * duration_s) if exact_rate else None  # type: ignore[assignment]
+    if n is not None and n > MAX_ARRIVALS:
+        raise ValueError(f"{n} arrivals planned (more than {MAX_ARRIVALS}): check rate and duration_s")
+    rng = random.Random(seed)
+    expo = rng.expovariate
+    offsets: list[float] = []
+    if n is not None:
+        if n <= 0:
+            return []
+        gaps = [expo(1.0) for _ in range(n - 1)]
+        total = sum(gaps)
+        # exact: n - 1 gaps spanning exactly (n - 1) / rate; plain: gaps of mean 1 / rate
+        scale = ((n - 1) / rate / total) if (exact_rate and total > 0) else 1.0 / rate
+        t = 0.0
+        offsets.append(0.0)
+        for g in gaps:
+            t += g * scale
+            offsets.append(t)
+        if duration_s is not None:
+            offsets = [x for x in offsets if x < duration_s]
+        return offsets
+    # plain Poisson until the duration runs out (count is random)
+    assert duration_s is not None
+    t = 0.0
+    while t < duration_s:
+        offsets.append(t)
+        if len(offsets) > MAX_ARRIVALS:
+            raise ValueError(f"more than {MAX_ARRIVALS} arrivals planned: check rate and duration_s")
+        t += expo(rate)
+    return offsets
+
+
+def deal(offsets: Sequence[float], parts: int) -> list[tuple[list[int], list[float]]]:
+    """Split one schedule into ``parts`` sub-schedules, round-robin by arrival order.
+
+    Returns, per part, the global arrival indices and their offsets.  Why deal one schedule
+    rather than draw ``parts`` independent ones at ``rate / parts``: the union is then the
+    *same* arrival process a single client would send for this plan and seed (same instants,
+    same global indices, same bodies), so results do not depend on how many processes sent
+    them; each part still offers ``rate / parts``.
+    """
+    if parts < 1:
+        raise ValueError("parts must be >= 1")
+    out: list[tuple[list[int], list[float]]] = [([], []) for _ in range(parts)]
+    for i, off in enumerate(offsets):
+        idx, offs = out[i % parts]
+        idx.append(i)
+        offs.append(off)
+    return out

@@ -1,0 +1,217 @@
+"""Open-loop load: Poisson schedule, sends on time with no cap, stops on failures, live counters.
+
+The schedule math is checked offline on large samples; the sending is checked against the
+simulator in its own process (speed 20), so the client's timing is not disturbed by a server
+on the same event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import socket
+import statistics
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pytest_kimi.load import LiveTrial, LoadClient, OpenLoopPlan, Target, TrialPlan, poisson_arrivals
+from pytest_kimi.load.openloop import deal
+from pytest_kimi.load.runner import peak_inflight
+from pytest_kimi.sim.process import SimProcess
+from pytest_kimi.sim.profile import SimProfile
+
+CHAT = "/v1/chat/completions"
+
+
+def body(max_tokens: int = 8) -> bytes:
+    return json.dumps({
+        "model": "kimi-k2.6-sim", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+        "max_tokens": max_tokens, "ignore_eos": True, "stream_options": {"include_usage": True},
+    }).encode()
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[str]:
+    with SimProcess(SimProfile(speed=20)) as proc:
+        assert proc.url is not None
+        yield proc.url + CHAT
+
+
+def gaps(xs: list[float]) -> list[float]:
+    return [b - a for a, b in zip(xs, xs[1:])]
+
+
+def cv(xs: list[float]) -> float:
+    return statistics.pstdev(xs) / statistics.fmean(xs)
+
+
+# ------------------------------------------------------------------------- schedule (offline)
+def test_exact_rate_schedule_is_poisson_shaped() -> None:
+    rate = 50.0
+    offs = poisson_arrivals(rate, requests=20_000, seed=1)
+    assert len(offs) == 20_000 and offs[0] == 0.0 and offs == sorted(offs)
+    g = gaps(offs)
+    assert statistics.fmean(g) == pytest.approx(1 / rate, rel=1e-9)  # pinned by exact_rate
+    assert 0.97 < cv(g) < 1.03  # exponential: cv 1
+    # memorylessness shows as P(gap < mean) = 1 - 1/e
+    below = sum(x < 1 / rate for x in g) / len(g)
+    assert below == pytest.approx(1 - math.exp(-1), abs=0.015)
+
+
+def test_plain_poisson_and_seeds() -> None:
+    a = poisson_arrivals(50.0, requests=20_000, seed=3, exact_rate=False)
+    assert statistics.fmean(gaps(a)) == pytest.approx(1 / 50, rel=0.03)
+    assert 0.97 < cv(gaps(a)) < 1.03
+    assert poisson_arrivals(50.0, requests=100, seed=3) == poisson_arrivals(50.0, requests=100, seed=3)
+    assert poisson_arrivals(50.0, requests=100, seed=3) != poisson_arrivals(50.0, requests=100, seed=4)
+
+
+def test_duration_and_count_limits() -> None:
+    offs = poisson_arrivals(40.0, duration_s=2.0, seed=0)
+    assert len(offs) == 80 and offs[-1] == pytest.approx(79 / 40) and offs[-1] < 2.0
+    plain = poisson_arrivals(40.0, duration_s=2.0, seed=0, exact_rate=False)
+    assert plain and max(plain) < 2.0
+    both = poisson_arrivals(10.0, requests=1000, duration_s=1.0, seed=0)
+    assert 0 < len(both) < 1000 and max(both) < 1.0
+    assert poisson_arrivals(10.0, requests=0) == [] and poisson_arrivals(10.0, requests=1) == [0.0]
+    with pytest.raises(ValueError, match="arrivals planned"):
+        poisson_arrivals(1e6, duration_s=1e6)
+
+
+def test_deal_round_robin() -> None:
+    offs = poisson_arrivals(10.0, requests=7)
+    parts = deal(offs, 3)
+    assert [p[0] for p in parts] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert sorted(o for p in parts for o in p[1]) == offs
+
+
+def test_plan_validation() -> None:
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="rate"):
+            OpenLoopPlan(rate=bad, bodies=[b"{}"], requests=1)
+    with pytest.raises(ValueError, match="requests or duration_s"):
+        OpenLoopPlan(rate=1.0, bodies=[b"{}"])
+    with pytest.raises(ValueError, match="bodies"):
+        OpenLoopPlan(rate=1.0, bodies=[], requests=1)
+    with pytest.raises(ValueError, match="timeout_s"):
+        OpenLoopPlan(rate=1.0, bodies=[b"{}"], requests=1, timeout_s=0)
+
+
+# ----------------------------------------------------------------------- against the simulator
+@pytest.mark.asyncio
+async def test_rate_schedule_delay_and_records(sim: str) -> None:
+    rate, n = 50.0, 200  # 4 s: a 100 ms hiccup of this shared machine moves the rate by 2.5%
+    plan = OpenLoopPlan(rate=rate, bodies=[body(8), body(9)], requests=n, timeout_s=10, seed=7)
+    async with LoadClient() as client:
+        tr = await client.run_open_loop(Target(sim), plan)
+    recs = tr.records
+    assert [r.index for r in recs] == list(range(n)) and all(r.worker == r.index for r in recs)
+    assert all(r.ok for r in recs), [r.error for r in recs if r.error][:3]
+    assert [r.completion_tokens for r in recs] == [8 + (i % 2) for i in range(n)]  # body i % 2
+    # scheduled = the plan, to the float
+    planned = plan.arrivals()
+    assert [r.scheduled - tr.started for r in recs] == pytest.approx(planned, abs=1e-9)
+    assert tr.offered_rate == rate
+    assert tr.achieved_rate is not None and abs(tr.achieved_rate / rate - 1) < 0.05
+    # lateness: typically ~1 ms (the loop's timer resolution); bounds leave room for other
+    # jobs preempting this process on a shared CI machine
+    delays = [r.sent - r.scheduled for r in recs]
+    assert min(delays) >= 0 and statistics.median(delays) < 0.005
+    # a late send beyond that is explained by a stall of the whole loop (the machine), which
+    # the lag monitor sees too, not by the scheduler
+    assert tr.schedule_delay_p99_s is not None
+    assert tr.schedule_delay_p99_s < 0.02 or tr.schedule_delay_p99_s < tr.loop_lag_max_s + 0.01, (
+        tr.schedule_delay_p99_s, tr.loop_lag_max_s, tr.loop_lag_p99_s)
+    # the sends themselves are Poisson-ish: mean gap 1/rate, cv near 1
+    sends = sorted(r.sent for r in recs)
+    assert statistics.fmean(gaps(sends)) == pytest.approx(1 / rate, rel=0.05)
+    assert 0.75 < cv(gaps(sends)) < 1.25
+    assert tr.concurrency == peak_inflight(recs) >= 1
+    assert tr.lag_samples > 0 and tr.client_cpu_s > 0 and tr.stopped_early is None
+    assert tr.ended - tr.started == pytest.approx(planned[-1], abs=0.5)
+
+
+@pytest.mark.asyncio
+async def test_no_cap_on_in_flight_when_the_server_is_slow() -> None:
+    """A server that runs 2 sequences at a time and is offered more: the open loop keeps
+    sending, so requests pile up in flight far past what a closed loop at C=2 would hold."""
+    with SimProcess(SimProfile(speed=20, max_running_requests=2)) as proc:
+        target = Target(f"{proc.url}{CHAT}")
+        async with LoadClient() as client:
+            opened = await client.run_open_loop(target, OpenLoopPlan(rate=100.0, bodies=[body(48)], requests=40, timeout_s=20))
+            closed = await client.run_trial(target, TrialPlan(concurrency=2, bodies=[body(48)], requests=8, timeout_s=20))
+    assert all(r.ok for r in opened.records)
+    assert peak_inflight(closed.records) <= 2
+    assert opened.concurrency >= 10, opened.concurrency
+    # ...and yet every request left on time: the client is not what queued them
+    assert statistics.median(r.sent - r.scheduled for r in opened.records) < 0.01
+    ttfts = [r.ttft for r in opened.records if r.ttft is not None]
+    assert max(ttfts) > 5 * min(ttfts)  # queueing shows up as TTFT, as it should
+
+
+def _dead_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}{CHAT}"
+
+
+@pytest.mark.asyncio
+async def test_max_failures_stops_a_dead_server_quickly() -> None:
+    plan = OpenLoopPlan(rate=200.0, bodies=[body()], requests=10_000, timeout_s=5, max_failures=5)
+    t0 = time.perf_counter()
+    async with LoadClient() as client:
+        tr = await client.run_open_loop(Target(_dead_url()), plan)
+    assert time.perf_counter() - t0 < 2.0
+    assert tr.stopped_early is not None and tr.stopped_early.startswith("max_failures reached: 5")
+    assert "server looks down" in tr.stopped_early
+    assert 5 <= len(tr.records) < 40 and all(not r.ok for r in tr.records)
+
+
+@pytest.mark.asyncio
+async def test_stop_wakes_a_sleeping_scheduler() -> None:
+    """At 1 req/s the next arrival is a second away; a stop must not wait for it."""
+    plan = OpenLoopPlan(rate=1.0, bodies=[body()], requests=100, timeout_s=5, max_failures=1)
+    t0 = time.perf_counter()
+    async with LoadClient() as client:
+        tr = await client.run_open_loop(Target(_dead_url()), plan)
+    assert len(tr.records) == 1 and tr.stopped_early is not None
+    assert time.perf_counter() - t0 < 0.5
+
+
+@pytest.mark.asyncio
+async def test_live_counters(sim: str) -> None:
+    n = 60
+    live = LiveTrial(total=n)
+    seen: list[tuple[int, int, int]] = []
+
+    async def sample() -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            seen.append((live.done, len(live.inflight), live.approx_tokens()))
+
+    async with LoadClient() as client:
+        sampler = asyncio.ensure_future(sample())
+        try:
+            tr = await client.run_open_loop(Target(sim), OpenLoopPlan(rate=100.0, bodies=[body(16)], requests=n, timeout_s=10), live)
+        finally:
+            sampler.cancel()
+    assert live.started == tr.started
+    assert (live.done, live.failed, live.inflight) == (n, 0, {})
+    assert live.tokens == sum(r.completion_tokens for r in tr.records) == 16 * n
+    assert any(0 < d < n for d, _, _ in seen)  # updated during the trial, not only at the end
+    assert any(k > 0 for _, k, _ in seen)
+    assert [t for _, _, t in seen] == sorted(t for _, _, t in seen)
+
+
+@pytest.mark.asyncio
+async def test_duration_only_plan(sim: str) -> None:
+    plan = OpenLoopPlan(rate=50.0, bodies=[body(4)], duration_s=0.5, timeout_s=10)
+    async with LoadClient() as client:
+        tr = await client.run_open_loop(Target(sim), plan)
+    assert len(tr.records) == 25 and all(r.ok for r in tr.records)
+    assert max(r.scheduled for r in tr.records) - tr.started < 0.5
