@@ -17,14 +17,18 @@ Modes:
   python bench/client_capacity.py --framing batch # many SSE events per HTTP chunk
   python bench/client_capacity.py --ramp          # paced ramp: tok/s before loop lag > 5 ms
   python bench/client_capacity.py --profile OUT   # our client at C=64 under py-spy (if installed)
+  python bench/client_capacity.py --workers 1,2   # aggregate tok/s of ShardedClient vs worker processes
+  python bench/client_capacity.py --open-rates 100,500,1000  # open loop: does each request leave on time?
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import os
+import statistics
 import shutil
 import subprocess
 import sys
@@ -38,11 +42,13 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_kimi.load import LoadClient, Target, TrialPlan  # noqa: E402
+from pytest_kimi.load import LoadClient, OpenLoopPlan, ShardedClient, Target, TrialPlan  # noqa: E402
 from pytest_kimi.load.request import drain  # noqa: E402
 from pytest_kimi.load.runner import _LagMonitor, _p99, raise_nofile_limit  # noqa: E402
 
 LAG_LIMIT_S = 0.005
+ALL_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+"""CPUs this script may use, read before ``pin()`` narrows the process to one."""
 
 
 @dataclass
@@ -308,6 +314,145 @@ def ramp_mode(args: argparse.Namespace, url: str) -> None:
     print(f"\ncapacity before loop lag p99 > {LAG_LIMIT_S * 1e3:g} ms: ~{best:,.0f} tok/s at C={args.ramp_concurrency}")
 
 
+# ----------------------------------------------------------------------- workers curve
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all processes of the machine have used so far (Linux /proc/stat)."""
+    try:
+        f = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class ShardedResult:
+    workers: int
+    layout: str
+    tokens: int
+    wall_s: float
+    client_cores: float
+    per_worker: list[float]
+    server_cores: float
+    other_cores: float
+    """Everything else the machine ran meanwhile (other jobs): what the workers competed with."""
+    lag_max_s: float
+    errors: int
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def worker_cpus(n: int, layout: str, client_cpu: int | None, server_cpu: int | None) -> list[set[int]] | None:
+    """CPU set per worker.  ``spread``: client cores first, the firehose's core last (so on a
+    2-core machine worker 1 shares the firehose's core); ``client-core``: every worker on the
+    client's one core (sharding overhead with no extra CPU); ``none``: not pinned."""
+    if layout == "none" or client_cpu is None:
+        return None
+    if layout == "client-core":
+        return [{client_cpu}]
+    order = [c for c in ALL_CPUS if c != server_cpu] + ([server_cpu] if server_cpu is not None else [])
+    return [{order[k % len(order)]} for k in range(n)]
+
+
+def window_tokens(records: list, t0: float, t1: float) -> int:
+    """Token events whose read block arrived in ``[t0, t1)``, over all records."""
+    n = 0
+    for r in records:
+        times = r.chunk_times
+        a, b = bisect.bisect_left(times, t0), bisect.bisect_left(times, t1)
+        if b > a:
+            n += sum(r.chunk_events[a:b])
+    return n
+
+
+async def _run_sharded(url: str, n: int, cpus: list[set[int]] | None, c: int, duration_s: float, tokens: int,
+                       repeat: int, server_pid: int | None, layout: str) -> list[ShardedResult]:
+    """Duration trials measured over a steady window (the first 20% and the tail after the
+    deadline are left out): with a fixed request count per worker, a worker on a busier core
+    would finish last and the idle tail of the others would be billed to the aggregate."""
+    out = []
+    async with ShardedClient(n, cpus=cpus) as client:
+        # warm: every slot opens its connection outside the measurement
+        await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(8)], requests=c, timeout_s=30))
+        for _ in range(repeat):
+            s0 = proc_cpu_s(server_pid) if server_pid else 0.0
+            m0 = machine_busy_s()
+            tr = await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(tokens)], duration_s=duration_s, timeout_s=30))
+            m1 = machine_busy_s()
+            s1 = proc_cpu_s(server_pid) if server_pid else 0.0
+            t0, t1 = tr.started + 0.2 * duration_s, tr.started + duration_s
+            errors = sum(not r.ok for r in tr.records)
+            wall = tr.ended - tr.started
+            # CPU figures are over the whole trial (including the tail), so shares use its wall
+            out.append(ShardedResult(n, layout, window_tokens(tr.records, t0, t1), t1 - t0,
+                                     tr.client_cpu_s / wall, [x.client_cpu_s / wall for x in tr.shards],
+                                     (s1 - s0) / wall, max(0.0, (m1 - m0 - tr.client_cpu_s - (s1 - s0)) / wall),
+                                     tr.loop_lag_max_s, errors))
+    return out
+
+
+def workers_mode(args: argparse.Namespace, url: str, fh: Firehose | None, client_cpu: int | None, server_cpu: int | None) -> None:
+    """Aggregate ingest of ShardedClient at 1, 2, ... worker processes, same total C."""
+    counts = [int(x) for x in args.workers.split(",")]
+    c, duration, tokens = args.workers_concurrency, args.workers_duration, args.workers_tokens
+    if args.quick:
+        duration = duration / 2
+    print(f"closed loop C={c} split over the workers, {duration:g} s trials of {tokens}-token streams, tok/s over "
+          f"the steady window (20%..100% of the duration); {args.repeat} trials per row (median, range; CPU and lag "
+          f"of the best trial); {len(ALL_CPUS)} CPU(s): {ALL_CPUS}")
+    print("| workers | worker CPUs | tokens | tok/s in (median) | range | client CPU, cores (per worker) | tok/s per client core | firehose CPU | other jobs' CPU | lag max ms | err |")
+    print("|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    base = None
+    for n in counts:
+        for layout in args.workers_layout:
+            cpus = worker_cpus(n, layout, client_cpu, server_cpu)
+            rs = asyncio.run(_run_sharded(url, n, cpus, c, duration, tokens, args.repeat, fh.proc.pid if fh else None, layout))
+            med = statistics.median(r.tok_s for r in rs)
+            per_core = statistics.median(r.tok_s / r.client_cores for r in rs if r.client_cores > 0)
+            best = max(rs, key=lambda r: r.tok_s)
+            where = "unpinned" if cpus is None else "+".join(str(sorted(x)[0]) for x in (cpus * n)[:n])
+            base = base or med
+            print(f"| {n} | {where} ({layout}) | {best.tokens:,} | {med:,.0f} ({med / base:.2f}x) | "
+                  f"{min(r.tok_s for r in rs):,.0f}-{best.tok_s:,.0f} | {best.client_cores:.2f} "
+                  f"({'+'.join(f'{x:.2f}' for x in best.per_worker)}) | {per_core:,.0f} | "
+                  f"{best.server_cores:.2f} | {best.other_cores:.2f} | {1e3 * best.lag_max_s:.1f} | {sum(r.errors for r in rs)} |", flush=True)
+
+
+# -------------------------------------------------------------------- open-loop accuracy
+async def _open_rates(url: str, rates: list[float], seconds: float, tokens: int) -> None:
+    async with LoadClient() as client:
+        await client.run_trial(Target(url), TrialPlan(concurrency=8, bodies=[body(8)], requests=8, timeout_s=30))
+        for rate in rates:
+            plan = OpenLoopPlan(rate=rate, bodies=[body(tokens)], requests=max(2, int(rate * seconds)), timeout_s=30)
+            tr = await client.run_open_loop(Target(url), plan)
+            delays = sorted(r.sent - r.scheduled for r in tr.records)
+            wall = tr.ended - tr.started
+            print(f"| {rate:>7,.0f} | {tr.achieved_rate or 0:>10,.1f} | {1e3 * statistics.median(delays):>6.2f} "
+                  f"| {1e3 * (tr.schedule_delay_p99_s or 0):>6.2f} | {1e3 * delays[-1]:>6.1f} | {tr.concurrency:>5} "
+                  f"| {100 * tr.client_cpu_s / wall:>4.0f}% | {1e3 * tr.loop_lag_p99_s:>6.1f} | {sum(not r.ok for r in tr.records):>3} |",
+                  flush=True)
+
+
+def open_rates_mode(args: argparse.Namespace, url: str) -> None:
+    """Open loop at each rate: achieved rate and the client's lateness against its schedule."""
+    rates = [float(x) for x in args.open_rates.split(",")]
+    print(f"open loop, {args.open_seconds:g} s of Poisson arrivals per rate, {args.open_tokens}-token streams")
+    print("| req/s asked | achieved | delay p50 ms | p99 ms | max ms | peak in flight | client CPU | lag p99 ms | err |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    asyncio.run(_open_rates(url, rates, args.open_seconds, args.open_tokens))
+
+
 CATEGORIES = [
     # (label, substring of a frame; the first match walking from the leaf upwards wins)
     ("SSE parser (pytest_kimi/load/sse.py)", "pytest_kimi/load/sse.py"),
@@ -373,6 +518,16 @@ def main() -> None:
     ap.add_argument("--profile", metavar="OUT", help="py-spy raw (collapsed) profile of our client")
     ap.add_argument("--profile-concurrency", type=int, default=64)
     ap.add_argument("--levels-only", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--workers", metavar="N,N,...", help="ShardedClient curve: aggregate tok/s at these worker counts")
+    ap.add_argument("--workers-layout", nargs="+", choices=["spread", "client-core", "none"], default=["spread"],
+                    help="worker pinning (see worker_cpus); several = one row each")
+    ap.add_argument("--workers-concurrency", type=int, default=64)
+    ap.add_argument("--workers-duration", type=float, default=3.0, help="seconds per --workers trial")
+    ap.add_argument("--workers-tokens", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=3, help="trials per --workers row")
+    ap.add_argument("--open-rates", metavar="R,R,...", help="open-loop accuracy at these request rates")
+    ap.add_argument("--open-seconds", type=float, default=3.0)
+    ap.add_argument("--open-tokens", type=int, default=64)
     args = ap.parse_args()
     global FRAMING
     FRAMING = args.framing
@@ -386,7 +541,11 @@ def main() -> None:
             print(HEADER + "\n" + fmt_row(r) if r else "")
             return
         print(f"# {note}; python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}; framing={FRAMING}")
-        if args.profile:
+        if args.workers:
+            workers_mode(args, url, fh, client_cpu, server_cpu)
+        elif args.open_rates:
+            open_rates_mode(args, url)
+        elif args.profile:
             profile_mode(args, url)
         elif args.ramp:
             ramp_mode(args, url)

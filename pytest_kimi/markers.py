@@ -23,11 +23,13 @@ MARKER_SIGNATURE = (
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_WARMUP = 2
 DEFAULT_TIMEOUT_S = 600.0
-REQUESTS_PER_WORKER = 2
-"""Default trial size: each closed-loop worker sends this many requests.
+REQUESTS_PER_WORKER = 1
+"""Default trial size: each closed-loop worker sends one request, so a trial is one round.
 
-Two per worker keep every worker busy across the steady-state window even when the server
-queues some requests (C above max_running_requests), at the cost of one more output length."""
+With fixed-length outputs (ignore_eos) a round's requests decode side by side and the
+steady-state window spans nearly all of it.  When C exceeds the server's max running requests
+the queued ones start late and the window is empty: the level then says so (invalid, give more
+``requests``) rather than report a number."""
 
 
 class MarkerError(ValueError):

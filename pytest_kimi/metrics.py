@@ -97,23 +97,21 @@ def tokens_in_window(records: Iterable[RequestRecord], start: float, end: float)
             continue
         times = np.frombuffer(rec.chunk_times, dtype=np.float64)
         events = np.frombuffer(rec.chunk_events, dtype=np.uint32)
-        n_events = int(events.sum())
-        weight = rec.completion_tokens / n_events if rec.completion_tokens else 1.0
         inside = (times > start) & (times <= end)
-        total += float(events[inside].sum()) * weight
+        total += float(events[inside].sum()) * rec.tokens_per_event
     return total
 
 
 def inter_token_latencies(records: Iterable[RequestRecord]) -> np.ndarray:
-    """One gap per token event after the first: a block's gap is shared by the events in it."""
+    """One gap per token after the first read: a read's gap is shared by the tokens in it."""
     parts = []
     for rec in records:
         if len(rec.chunk_times) < 2:
             continue
         times = np.frombuffer(rec.chunk_times, dtype=np.float64)
-        events = np.frombuffer(rec.chunk_events, dtype=np.uint32)[1:]
-        gaps = np.diff(times) / events
-        parts.append(np.repeat(gaps, events))
+        tokens = np.frombuffer(rec.chunk_events, dtype=np.uint32)[1:] * rec.tokens_per_event
+        counts = np.maximum(np.rint(tokens), 1).astype(np.int64)
+        parts.append(np.repeat(np.diff(times) / counts, counts))
     return np.concatenate(parts) if parts else np.empty(0)
 
 

@@ -65,12 +65,23 @@ class RequestRecord:
         return self.chunk_times[-1] if self.chunk_times else None
 
     @property
+    def tokens_per_event(self) -> float:
+        """Tokens one stream event carries: 1 unless the server packs them (``stream_interval``)."""
+        events = self.events
+        return self.completion_tokens / events if events and self.completion_tokens else 1.0
+
+    @property
     def decode_tok_s(self) -> float | None:
-        """Per-request decode rate: (tokens - 1) / (last token - first token)."""
+        """Per-request decode rate: tokens after the first read / (last token - first token).
+
+        With one token per event that is (tokens - 1) / (last - first); a server that packs
+        several tokens per event has the first read's tokens excluded the same way.
+        """
         last = self.last_token
         if self.first_token is None or last is None or last <= self.first_token:
             return None
-        return (self.completion_tokens - 1) / (last - self.first_token)
+        first_read = self.chunk_events[0] * self.tokens_per_event
+        return (self.completion_tokens - first_read) / (last - self.first_token)
 
     @property
     def e2e(self) -> float:

@@ -5,7 +5,7 @@ Kept free of pytest so it can be driven from benchmarks and scripts as well as t
 
 from .openloop import OpenLoopPlan, poisson_arrivals
 from .request import Target, stream_request
-from .runner import LiveTrial, LoadClient, ShardSummary, TrialPlan, TrialRecords
+from .runner import LiveTrial, LoadClient, ShardSummary, TrialClient, TrialPlan, TrialRecords
 from .sse import StreamParser, parse_blocks
 from .workers import ShardedClient, WorkerError
 
@@ -17,6 +17,7 @@ __all__ = [
     "ShardedClient",
     "StreamParser",
     "Target",
+    "TrialClient",
     "TrialPlan",
     "TrialRecords",
     "WorkerError",

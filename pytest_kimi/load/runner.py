@@ -19,7 +19,7 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from time import perf_counter, process_time
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import aiohttp
 
@@ -259,6 +259,15 @@ class _LagMonitor:
             except asyncio.CancelledError:
                 pass
             self._task = None
+
+
+class TrialClient(Protocol):
+    """What the measurement code needs from a client: :class:`LoadClient` (one event loop)
+    and :class:`~pytest_kimi.load.workers.ShardedClient` (N processes) both provide it."""
+
+    async def run_trial(self, target: Target, plan: TrialPlan, live: LiveTrial | None = None) -> TrialRecords: ...
+
+    async def run_open_loop(self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None) -> TrialRecords: ...
 
 
 class LoadClient:

@@ -704,7 +704,8 @@ class ShardedClient:
                 answers = await _all(tasks)
             except BaseException as exc:
                 await self._abort(ws)
-                if isinstance(exc, WorkerError):
+                if isinstance(exc, WorkerError) and any(w.dead for w in ws):
+                    # a worker that raised is still in step and usable; a dead one is not
                     self._broken = self._broken or str(exc).splitlines()[0]
                 raise
         merged = merge(kind, plan, [(s, w.pid, msg[1]) for s, w, msg in zip(shards, ws, answers)])

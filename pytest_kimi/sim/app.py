@@ -230,6 +230,22 @@ class _Encoder:
             return first + b"".join([ev[(off + i) % v] for i in range(1, stop)])
         return b"".join([ev[(off + i) % v] for i in range(start, stop)])
 
+    def merged(self, start: int, stop: int, interval: int) -> bytes:
+        """Tokens ``start``..``stop`` as events of ``interval`` tokens each (SGLang's
+        ``--stream-interval``): fewer, larger events for the same text."""
+        out = []
+        for lo in range(start, stop, interval):
+            hi = min(lo + interval, stop)
+            text = json.dumps("".join(_token_text(self.offset, i) for i in range(lo, hi)),
+                              ensure_ascii=False).encode("utf-8")
+            head = self._head + b'"choices":[{"index":0,'
+            if self.kind == "chat":
+                role = b'"role":"assistant",' if lo == 0 else b""
+                out.append(head + b'"delta":{' + role + b'"content":' + text + _CHAT_TAIL)
+            else:
+                out.append(head + b'"text":' + text + _TEXT_TAIL)
+        return b"".join(out)
+
     def finish(self, reason: str) -> bytes:
         matched = str(EOS_TOKEN_ID) if reason == "stop" else "null"
         if self.kind == "chat":
@@ -292,8 +308,11 @@ async def _write_events(request: web.Request, resp: web.StreamResponse, profile:
         _drop_connection(request)
         return
     sent = 0
+    interval = profile.stream_interval
     while True:
         await seq.wait_progress(sent)
+        while interval > 1 and seq.generated < sent + interval and not seq.done:
+            await seq.wait_progress(seq.generated)
         if seq.state is SeqState.ABORTED:
             _drop_connection(request)
             return
@@ -302,6 +321,8 @@ async def _write_events(request: web.Request, resp: web.StreamResponse, profile:
         if mal is not None and sent <= mal <= upto:
             data = enc.tokens(sent, mal) + _MALFORMED + enc.tokens(mal, upto)
             mal = None
+        elif interval > 1:
+            data = enc.merged(sent, upto, interval)
         else:
             data = enc.tokens(sent, upto)
         sent = upto

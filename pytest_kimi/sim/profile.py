@@ -116,6 +116,8 @@ _KNOBS: dict[str, _Knob] = {
     "seed": _Knob("int", lo=0, hi=2**63 - 1, help="seed for noise, jitter, errors, EOS lengths"),
     "server_args": _Knob("json", help="extra keys merged into /get_server_info"),
     "no_usage": _Knob("bool", help="never send usage, even when asked"),
+    "stream_interval": _Knob("int", lo=1, hi=10_000,
+                             help="tokens per streamed event, like SGLang's --stream-interval"),
     "crash_after_requests": _Knob("int", lo=0, optional=True,
                                   help="the process dies (exit 1, traceback on stderr) when "
                                        "generation request N+1 arrives: a crash mid-sweep"),
@@ -160,6 +162,7 @@ class SimProfile:
     server_args: dict[str, Any] = field(default_factory=dict, hash=False)
     no_usage: bool = False
     crash_after_requests: int | None = None
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         _validate(self, "SimProfile")
