@@ -14,8 +14,7 @@ from time import perf_counter
 from typing import Awaitable, Callable, Literal, Protocol, Sequence
 
 from .load.request import Target
-from .load import runner as load_runner
-from .load.runner import LiveTrial, LoadClient, TrialPlan, TrialRecords
+from .load.runner import LiveTrial, OpenLoopPlan, TrialClient, TrialPlan, TrialRecords
 from .markers import LevelSpec, Targets, Workload
 from .metrics import ClientSignals, TrialResult, summarize_trial
 from .results import LevelResult, ThroughputResult, judge_level, not_run_level
@@ -118,6 +117,8 @@ def _signals(tr: TrialRecords) -> ClientSignals:
         loop_lag_p99_s=tr.loop_lag_p99_s,
         send_delay_p99_s=tr.send_delay_p99_s,
         cpu_share=tr.client_cpu_s / wall,
+        lag_times=tr.lag_times,
+        lag_values=tr.lag_values,
     )
 
 
@@ -133,7 +134,7 @@ def _in_flight(level: LevelSpec) -> int:
 
 
 async def run_trial(
-    client: LoadClient, spec: MeasureSpec, level: LevelSpec, index: int, offset: int,
+    client: TrialClient, spec: MeasureSpec, level: LevelSpec, index: int, offset: int,
     live: LiveTrial | None = None,
 ) -> TrialResult:
     w = spec.workload
@@ -147,7 +148,7 @@ async def run_trial(
         )
         tr = await client.run_trial(spec.target, plan, live)
     else:
-        open_plan = load_runner.OpenLoopPlan(  # type: ignore[attr-defined]
+        open_plan = OpenLoopPlan(
             rate=level.rate or 1.0, bodies=bodies, requests=requests, duration_s=w.duration_s,
             timeout_s=w.timeout_s, max_failures=max_failures, seed=w.seed + index,
         )
@@ -174,7 +175,7 @@ async def _ticker(
         ))
 
 
-async def warm_up(client: LoadClient, spec: MeasureSpec) -> list[str]:
+async def warm_up(client: TrialClient, spec: MeasureSpec) -> list[str]:
     """Short requests that absorb one-time costs (JIT, CUDA graphs); their errors are returned."""
     n = spec.workload.warmup
     if n <= 0:
@@ -194,7 +195,7 @@ async def warm_up(client: LoadClient, spec: MeasureSpec) -> list[str]:
 
 
 async def measure_level(
-    client: LoadClient,
+    client: TrialClient,
     spec: MeasureSpec,
     level: LevelSpec,
     progress: ProgressFn | None = None,
@@ -239,7 +240,7 @@ async def measure_level(
 
 
 async def measure_test(
-    client: LoadClient,
+    client: TrialClient,
     spec: MeasureSpec,
     progress: ProgressFn | None = None,
     on_level: Callable[[LevelResult], Awaitable[None] | None] | None = None,

@@ -252,8 +252,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def _kimi_session() -> Iterator[PerfSession]:
-    session = PerfSession()
+def _kimi_session(pytestconfig: pytest.Config) -> Iterator[PerfSession]:
+    session = PerfSession(workers=_setting(pytestconfig, "perf_workers").value or 1)
     try:
         yield session
     finally:

@@ -14,6 +14,7 @@ from typing import Any
 from .endpoint import EndpointInfo, discover
 from .load.request import Target
 from .load.runner import LoadClient
+from .load.workers import ShardedClient
 from .loop_thread import LoopThread
 from .markers import Targets, Workload, parse_throughput
 from .measure import DEFAULT_TRIALS, FixedTrials, MeasureSpec, ProgressFn, TrialPolicy, measure_test
@@ -24,19 +25,23 @@ from .workload import API_PATHS, encode_bodies, resolve_prompts
 class PerfSession:
     """Background loop + shared load client bound to one endpoint."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int = 1) -> None:
         self._loop = LoopThread()
-        self._client: LoadClient | None = None
+        self._workers = workers
+        self._client: LoadClient | ShardedClient | None = None
         self.session_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         """Names the measuring session in baselines (trials of one session share its noise)."""
 
     def discover(self, base_url: str, *, api_key: str | None, model: str | None) -> EndpointInfo:
         return self._loop.run(discover(base_url, api_key=api_key, model=model))
 
-    async def _client_instance(self) -> LoadClient:
+    async def _client_instance(self) -> LoadClient | ShardedClient:
+        """Created on the load loop's thread, which lives for the whole session (the worker
+        processes of a sharded client are tied to the thread that started them)."""
         if self._client is None:
-            self._client = LoadClient()
-            await self._client.__aenter__()
+            client = ShardedClient(self._workers) if self._workers > 1 else LoadClient()
+            await client.__aenter__()
+            self._client = client
         return self._client
 
     async def _measure(self, spec: MeasureSpec, progress: ProgressFn | None) -> ThroughputResult:

@@ -134,6 +134,11 @@ OPTIONS: dict[str, Option[Any]] = {
             metavar="N",
         ),
         Option(
+            "--perf-workers", "kimi_perf_workers", "KIMI_PERF_WORKERS",
+            "load client processes: shard each level's load across N processes (default 1) "
+            "when one core cannot ingest the stream", positive_int, metavar="N",
+        ),
+        Option(
             "--baseline-dir", "kimi_baseline_dir", "KIMI_BASELINE_DIR",
             "where baselines live (default: baselines/ under the rootdir)", non_empty, metavar="DIR",
         ),

@@ -439,3 +439,53 @@ def test_latency_targets_and_goodput(pytester: pytest.Pytester, sim_url: str, tm
     met = json.loads(report.read_text())["tests"][0]["levels"][0]
     assert met["percentile"] == 90 and met["goodput"] == 1.0
     assert 0 < met["ttft_s_pct"] < 5 and 0 < met["itl_s_pct"] < 1 and 0 < met["e2e_s_pct"] < 10
+
+
+def test_open_loop_rates_and_length_sweeps(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+    pytester.makepyfile(
+        """
+        from pytest_kimi import throughput
+
+        @throughput(rate=[20, 40], max_tokens=32, requests=80, trials=2, warmup=1, min_tok_s={40: 100})
+        def test_rates():
+            pass
+
+        @throughput(concurrency=[1, 4], max_tokens=[16, 64], input_tokens=[50, 400], trials=2, warmup=1)
+        def test_lengths(throughput_result):
+            assert len(throughput_result.levels) == 8
+            lv = throughput_result.level(4, max_tokens=64, input_tokens=400)
+            assert all(r.completion_tokens == 64 for t in lv.trials for r in t.records)
+            assert all(r.prompt_tokens > throughput_result.level(4, max_tokens=64, input_tokens=50)
+                       .trials[0].records[0].prompt_tokens for t in lv.trials for r in t.records)
+        """
+    )
+    report = tmp_path / "perf.json"
+    result = pytester.runpytest(f"--endpoint={sim_url}", f"--perf-json={report}")
+    result.assert_outcomes(passed=2)
+    tests = {t["nodeid"].split("::")[1]: t for t in json.loads(report.read_text())["tests"]}
+    rates = tests["test_rates"]["levels"]
+    assert [lv["rate"] for lv in rates] == [20, 40] and [lv["label"] for lv in rates] == ["rate=20/s", "rate=40/s"]
+    for lv in rates:
+        assert lv["achieved_rate"] == pytest.approx(lv["rate"], rel=0.05)
+        assert lv["concurrency"] is None and lv["tok_s"] > 0
+    labels = [lv["label"] for lv in tests["test_lengths"]["levels"]]
+    assert labels[:2] == ["C=1 max_tokens=16 input_tokens=50", "C=1 max_tokens=16 input_tokens=400"]
+    result.stdout.fnmatch_lines(["*rate=40/s*", "*C=4 max_tokens=64 input_tokens=400*"])
+
+
+def test_load_workers_shard_the_client(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+    pytester.makepyfile(
+        f"""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=[1, 8], {SMALL})
+        def test_sharded(throughput_result):
+            records = [r for t in throughput_result.level(8).trials for r in t.records]
+            assert len({{r.worker for r in records}}) == 8 and all(r.ok for r in records)
+        """
+    )
+    report = tmp_path / "perf.json"
+    result = pytester.runpytest_subprocess(f"--endpoint={sim_url}", "--perf-workers=2", f"--perf-json={report}")
+    result.assert_outcomes(passed=1)
+    levels = json.loads(report.read_text())["tests"][0]["levels"]
+    assert all(lv["tok_s"] > 0 for lv in levels)

@@ -61,9 +61,9 @@ def test_non_tty_session_prints_plain_lines(pytester: pytest.Pytester, flags: li
     result.stdout.fnmatch_lines(
         [
             "*[[]kimi[]] measuring test_suite.py::test_sweep",
-            "[[]kimi[]] C=1 trial 1/2: 2/2 requests, * tok/s, 0 errors, * s",
-            "[[]kimi[]] C=1: * tok/s (median of 2 trials), 4 requests, 0 failed, * s",
-            "[[]kimi[]] C=2 trial 2/2: 4/4 requests, * tok/s, 0 errors, * s",
+            "[[]kimi[]] C=1 trial 1/2: 1/1 requests, * tok/s, 0 errors, * s",
+            "[[]kimi[]] C=1: * tok/s (median of 2 trials), 2 requests, 0 failed, * s",
+            "[[]kimi[]] C=2 trial 2/2: 2/2 requests, * tok/s, 0 errors, * s",
         ]
     )
     assert "\r" not in result.stdout.str()

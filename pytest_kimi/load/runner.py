@@ -94,6 +94,9 @@ class TrialRecords:
     """Why the trial stopped starting requests before its plan said so (None: it did not)."""
     warmup_records: list[RequestRecord] = field(default_factory=list)
     lag_samples: int = 0
+    lag_times: array = field(default_factory=lambda: array("d"))
+    lag_values: array = field(default_factory=lambda: array("d"))
+    """The raw lag samples and when they were taken (ramp-up bursts fall outside the window)."""
     offered_rate: float | None = None
     """Open loop: the arrival rate asked for (requests/s).  None for a closed loop."""
     achieved_rate: float | None = None
@@ -237,16 +240,21 @@ class _LagMonitor:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self.samples: array = array("d")
+        self.times: array = array("d")
+        """When each sample was taken: lets the lag be judged inside the steady-state window."""
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         interval = self.interval_s
         append = self.samples.append
+        stamp = self.times.append
         sleep = asyncio.sleep
         while True:
             t = perf_counter()
             await sleep(interval)
-            append(perf_counter() - t - interval)
+            now = perf_counter()
+            append(now - t - interval)
+            stamp(now)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -457,6 +465,8 @@ class LoadClient:
             stopped_early=stopped,
             warmup_records=warm or [],
             lag_samples=len(lags),
+            lag_times=monitor.times,
+            lag_values=monitor.samples,
         )
 
     # ------------------------------------------------------------------------ open loop
@@ -515,6 +525,8 @@ class LoadClient:
             client_cpu_s=cpu,
             stopped_early=stopped,
             lag_samples=len(lags),
+            lag_times=monitor.times,
+            lag_values=monitor.samples,
             offered_rate=plan.rate,
             achieved_rate=achieved_rate(records),
             schedule_delay_p99_s=delay_p99,

@@ -41,6 +41,8 @@ pid and its exit status.
 
 from __future__ import annotations
 
+from array import array
+
 import asyncio
 import atexit
 import ctypes
@@ -269,6 +271,8 @@ def merge(kind: Kind, plan: TrialPlan | OpenLoopPlan, parts: Sequence[tuple[Shar
         stopped_early=next((tr.stopped_early for tr in trs if tr.stopped_early), None),
         warmup_records=warm,
         lag_samples=sum(tr.lag_samples for tr in trs),
+        lag_times=array("d", [t for tr in trs for t in tr.lag_times]),
+        lag_values=array("d", [v for tr in trs for v in tr.lag_values]),
         shards=summaries,
     )
     if isinstance(plan, OpenLoopPlan):
