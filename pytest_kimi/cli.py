@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from .results import level_key
 from .report.markdown import test_title
 
 EXIT_OK = 0
@@ -66,8 +67,8 @@ def load_report(path: Path) -> dict[str, Any]:
                 or not isinstance(test.get("levels", []), list):
             raise CliError(f"{path}: tests[{i}] is not a test entry (needs a 'nodeid' and a 'levels' list)")
         for j, level in enumerate(test.get("levels", [])):
-            if not isinstance(level, dict) or "concurrency" not in level:
-                raise CliError(f"{path}: tests[{i}].levels[{j}] has no 'concurrency'")
+            if not isinstance(level, dict) or (level.get("concurrency") is None and level.get("rate") is None):
+                raise CliError(f"{path}: tests[{i}].levels[{j}] has no 'concurrency' or 'rate'")
     return data
 
 
@@ -81,10 +82,7 @@ def level_match_key(test: Mapping[str, Any], level: Mapping[str, Any]) -> tuple[
     Same rule as the baseline store: a level at another concurrency or output length is never
     a stand-in, however close.  Values are compared as JSON text so ``8`` and ``8.0`` match.
     """
-    key: dict[str, Any] = {k: v for k, v in (test.get("workload") or {}).items() if v is not None}
-    key["concurrency"] = level.get("concurrency")
-    if level.get("max_tokens") is not None:
-        key["max_tokens"] = level["max_tokens"]
+    key = level_key(level, test.get("workload") or {})
     if level.get("profile") is not None:
         key["profile"] = level["profile"]
     def canon(v: Any) -> str:
@@ -239,7 +237,7 @@ _COMPARISON_FIELDS = frozenset({
 
 def _label(level: Mapping[str, Any], test: Mapping[str, Any] | None = None) -> str:
     """``C=8``, with the level's deployment unless the test entry already names it."""
-    label = f"C={level.get('concurrency')}"
+    label = level.get("label") or f"C={level.get('concurrency')}"
     profile = level.get("profile")
     if profile is None or (test is not None and test.get("profile") == profile):
         return label
@@ -280,7 +278,7 @@ def _print_comparison(cmp: Comparison, old_path: Path, new_path: Path) -> None:
 
     base = dict(COLUMNS)
     columns = [
-        ("C", base["C"]),
+        ("level", base["level"]),
         ("baseline", base["baseline"]),
         ("tok/s", base["tok/s"]),
         ("change (90% CI)", base["change (90% CI)"]),

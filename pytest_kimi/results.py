@@ -144,7 +144,8 @@ def level_key(level: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]
     """
     key = {**workload}
     for name in ("concurrency", "rate", "max_tokens", "input_tokens", "prompts"):
-        key[name] = level.get(name)
+        if level.get(name) is not None:
+            key[name] = level[name]
     return {k: v for k, v in key.items() if v is not None}
 
 

@@ -43,7 +43,7 @@ def test_compare_finds_the_regressions(capsys: pytest.CaptureFixture[str], tmp_p
     changes = next(line for line in out.splitlines() if "changed between the reports" in line)
     assert changes.split(": ", 1)[1] == "sim.slowdown: 1.0 -> 1.2", "per-launch fields (port, pid) are not changes"
     header = next(line for line in out.splitlines() if "change (90% CI)" in line)
-    assert header.split() == ["C", "baseline", "tok/s", "change", "(90%", "CI)", "p", "trials",
+    assert header.split() == ["level", "baseline", "tok/s", "change", "(90%", "CI)", "p", "trials",
                               "base", "trials", "verdict"]
     text = md.read_text(encoding="utf-8")
     assert text.startswith("## kimi-perf compare: FAILED")

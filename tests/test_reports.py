@@ -73,11 +73,11 @@ def test_markdown_regression_report(regression: dict[str, Any]) -> None:
     assert "`http://127.0.0.1:44285`" in md and "`kimi-k2.6-sim`" in md
     assert "### `test_s.py::test_sweep` **FAILED**" in md
     assert "### `test_s.py::test_single` **FAILED**" in md
-    header = "| C | baseline tok/s | current tok/s | change (90% CI) | p | trials | target tok/s | verdict |"
+    header = "| level | baseline tok/s | current tok/s | change (90% CI) | p | trials | target tok/s | verdict |"
     assert header in md
-    assert ("| 1 | 1276.3 | 1065.2 ±0.3% | -16.6% (-20.6% .. -12.4%) | 0.000241 | 3 (base 4) | - "
+    assert ("| C=1 | 1276.3 | 1065.2 ±0.3% | -16.6% (-20.6% .. -12.4%) | 0.000241 | 3 (base 4) | - "
             "| **REGRESSION** |") in md
-    assert "| 16 | 10102.0 | 8533.7 ±0.6% | -15.7% (-19.9% .. -11.3%) | 0.00126 | 3 (base 4) | 1000 |" in md
+    assert "| C=16 | 10102.0 | 8533.7 ±0.6% | -15.7% (-19.9% .. -11.3%) | 0.00126 | 3 (base 4) | 1000 |" in md
     assert md.count("| **REGRESSION** |") == 4
     assert "changed since baseline: sim.slowdown: 1.0 -> 1.2" in md
     assert "- C=4 **REGRESSION**: regression -14.9%" in md
@@ -114,7 +114,7 @@ def test_markdown_no_baseline_and_strict(baseline_run: dict[str, Any]) -> None:
             lv["verdict"], lv["reasons"] = "no-baseline", []
         test["baseline_note"] = "no baseline yet: baselines/sim/x.yaml (record it with --update-baselines)"
     md = render_markdown(report)
-    assert "| 1 | - | 1273.2 ±2.4% | - | - | 3 | - | *no-baseline* |" in md
+    assert "| C=1 | - | 1273.2 ±2.4% | - | - | 3 | - | *no-baseline* |" in md
     assert "no baseline yet: baselines/sim/x.yaml" in md
     strict = render_markdown(report, failing_verdicts=BASE_FAILING | {"no-baseline"})
     assert "**NO-BASELINE**" in strict
@@ -128,7 +128,7 @@ def test_markdown_escapes_pipes_and_tags(regression: dict[str, Any]) -> None:
     lv["verdict"] = "weird|verdict"
     lv["reasons"] = ["value <absent> | other"]
     md = render_markdown(report)
-    assert "| ep\\|8 | 1 |" in md
+    assert "| ep\\|8 | C=1 |" in md
     assert "weird\\|verdict |" in md
     assert "&lt;absent>" in md and "<absent>" not in md
     table = [line for line in md.split("### `test_s.py::test_single`")[1].splitlines() if line.startswith("|")]
@@ -139,7 +139,7 @@ def test_markdown_profile_on_every_row(regression: dict[str, Any]) -> None:
     md = render_markdown(_ab_report(regression))
     sweep = md.split("### `test_s.py::test_sweep`")[1].split("###")[0]
     rows = [line for line in sweep.splitlines() if line.startswith("| ")]
-    assert rows[0].startswith("| profile | C |")
+    assert rows[0].startswith("| profile | level |")
     assert sum(r.startswith("| ep8-tuned |") for r in rows) == 3
     assert sum(r.startswith("| tp8 |") for r in rows) == 3
     assert "- ep8-tuned C=1 **REGRESSION**" in sweep
@@ -281,7 +281,7 @@ def test_markdown_same_run_ab(regression: dict[str, Any]) -> None:
     assert "### `test_s.py::test_sweep` on `tp8` **FAILED**" in md
     assert "compared with deployment ep8 (same run)" in md
     assert "changed vs deployment ep8 (same run): ep_size: 8 -> 1" in md
-    assert "| tp8 | 16 |" in md
+    assert "| tp8 | C=16 |" in md
     assert "- C=16 **REGRESSION**" in md, "the entry already names the deployment"
 
 

@@ -129,9 +129,7 @@ def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
     cols: list[Column] = []
     if any(lv.get("profile") is not None for lv in levels):
         cols.append(Column("profile", lambda lv: str(lv.get("profile") or "-"), numeric=False))
-    cols.append(Column("C", lambda lv: str(lv.get("concurrency", "?"))))
-    if len({lv.get("max_tokens") for lv in levels}) > 1:
-        cols.append(Column("max_tokens", lambda lv: _num(lv.get("max_tokens"), "d")))
+    cols.append(Column("level", lambda lv: str(lv.get("label") or f"C={lv.get('concurrency', '?')}"), numeric=False))
     cols += [
         Column("baseline tok/s", lambda lv: _num(lv.get("baseline_tok_s"), ".1f")),
         Column("current tok/s", _current),
@@ -150,7 +148,7 @@ def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
 def level_label(level: Mapping[str, Any], test: Mapping[str, Any] | None = None) -> str:
     """``C=8`` or ``ep8 C=8``: how reasons name a level (no profile when the test entry is
     already the one deployment's)."""
-    label = f"C={level.get('concurrency', '?')}"
+    label = level.get("label") or f"C={level.get('concurrency', '?')}"
     profile = level.get("profile")
     if profile is None or (test is not None and test.get("profile") == profile):
         return label

@@ -88,12 +88,20 @@ def _finite(value: Any) -> float | None:
 
 
 def _series(levels: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    """Levels grouped by ``profile`` (deployment), each sorted by concurrency."""
+    """Levels grouped by ``profile`` (deployment) and swept lengths, each sorted by concurrency.
+
+    Open-loop (rate) levels have no concurrency and are left out of these figures.
+    """
     groups: dict[str, list[Mapping[str, Any]]] = {}
+    swept = [k for k in ("max_tokens", "input_tokens") if len({lv.get(k) for lv in levels}) > 1]
     for lv in levels:
         if _finite(lv.get("concurrency")) is None:
             continue
-        groups.setdefault(str(lv.get("profile") or _NO_PROFILE), []).append(lv)
+        name = str(lv.get("profile") or _NO_PROFILE)
+        if swept:
+            lengths = " ".join(f"{k}={lv.get(k)}" for k in swept)
+            name = lengths if name == _NO_PROFILE else f"{name} {lengths}"
+        groups.setdefault(name, []).append(lv)
     for group in groups.values():
         group.sort(key=lambda lv: float(lv["concurrency"]))
     return groups
