@@ -299,6 +299,8 @@ def test_example_profiles_load() -> None:
     files = sorted(SERVERS.glob("*.yaml"))
     assert {f.stem for f in files} >= {"ep8", "ep8-tuned", "ep4", "tp8-tuned", "ep8-eplb"}
     profiles = {f.stem: load_profile(f) for f in files}
+    remote = profiles.pop("remote-ep8")
+    assert remote.external and remote.url == "http://gpu-host:30001" and remote.start and remote.stop
     for p in profiles.values():
         assert p.args["model-path"] == "/root/models/Kimi-K2.6"
         assert p.args["tp-size"] == 8
