@@ -32,7 +32,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Conf
         for concurrency in (1, 8, 64, 256):
             # One request per worker: every trial is a single clean round, the purest steady state.
             workload, targets = parse_throughput(
-                (), dict(concurrency=concurrency, requests=concurrency, max_tokens=256, trials=3, warmup=2)
+                (), dict(concurrency=concurrency, requests=concurrency, max_tokens=256, trials=2, warmup=2)
             )
             spec = build_spec(endpoint, "accuracy", workload, targets, rootdir=pytestconfig.rootpath)
             levels[concurrency] = session.measure(spec).level(concurrency)

@@ -361,7 +361,7 @@ def test_junit_properties_carry_levels_also_under_xdist(pytester: pytest.Pyteste
             pass
         """
     )
-    for extra in ([], ["-n", "2"]):
+    for extra in (["-n", "2"],):  # through xdist: the properties travel with the reports
         junit = pytester.path / "junit.xml"
         result = pytester.runpytest_subprocess(f"--endpoint={sim_url}", f"--junitxml={junit}", *extra)
         result.assert_outcomes(passed=1)
@@ -446,13 +446,13 @@ def test_open_loop_rates_and_length_sweeps(pytester: pytest.Pytester, sim_url: s
         """
         from pytest_kimi import throughput
 
-        @throughput(rate=[20, 40], max_tokens=32, requests=80, trials=2, warmup=1, min_tok_s={40: 100})
+        @throughput(rate=[20, 40], max_tokens=32, requests=40, trials=2, warmup=1, min_tok_s={40: 100})
         def test_rates():
             pass
 
-        @throughput(concurrency=[1, 4], max_tokens=[16, 64], input_tokens=[50, 400], trials=2, warmup=1)
+        @throughput(concurrency=4, max_tokens=[16, 64], input_tokens=[50, 400], trials=2, warmup=1)
         def test_lengths(throughput_result):
-            assert len(throughput_result.levels) == 8
+            assert len(throughput_result.levels) == 4
             lv = throughput_result.level(4, max_tokens=64, input_tokens=400)
             assert all(r.completion_tokens == 64 for t in lv.trials for r in t.records)
             assert all(r.prompt_tokens > throughput_result.level(4, max_tokens=64, input_tokens=50)
@@ -469,7 +469,10 @@ def test_open_loop_rates_and_length_sweeps(pytester: pytest.Pytester, sim_url: s
         assert lv["achieved_rate"] == pytest.approx(lv["rate"], rel=0.05)
         assert lv["concurrency"] is None and lv["tok_s"] > 0
     labels = [lv["label"] for lv in tests["test_lengths"]["levels"]]
-    assert labels[:2] == ["C=1 max_tokens=16 input_tokens=50", "C=1 max_tokens=16 input_tokens=400"]
+    assert labels == [
+        "C=4 max_tokens=16 input_tokens=50", "C=4 max_tokens=16 input_tokens=400",
+        "C=4 max_tokens=64 input_tokens=50", "C=4 max_tokens=64 input_tokens=400",
+    ]
     result.stdout.fnmatch_lines(["*rate=40/s*", "*C=4 max_tokens=64 input_tokens=400*"])
 
 
