@@ -108,3 +108,25 @@ def test_crash_mid_sweep_keeps_the_levels_measured_before(pytester: pytest.Pytes
     assert levels[2]["verdict"] == "not-run"
     result.stdout.fnmatch_lines(["*C=2 error:*"])
     assert elapsed < 30
+
+
+def test_max_error_rate_relaxes_and_completions_api(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_relaxed="""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=4, max_tokens=32, requests=20, trials=2, warmup=0, max_error_rate=0.6)
+        def test_relaxed(throughput_result):
+            lv = throughput_result.level(4)
+            assert lv.figures.requests_failed > 0 and lv.verdict != "error"
+
+        @throughput(concurrency=2, max_tokens=16, trials=2, warmup=0, api="completions")
+        def test_completions(throughput_result):
+            assert all(r.completion_tokens == 16 for t in throughput_result.level(2).trials for r in t.records)
+        """
+    )
+    result = pytester.runpytest("--endpoint=sim:speed=50,error_rate=0.25")
+    result.assert_outcomes(passed=1, failed=1)  # completions at 25% errors with max_error_rate 0
+    result.stdout.fnmatch_lines(["*test_completions*", "*C=2 error: * requests failed (max_error_rate=0)*HTTP 500*"])
+    result = pytester.runpytest("--endpoint=sim:speed=50", "-k", "completions")
+    result.assert_outcomes(passed=1)

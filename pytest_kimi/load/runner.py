@@ -153,10 +153,15 @@ class LiveTrial:
     """Token-carrying blocks of requests streaming in worker processes (ShardedClient): their
     records live in another process, so the workers report this count periodically."""
 
+    blocks: int = 0
+    """Token-carrying reads of finished requests: with ``tokens`` it tells how many tokens a
+    read carries (a server may pack several per event), to scale the in-flight estimate."""
+
     def approx_tokens(self) -> int:
-        """Tokens of finished requests plus token-carrying blocks of the ones in flight."""
-        return (self.tokens + self.remote_inflight_tokens
-                + sum(len(r.chunk_times) for r in list(self.inflight.values())))
+        """Tokens of finished requests plus an estimate for the ones in flight."""
+        per_block = self.tokens / self.blocks if self.blocks else 1.0
+        inflight = sum(len(r.chunk_times) for r in list(self.inflight.values()))
+        return int(self.tokens + self.remote_inflight_tokens + inflight * per_block)
 
 
 def _p99(values: list[float]) -> float:
@@ -378,6 +383,8 @@ class LoadClient:
                     del live.inflight[i]
                     live.done += 1
                     live.tokens += rec.completion_tokens
+                live.blocks += len(rec.chunk_times)
+                    live.blocks += len(rec.chunk_times)
                     live.failed += rec.error is not None
                 if rec.error is not None:
                     state["failures"] += 1
@@ -577,6 +584,7 @@ class LoadClient:
                 live.inflight.pop(i, None)
                 live.done += 1
                 live.tokens += rec.completion_tokens
+                live.blocks += len(rec.chunk_times)
                 live.failed += rec.error is not None
             if rec.error is not None:
                 state["failures"] += 1

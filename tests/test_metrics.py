@@ -1,0 +1,81 @@
+"""Figures from records: the steady-state window, token weighting, and what makes a trial invalid."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from pytest_kimi.load.runner import TrialRecords
+from pytest_kimi.markers import LevelSpec
+from pytest_kimi.metrics import ClientSignals, inter_token_latencies, steady_window, summarize_trial, tokens_in_window
+from pytest_kimi.records import RequestRecord
+
+
+def _rec(worker: int, start: float, n: int, step: float, *, per_event: int = 1, index: int = 0,
+         tokens: int | None = None) -> RequestRecord:
+    """A stream whose i-th read arrives at start + i*step, carrying ``per_event`` tokens each."""
+    events = n // per_event
+    rec = RequestRecord(index=index, worker=worker, scheduled=start - 0.01, sent=start - 0.01,
+                        first_token=start, status=200, completion_tokens=tokens if tokens is not None else n)
+    rec.chunk_times = array("d", [start + i * step for i in range(events)])
+    rec.chunk_events = array("I", [1] * events)
+    rec.end = start + events * step
+    return rec
+
+
+def _trial(records: list[RequestRecord], level: LevelSpec, **signals: float) -> tuple:
+    tr = TrialRecords(records=records, started=0.0, ended=10.0, concurrency=level.concurrency or 1)
+    return summarize_trial(0, level, tr, client=ClientSignals(**signals), ignore_eos=True)
+
+
+def test_window_excludes_ramp_up_and_drain() -> None:
+    # worker 1 starts 1 s late and worker 0 finishes first: only [1.0, 2.0] has both decoding
+    recs = [_rec(0, 0.0, 201, 0.01), _rec(1, 1.0, 201, 0.01)]
+    assert steady_window(recs) == pytest.approx((1.0, 2.0))
+    assert tokens_in_window(recs, 1.0, 2.0) == pytest.approx(200)  # 100 each, (start, end]
+
+
+def test_lone_stream_window_equals_its_decode_rate() -> None:
+    rec = _rec(0, 0.0, 101, 0.01)
+    start, end = steady_window([rec])
+    assert tokens_in_window([rec], start, end) / (end - start) == pytest.approx(rec.decode_tok_s)
+    assert rec.decode_tok_s == pytest.approx(100.0)
+
+
+def test_multi_token_events_are_weighted_by_usage() -> None:
+    rec = _rec(0, 0.0, 400, 0.04, per_event=4)  # 100 reads of 4 tokens, 100 tok/s
+    assert rec.tokens_per_event == 4
+    assert rec.decode_tok_s == pytest.approx(396 / 3.96)
+    assert float(inter_token_latencies([rec]).mean()) == pytest.approx(0.01)
+
+
+def test_wrong_token_count_under_ignore_eos_is_invalid() -> None:
+    level = LevelSpec(2, None, 64)
+    recs = [_rec(0, 0.0, 64, 0.01, index=0), _rec(1, 0.0, 56, 0.01, index=1)]
+    trial = _trial(recs, level)
+    assert not trial.valid
+    assert "1 request(s) returned [56] tokens instead of max_tokens=64 under ignore_eos" in trial.invalid[0]
+
+
+def test_empty_200_is_invalid_not_a_failure() -> None:
+    level = LevelSpec(2, None, 10)
+    empty = RequestRecord(index=1, worker=1, scheduled=0, sent=0, status=200, end=0.5)
+    trial = _trial([_rec(0, 0.0, 10, 0.01), empty], level)
+    assert "1 request(s) answered 200 with no tokens" in trial.invalid
+    assert trial.requests_failed == 1 and trial.errors == []
+
+
+def test_saturated_client_inside_the_window_is_invalid_but_a_ramp_burst_is_not() -> None:
+    level = LevelSpec(2, None, 101)
+    recs = [_rec(0, 0.0, 101, 0.01), _rec(1, 0.0, 101, 0.01, index=1)]
+    burst = dict(loop_lag_p99_s=0.05, lag_times=array("d", [-0.1, 0.5]), lag_values=array("d", [0.05, 0.001]))
+    assert _trial(recs, level, **burst).valid
+    busy = dict(loop_lag_p99_s=0.05, lag_times=array("d", [0.3, 0.5]), lag_values=array("d", [0.05, 0.04]))
+    trial = _trial(recs, level, **busy)
+    assert not trial.valid and "load client saturated" in trial.invalid[0]
+
+
+def test_no_window_when_a_worker_ends_before_another_starts() -> None:
+    trial = _trial([_rec(0, 0.0, 11, 0.01), _rec(1, 5.0, 11, 0.01, index=1)], LevelSpec(2, None, 11))
+    assert trial.tok_s is None and "no steady-state window" in trial.invalid[0]

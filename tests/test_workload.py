@@ -1,0 +1,39 @@
+"""Prompt sources and request bodies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_kimi.workload import WorkloadError, encode_bodies, resolve_prompts
+
+
+def test_builtin_list_and_synthetic(tmp_path: Path) -> None:
+    assert len(resolve_prompts("diverse", None, tmp_path).prompts) == 5
+    assert resolve_prompts(["a", "b"], None, tmp_path).key == "list:2"
+    synthetic = resolve_prompts(None, 1000, tmp_path)
+    assert synthetic.key == "synthetic:1000" and len(set(synthetic.prompts)) == len(synthetic.prompts)
+    assert {p.split()[1] for p in synthetic.prompts} == {f"{i}:" for i in range(len(synthetic.prompts))}
+
+
+def test_jsonl_relative_to_rootdir_and_its_errors(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text('"plain"\n{"prompt": "object"}\n\n{"text": "alt"}\n')
+    assert resolve_prompts("p.jsonl", None, tmp_path).prompts == ("plain", "object", "alt")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{broken\n')
+    with pytest.raises(WorkloadError, match=r"bad.jsonl:2: not valid JSON"):
+        resolve_prompts("bad.jsonl", None, tmp_path)
+    (tmp_path / "num.jsonl").write_text("42\n")
+    with pytest.raises(WorkloadError, match=r"num.jsonl:1: expected a string or an object"):
+        resolve_prompts("num.jsonl", None, tmp_path)
+    with pytest.raises(WorkloadError, match="does not exist"):
+        resolve_prompts("missing.jsonl", None, tmp_path)
+
+
+@pytest.mark.parametrize("api, field", [("chat", "messages"), ("completions", "prompt")])
+def test_bodies_stream_with_usage_and_ignore_eos(tmp_path: Path, api: str, field: str) -> None:
+    (body,) = encode_bodies(resolve_prompts(["hi"], None, tmp_path), model="m", api=api, max_tokens=7, ignore_eos=True)
+    data = json.loads(body)
+    assert field in data and data["stream"] is True and data["stream_options"] == {"include_usage": True}
+    assert data["ignore_eos"] is True and data["max_tokens"] == 7 and data["temperature"] == 0
