@@ -383,7 +383,6 @@ class LoadClient:
                     del live.inflight[i]
                     live.done += 1
                     live.tokens += rec.completion_tokens
-                live.blocks += len(rec.chunk_times)
                     live.blocks += len(rec.chunk_times)
                     live.failed += rec.error is not None
                 if rec.error is not None:
