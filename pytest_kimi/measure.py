@@ -116,7 +116,8 @@ def _signals(tr: TrialRecords) -> ClientSignals:
         loop_lag_max_s=tr.loop_lag_max_s,
         loop_lag_p99_s=tr.loop_lag_p99_s,
         send_delay_p99_s=tr.send_delay_p99_s,
-        cpu_share=tr.client_cpu_s / wall,
+        # the busiest client process: a sharded client's workers each have a core of their own
+        cpu_share=max((sh.client_cpu_s for sh in tr.shards), default=tr.client_cpu_s) / wall,
         lag_times=tr.lag_times,
         lag_values=tr.lag_values,
     )
