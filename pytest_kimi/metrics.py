@@ -27,7 +27,7 @@ from .records import RequestRecord
 CLIENT_LAG_LIMIT_S = 0.02
 """Event-loop lag (p99) or send delay (p99) above this may mean the client set the pace.
 
-Lag is also allowed up to half the median inter-token gap: at high concurrency a decode step
+Lag is also allowed up to half the median gap between a stream's reads: at high concurrency a decode step
 delivers a burst of reads that the loop works through in one go, and as long as it is done
 well before the next step the timestamps and the throughput are unaffected."""
 CLIENT_CPU_LIMIT = 0.95
@@ -137,6 +137,12 @@ def inter_token_latencies(records: Iterable[RequestRecord]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0)
 
 
+def read_gap_p50(records: Iterable[RequestRecord]) -> float:
+    """Median time between successive reads of a stream: the rhythm the server delivers in."""
+    gaps = [np.diff(np.frombuffer(r.chunk_times, dtype=np.float64)) for r in records if len(r.chunk_times) > 1]
+    return float(np.median(np.concatenate(gaps))) if gaps else 0.0
+
+
 def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
     arr = np.asarray(values, dtype=np.float64)
     return float(np.percentile(arr, q)) if arr.size else None
@@ -203,8 +209,7 @@ def summarize_trial(
             )
     approx = sum(1 for r in ok if r.tokens_approx)
     lag = client.lag_p99_within(*window) if window is not None else client.loop_lag_p99_s
-    itl = percentile(inter_token_latencies(ok), 50) or 0.0
-    lag_limit = max(CLIENT_LAG_LIMIT_S, itl / 2)
+    lag_limit = max(CLIENT_LAG_LIMIT_S, read_gap_p50(ok) / 2)
     if lag > lag_limit or client.send_delay_p99_s > CLIENT_LAG_LIMIT_S or client.cpu_share > CLIENT_CPU_LIMIT:
         invalid.append(
             f"load client saturated (event-loop lag p99 {lag * 1e3:.1f} ms vs limit "
