@@ -164,6 +164,29 @@ class LiveTrial:
         return int(self.tokens + self.remote_inflight_tokens + inflight * per_block)
 
 
+def _request_done(
+    rec: RequestRecord, live: LiveTrial | None, state: dict[str, int], stop: list[str],
+    max_failures: int | None,
+) -> bool:
+    """Book-keeping when a request ends (closed and open loop alike): live counters, failures.
+
+    Returns True when this request's failure is the one that stops the trial.
+    """
+    if live is not None:
+        live.inflight.pop(rec.index, None)
+        live.done += 1
+        live.tokens += rec.completion_tokens
+        live.blocks += len(rec.chunk_times)
+        live.failed += rec.error is not None
+    if rec.error is None:
+        return False
+    state["failures"] += 1
+    if max_failures is not None and state["failures"] >= max_failures and not stop:
+        stop.append(f"max_failures reached: {state['failures']} requests failed (last: {rec.error[:160]})")
+        return True
+    return False
+
+
 def _p99(values: list[float]) -> float:
     if not values:
         return 0.0
@@ -379,19 +402,7 @@ class LoadClient:
                     record=rec,
                 )
                 append(rec)
-                if live is not None:
-                    del live.inflight[i]
-                    live.done += 1
-                    live.tokens += rec.completion_tokens
-                    live.blocks += len(rec.chunk_times)
-                    live.failed += rec.error is not None
-                if rec.error is not None:
-                    state["failures"] += 1
-                    if max_failures is not None and state["failures"] >= max_failures and not stop:
-                        stop.append(
-                            f"max_failures reached: {state['failures']} requests failed "
-                            f"(last: {rec.error[:160]})"
-                        )
+                _request_done(rec, live, state, stop, max_failures)
 
         n_workers = concurrency if requests is None else max(0, min(concurrency, requests))
         tasks = [asyncio.ensure_future(worker(w)) for w in range(n_workers)]
@@ -579,22 +590,10 @@ class LoadClient:
             finally:
                 state["inflight"] -= 1
             append(rec)
-            if live is not None:
-                live.inflight.pop(i, None)
-                live.done += 1
-                live.tokens += rec.completion_tokens
-                live.blocks += len(rec.chunk_times)
-                live.failed += rec.error is not None
-            if rec.error is not None:
-                state["failures"] += 1
-                if max_failures is not None and state["failures"] >= max_failures and not stop:
-                    stop.append(
-                        f"max_failures reached: {state['failures']} requests failed "
-                        f"(last: {rec.error[:160]})"
-                    )
-                    w = waiter[0]
-                    if w is not None:
-                        _wake(w)  # do not sleep until the next arrival: stop now
+            if _request_done(rec, live, state, stop, max_failures):
+                w = waiter[0]
+                if w is not None:
+                    _wake(w)  # do not sleep until the next arrival: stop now
 
         started = perf_counter() if start_at is None else start_at
         if live is not None:
