@@ -18,19 +18,19 @@ from typing import Any, Callable, Generator, Iterator
 import pytest
 
 from . import settings
-from .baseline import DEFAULT_DIRNAME, BaselineError, BaselineStore, Provenance, TestBaseline
-from .gate import AdaptiveTrials, GateSettings, IncomparableBaseline, apply_gate, baseline_samples, check_comparable
+from .baseline import DEFAULT_DIRNAME, BaselineStore, TestBaseline
+from .gate import GateSettings
+from .gated import Comparison, GateProblem, measure_gated
 from .endpoint import EndpointError, EndpointInfo, normalize_url
 from .markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_marker_kwargs, parse_throughput
 from .report.json_report import build_report, write_json, write_text
-from .recording import reference_baseline, update_baselines
+from .recording import update_baselines
 from .report.junit import junit_properties
 from .report.progress import ProgressPrinter
 from .report.terminal import format_test
-from .results import ThroughputResult, spec_key
+from .results import ThroughputResult
 from .server import ProfileError, ServerProfile, ServerStartError, load_profile, open_server
-from .session import KimiLoad, PerfSession, build_spec
-from .workload import WorkloadError
+from .session import KimiLoad, PerfSession
 
 REPORT_ATTR = "kimi_perf"
 """Attribute on TestReport carrying a test's result dict (serialised by xdist with the report)."""
@@ -352,19 +352,14 @@ def _trials(config: pytest.Config) -> int | None:
     return _setting(config, "perf_trials").value
 
 
-@pytest.fixture(scope="session")
-def _kimi_trials(pytestconfig: pytest.Config) -> int | None:
-    return _trials(pytestconfig)
-
-
 @pytest.fixture
 def kimi_load(
-    request: pytest.FixtureRequest, kimi_endpoint: EndpointInfo, _kimi_session: PerfSession,
-    _kimi_trials: int | None,
+    request: pytest.FixtureRequest, kimi_endpoint: EndpointInfo, _kimi_session: PerfSession
 ) -> KimiLoad:
     """The load engine bound to the endpoint: ``await kimi_load.sweep(concurrency=[1, 8])``."""
     return KimiLoad(
-        _kimi_session, kimi_endpoint, _perf_nodeid(request.node), Path(request.config.rootpath), _kimi_trials
+        _kimi_session, kimi_endpoint, _perf_nodeid(request.node), Path(request.config.rootpath),
+        _trials(request.config),
     )
 
 
@@ -381,62 +376,27 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
     if perf is None:
         return None
     config = request.config
-    endpoint: EndpointInfo = request.getfixturevalue("kimi_endpoint")
-    server = request.getfixturevalue("kimi_server")
-    session: PerfSession = request.getfixturevalue("_kimi_session")
     gate = config.stash[GATE]
-    state = config.stash[STATE]
-    nodeid = _perf_nodeid(item)
-    rootdir = Path(config.rootpath)
-    store = gate.store(kimi_deployment)
-    path = store.path_for(nodeid)
-    current = Provenance.collect(
-        model=endpoint.model, server_info=endpoint.server_info,
-        session_ids=[session.session_id], suite_dir=rootdir,
-    )
     deployments = config.stash[DEPLOYMENTS]
-    reference = deployments[0].name if len(deployments) > 1 else None
+    nodeid = _perf_nodeid(item)
+    comparison = Comparison(
+        store=gate.store(kimi_deployment),
+        deployment=kimi_deployment.name if kimi_deployment is not None else None,
+        reference=deployments[0].name if len(deployments) > 1 else None,
+        references=config.stash[STATE].references,
+    )
     problem: str | None = None
     try:
-        spec = build_spec(endpoint, nodeid, perf.workload, perf.targets, rootdir=rootdir, trials=_trials(config))
-        if reference is not None and kimi_deployment is not None and kimi_deployment.name != reference:
-            baseline = state.references.get(nodeid)
-            compared_with = f"deployment {reference} (same run)"
-        else:
-            baseline = store.load(nodeid)
-            compared_with = str(path)
-        check_comparable(baseline, current, compared_with)
-    except (WorkloadError, BaselineError, IncomparableBaseline) as exc:
-        problem = str(exc) if not isinstance(exc, WorkloadError) else f"@throughput prompts: {exc}"
+        result = measure_gated(
+            request.getfixturevalue("_kimi_session"), request.getfixturevalue("kimi_endpoint"), nodeid,
+            perf.workload, perf.targets, gate.settings, comparison,
+            rootdir=Path(config.rootpath), trials=_trials(config),
+            server=request.getfixturevalue("kimi_server"), progress=_progress_printer(config, nodeid),
+        )
+    except GateProblem as exc:
+        problem = str(exc)
     if problem is not None:
         pytest.fail(problem, pytrace=False)
-    if server is not None:
-        server.flush_cache()  # one test's prefix cache must not flatter the next
-    keys = {lv: spec_key(lv, spec.prompts_key(lv), perf.workload) for lv in perf.workload.levels}
-    policy = AdaptiveTrials(baseline_samples(baseline, keys), gate.settings, len(keys), first_trials=spec.trials)
-    spec.policy = policy
-    result = session.measure(spec, _progress_printer(config, nodeid))
-    changes = apply_gate(
-        result, baseline, compared_with, current, gate.settings,
-        tolerance=perf.targets.tolerance, alpha=perf.targets.alpha, alpha_weights=policy.alpha_weights,
-    )
-    result.extra.update(
-        baseline_file=str(path),
-        baseline_profile=store.profile,
-        provenance_changes=[str(c) for c in changes],
-        session_id=session.session_id,
-    )
-    if baseline is None:
-        result.extra["baseline_note"] = f"no baseline yet: {path} (record it with --update-baselines)"
-    if kimi_deployment is not None:
-        result.extra["profile"] = kimi_deployment.name
-        for level in result.levels:
-            level.extra["profile"] = kimi_deployment.name
-        if reference is not None:
-            result.extra["compared_with"] = compared_with
-        if kimi_deployment.name == reference:
-            state.references[nodeid] = reference_baseline(result, current, reference)
-    _note_server_crash(result, server)
     item.stash[RESULT] = result
     item.user_properties.extend(junit_properties(result.to_dict()))
     return result
@@ -468,19 +428,6 @@ def _progress_printer(config: pytest.Config, nodeid: str) -> ProgressPrinter | N
 
     line(f"[kimi] measuring {nodeid}")
     return ProgressPrinter(line, rewrite if reporter.isatty else None, prefix="[kimi] ")
-
-
-def _note_server_crash(result: ThroughputResult, server: Any) -> None:
-    """A managed server that died during the measurement: say so, with its last log lines."""
-    code = server.crashed() if server is not None else None
-    if code is None:
-        return
-    tail = server.log_tail(40)
-    result.extra["server_exit"] = {"returncode": code, "log": str(server.log_path), "log_tail": tail}
-    for level in result.levels:
-        if level.verdict in ("error", "not-run"):
-            level.reasons.append(f"the server exited with code {code} (log {server.log_path})")
-            break
 
 
 @pytest.fixture

@@ -1,0 +1,117 @@
+"""One test's measurement judged against what it is compared with: the plugin's per-test job.
+
+Kept free of pytest so the fixture that calls it is only wiring: it resolves the endpoint, the
+deployment and the baseline store, calls :func:`measure_gated`, and turns a
+:class:`GateProblem` into a test failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .baseline import BaselineError, BaselineStore, Provenance, TestBaseline
+from .endpoint import EndpointInfo
+from .gate import AdaptiveTrials, GateSettings, IncomparableBaseline, apply_gate, baseline_samples, check_comparable
+from .markers import Targets, Workload
+from .measure import ProgressFn
+from .recording import reference_baseline
+from .results import ThroughputResult, spec_key
+from .session import PerfSession, build_spec
+from .workload import WorkloadError
+
+
+class GateProblem(RuntimeError):
+    """The test cannot be measured as asked (bad prompts file, corrupt or incomparable baseline)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """What one test is judged against: its stored baseline, or a reference deployment's run."""
+
+    store: BaselineStore
+    deployment: str | None = None
+    reference: str | None = None
+    """Same-run A/B: the first deployment's name (None without an A/B)."""
+    references: dict[str, TestBaseline] | None = None
+    """Same-run A/B: the reference deployment's results so far, by test id (filled here)."""
+
+    @property
+    def is_candidate(self) -> bool:
+        return self.reference is not None and self.deployment not in (None, self.reference)
+
+
+def measure_gated(
+    session: PerfSession,
+    endpoint: EndpointInfo,
+    nodeid: str,
+    workload: Workload,
+    targets: Targets,
+    settings: GateSettings,
+    comparison: Comparison,
+    *,
+    rootdir: Path,
+    trials: int | None,
+    server: Any = None,
+    progress: ProgressFn | None = None,
+) -> ThroughputResult:
+    """Measure with adaptive trials, then set verdicts against the baseline or the reference."""
+    path = comparison.store.path_for(nodeid)
+    current = Provenance.collect(
+        model=endpoint.model, server_info=endpoint.server_info,
+        session_ids=[session.session_id], suite_dir=rootdir,
+    )
+    try:
+        spec = build_spec(endpoint, nodeid, workload, targets, rootdir=rootdir, trials=trials)
+        if comparison.is_candidate:
+            baseline = (comparison.references or {}).get(nodeid)
+            compared_with = f"deployment {comparison.reference} (same run)"
+        else:
+            baseline = comparison.store.load(nodeid)
+            compared_with = str(path)
+        check_comparable(baseline, current, compared_with)
+    except WorkloadError as exc:
+        raise GateProblem(f"@throughput prompts: {exc}") from None
+    except (BaselineError, IncomparableBaseline) as exc:
+        raise GateProblem(str(exc)) from None
+    if server is not None:
+        server.flush_cache()  # one test's prefix cache must not flatter the next
+    keys = {lv: spec_key(lv, spec.prompts_key(lv), workload) for lv in workload.levels}
+    policy = AdaptiveTrials(baseline_samples(baseline, keys), settings, len(keys), first_trials=spec.trials)
+    spec.policy = policy
+    result = session.measure(spec, progress)
+    changes = apply_gate(
+        result, baseline, compared_with, current, settings,
+        tolerance=targets.tolerance, alpha=targets.alpha, alpha_weights=policy.alpha_weights,
+    )
+    result.extra.update(
+        baseline_file=str(path),
+        baseline_profile=comparison.store.profile,
+        provenance_changes=[str(c) for c in changes],
+        session_id=session.session_id,
+    )
+    if baseline is None:
+        result.extra["baseline_note"] = f"no baseline yet: {path} (record it with --update-baselines)"
+    if comparison.deployment is not None:
+        result.extra["profile"] = comparison.deployment
+        for level in result.levels:
+            level.extra["profile"] = comparison.deployment
+        if comparison.reference is not None:
+            result.extra["compared_with"] = compared_with
+        if comparison.deployment == comparison.reference and comparison.references is not None:
+            comparison.references[nodeid] = reference_baseline(result, current, comparison.reference)
+    note_server_crash(result, server)
+    return result
+
+
+def note_server_crash(result: ThroughputResult, server: Any) -> None:
+    """A managed server that died during the measurement: say so, with its last log lines."""
+    code = server.crashed() if server is not None else None
+    if code is None:
+        return
+    result.extra["server_exit"] = {"returncode": code, "log": str(server.log_path), "log_tail": server.log_tail(40)}
+    for level in result.levels:
+        if level.verdict in ("error", "not-run"):
+            level.reasons.append(f"the server exited with code {code} (log {server.log_path})")
+            break
