@@ -8,7 +8,9 @@ report (so they survive pytest-xdist) into the terminal summary and ``--perf-jso
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import time
 from dataclasses import dataclass, field
@@ -61,6 +63,8 @@ class RunState:
     endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Endpoint (URL, model, server info) per deployment name ('' without profiles)."""
     references: dict[str, TestBaseline] = field(default_factory=dict)
+    intervals: list[tuple[float, float]] = field(default_factory=list)
+    """Wall-clock (start, end) of each measurement of this process."""
     """Same-run A/B: the reference deployment's results per test, as a baseline for the others."""
 
 
@@ -195,9 +199,6 @@ def _group_perf_tests_under_xdist(config: pytest.Config) -> None:
     """
     if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") in ("load", "no"):
         config.option.dist = "loadgroup"
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None and workerinput.get("kimi_loadgroup"):
-        config.option.loadgroup = True
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -230,6 +231,10 @@ def _perf_nodeid(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and workerinput.get("kimi_loadgroup"):
+        # xdist's worker reads this right after us, when it names the groups' tests
+        config.option.loadgroup = True
     problems: list[str] = []
     endpoint = _setting(config, "endpoint").value or config.stash[DEPLOYMENTS] or None
     for item in items:
@@ -387,19 +392,45 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
     )
     problem: str | None = None
     try:
-        result = measure_gated(
-            request.getfixturevalue("_kimi_session"), request.getfixturevalue("kimi_endpoint"), nodeid,
-            perf.workload, perf.targets, gate.settings, comparison,
-            rootdir=Path(config.rootpath), trials=_trials(config),
-            server=request.getfixturevalue("kimi_server"), progress=_progress_printer(config, nodeid),
-        )
+        with _one_measurement_at_a_time(config):
+            result = measure_gated(
+                request.getfixturevalue("_kimi_session"), request.getfixturevalue("kimi_endpoint"), nodeid,
+                perf.workload, perf.targets, gate.settings, comparison,
+                rootdir=Path(config.rootpath), trials=_trials(config),
+                server=request.getfixturevalue("kimi_server"), progress=_progress_printer(config, nodeid),
+            )
     except GateProblem as exc:
         problem = str(exc)
     if problem is not None:
         pytest.fail(problem, pytrace=False)
+    result.extra["measured"] = [round(x, 3) for x in config.stash[STATE].intervals[-1]]
     item.stash[RESULT] = result
     item.user_properties.extend(junit_properties(result.to_dict()))
     return result
+
+
+@contextlib.contextmanager
+def _one_measurement_at_a_time(config: pytest.Config) -> Iterator[None]:
+    """Under xdist, measurements of different workers take turns (a lock file in .kimi/).
+
+    Grouping perf tests on one worker (``--dist loadgroup``) is the first line; this holds even
+    where that grouping does not (xdist's group suffix is ignored by pytest 9.2's node ids).
+    The measured interval is recorded so a report shows that runs did not overlap.
+    """
+    started = time.time()
+    if not hasattr(config, "workerinput"):
+        yield
+    else:
+        path = Path(config.rootpath) / ".kimi" / "measure.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            started = time.time()
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+    config.stash[STATE].intervals.append((started, time.time()))
 
 
 def _progress_printer(config: pytest.Config, nodeid: str) -> ProgressPrinter | None:
