@@ -14,9 +14,8 @@ from typing import Any, Sequence
 from . import stats
 from .baseline import FieldChange, Provenance, TestBaseline, incomparable, provenance_diff
 from .markers import LevelSpec
-from .results import LevelResult, ThroughputResult, level_key, workload_dict
+from .results import FAILING_VERDICTS, LevelResult, ThroughputResult, level_key, workload_dict
 
-BASE_FAILING = frozenset({"fail", "invalid", "error", "regression"})
 
 
 class IncomparableBaseline(RuntimeError):
@@ -40,7 +39,7 @@ class GateSettings:
             extra.add("no-baseline")
         if self.strict:
             extra |= {"inconclusive", "underpowered"}
-        return BASE_FAILING | extra
+        return FAILING_VERDICTS | extra
 
 
 def result_level_key(result: ThroughputResult, level: LevelResult) -> dict[str, Any]:

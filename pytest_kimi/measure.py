@@ -11,7 +11,7 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Awaitable, Callable, Literal, Protocol, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 from .load.request import Target
 from .load.runner import LiveTrial, OpenLoopPlan, TrialClient, TrialPlan, TrialRecords
@@ -244,7 +244,6 @@ async def measure_test(
     client: TrialClient,
     spec: MeasureSpec,
     progress: ProgressFn | None = None,
-    on_level: Callable[[LevelResult], Awaitable[None] | None] | None = None,
 ) -> ThroughputResult:
     """All levels of one test, in order; levels after an ``error`` are ``not-run``."""
     result = ThroughputResult(spec.nodeid, spec.workload, spec.targets)
@@ -258,10 +257,6 @@ async def measure_test(
             continue
         measured = await measure_level(client, spec, level, progress)
         result.levels.append(measured)
-        if on_level is not None:
-            maybe = on_level(measured)
-            if maybe is not None:
-                await maybe
         if measured.verdict == "error":
             stop_reason = f"not run: {measured.label} ended in error"
     return result

@@ -20,7 +20,8 @@ from .markers import LevelSpec, Targets, Workload
 from .metrics import LatencyLimits, LevelFigures, TrialResult, level_figures
 
 VERDICTS = ("pass", "fail", "invalid", "error", "not-run")
-FAILING_VERDICTS = frozenset({"fail", "invalid", "error"})
+FAILING_VERDICTS = frozenset({"fail", "invalid", "error", "regression"})
+"""Verdicts that fail a test whatever the flags (``--perf-strict`` etc. add to them)."""
 
 
 @dataclass(slots=True)

@@ -17,9 +17,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-BASE_FAILING_VERDICTS: frozenset[str] = frozenset({"fail", "invalid", "error", "regression"})
-"""Verdicts that fail a run whatever the flags (mirrors ``gate.BASE_FAILING``; kept here so
-report code does not import the measuring side)."""
+from ..results import FAILING_VERDICTS
+from .terminal import num as _num, tok_s_cell as _current
+
+BASE_FAILING_VERDICTS = FAILING_VERDICTS
+"""Verdicts that fail a run whatever the flags (one definition, in ``results``)."""
 
 WARNING_VERDICTS: frozenset[str] = frozenset({"inconclusive", "underpowered", "no-baseline"})
 """Verdicts that pass by default but fail with ``--perf-strict`` / ``--perf-require-baseline``."""
@@ -83,16 +85,6 @@ def marker(verdict: str, failing: Iterable[str] = BASE_FAILING_VERDICTS) -> str:
 # ------------------------------------------------------------------------------- column model
 
 
-def _num(value: Any, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def _current(level: Mapping[str, Any]) -> str:
-    tok_s = level.get("tok_s")
-    if tok_s is None:
-        return "-"
-    spread = level.get("spread_pct")
-    return f"{tok_s:.1f}" + (f" ±{spread / 2:.1f}%" if spread is not None else "")
 
 
 def _change(level: Mapping[str, Any]) -> str:

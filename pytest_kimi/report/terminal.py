@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 Column = tuple[str, Callable[[dict[str, Any]], str]]
 
 
-def _num(value: float | None, fmt: str) -> str:
+def num(value: float | None, fmt: str) -> str:
+    """A figure, or ``-`` when there is none (shared by the Markdown report)."""
     return "-" if value is None else format(value, fmt)
 
 
-def _tok_s(level: dict[str, Any]) -> str:
+def tok_s_cell(level: Mapping[str, Any]) -> str:
+    """Median tok/s with ± half the trials' range."""
     tok_s = level.get("tok_s")
     if tok_s is None:
         return "-"
@@ -20,7 +22,7 @@ def _tok_s(level: dict[str, Any]) -> str:
 
 
 def _ttft(level: dict[str, Any]) -> str:
-    return f"{_num(level.get('ttft_s_p50'), '.3f')}/{_num(level.get('ttft_s_p95'), '.3f')}"
+    return f"{num(level.get('ttft_s_p50'), '.3f')}/{num(level.get('ttft_s_p95'), '.3f')}"
 
 
 def _itl(level: dict[str, Any]) -> str:
@@ -39,15 +41,15 @@ def _change(level: dict[str, Any]) -> str:
 
 COLUMNS: list[Column] = [
     ("level", lambda lv: str(lv.get("label") or f"C={lv['concurrency']}")),
-    ("tok/s", _tok_s),
-    ("req tok/s p50", lambda lv: _num(lv.get("request_tok_s_p50"), ".1f")),
+    ("tok/s", tok_s_cell),
+    ("req tok/s p50", lambda lv: num(lv.get("request_tok_s_p50"), ".1f")),
     ("TTFT p50/p95 s", _ttft),
     ("ITL p50 ms", _itl),
     ("ok/failed", lambda lv: f"{lv.get('requests_ok', 0)}/{lv.get('requests_failed', 0)}"),
-    ("target", lambda lv: _num(lv.get("target_tok_s"), "g")),
-    ("baseline", lambda lv: _num(lv.get("baseline_tok_s"), ".1f")),
+    ("target", lambda lv: num(lv.get("target_tok_s"), "g")),
+    ("baseline", lambda lv: num(lv.get("baseline_tok_s"), ".1f")),
     ("change (90% CI)", _change),
-    ("p", lambda lv: _num(lv.get("p_value"), ".3g")),
+    ("p", lambda lv: num(lv.get("p_value"), ".3g")),
     ("trials", lambda lv: str(lv.get("trials", 0))),
     ("verdict", lambda lv: str(lv.get("verdict", "?"))),
 ]
