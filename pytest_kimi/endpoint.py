@@ -111,6 +111,14 @@ async def discover(
                 if st == 200 and isinstance(info, dict):
                     server_info = info
                     break
+            if not server_info:
+                # vLLM reports no launch arguments outside its dev mode, but its version.
+                try:
+                    st, info = await _get_json(session, base_url + "/version", headers)
+                except EndpointError:
+                    st, info = 0, None
+                if st == 200 and isinstance(info, dict) and isinstance(info.get("version"), str):
+                    server_info = {"version": info["version"]}
     except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
         raise EndpointError(
             f"cannot connect to {base_url} ({exc.__class__.__name__}: {exc.strerror or exc}): "

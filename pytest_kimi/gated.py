@@ -18,6 +18,7 @@ from .markers import Targets, Workload
 from .measure import ProgressFn
 from .recording import reference_baseline
 from .results import ThroughputResult, spec_key
+from .server_metrics import ServerMetricsError, ServerMetricsObserver
 from .session import PerfSession, build_spec
 from .workload import WorkloadError
 
@@ -55,8 +56,13 @@ def measure_gated(
     trials: int | None,
     server: Any = None,
     progress: ProgressFn | None = None,
+    server_metrics: bool = False,
 ) -> ThroughputResult:
-    """Measure with adaptive trials, then set verdicts against the baseline or the reference."""
+    """Measure with adaptive trials, then set verdicts against the baseline or the reference.
+
+    ``server_metrics``: check every trial against the server's own counters
+    (``--perf-server-metrics``); a server without them fails the test before any load.
+    """
     path = comparison.store.path_for(nodeid)
     current = Provenance.collect(
         model=endpoint.model, server_info=endpoint.server_info,
@@ -80,7 +86,12 @@ def measure_gated(
     keys = {lv: spec_key(lv, spec.prompts_key(lv), workload) for lv in workload.levels}
     policy = AdaptiveTrials(baseline_samples(baseline, keys), settings, len(keys), first_trials=spec.trials)
     spec.policy = policy
-    result = session.measure(spec, progress)
+    if server_metrics:
+        spec.observer = ServerMetricsObserver(endpoint.url, endpoint.headers())
+    try:
+        result = session.measure(spec, progress)
+    except ServerMetricsError as exc:
+        raise GateProblem(f"--perf-server-metrics: {exc}") from None
     changes = apply_gate(
         result, baseline, compared_with, current, settings,
         tolerance=targets.tolerance, alpha=targets.alpha, alpha_weights=policy.alpha_weights,

@@ -11,7 +11,7 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 from .load.request import Target
 from .load.runner import LiveTrial, OpenLoopPlan, TrialClient, TrialPlan, TrialRecords
@@ -29,6 +29,28 @@ class TrialPolicy(Protocol):
     def more_trials(self, level: LevelSpec, samples: Sequence[float]) -> int:
         """How many further trials to run now; 0 ends the level."""
         ...
+
+
+class TrialObserver(Protocol):
+    """Watches each trial from outside the client (``--perf-server-metrics`` plugs in here).
+
+    The measurement knows nothing of what is watched: it calls ``open`` once before the
+    warm-up (raising there stops the test before any load is sent), ``before_trial`` right
+    before each trial (after the warm-up, so warm-up requests are never in a trial's counts),
+    ``after_trial`` once the trial is summarised (appending to ``trial.invalid`` voids the
+    sample, before the trial policy sees it), ``level_summary`` at the end of each level (merged
+    into ``LevelResult.extra``, i.e. the level's JSON), and ``close`` at the end, also on error.
+    """
+
+    async def open(self) -> None: ...
+
+    async def before_trial(self) -> None: ...
+
+    async def after_trial(self, trial: TrialResult) -> None: ...
+
+    def level_summary(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -79,7 +101,8 @@ class MeasureSpec:
     prompts_keys: dict[int | None, str]
     trials: int = DEFAULT_TRIALS
     policy: TrialPolicy = field(default_factory=FixedTrials)
-
+    observer: TrialObserver | None = None
+    """Checks each trial against another source (the server's counters); None: none."""
 
     def bodies_for(self, level: LevelSpec) -> list[bytes]:
         return [
@@ -206,8 +229,11 @@ async def measure_level(
     offset = 0
     level_start = perf_counter()
     label = spec.workload.label(level)
+    observer = spec.observer
     while len(trials) < planned:
         live = LiveTrial(total=spec.workload.requests_for(level))
+        if observer is not None:
+            await observer.before_trial()
         ticker = None
         if progress is not None:
             ticker = asyncio.ensure_future(
@@ -218,6 +244,8 @@ async def measure_level(
         finally:
             if ticker is not None:
                 ticker.cancel()
+        if observer is not None:
+            await observer.after_trial(trial)
         offset += trial.requests_ok + trial.requests_failed
         trials.append(trial)
         if trial.requests_failed and trial.stopped_early:
@@ -231,6 +259,8 @@ async def measure_level(
                 trial.tok_s, perf_counter() - level_start,
             ))
     result = judge_level(level, spec.workload, spec.targets, trials, spec.prompts_key(level))
+    if observer is not None:
+        result.extra.update(observer.level_summary())
     if progress is not None:
         f = result.figures
         progress(Progress(
@@ -247,16 +277,23 @@ async def measure_test(
 ) -> ThroughputResult:
     """All levels of one test, in order; levels after an ``error`` are ``not-run``."""
     result = ThroughputResult(spec.nodeid, spec.workload, spec.targets)
-    await warm_up(client, spec)  # a dead server shows in the first level's errors
-    stop_reason: str | None = None
-    for level in spec.workload.levels:
-        if stop_reason is not None:
-            result.levels.append(
-                not_run_level(level, spec.workload, spec.targets, stop_reason, spec.prompts_key(level))
-            )
-            continue
-        measured = await measure_level(client, spec, level, progress)
-        result.levels.append(measured)
-        if measured.verdict == "error":
-            stop_reason = f"not run: {measured.label} ended in error"
+    observer = spec.observer
+    try:
+        if observer is not None:
+            await observer.open()  # before any load: a check that cannot run stops the test here
+        await warm_up(client, spec)  # a dead server shows in the first level's errors
+        stop_reason: str | None = None
+        for level in spec.workload.levels:
+            if stop_reason is not None:
+                result.levels.append(
+                    not_run_level(level, spec.workload, spec.targets, stop_reason, spec.prompts_key(level))
+                )
+                continue
+            measured = await measure_level(client, spec, level, progress)
+            result.levels.append(measured)
+            if measured.verdict == "error":
+                stop_reason = f"not run: {measured.label} ended in error"
+    finally:
+        if observer is not None:
+            await observer.close()
     return result

@@ -83,6 +83,9 @@ class TrialResult:
     offered_rate: float | None = None
     """Open loop: the arrival rate asked for, and the one the client achieved."""
     achieved_rate: float | None = None
+    window: tuple[float, float] | None = None
+    """(start, end] of the steady-state window on the ``perf_counter`` clock (None: no window),
+    so a cross-check (``--perf-server-metrics``) can take its own figure over the same span."""
 
     @property
     def valid(self) -> bool:
@@ -256,6 +259,7 @@ def summarize_trial(
         records=records,
         offered_rate=level.rate,
         achieved_rate=getattr(tr, "achieved_rate", None),
+        window=window,
     )
 
 

@@ -31,7 +31,14 @@ from .report.junit import junit_properties
 from .report.progress import ProgressPrinter
 from .report.terminal import format_test
 from .results import ThroughputResult
-from .server import ProfileError, ServerProfile, ServerStartError, load_profile, open_server
+from .server import (
+    ProfileError,
+    ServerProfile,
+    ServerStartError,
+    described_server_info,
+    load_profile,
+    open_server,
+)
 from .session import KimiLoad, PerfSession
 
 REPORT_ATTR = "kimi_perf"
@@ -290,7 +297,8 @@ def kimi_server(pytestconfig: pytest.Config, kimi_deployment: ServerProfile | No
     progress(f"launching {kimi_deployment.source} (up to {kimi_deployment.startup_timeout_s:g} s)")
     try:
         server.launch(progress=progress)
-        progress(f"ready at {server.url} after {time.monotonic() - started:.1f} s; log {server.log_path}")
+        pid = f" (pid {server.pid})" if server.pid is not None else ""
+        progress(f"ready at {server.url}{pid} after {time.monotonic() - started:.1f} s; log {server.log_path}")
     except ServerStartError as exc:
         problem = f"server profile {kimi_deployment.name} ({kimi_deployment.source}) did not start: {exc}"
     if problem is not None:
@@ -323,6 +331,8 @@ def kimi_endpoint(
         else:
             base = normalize_url(resolved.value, resolved.source)
         info = _kimi_session.discover(base, api_key=api_key, model=model)
+        if kimi_server is not None:
+            info.server_info = described_server_info(kimi_server.profile, info.server_info)
     except EndpointError as exc:
         problem = str(exc)
     if problem is not None:
@@ -398,6 +408,7 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
                 perf.workload, perf.targets, gate.settings, comparison,
                 rootdir=Path(config.rootpath), trials=_trials(config),
                 server=request.getfixturevalue("kimi_server"), progress=_progress_printer(config, nodeid),
+                server_metrics=bool(_setting(config, "perf_server_metrics").value),
             )
     except GateProblem as exc:
         problem = str(exc)

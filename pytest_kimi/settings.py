@@ -176,6 +176,13 @@ OPTIONS: dict[str, Option[Any]] = {
             "fail inconclusive and underpowered levels too", boolean, switch=True,
         ),
         Option(
+            "--perf-server-metrics", "kimi_perf_server_metrics", "KIMI_PERF_SERVER_METRICS",
+            "cross-check every trial against the server's Prometheus counters (GET /metrics): "
+            "generated tokens must equal the client's count, and the counter's rate the "
+            "client's tok/s within 2%; a disagreement makes the level invalid", boolean,
+            switch=True,
+        ),
+        Option(
             "--update-baselines", "kimi_update_baselines", None,
             "write the baselines of the tests that ran ('force': also from a run with failed or "
             "invalid levels)", update_mode, metavar="force",

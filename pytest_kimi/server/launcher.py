@@ -97,11 +97,15 @@ class ServerStartError(ServerError):
 # ---------------------------------------------------------------------- HTTP
 
 
-def _http(method: str, url: str, *, timeout: float,
-          headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def _http(method: str, url: str, *, timeout: float, headers: dict[str, str] | None = None,
+          json_body: Any = None) -> tuple[int, bytes]:
     """(status, body); HTTP error statuses are returned, connection failures raise OSError."""
-    data = b"" if method == "POST" else None
-    req = urllib.request.Request(url, method=method, headers=headers or {}, data=data)
+    headers = dict(headers or {})
+    data: bytes | None = b"" if method == "POST" else None
+    if json_body is not None:
+        data = json.dumps(json_body).encode()
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, method=method, headers=headers, data=data)
     try:
         with _OPENER.open(req, timeout=timeout) as resp:
             return resp.status, resp.read()
@@ -117,14 +121,20 @@ def _http(method: str, url: str, *, timeout: float,
 
 
 class _Probe:
-    """One readiness GET running in a daemon thread.
+    """One readiness check running in a daemon thread.
 
     A server that is still loading can accept a connection and then sit on it; running
     the probe off the waiting thread keeps the process-exit check on its 0.1 s tick.
+    With ``generate`` (engines whose health endpoint answers before any generation was
+    tried, like vLLM), a 200 from the health path is followed by a real one-token
+    completion for the first model ``/v1/models`` lists; only its 200 counts as ready.
     """
 
-    def __init__(self, url: str, headers: dict[str, str]) -> None:
-        self.url = url
+    def __init__(self, base: str, path: str, headers: dict[str, str], *,
+                 generate: bool = False) -> None:
+        self.url = base + path
+        self.base = base
+        self.generate = generate
         self.started = time.monotonic()
         self.done = threading.Event()
         self.ok = False
@@ -137,10 +147,31 @@ class _Probe:
             status, _ = _http("GET", self.url, timeout=PROBE_TIMEOUT_S, headers=headers)
             self.ok = status == 200
             self.detail = f"HTTP {status}"
+            if self.ok and self.generate:
+                self.ok, self.detail = self._one_token(headers)
         except Exception as exc:  # noqa: BLE001 - any failure just means "not ready yet"
+            self.ok = False
             self.detail = f"{type(exc).__name__}: {exc}"
         finally:
             self.done.set()
+
+    def _one_token(self, headers: dict[str, str]) -> tuple[bool, str]:
+        status, body = _http("GET", self.base + "/v1/models", timeout=PROBE_TIMEOUT_S,
+                             headers=headers)
+        if status != 200:
+            return False, f"health OK but /v1/models answered HTTP {status}"
+        models = [m.get("id") for m in json.loads(body).get("data") or []
+                  if isinstance(m, dict)]
+        if not models or not isinstance(models[0], str):
+            return False, "health OK but /v1/models lists no model yet"
+        status, body = _http(
+            "POST", self.base + "/v1/completions", timeout=PROBE_TIMEOUT_S, headers=headers,
+            json_body={"model": models[0], "prompt": "ready?", "max_tokens": 1,
+                       "temperature": 0})
+        if status != 200:
+            return False, (f"health OK but a one-token completion answered HTTP {status}: "
+                           f"{body[:120].decode('utf-8', 'replace')}")
+        return True, "HTTP 200 and a one-token completion"
 
 
 # ---------------------------------------------------------------------- processes
@@ -457,7 +488,8 @@ class _ServerBase:
             return self
         assert self.url is not None
         timeout = timeout_s if timeout_s is not None else self.profile.startup_timeout_s
-        probe_url = self.url + self.profile.readiness_path()
+        probe_path = self.profile.readiness_path()
+        probe_url = self.url + probe_path
         headers = self._headers()
         deadline = self._started_at + timeout
         next_progress = time.monotonic() + self.progress_every_s
@@ -487,7 +519,8 @@ class _ServerBase:
                     if now - probe.started >= POLL_S:
                         probe = None
                 if probe is None:
-                    probe = _Probe(probe_url, headers)
+                    probe = _Probe(self.url, probe_path, headers,
+                                   generate=self.engine.generation_probe)
                 if now >= deadline:
                     raise ServerStartError(
                         f"{self._describe()}: not ready after {timeout:g} s "

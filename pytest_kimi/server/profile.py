@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -248,6 +250,19 @@ def server_args(profile: ServerProfile) -> dict[str, Any]:
             for key, v in profile.args.items() if v is not None}
 
 
+def described_server_info(profile: ServerProfile, reported: Mapping[str, Any]) -> dict[str, Any]:
+    """What baseline provenance records about a deployment the plugin launched.
+
+    SGLang reports its effective arguments (``/get_server_info``, defaults included): that
+    is the better record and is kept as it is.  vLLM reports only its version, so there the
+    profile's own arguments describe the deployment: a baseline then says
+    ``max_num_seqs: 1`` and a provenance diff can name the flag that changed.
+    """
+    if profile.external or set(reported) - {"version"}:
+        return dict(reported)
+    return {"engine": profile.engine, **server_args(profile), **reported}
+
+
 # ---------------------------------------------------------------------- helpers
 
 
@@ -360,7 +375,30 @@ def _args(value: object, source: str) -> dict[str, Any]:
     return out
 
 
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(text: str, source: str, where: str) -> str:
+    """``${NAME}`` and ``${NAME:-default}`` from the environment, as a shell would.
+
+    Model paths differ per machine (and a CI job builds its model somewhere else), so a
+    reviewed profile names the variable rather than one person's path.  An unset variable
+    without a default is an error naming it, never an empty string passed to the server.
+    """
+    def sub(m: re.Match[str]) -> str:
+        value = os.environ.get(m.group(1))
+        if value:
+            return value
+        if m.group(2) is not None:
+            return m.group(2)
+        raise ProfileError(f"{source}: {where} uses ${{{m.group(1)}}}, which is not set; "
+                           f"export it or give a default as ${{{m.group(1)}:-value}}")
+    return _VAR.sub(sub, text) if "${" in text else text
+
+
 def _arg_value(key: str, v: object, source: str) -> Any:
+    if isinstance(v, str):
+        return _expand(v, source, f"args '{key}'")
     if v is None or isinstance(v, bool):
         return v
     if isinstance(v, float) and not math.isfinite(v):
@@ -372,7 +410,7 @@ def _arg_value(key: str, v: object, source: str) -> Any:
             raise ProfileError(
                 f"{source}: args '{key}' is a list; it must be a non-empty list of numbers "
                 f"or strings (written as --{key} v1 v2 ...)")
-        return list(v)
+        return [_expand(x, source, f"args '{key}'") if isinstance(x, str) else x for x in v]
     if isinstance(v, Mapping):
         return dict(v)  # passed as one JSON word; keys are strings after YAML anyway
     raise ProfileError(f"{source}: args '{key}' has unsupported value {v!r}; use true "
@@ -396,7 +434,7 @@ def _env(value: object, source: str) -> dict[str, str | None]:
                 f"{source}: env {k} is a YAML boolean ({v!r}); environment values are "
                 f"text, so quote it (e.g. {k}: \"1\" or {k}: \"true\")")
         elif isinstance(v, (str, int, float)):
-            out[k] = str(v)
+            out[k] = _expand(str(v), source, f"env {k}")
         else:
             raise ProfileError(f"{source}: env {k} must be a string or a number, got "
                                f"{_type_name(v)}")

@@ -1,0 +1,160 @@
+"""The plugin against vLLM's CPU build serving a tiny local Llama: lifecycle, truth, gate.
+
+Each vLLM start costs about a minute on two cores, so the deploy-change story is one test
+in phases (record, regress against the record, same-run A/B) rather than three tests that
+would each launch the same servers again.
+
+Noise: on this shared 2-core machine the session-to-session spread of a level's median is
+about 5-15 % (docs/benchmarks.md has the measured figures), so these runs use a tolerance of
+30 % and a session sigma of 10 %.  Turning batching off costs about 80 % at C=8, far
+outside that, and nothing at C=1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_kimi.server import ServerStartError, load_profile, open_server
+from pytest_kimi.server.launcher import _group_members
+
+SUITE = """
+from pytest_kimi import throughput
+
+@throughput(concurrency=[1, 8], max_tokens=128, warmup=2)
+def test_tiny():
+    pass
+"""
+GATE = ("--perf-tolerance=0.3", "--perf-session-sigma=0.1", "--perf-max-trials=6",
+        "--perf-server-metrics")
+BASELINE = Path("baselines/vllm-cpu-tiny/test_suite/test_tiny.yaml")
+
+
+def _report(path: Path) -> dict[str, dict]:
+    """profile -> test entry of a JSON report."""
+    return {t.get("profile") or "": t for t in json.loads(path.read_text())["tests"]}
+
+
+def _levels(test: dict) -> dict[int, dict]:
+    return {lv["concurrency"]: lv for lv in test["levels"]}
+
+
+def _assert_group_gone(pid: int) -> None:
+    deadline = time.monotonic() + 5
+    while _group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _group_members(pid) == [], f"processes of group {pid} outlived the run"
+
+
+def _server_pids(output: str) -> list[int]:
+    return [int(p) for p in re.findall(r"ready at http://127\.0\.0\.1:\d+ \(pid (\d+)\)", output)]
+
+
+def _assert_server_counts_agree(level: dict) -> None:
+    """The server's own counters saw exactly the tokens the client counted, at its rate."""
+    server = level["server"]
+    assert server["tokens"] == server["client_tokens"] > 0, server
+    assert server["max_deviation_pct"] is not None and server["max_deviation_pct"] < 2.0, server
+
+
+def test_stop_while_starting_leaves_no_process(profiles: dict[str, Path], tmp_path: Path) -> None:
+    """vLLM ignores SIGTERM while it starts and has engine-core and worker children."""
+    server = open_server(load_profile(profiles["vllm-cpu-tiny"]), tmp_path)
+    server.start()
+    assert server.pgid is not None
+    deadline = time.monotonic() + 60
+    while len(_group_members(server.pgid) or []) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # wait until its engine core runs: the children are what leak
+    assert len(_group_members(server.pgid) or []) >= 2, server.log_tail()
+    stopper = threading.Timer(0.5, server.stop)
+    stopper.start()
+    started = time.monotonic()
+    with pytest.raises(ServerStartError) as info:
+        server.wait_ready()
+    stopper.join()
+    assert info.value.reason == "stopped"
+    assert time.monotonic() - started < server.profile.stop_timeout_s + 10
+    _assert_group_gone(server.pgid)
+
+
+@pytest.fixture(scope="module")
+def external_vllm(profiles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    server = open_server(load_profile(profiles["vllm-cpu-tiny"]), tmp_path_factory.mktemp("logs"))
+    server.launch()
+    try:
+        yield server
+    finally:
+        server.stop()
+    _assert_group_gone(server.pgid)
+
+
+def test_external_endpoint_matches_the_server_counters(pytester: pytest.Pytester, external_vllm) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    report = pytester.path / "perf.json"
+    result = pytester.runpytest("-m", "perf", f"--endpoint={external_vllm.url}", *GATE,
+                                f"--perf-json={report}")
+    result.assert_outcomes(passed=1)
+    (test,) = _report(report).values()
+    assert json.loads(report.read_text())["endpoint"]["server_info"] == {"version": "0.32.0"}
+    levels = _levels(test)
+    for level in levels.values():
+        assert level["verdict"] == "no-baseline", level
+        _assert_server_counts_agree(level)
+    # real continuous batching: eight streams share each decode step
+    assert levels[8]["tok_s"] > 2.5 * levels[1]["tok_s"], levels
+
+
+def test_deploy_change_story(engine_project: pytest.Pytester) -> None:
+    pytester = engine_project
+    pytester.makepyfile(test_suite=SUITE)
+    tiny, no_batching = "vllm-cpu-tiny.yaml", "vllm-cpu-tiny-no-batching.yaml"
+
+    # 1. record baselines from a managed server: progress while it starts, clean teardown
+    result = pytester.runpytest("-m", "perf", f"--server-profile={tiny}", *GATE,
+                                "--update-baselines", f"--perf-json={pytester.path / 'r1.json'}")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*[[]kimi vllm-cpu-tiny[]] launching*", "*starting for * s*",
+                                 "*[[]kimi vllm-cpu-tiny[]] ready at http://127.0.0.1:*",
+                                 "*pytest-kimi baselines*(new)*"])
+    for pid in _server_pids(out):
+        _assert_group_gone(pid)
+    recorded = _levels(_report(pytester.path / "r1.json")["vllm-cpu-tiny"])
+    for level in recorded.values():
+        _assert_server_counts_agree(level)
+    info = yaml.safe_load((pytester.path / BASELINE).read_text())["provenance"]["server_info"]
+    assert info["engine"] == "vllm" and info["version"] == "0.32.0", info
+    assert "max_num_seqs" not in info, "the reference profile leaves vLLM's default"
+
+    # 2. batching off, judged against those baselines: C=8 regresses, C=1 does not
+    result = pytester.runpytest("-m", "perf", f"--server-profile={no_batching}",
+                                "--baseline-profile=vllm-cpu-tiny", *GATE,
+                                f"--perf-json={pytester.path / 'r2.json'}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*C=8 regression: regression -*", "*max_num_seqs*-> 1*"])
+    levels = _levels(_report(pytester.path / "r2.json")["vllm-cpu-tiny-no-batching"])
+    assert levels[8]["verdict"] == "regression" and levels[8]["change_pct"] < -50, levels[8]
+    assert levels[1]["verdict"] not in ("regression", "fail", "invalid", "error"), levels[1]
+
+    # 3. the same as a same-run A/B; the reference also passes against its own baseline
+    result = pytester.runpytest("-m", "perf", f"--server-profile={tiny}",
+                                f"--server-profile={no_batching}", *GATE, "-v",
+                                f"--perf-json={pytester.path / 'r3.json'}")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*test_tiny[[]vllm-cpu-tiny[]] PASSED*", "*test_tiny[[]vllm-cpu-tiny-no-batching[]] FAILED*",
+        "*changed vs deployment vllm-cpu-tiny (same run):*max_num_seqs*"])
+    tests = _report(pytester.path / "r3.json")
+    reference = _levels(tests["vllm-cpu-tiny"])
+    assert all(lv["verdict"] not in ("regression", "fail", "invalid", "error")
+               for lv in reference.values()), reference
+    ab = _levels(tests["vllm-cpu-tiny-no-batching"])
+    assert ab[8]["verdict"] == "regression" and ab[1]["verdict"] != "regression", ab
+    for pid in _server_pids(result.stdout.str()):
+        _assert_group_gone(pid)

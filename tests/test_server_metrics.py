@@ -1,0 +1,472 @@
+"""``--perf-server-metrics``: the Prometheus parser, the checks on made-up trials, the scraper's
+errors against tiny servers, and real sessions against the simulator (agreement, a second
+client that makes the counts disagree, a server without ``/metrics``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from array import array
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from pytest_kimi.load.runner import TrialRecords
+from pytest_kimi.markers import LevelSpec
+from pytest_kimi.metrics import ClientSignals, TrialResult, summarize_trial
+from pytest_kimi.records import RequestRecord
+from pytest_kimi.report.markdown import render_markdown
+from pytest_kimi.report.terminal import format_test
+from pytest_kimi.server_metrics import (
+    RATE_TOLERANCE,
+    CounterNames,
+    MetricsScraper,
+    Scrape,
+    ServerMetricsError,
+    check_trial,
+    counting_mode,
+    level_summary,
+    parse_metrics,
+    parse_sample,
+)
+from pytest_kimi.sim.process import SimProcess
+from pytest_kimi.sim.profile import SimProfile
+
+# ------------------------------------------------------------------------------------ parser
+
+VLLM = """\
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="moonshotai/Kimi-K2"} 1200.0
+vllm:generation_tokens_total{engine="1",model_name="moonshotai/Kimi-K2"} 34.0
+vllm:generation_tokens_created{engine="0",model_name="moonshotai/Kimi-K2"} 1.7e+09
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="moonshotai/Kimi-K2"} 500.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="moonshotai/Kimi-K2"} 7.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="moonshotai/Kimi-K2"} 3.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="moonshotai/Kimi-K2"} 10.0
+vllm:gpu_cache_usage_perc{engine="0"} NaN
+"""
+
+SGLANG = """\
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="kimi"} 8.0
+sglang:prompt_tokens_total{model_name="kimi"} 7.0
+sglang:num_requests_total{model_name="kimi"} 1.0
+"""
+
+
+def test_sample_lines_with_labels_escapes_timestamps_and_special_values() -> None:
+    s = parse_sample('m{a="x",b="say \\"hi\\", {ok}\\n",c="back\\\\slash",} 3.5 1712345678000')
+    assert s is not None
+    assert s.name == "m" and s.value == 3.5
+    assert dict(s.labels) == {"a": "x", "b": 'say "hi", {ok}\n', "c": "back\\slash"}
+    assert parse_sample("up 1").value == 1.0
+    assert parse_sample('x{le="+Inf"} +Inf').value == float("inf")
+    assert np.isnan(parse_sample("x NaN").value)
+    assert parse_sample("x -Inf").value == float("-inf")
+    assert parse_sample('x { a = "1" } 2').value == 2.0
+    for bad in ("# HELP x y", "", 'x{a="1" 2', 'x{a=1} 2', "x", "x one", "x 1 2 3", "9x 1", 'x{a="1"}} 2', "xy{"):
+        assert parse_sample(bad) is None, bad
+
+
+def test_families_are_summed_over_label_sets() -> None:
+    m = parse_metrics(VLLM)
+    assert m.get("vllm:generation_tokens_total") == 1234.0
+    assert m.get("vllm:request_success_total") == 10.0
+    assert m.get("vllm:prompt_tokens_total") == 500.0
+    assert m.bad_lines == 0
+    names = CounterNames.find(m, "http://h/metrics")
+    assert names == CounterNames(
+        "vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:request_success_total"
+    )
+
+
+def test_parsing_only_the_counters_wanted() -> None:
+    wanted = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
+    m = parse_metrics(VLLM + "vllm:generation_tokens_total_bogus 5\nnot a line\n", wanted)
+    assert m.totals == {"vllm:generation_tokens_total": 1234.0, "vllm:prompt_tokens_total": 500.0}
+    assert m.bad_lines == 0
+
+
+def test_both_prefixes_are_recognised() -> None:
+    names = CounterNames.find(parse_metrics(SGLANG), "u")
+    assert names == CounterNames(
+        "sglang:generation_tokens_total", "sglang:prompt_tokens_total", "sglang:num_requests_total"
+    )
+    only = CounterNames.find(parse_metrics("sglang:generation_tokens_total 5\n"), "u")
+    assert only == CounterNames("sglang:generation_tokens_total", None, None)
+
+
+def test_garbage_lines_are_counted_not_fatal() -> None:
+    m = parse_metrics("<html>oops</html>\n" + SGLANG + 'broken{x="1 2\n\x00\x01 junk\n')
+    assert m.get("sglang:generation_tokens_total") == 8.0
+    assert m.bad_lines == 3
+
+
+def test_missing_counter_names_what_was_found() -> None:
+    text = "# TYPE tgi_request_count counter\ntgi_request_count 3\ntgi_request_generated_tokens_sum 99\n"
+    with pytest.raises(ServerMetricsError) as err:
+        CounterNames.find(parse_metrics(text), "http://h:1/metrics", text)
+    msg = str(err.value)
+    assert "http://h:1/metrics has no generation-token counter" in msg
+    assert "vllm:generation_tokens_total or sglang:generation_tokens_total" in msg
+    assert "tgi_request_generated_tokens_sum" in msg
+    page = "<!doctype html><html><body>Welcome to the gateway</body></html>"
+    with pytest.raises(ServerMetricsError, match="holds no Prometheus samples .*Welcome"):
+        CounterNames.find(parse_metrics(page), "http://h:1/metrics", page)
+
+
+# ---------------------------------------------------------------------------- checks, made up
+
+
+def _stream(worker: int, index: int, start: float, tokens: int, dt: float) -> RequestRecord:
+    rec = RequestRecord(index=index, worker=worker, scheduled=start - 0.005, sent=start - 0.005,
+                        first_token=start, status=200, completion_tokens=tokens, prompt_tokens=10)
+    rec.chunk_times = array("d", [start + i * dt for i in range(tokens)])
+    rec.chunk_events = array("I", [1] * tokens)
+    rec.end = start + tokens * dt
+    return rec
+
+
+def _closed_loop(workers: int = 2, per_worker: int = 3, tokens: int = 200, dt: float = 0.005) -> TrialResult:
+    """``workers`` streams back to back, each ``per_worker`` requests of 1 s: 400 tok/s."""
+    records = []
+    for w in range(workers):
+        t = 0.01 * w
+        for k in range(per_worker):
+            records.append(_stream(w, len(records), t, tokens, dt))
+            t += tokens * dt + 0.002
+    level = LevelSpec(workers, None, tokens)
+    tr = TrialRecords(records=records, started=0.0, ended=max(r.end for r in records), concurrency=workers)
+    return summarize_trial(0, level, tr, client=ClientSignals(), ignore_eos=True)
+
+
+def _received(trial: TrialResult, t: float) -> float:
+    return float(sum(sum(1 for x in r.chunk_times if x <= t) for r in trial.records))
+
+
+def _finished(trial: TrialResult, t: float) -> float:
+    return float(sum(r.completion_tokens for r in trial.records if r.last_token <= t))
+
+
+def _scrapes(trial: TrialResult, counter: Any, *, extra_per_s: float = 0.0, every: float = 0.25) -> tuple:
+    end = max(r.end for r in trial.records)
+    before = Scrape(t=-0.05, half_rtt_s=0.001, generation=1000.0)
+    during = [
+        Scrape(t=t, half_rtt_s=0.001, generation=1000.0 + counter(trial, t) + extra_per_s * (t + 0.05))
+        for t in np.arange(every, end, every)
+    ]
+    after = Scrape(t=end + 0.01, half_rtt_s=0.001,
+                   generation=1000.0 + counter(trial, end + 1) + extra_per_s * (end + 0.06))
+    return before, [*during, after], after
+
+
+def test_a_counter_that_follows_the_tokens_agrees_exactly_and_on_the_rate() -> None:
+    trial = _closed_loop()
+    before, during, after = _scrapes(trial, _received)
+    check, reasons = check_trial(trial, before, during, after, metric="vllm:generation_tokens_total")
+    assert reasons == []
+    assert check.exact is True and check.tokens == check.client_tokens == 1200
+    assert check.counting == "per-token"
+    assert check.window_samples >= 2
+    assert abs(check.deviation_pct) < RATE_TOLERANCE * 100
+    assert check.tok_s == pytest.approx(trial.tok_s, rel=0.01)
+
+
+def test_another_clients_tokens_fail_both_checks() -> None:
+    trial = _closed_loop()
+    before, during, after = _scrapes(trial, _received, extra_per_s=50.0)  # +12% of 400 tok/s
+    check, reasons = check_trial(trial, before, during, after, metric="vllm:generation_tokens_total")
+    assert check.exact is False and check.tokens > check.client_tokens
+    assert reasons[0].startswith(f"server counted {check.tokens:,} generation tokens (vllm:generation_tokens_total)")
+    assert "the client 1,200: another client is using this server, or the server counts differently" in reasons[0]
+    assert "in the steady-state window, the client measured" in reasons[1] and "(+12." in reasons[1]
+
+
+def test_a_per_request_counter_gets_the_exact_check_only() -> None:
+    trial = _closed_loop()
+    before, during, after = _scrapes(trial, _finished)
+    assert counting_mode(during, before, trial.records) == "per-request"
+    check, reasons = check_trial(trial, before, during, after, metric="sglang:generation_tokens_total")
+    assert reasons == [] and check.exact is True
+    assert check.tok_s is None and check.deviation_pct is None
+    assert "counts a request's tokens when the request ends" in check.notes[0]
+
+
+def test_a_short_window_gets_the_exact_check_only_and_says_so() -> None:
+    trial = _closed_loop(per_worker=2, tokens=40)  # a window of ~0.4 s: one sample
+    before, during, after = _scrapes(trial, _received)
+    check, reasons = check_trial(trial, before, during, after, metric="m")
+    assert reasons == [] and check.exact is True and check.tok_s is None
+    assert "held 1 counter sample(s) (one every 0.25 s; a rate needs 2): exact check only" in check.notes[0]
+
+
+def test_failed_requests_make_the_count_inexact_not_invalid() -> None:
+    trial = _closed_loop()
+    trial.records[-1].error = "disconnected"
+    before, during, after = _scrapes(trial, _received)
+    check, reasons = check_trial(trial, before, during, after, metric="m")
+    assert check.exact is None and reasons == []
+    assert check.notes[0].startswith("tokens not compared: 1 request(s) failed")
+
+
+def test_level_summary_keys() -> None:
+    trial = _closed_loop()
+    before, during, after = _scrapes(trial, _received)
+    check, _ = check_trial(trial, before, during, after, metric="m")
+    summary = level_summary([check, check], "m")
+    assert summary["tokens"] == summary["client_tokens"] == 2400
+    assert summary["exact"] is True and summary["counting"] == "per-token"
+    assert summary["tok_s"] == pytest.approx(check.tok_s, abs=0.01)
+    assert summary["client_tok_s"] == pytest.approx(trial.tok_s, abs=0.01)
+    assert summary["max_deviation_pct"] == pytest.approx(abs(check.deviation_pct), abs=1e-3)
+    assert summary["prompt_tokens"] is None and summary["client_prompt_tokens"] == 120
+    assert len(summary["trials"]) == 2 and summary["trials"][0]["tokens"] == 1200
+    json.dumps(summary)
+
+
+def test_reports_show_server_columns_only_when_present() -> None:
+    level = {"label": "C=4", "concurrency": 4, "tok_s": 1000.0, "verdict": "pass", "reasons": []}
+    test = {"nodeid": "t.py::t", "outcome": "passed", "workload": {"api": "chat"}, "levels": [level]}
+    assert "server" not in "\n".join(format_test(test)) and "server" not in render_markdown({"tests": [test]})
+    level["server"] = {"tokens": 4096, "client_tokens": 4096, "tok_s": 997.5}
+    lines = format_test(test)
+    assert "server tok/s" in lines[1] and "997.5" in lines[2] and "4096 (exact)" in lines[2]
+    md = render_markdown({"tests": [test]})
+    assert "| server tok/s | server tokens |" in md and "| 997.5 | 4096 (exact) |" in md
+    level["server"] = {"tokens": 4100, "client_tokens": 4096, "tok_s": None}
+    assert "4100 (client 4096)" in format_test(test)[2]
+
+
+# ------------------------------------------------------------------------- scraper, real HTTP
+
+
+async def _serve(routes: dict[str, tuple[int, str]]) -> web.AppRunner:
+    app = web.Application()
+    for path, (status, body) in routes.items():
+        async def handler(request: web.Request, s: int = status, b: str = body) -> web.Response:
+            return web.Response(status=s, text=b)
+
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner
+
+
+@pytest.mark.asyncio
+async def test_scraper_reads_counters_with_timestamps() -> None:
+    runner = await _serve({"/metrics": (200, SGLANG)})
+    port = runner.addresses[0][1]
+    scraper = MetricsScraper(f"http://127.0.0.1:{port}/", {"Authorization": "Bearer k", "Content-Type": "x"})
+    try:
+        names = await scraper.open()
+        assert names.generation == "sglang:generation_tokens_total"
+        s = await scraper.scrape()
+        assert (s.generation, s.prompt, s.requests) == (8.0, 7.0, 1.0)
+        assert s.half_rtt_s >= 0 and s.t > 0
+        assert scraper.headers == {"Authorization": "Bearer k"}
+    finally:
+        await scraper.close()
+        await runner.cleanup()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "routes, expected",
+    [
+        ({}, "/metrics answered 404: the server exposes no /metrics: launch SGLang with --enable-metrics "
+             "(vLLM serves it by default) or drop --perf-server-metrics"),
+        ({"/metrics": (200, "python_gc_objects_collected_total 5\n")},
+         "/metrics has no generation-token counter"),
+        ({"/metrics": (500, "boom")}, "/metrics answered HTTP 500 ('boom')"),
+    ],
+)
+async def test_scraper_errors_name_the_url_and_the_fix(routes: dict, expected: str) -> None:
+    runner = await _serve(routes)
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    scraper = MetricsScraper(url)
+    try:
+        with pytest.raises(ServerMetricsError) as err:
+            await scraper.open()
+        assert str(err.value).startswith(url + "/metrics") and expected in str(err.value)
+    finally:
+        await scraper.close()
+        await runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_scraper_connection_error_names_the_url() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    scraper = MetricsScraper(f"http://127.0.0.1:{port}")
+    try:
+        with pytest.raises(ServerMetricsError, match=f"cannot read the server's counters at http://127.0.0.1:{port}/metrics"):
+            await scraper.open()
+    finally:
+        await scraper.close()
+
+
+# ------------------------------------------------------------------- real sessions, simulator
+
+FAST = dict(speed=20.0, stream_interval=8)
+"""As the main job: ~1,000 tok/s per stream, so a 512-token request lasts about half a second."""
+
+
+@pytest.fixture(scope="module")
+def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    sim = SimProcess(SimProfile(**FAST), log_dir=tmp_path_factory.mktemp("simlogs"))
+    sim.start()
+    try:
+        yield sim.url
+    finally:
+        sim.stop()
+
+
+AGREE = """
+from pytest_kimi import throughput
+
+# three waves of 512-token requests: a steady-state window of about a second, several samples
+@throughput(concurrency=4, max_tokens=512, requests=12, trials={trials}, warmup=2)
+def test_agree():
+    pass
+"""
+
+
+@pytest.mark.parametrize("workers, trials", [(1, 2), (2, 1)], ids=["one-client", "sharded"])
+def test_simulator_counts_agree_with_the_client(
+    pytester: pytest.Pytester, sim_url: str, tmp_path: Path, workers: int, trials: int
+) -> None:
+    pytester.makepyfile(test_agree=AGREE.format(trials=trials))
+    out = tmp_path / "perf.json"
+    args = [f"--endpoint={sim_url}", "--perf-server-metrics", f"--perf-json={out}"]
+    if workers > 1:  # worker processes stamp reads with the same system-wide perf_counter
+        result = pytester.runpytest_subprocess(*args, f"--perf-workers={workers}")
+    else:
+        result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=1)
+    tokens = trials * 12 * 512
+    result.stdout.fnmatch_lines(["*level*tok/s*server tok/s*server tokens*", f"*C=4*{tokens} (exact)*"])
+    (level,) = json.loads(out.read_text())["tests"][0]["levels"]
+    server = level["server"]
+    assert server["metric"] == "sglang:generation_tokens_total"
+    assert server["tokens"] == server["client_tokens"] == tokens
+    assert server["exact"] is True and server["counting"] == "per-token"
+    assert server["tok_s"] is not None and server["max_deviation_pct"] < 2
+    assert server["prompt_tokens"] == server["client_prompt_tokens"]
+    assert server["requests"] == server["client_requests"] == trials * 12
+    assert [t["trial"] for t in server["trials"]] == list(range(trials))
+    assert level["verdict"] == "no-baseline"
+
+
+DISAGREE = """
+import json, threading, urllib.request
+import pytest
+from pytest_kimi import throughput
+
+@pytest.fixture(scope="module", autouse=True)
+def second_client(kimi_endpoint):
+    # another user of the same server, generating all through the measurement
+    stop = threading.Event()
+    body = json.dumps({"model": kimi_endpoint.model, "prompt": "hi", "max_tokens": 64,
+                       "ignore_eos": True}).encode()
+
+    def hammer():
+        while not stop.is_set():
+            req = urllib.request.Request(kimi_endpoint.url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=30).read()
+
+    thread = threading.Thread(target=hammer, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join(30)
+
+@throughput(concurrency=2, max_tokens=64, requests=4, trials=1, warmup=0)
+def test_shared():
+    raise AssertionError("the body must not run when the measurement is invalid")
+"""
+
+
+def test_a_second_client_makes_the_level_invalid(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+    pytester.makepyfile(test_shared=DISAGREE)
+    out = tmp_path / "perf.json"
+    result = pytester.runpytest(f"--endpoint={sim_url}", "--perf-server-metrics", f"--perf-json={out}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*throughput measurement invalid:*",
+        "*C=2 invalid: server counted * generation tokens (sglang:generation_tokens_total) during the "
+        "trial, the client 256: another client is using this server, or the server counts differently*",
+    ])
+    assert "the body must not run" not in result.stdout.str()
+    (level,) = json.loads(out.read_text())["tests"][0]["levels"]
+    assert level["verdict"] == "invalid" and level["trials_tok_s"] == []
+    assert level["server"]["exact"] is False and level["server"]["tokens"] > level["server"]["client_tokens"] == 256
+
+
+class _NoMetrics(BaseHTTPRequestHandler):
+    """An OpenAI-compatible front that lists a model and has no /metrics (SGLang without
+    --enable-metrics); it counts generation requests, which must never arrive."""
+
+    posts = 0
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/v1/models":
+            body = json.dumps({"data": [{"id": "m"}]}).encode()
+            self.send_response(200)
+        else:
+            body = b'{"error": "Not Found"}'
+            self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802
+        type(self).posts += 1
+        self.send_response(500)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_server_without_metrics_fails_before_any_load(pytester: pytest.Pytester) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoMetrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        pytester.makeini("[pytest]\nkimi_perf_server_metrics = true\n")  # the ini key works too
+        pytester.makepyfile(
+            """
+            from pytest_kimi import throughput
+
+            @throughput(concurrency=1, max_tokens=16, trials=1)
+            def test_x():
+                pass
+            """
+        )
+        result = pytester.runpytest(f"--endpoint={url}")
+        result.assert_outcomes(errors=1)
+        result.stdout.fnmatch_lines([
+            f"*--perf-server-metrics: {url}/metrics answered 404: the server exposes no /metrics: launch "
+            "SGLang with --enable-metrics (vLLM serves it by default) or drop --perf-server-metrics*"
+        ])
+        assert _NoMetrics.posts == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
