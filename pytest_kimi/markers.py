@@ -14,7 +14,7 @@ from .workload import Api
 
 MARKER_SIGNATURE = (
     "throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None, min_request_tok_s=None, "
-    "max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, min_goodput=None, prompts='diverse', input_tokens=None, requests=None, duration_s=None, "
+    "max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, min_goodput=None, prompts='diverse', input_tokens=None, requests=None, requests_per_stream=1, duration_s=None, "
     "trials=None, warmup=2, ignore_eos=True, timeout_s=600, api='chat', max_error_rate=0, "
     "tolerance=None, alpha=None, seed=0): measure output tok/s at each concurrency level against an "
     "OpenAI-compatible endpoint before the test body runs, and fail on a missed target"
@@ -68,6 +68,8 @@ class Workload:
     levels: tuple[LevelSpec, ...]
     prompts: str | tuple[str, ...] | None = None
     requests: int | None = None
+    requests_per_stream: int | None = None
+    """Closed loop: requests each of the C streams sends in a row per trial (default 1)."""
     duration_s: float | None = None
     trials: int | None = None
     warmup: int = DEFAULT_WARMUP
@@ -102,7 +104,7 @@ class Workload:
         if self.duration_s is not None:
             return None
         if level.concurrency is not None:
-            return REQUESTS_PER_WORKER * level.concurrency
+            return (self.requests_per_stream or REQUESTS_PER_WORKER) * level.concurrency
         return max(MIN_OPEN_LOOP, round((level.rate or 0) * OPEN_LOOP_SECONDS))
 
 
@@ -225,6 +227,7 @@ def _bool(name: str, value: Any) -> bool:
 
 _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
     "requests": _positive_int,
+    "requests_per_stream": _positive_int,
     "duration_s": _positive_float,
     "trials": _positive_int,
     "warmup": lambda n, v: _positive_int(n, v, minimum=0),
@@ -269,6 +272,17 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
     if prompts is not None and kwargs.get("input_tokens") is not None:
         raise MarkerError("prompts and input_tokens are exclusive: give one or the other")
     requests = values.get("requests")
+    exclusive = [name for name in ("requests", "requests_per_stream", "duration_s") if name in values]
+    if len(exclusive) > 1:
+        raise MarkerError(
+            f"{' and '.join(exclusive)} are exclusive: each sets how long a trial is "
+            "(requests: in all; requests_per_stream: per concurrent stream; duration_s: in seconds)"
+        )
+    if "requests_per_stream" in values and all(lv.concurrency is None for lv in levels):
+        raise MarkerError(
+            "requests_per_stream applies to concurrency levels; an open-loop (rate=) trial is "
+            "sized by requests or duration_s"
+        )
     if "min_goodput" in values and not any(k in values for k in ("max_ttft_s", "max_itl_s", "max_e2e_s")):
         raise MarkerError("min_goodput needs at least one of max_ttft_s, max_itl_s, max_e2e_s to define a good request")
     top = max((lv.concurrency or 0) for lv in levels)

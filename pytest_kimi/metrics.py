@@ -206,9 +206,10 @@ def summarize_trial(
         if ok:
             invalid.append(
                 "no steady-state window: "
-                + ("the first request ended after the last arrival" if open_loop
-                   else "a worker finished before all had their first token")
-                + " (give more requests per trial)"
+                + ("the first request ended after the last arrival (give more requests per trial)"
+                   if open_loop
+                   else "a worker finished before all had their first token; the server may run "
+                   "fewer than C at once: give each stream several requests (requests_per_stream=4)")
             )
     else:
         window_s = window[1] - window[0]

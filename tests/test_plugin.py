@@ -109,6 +109,8 @@ def test_m_perf_selects_exactly_the_throughput_tests(pytester: pytest.Pytester) 
         ("prompts='diverse', input_tokens=100", "prompts and input_tokens are exclusive*"),
         ("ignore_eos='yes'", "ignore_eos='yes': expected True or False"),
         ("max_error_rate=2", "max_error_rate=2: expected a number with 0 <= x <= 1"),
+        ("requests=8, requests_per_stream=2", "requests and requests_per_stream are exclusive*"),
+        ("rate=2, requests_per_stream=2", "requests_per_stream applies to concurrency levels*"),
     ],
 )
 def test_malformed_marker_fails_collection_naming_test_and_argument(

@@ -223,6 +223,8 @@ PROFILE_ERRORS = [
     ("args: {}\nenv:\n  A: [1]\n", ["env A must be a string or a number"]),
     ("name: ''\nargs: {}\n", ["'name' must be a non-empty string"]),
     ("url: http://127.0.0.1:1\nhealth_path: health\n", ["'health_path' must start with '/'"]),
+    ("args:\n  model-path: m\nnice: 20\n", ["'nice' must be an integer from 0 (default) to 19"]),
+    ("url: http://127.0.0.1:1\nnice: 5\n", ["'nice' cannot be combined with 'url'"]),
     ("engine: sglang\n", ["no 'args:'", "model-path"]),
 ]
 
@@ -597,7 +599,8 @@ def _fake_vllm_profile(tmp_path: Path, warm_s: float) -> Path:
     return write_profile(tmp_path, (
         f"engine: vllm\ncommand: {sys.executable} {FAKE_VLLM}\n"
         "args:\n  model: /models/tiny\n  served-model-name: tiny\n  max-num-seqs: 4\n"
-        f"env:\n  FAKE_VLLM_WARM_S: \"{warm_s}\"\nstartup_timeout_s: 30\nstop_timeout_s: 3\n"),
+        f"env:\n  FAKE_VLLM_WARM_S: \"{warm_s}\"\nnice: 5\nstartup_timeout_s: 30\n"
+        "stop_timeout_s: 3\n"),
         "fake-vllm")
 
 
@@ -615,6 +618,9 @@ def test_vllm_ready_only_once_a_token_is_generated(tmp_path: Path, servers: list
     assert "POST /v1/completions" in log and '"POST /v1/completions HTTP/1.1" 503' in log, log
     assert '"POST /v1/completions HTTP/1.1" 200' in log, log
     assert messages and all(m.startswith("fake-vllm: starting for ") for m in messages)
+    assert server.pid is not None and server.pgid == server.pid, "nice execs in place"
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, server.pid) == min(ours + 5, 19)
 
     import asyncio
 

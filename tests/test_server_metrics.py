@@ -187,7 +187,7 @@ def test_another_clients_tokens_fail_both_checks() -> None:
     assert check.exact is False and check.tokens > check.client_tokens
     assert reasons[0].startswith(f"server counted {check.tokens:,} generation tokens (vllm:generation_tokens_total)")
     assert "the client 1,200: another client is using this server, or the server counts differently" in reasons[0]
-    assert "in the steady-state window, the client measured" in reasons[1] and "(+12." in reasons[1]
+    assert "of the steady-state window, the client received" in reasons[1] and "(+12." in reasons[1]
 
 
 def test_a_per_request_counter_gets_the_exact_check_only() -> None:

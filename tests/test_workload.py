@@ -37,3 +37,12 @@ def test_bodies_stream_with_usage_and_ignore_eos(tmp_path: Path, api: str, field
     data = json.loads(body)
     assert field in data and data["stream"] is True and data["stream_options"] == {"include_usage": True}
     assert data["ignore_eos"] is True and data["max_tokens"] == 7 and data["temperature"] == 0
+
+
+def test_requests_per_stream_sizes_each_closed_loop_level() -> None:
+    from pytest_kimi.markers import parse_throughput
+
+    workload, _ = parse_throughput((), {"concurrency": [1, 8], "requests_per_stream": 4})
+    assert [workload.requests_for(lv) for lv in workload.levels] == [4, 32]
+    default, _ = parse_throughput((), {"concurrency": [1, 8]})
+    assert [default.requests_for(lv) for lv in default.levels] == [1, 8]

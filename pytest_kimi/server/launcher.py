@@ -716,14 +716,14 @@ class ManagedServer(_ServerBase):
         self.port = int(pinned) if pinned else (self._port_request or _free_port())
         self.url = f"http://{_connect_host(self.host)}:{self.port}"
         self.command = argv(self.profile, host=self.host, port=self.port)
-        self._open_log([f"command: {' '.join(_redact_argv(self.command))}",
+        self._open_log([f"command: {' '.join(_redact_argv(self._niced(self.command)))}",
                         self._env_summary()])
         assert self.log_path is not None
         self._follower = _LogFollower(self.log_path, self.engine.ready_log_line,
                                       offset=self.log_path.stat().st_size)
         self._started_at = time.monotonic()
         try:
-            proc = self._spawn(self.command)
+            proc = self._spawn(self._niced(self.command))
         except OSError as exc:
             self._stopped = True
             self._append_log(f"# pytest-kimi: cannot run the command: {exc}")
@@ -734,6 +734,10 @@ class ManagedServer(_ServerBase):
         self._group = _Group(proc)
         atexit.register(self.stop)
         return self
+
+    def _niced(self, words: list[str]) -> list[str]:
+        """``nice -n N`` execs the server in place: same pid, so the process group is kept."""
+        return ["nice", "-n", str(self.profile.nice), *words] if self.profile.nice else words
 
     def _startup_failure(self, elapsed: float) -> ServerStartError | None:
         assert self._group is not None

@@ -49,11 +49,11 @@ DEFAULT_STARTUP_TIMEOUT_S = 900.0
 DEFAULT_STOP_TIMEOUT_S = 30.0
 """Grace between SIGTERM and SIGKILL; enough for NCCL teardown, short enough not to hang CI."""
 
-_MANAGED_KEYS = ("command", "args")
+_MANAGED_KEYS = ("command", "args", "nice")
 _EXTERNAL_KEYS = ("start", "stop", "url")
 ALLOWED_KEYS: tuple[str, ...] = (
     "name", "engine", "command", "args", "env", "startup_timeout_s", "stop_timeout_s",
-    "start", "stop", "url", "health_path",
+    "start", "stop", "url", "health_path", "nice",
 )
 
 _SCALARS = (str, int, float)
@@ -87,6 +87,11 @@ class ServerProfile:
     """External: base URL where the server answers once started."""
     health_path: str | None = None
     """Overrides the engine's readiness probe path (rarely needed)."""
+    nice: int = 0
+    """Managed: CPU niceness of the server (0-19) when it shares a machine with the load
+    client.  vLLM's CPU engine core busy-polls a core; at equal priority the client waits
+    for it, its event loop lags and its timestamps come late.  A niced server still gets
+    every cycle the client (a few percent of a core) does not use."""
 
     @property
     def external(self) -> bool:
@@ -211,7 +216,11 @@ def parse_profile(data: object, *, source: str, default_name: str,
     engine_spec = get_engine(engine)
     command = _command(data.get("command"), source, engine_spec)
     args = _args(data["args"], source)
-    return ServerProfile(**common, command=command, args=args)
+    nice = data.get("nice", 0)
+    if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+        raise ProfileError(f"{source}: 'nice' must be an integer from 0 (default) to 19, "
+                           f"got {nice!r}")
+    return ServerProfile(**common, command=command, args=args, nice=nice)
 
 
 # ---------------------------------------------------------------------- argv

@@ -2,7 +2,9 @@
 
 Each vLLM start costs about a minute on two cores, so the deploy-change story is one test
 in phases (record, regress against the record, same-run A/B) rather than three tests that
-would each launch the same servers again.
+would each launch the same servers again.  Each stream sends 4 requests per trial: with
+batching off the server runs one request at a time, and only then do all 8 streams ever have
+a request in flight together (a steady state to measure).
 
 Noise: on this shared 2-core machine the session-to-session spread of a level's median is
 about 5-15 % (docs/benchmarks.md has the measured figures), so these runs use a tolerance of
@@ -27,7 +29,7 @@ from pytest_kimi.server.launcher import _group_members
 SUITE = """
 from pytest_kimi import throughput
 
-@throughput(concurrency=[1, 8], max_tokens=128, warmup=2)
+@throughput(concurrency=[1, 8], max_tokens=64, requests_per_stream=4, warmup=2)
 def test_tiny():
     pass
 """
@@ -122,7 +124,7 @@ def test_deploy_change_story(engine_project: pytest.Pytester) -> None:
     out = result.stdout.str()
     result.stdout.fnmatch_lines(["*[[]kimi vllm-cpu-tiny[]] launching*", "*starting for * s*",
                                  "*[[]kimi vllm-cpu-tiny[]] ready at http://127.0.0.1:*",
-                                 "*pytest-kimi baselines*(new)*"])
+                                 "*pytest-kimi baselines*", "*C=8 max_tokens=64: * tok/s (new)*"])
     for pid in _server_pids(out):
         _assert_group_gone(pid)
     recorded = _levels(_report(pytester.path / "r1.json")["vllm-cpu-tiny"])
