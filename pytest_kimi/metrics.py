@@ -34,6 +34,15 @@ less than one gap, and a window of seconds is unaffected.  A client that cannot 
 in time falls behind for good, which the lag (and its CPU share) then shows."""
 CLIENT_CPU_LIMIT = 0.95
 """A client process busy more than this share of a core has no slack left: it is the bottleneck."""
+CLIENT_BUSY_CPU = 0.5
+"""Below this CPU share a lagging event loop was not busy but descheduled (stalled): another
+process or the machine (a VM's host, memory reclaim) took its core.  Seen on vLLM's CPU build
+sharing 2 cores with the client: 5% CPU, yet lag p99 near 30 ms and single stalls over a second."""
+STALL_ERROR_LIMIT = 0.02
+"""A stalled (not busy) client reads late, but tokens wait in the socket and are counted when it
+wakes.  Only a stall at an edge of the steady-state window moves tokens across it, so the tok/s
+figure is off by at most ``(stall at the start + stall at the end) / window``; beyond this share
+the trial is invalid."""
 
 
 @dataclass(slots=True)
@@ -60,6 +69,29 @@ class ClientSignals:
         values = np.frombuffer(self.lag_values, dtype=np.float64)
         inside = values[(times > start) & (times <= end)]
         return float(np.percentile(inside, 99)) if inside.size else self.loop_lag_p99_s
+
+    def lag_max_within(self, start: float, end: float) -> float:
+        """The longest event-loop stall inside the steady-state window."""
+        if not self.lag_times:
+            return self.loop_lag_max_s
+        times = np.frombuffer(self.lag_times, dtype=np.float64)
+        values = np.frombuffer(self.lag_values, dtype=np.float64)
+        inside = values[(times > start) & (times <= end)]
+        return float(inside.max()) if inside.size else self.loop_lag_max_s
+
+    def stall_at(self, instant: float, slack_s: float = 0.01) -> float:
+        """The stall that covers ``instant`` (0 when the loop ran then).
+
+        A lag sample ``v`` taken at ``t`` means the loop did not run during ``[t - v, t]``;
+        ``slack_s`` (about two monitor sleeps) also catches a stall that ended just before a
+        read stamped the instant.  Without samples, the worst stall of the trial is assumed.
+        """
+        if not self.lag_times:
+            return self.loop_lag_max_s
+        times = np.frombuffer(self.lag_times, dtype=np.float64)
+        values = np.frombuffer(self.lag_values, dtype=np.float64)
+        covering = values[(times - values - slack_s <= instant) & (instant <= times + slack_s)]
+        return float(covering.max()) if covering.size else 0.0
 
 
 @dataclass(slots=True)
@@ -229,13 +261,28 @@ def summarize_trial(
     lag = client.lag_p99_within(*window) if window is not None else client.loop_lag_p99_s
     lag_limit = max(CLIENT_LAG_LIMIT_S, read_gap_p50(ok))
     delay = send_delay_p99_within(records, window)
-    if lag > lag_limit or delay > CLIENT_LAG_LIMIT_S or client.cpu_share > CLIENT_CPU_LIMIT:
+    notes: list[str] = []
+    busy = client.cpu_share > CLIENT_BUSY_CPU
+    if delay > CLIENT_LAG_LIMIT_S or client.cpu_share > CLIENT_CPU_LIMIT or (lag > lag_limit and busy):
         invalid.append(
             f"load client saturated (event-loop lag p99 {lag * 1e3:.1f} ms vs limit "
             f"{lag_limit * 1e3:.1f} ms, send delay p99 {delay * 1e3:.1f} ms, "
             f"CPU {client.cpu_share:.0%} of a core): the figure would be the client's limit; "
             "shard the client with --perf-workers"
         )
+    elif lag > lag_limit and window is not None:
+        stall = client.lag_max_within(*window)
+        bound = (client.stall_at(window[0]) + client.stall_at(window[1])) / window_s
+        text = (
+            f"load client stalled: its event loop waited up to {stall * 1e3:.0f} ms (p99 "
+            f"{lag * 1e3:.1f} ms) for a CPU while using {client.cpu_share:.0%} of a core; another "
+            "process or the machine took its core"
+        )
+        if bound > STALL_ERROR_LIMIT:
+            invalid.append(f"{text}, so tok/s could be off by up to {bound:.1%} (more than "
+                           f"{STALL_ERROR_LIMIT:.0%}): give the client a quieter core")
+        else:
+            notes.append(f"note: {text}; tok/s is off by at most {bound:.2%}, latencies by the stall")
     errors: list[str] = []
     for r in failed:
         if r.error and r.error not in errors:
@@ -244,6 +291,7 @@ def summarize_trial(
             break
     if approx:
         errors.append(f"note: {approx} request(s) sent no usage; tokens counted from events")
+    errors.extend(notes)
     return TrialResult(
         index=index,
         label=level.label,

@@ -71,9 +71,28 @@ def test_saturated_client_inside_the_window_is_invalid_but_a_ramp_burst_is_not()
     recs = [_rec(0, 0.0, 101, 0.01), _rec(1, 0.0, 101, 0.01, index=1)]
     burst = dict(loop_lag_p99_s=0.05, lag_times=array("d", [-0.1, 0.5]), lag_values=array("d", [0.05, 0.001]))
     assert _trial(recs, level, **burst).valid
-    busy = dict(loop_lag_p99_s=0.05, lag_times=array("d", [0.3, 0.5]), lag_values=array("d", [0.05, 0.04]))
+    busy = dict(loop_lag_p99_s=0.05, lag_times=array("d", [0.3, 0.5]), lag_values=array("d", [0.05, 0.04]),
+                cpu_share=0.8)
     trial = _trial(recs, level, **busy)
     assert not trial.valid and "load client saturated" in trial.invalid[0]
+
+
+def test_stalled_client_is_invalid_only_when_a_stall_touches_the_window_edges() -> None:
+    """A client at 5% CPU whose loop waited for a core reads late, but loses no token."""
+    level = LevelSpec(2, None, 101)
+    recs = [_rec(0, 0.0, 101, 0.01), _rec(1, 0.0, 101, 0.01, index=1)]
+    start, end = steady_window(recs)
+    mid = dict(loop_lag_p99_s=0.3, lag_times=array("d", [0.5, 0.6]), lag_values=array("d", [0.3, 0.05]),
+               cpu_share=0.05)
+    trial = _trial(recs, level, **mid)
+    assert trial.valid, trial.invalid
+    assert any(e.startswith("note: load client stalled: its event loop waited up to 300 ms") and
+               "tok/s is off by at most 0.00%" in e for e in trial.errors), trial.errors
+    edge = dict(loop_lag_p99_s=0.3, lag_times=array("d", [end, 0.6]), lag_values=array("d", [0.3, 0.05]),
+                cpu_share=0.05)
+    trial = _trial(recs, level, **edge)
+    assert not trial.valid and trial.invalid[0].startswith("load client stalled")
+    assert "could be off by up to 30.0% (more than 2%): give the client a quieter core" in trial.invalid[0]
 
 
 def test_no_window_when_a_worker_ends_before_another_starts() -> None:
