@@ -21,6 +21,9 @@ from .results import LevelResult, ThroughputResult, judge_level, not_run_level
 
 WARMUP_MAX_TOKENS = 16
 DEFAULT_TRIALS = 3
+MAX_REPLACED_TRIALS = 2
+"""Per level: trials voided only by the moment (a client stall) that another trial replaces.
+A level whose stalls keep recurring stays invalid; the replaced trials are reported."""
 
 
 class TrialPolicy(Protocol):
@@ -157,6 +160,12 @@ def _in_flight(level: LevelSpec) -> int:
     return level.concurrency if level.concurrency is not None else max(1, round(level.rate or 1))
 
 
+def _replaceable(trial: TrialResult) -> bool:
+    """Voided only by transient causes: the same trial run again may well be valid."""
+    return (bool(trial.invalid) and trial.requests_failed == 0
+            and all(reason in trial.transient for reason in trial.invalid))
+
+
 async def run_trial(
     client: TrialClient, spec: MeasureSpec, level: LevelSpec, index: int, offset: int,
     live: LiveTrial | None = None,
@@ -230,6 +239,7 @@ async def measure_level(
     level_start = perf_counter()
     label = spec.workload.label(level)
     observer = spec.observer
+    replaced: list[str] = []
     while len(trials) < planned:
         live = LiveTrial(total=spec.workload.requests_for(level))
         if observer is not None:
@@ -247,6 +257,9 @@ async def measure_level(
         if observer is not None:
             await observer.after_trial(trial)
         offset += trial.requests_ok + trial.requests_failed
+        if _replaceable(trial) and len(replaced) < MAX_REPLACED_TRIALS:
+            replaced.append(f"trial {len(trials) + len(replaced) + 1} replaced: {trial.invalid[0]}")
+            continue
         trials.append(trial)
         if trial.requests_failed and trial.stopped_early:
             break  # the server is failing: more trials would only repeat it
@@ -259,6 +272,9 @@ async def measure_level(
                 trial.tok_s, perf_counter() - level_start,
             ))
     result = judge_level(level, spec.workload, spec.targets, trials, spec.prompts_key(level))
+    if replaced:
+        result.extra["replaced_trials"] = replaced
+        result.errors.extend(f"note: {r}" for r in replaced)
     if observer is not None:
         result.extra.update(observer.level_summary())
     if progress is not None:

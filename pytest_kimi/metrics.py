@@ -115,6 +115,9 @@ class TrialResult:
     offered_rate: float | None = None
     """Open loop: the arrival rate asked for, and the one the client achieved."""
     achieved_rate: float | None = None
+    transient: list[str] = field(default_factory=list)
+    """The subset of ``invalid`` caused by the moment, not by the server or the workload (a
+    client stall): when every reason is transient, another trial may replace this one."""
     window: tuple[float, float] | None = None
     """(start, end] of the steady-state window on the ``perf_counter`` clock (None: no window),
     so a cross-check (``--perf-server-metrics``) can take its own figure over the same span."""
@@ -262,6 +265,7 @@ def summarize_trial(
     lag_limit = max(CLIENT_LAG_LIMIT_S, read_gap_p50(ok))
     delay = send_delay_p99_within(records, window)
     notes: list[str] = []
+    transient: list[str] = []
     busy = client.cpu_share > CLIENT_BUSY_CPU
     if delay > CLIENT_LAG_LIMIT_S or client.cpu_share > CLIENT_CPU_LIMIT or (lag > lag_limit and busy):
         invalid.append(
@@ -281,6 +285,7 @@ def summarize_trial(
         if bound > STALL_ERROR_LIMIT:
             invalid.append(f"{text}, so tok/s could be off by up to {bound:.1%} (more than "
                            f"{STALL_ERROR_LIMIT:.0%}): give the client a quieter core")
+            transient.append(invalid[-1])
         else:
             notes.append(f"note: {text}; tok/s is off by at most {bound:.2%}, latencies by the stall")
     errors: list[str] = []
@@ -309,6 +314,7 @@ def summarize_trial(
         offered_rate=level.rate,
         achieved_rate=getattr(tr, "achieved_rate", None),
         window=window,
+        transient=transient,
     )
 
 

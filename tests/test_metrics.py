@@ -98,3 +98,45 @@ def test_stalled_client_is_invalid_only_when_a_stall_touches_the_window_edges() 
 def test_no_window_when_a_worker_ends_before_another_starts() -> None:
     trial = _trial([_rec(0, 0.0, 11, 0.01), _rec(1, 5.0, 11, 0.01, index=1)], LevelSpec(2, None, 11))
     assert trial.tok_s is None and "no steady-state window" in trial.invalid[0]
+
+
+def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
+    """A stall is the moment's fault: the level runs another trial instead of going invalid."""
+    import asyncio
+
+    from pytest_kimi.load.request import Target
+    from pytest_kimi.markers import Targets, Workload
+    from pytest_kimi.measure import MAX_REPLACED_TRIALS, MeasureSpec, measure_level
+
+    level = LevelSpec(2, None, 101)
+
+    class StallingClient:
+        """Two streams of 101 tokens per trial; the first ``stalls`` trials stall at the window's end."""
+
+        def __init__(self, stalls: int) -> None:
+            self.stalls = stalls
+            self.calls = 0
+
+        async def run_trial(self, target, plan, live=None) -> TrialRecords:
+            self.calls += 1
+            recs = [_rec(0, 0.0, 101, 0.01), _rec(1, 0.0, 101, 0.01, index=1)]
+            lag_at = steady_window(recs)[1] if self.calls <= self.stalls else 0.5
+            value = 0.3 if self.calls <= self.stalls else 0.001
+            return TrialRecords(records=recs, started=0.0, ended=1.1, concurrency=2, client_cpu_s=0.05,
+                                loop_lag_p99_s=value, lag_times=array("d", [lag_at]), lag_values=array("d", [value]))
+
+    def spec() -> MeasureSpec:
+        return MeasureSpec(nodeid="t", target=Target("http://127.0.0.1:9/v1/chat/completions"),
+                           workload=Workload(levels=(level,), warmup=0), targets=Targets(),
+                           bodies={None: [b'{"max_tokens":0}']}, prompts_keys={None: "k"}, trials=3)
+
+    client = StallingClient(stalls=1)
+    result = asyncio.run(measure_level(client, spec(), level))
+    assert result.verdict == "pass" and len(result.trials) == 3 and client.calls == 4
+    assert result.extra["replaced_trials"][0].startswith("trial 1 replaced: load client stalled")
+    assert any(e.startswith("note: trial 1 replaced: load client stalled") for e in result.errors)
+
+    client = StallingClient(stalls=10)  # it keeps happening: the level says so
+    result = asyncio.run(measure_level(client, spec(), level))
+    assert result.verdict == "invalid" and client.calls == 3 + MAX_REPLACED_TRIALS
+    assert result.reasons[0].startswith("load client stalled")
