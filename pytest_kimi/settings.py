@@ -179,7 +179,8 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-server-metrics", "kimi_perf_server_metrics", "KIMI_PERF_SERVER_METRICS",
             "cross-check every trial against the server's Prometheus counters (GET /metrics): "
             "generated tokens must equal the client's count, and the counter's rate the "
-            "client's tok/s within 2%; a disagreement makes the level invalid", boolean,
+            "client's over the same span of the steady-state window within 2%; a disagreement "
+            "makes the level invalid", boolean,
             switch=True,
         ),
         Option(
