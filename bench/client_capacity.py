@@ -169,6 +169,17 @@ async def read_drain_limit(resp: aiohttp.ClientResponse) -> int:
     return n - 4
 
 
+async def _timed_workers(worker: Callable[[], Awaitable[None]], c: int) -> tuple[float, float, list[float]]:
+    """Run ``c`` copies of ``worker`` under the lag monitor: (wall s, CPU s, lag samples)."""
+    mon = _LagMonitor(0.005)
+    mon.start()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(c)))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    await mon.stop()
+    return wall, cpu, list(mon.samples)
+
+
 async def run_simple(name: str, reader: Reader, url: str, c: int, requests: int, tokens: int, rate: float = 0.0) -> Result:
     conn = aiohttp.TCPConnector(limit=0)
     payload = body(tokens, rate)
@@ -187,13 +198,7 @@ async def run_simple(name: str, reader: Reader, url: str, c: int, requests: int,
                 except Exception:  # noqa: BLE001 - counted, this is a bench
                     errors += 1
 
-        mon = _LagMonitor(0.005)
-        mon.start()
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(c)))
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        await mon.stop()
-    lags = list(mon.samples)
+        wall, cpu, lags = await _timed_workers(worker, c)
     return Result(name, c, max(total, 0), wall, cpu, max(lags, default=0.0), _p99(lags), errors)
 
 
@@ -231,13 +236,7 @@ async def run_vllm(url: str, c: int, requests: int, tokens: int, rate: float = 0
                 else:
                     errors += 1
 
-        mon = _LagMonitor(0.005)
-        mon.start()
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(c)))
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        await mon.stop()
-    lags = list(mon.samples)
+        wall, cpu, lags = await _timed_workers(worker, c)
     return Result("vllm-bench", c, total, wall, cpu, max(lags, default=0.0), _p99(lags), errors)
 
 
