@@ -207,12 +207,15 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("kimi_server_profile", SERVER_PROFILE_HELP, type="args", default=[])
     for opt in OPTIONS.values():
         env = f" [env {opt.env}]" if opt.env else ""
+        # argparse %-formats option help (``%(default)s``), ini help is printed as it is:
+        # a bare "%" in the text crashed ``pytest --help`` for every user of the machine.
+        cli_help = opt.help.replace("%", "%%")
         if opt.switch:
-            group.addoption(opt.flag, dest=opt.dest, action="store_const", const="true", default=None, help=opt.help + env)
+            group.addoption(opt.flag, dest=opt.dest, action="store_const", const="true", default=None, help=cli_help + env)
         elif opt.dest == "update_baselines":
-            group.addoption(opt.flag, dest=opt.dest, nargs="?", const="yes", default=None, metavar=opt.metavar, help=opt.help)
+            group.addoption(opt.flag, dest=opt.dest, nargs="?", const="yes", default=None, metavar=opt.metavar, help=cli_help)
         else:
-            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help + env)
+            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=cli_help + env)
         parser.addini(opt.ini, opt.help, default="")
 
 
