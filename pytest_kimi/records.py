@@ -42,6 +42,15 @@ class RequestRecord:
     error: str | None = None
     """First error seen for this request (HTTP error body, error event, timeout, disconnect)."""
     finish_reason: str | None = None
+    reasoning_tokens: int = 0
+    """Tokens the stream carried as reasoning (``delta.reasoning_content`` / ``delta.reasoning``)
+    before or beside the answer: the server's ``usage`` count when it reports one, else the
+    reasoning events scaled like :attr:`tokens_per_event`.  0 when the stream did not separate
+    reasoning from content (no reasoning parser, or ``separate_reasoning: false``), even if
+    ``usage`` counts some."""
+    first_content: float | None = None
+    """Arrival of the first read block holding a content (answer) token: the same as
+    ``first_token`` unless the stream opened with reasoning; None when no content came."""
 
     @property
     def ok(self) -> bool:
@@ -59,6 +68,18 @@ class RequestRecord:
         if self.first_token is None:
             return None
         return self.first_token - self.sent
+
+    @property
+    def ttfc(self) -> float | None:
+        """Time to first content token: what a user waits for the answer after the thinking."""
+        if self.first_content is None:
+            return None
+        return self.first_content - self.sent
+
+    @property
+    def content_tokens(self) -> int:
+        """Output tokens that were not reasoning (all of them for a stream without reasoning)."""
+        return max(self.completion_tokens - self.reasoning_tokens, 0)
 
     @property
     def last_token(self) -> float | None:

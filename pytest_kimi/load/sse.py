@@ -24,6 +24,19 @@ Event semantics (shared with the JSON-decoding reference used in the tests):
 * A token event is a ``data:`` event whose first-level ``choices[*]`` carry a non-empty
   string ``delta.content`` / ``delta.reasoning_content`` / ``delta.reasoning`` (chat) or
   ``text`` (completions).  Role-only or empty-content chunks are not tokens.
+* A token event is a *reasoning* event when no choice carries a non-empty ``content`` (it has
+  only reasoning text); otherwise it is a *content* event.  SGLang with a reasoning parser
+  never puts both in one chunk: per decode step it yields a ``reasoning_content`` chunk, then
+  a separate ``content`` chunk (``_generate_stream_content`` in SGLang 0.5.23's
+  ``sglang/srt/entrypoints/openai/serving_chat.py``; chunks built by ``build_sse_content`` in
+  ``sse_utils.py``, whose delta always carries ``"reasoning_content"``, ``null`` on content
+  chunks).  Reasoning events are counted by the same byte patterns as tokens (the fast path
+  already tells the fields apart), so they cost nothing extra on the hot path; the block
+  that brings the first content event stamps ``first_content`` once.
+* ``usage`` may count reasoning tokens: SGLang 0.5.23 sends ``usage.reasoning_tokens`` and,
+  when non-zero, ``usage.completion_tokens_details.reasoning_tokens`` (OpenAI's place;
+  ``UsageInfo`` in ``protocol.py``, filled by ``usage_processor.py``).  That count is used
+  when the stream had reasoning events; otherwise the events are scaled like all tokens.
 * ``data: [DONE]`` ends the stream; an error event (``{"error": ...}`` or
   ``{"object": "error", ...}``), or a ``data:`` payload that is not a JSON object, ends it with
   an error on the record.  Nothing after the end is looked at.
@@ -125,6 +138,9 @@ class StreamParser:
         "usage_seen",
         "fast_ranges",
         "decoded",
+        "reasoning_events",
+        "_usage_reasoning",
+        "_await_content",
         "_fields",
         "_styles",
         "_pat",
@@ -152,6 +168,10 @@ class StreamParser:
         """Ranges of events classified by byte counting alone (for profiling / tests)."""
         self.decoded = 0
         """Events that needed ``json.loads``."""
+        self.reasoning_events = 0
+        """Token events that carried only reasoning text (a subset of ``events``)."""
+        self._usage_reasoning = 0
+        self._await_content = True
         self._fields = _CHAT_FIELDS if api == "chat" else _COMPLETION_FIELDS
         self._styles = _STYLES[api]
         self._pat = self._styles[0]
@@ -208,6 +228,9 @@ class StreamParser:
             self._times.append(t)
             self._counts.append(n)
             self.events += n
+            if self._await_content and self.events > self.reasoning_events:
+                self._await_content = False  # one bool test per block from here on
+                self.record.first_content = t
 
     def _process(self, buf: bytes, start: int, end: int) -> int:
         """Token events in the complete events ``buf[start:end]``."""
@@ -278,7 +301,10 @@ class StreamParser:
         # everywhere are inert; at most one field may vary.
         # An event where no field occurs at all (usage-only, [DONE], comment, error) is
         # never "ordinary", so some field must occur in every event.
+        # The one field with text says what the events are: index 0 is ``content`` / ``text``,
+        # any other a reasoning field, so reasoning events are known without another scan.
         varying = -1
+        field = 0
         present = False
         for i, (pat, empty) in enumerate(p.kinds):
             k = c if i == 0 else buf.count(pat, start, end)
@@ -293,9 +319,14 @@ class StreamParser:
             if varying >= 0:
                 return None
             varying = e
+            field = i
         if not present:
             return None
-        return 0 if varying < 0 else events - varying
+        if varying < 0:
+            return 0
+        if field:
+            self.reasoning_events += events - varying
+        return events - varying
 
     # ----------------------------------------------------------------- slow path
     def _decode_events(self, buf: bytes, start: int, end: int) -> int:
@@ -342,6 +373,7 @@ class StreamParser:
             return -1
         choices = obj.get("choices")
         token = 0
+        content = False
         if isinstance(choices, list) and choices:
             if len(choices) > 1:
                 # Several choices per event break "one pattern per event"; such streams
@@ -361,11 +393,13 @@ class StreamParser:
                             v = delta.get(f)
                             if isinstance(v, str) and v:
                                 token = 1
+                                content = content or f == "content"
                                 break
                 else:
                     v = ch.get("text")
                     if isinstance(v, str) and v:
                         token = 1
+                        content = True
                 fr = ch.get("finish_reason")
                 if fr is not None:
                     self.record.finish_reason = str(fr)
@@ -375,6 +409,9 @@ class StreamParser:
             self.record.completion_tokens = usage["completion_tokens"]
             pt = usage.get("prompt_tokens")
             self.record.prompt_tokens = pt if isinstance(pt, int) else 0
+            self._usage_reasoning = usage_reasoning_tokens(usage)
+        if token and not content:
+            self.reasoning_events += 1
         return token
 
     def _fail(self, message: str) -> None:
@@ -396,6 +433,38 @@ class StreamParser:
             rec.tokens_approx = True
         else:
             rec.tokens_approx = False
+        if self.reasoning_events:
+            rec.reasoning_tokens = reasoning_tokens(
+                self.reasoning_events, self._usage_reasoning, rec.completion_tokens, rec.tokens_per_event
+            )
+
+
+def usage_reasoning_tokens(usage: dict[str, Any]) -> int:
+    """The reasoning-token count a ``usage`` object reports; 0 when it reports none.
+
+    OpenAI (and SGLang when non-zero) put it in ``completion_tokens_details.reasoning_tokens``;
+    SGLang 0.5.23 also sends a top-level ``reasoning_tokens`` (``UsageInfo`` in
+    ``sglang/srt/entrypoints/openai/protocol.py``).
+    """
+    details = usage.get("completion_tokens_details")
+    n = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool):
+        n = usage.get("reasoning_tokens")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
+def reasoning_tokens(events: int, from_usage: int, completion_tokens: int, tokens_per_event: float) -> int:
+    """A request's reasoning tokens, given that ``events`` (> 0) reasoning events arrived.
+
+    The server's count when it gave one (it may include the end-of-thinking marker, which is
+    not streamed); else the events scaled by the request's tokens per event (1 unless the
+    server packs tokens, ``--stream-interval``).  At least 1, since the stream did carry
+    reasoning, and never more than all output tokens.
+    """
+    n = from_usage if from_usage > 0 else round(events * tokens_per_event)
+    if completion_tokens > 0:
+        n = min(n, completion_tokens)
+    return max(n, 1)
 
 
 def parse_blocks(blocks: list[tuple[float, bytes]], api: Api = "chat") -> RequestRecord:
