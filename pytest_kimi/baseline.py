@@ -40,6 +40,8 @@ from typing import Any, ClassVar, Literal, Union
 
 import yaml
 
+from .serverinfo import VOLATILE_SERVER_INFO, clean_server_info
+
 __all__ = [
     "SCHEMA_VERSION",
     "DEFAULT_DIRNAME",
@@ -366,35 +368,9 @@ class LevelBaseline:
 
 # ----------------------------------------------------------------------------------- provenance
 
-SERVER_INFO_IGNORE: tuple[str, ...] = (
-    # where/when the server runs, not how: differ between launches of the same config
-    "host",
-    "hostname",
-    "port",
-    "*_port",
-    "*_ports",
-    "*_host",
-    "*_addr",
-    "pid",
-    "pids",
-    "*_pid",
-    "node_rank",
-    # SGLang draws a random seed per launch when none is given
-    "random_seed",
-    # live runtime statistics, not configuration
-    "internal_states",
-    "last_gen_throughput",
-    "memory_usage",
-    "status",
-    "uptime*",
-    "start_time",
-)
-"""Patterns for ``server_info`` entries that :func:`provenance_diff` ignores.
-
-A pattern without a dot is matched (fnmatch) against every component of the flattened key, so
-``port`` hides ``port`` and ``internal_states`` hides ``internal_states[0].memory_usage``; a
-pattern with a dot is matched against the full dotted key or one of its prefixes.
-"""
+SERVER_INFO_IGNORE: tuple[str, ...] = VOLATILE_SERVER_INFO
+"""Patterns for ``server_info`` entries that :func:`provenance_diff` ignores (their one home
+is :mod:`pytest_kimi.serverinfo`, where server info enters the plugin)."""
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -452,7 +428,8 @@ class Provenance:
         info = self.server_info if self.server_info is not None else {}
         if not isinstance(info, Mapping):
             raise ValueError(f"provenance.server_info must be a mapping, got {info!r}")
-        object.__setattr__(self, "server_info", _plain(info, "server_info"))
+        # Scrubbed here too, whatever path the info took: a baseline is committed to git.
+        object.__setattr__(self, "server_info", _plain(clean_server_info(info), "server_info"))
         ids = self.session_ids if self.session_ids is not None else ()
         if isinstance(ids, str) or not all(isinstance(s, str) for s in ids):
             raise ValueError(f"provenance.session_ids must be a list of strings, got {ids!r}")
@@ -569,7 +546,14 @@ def provenance_diff(
         a, b = flat_old.get(key, _ABSENT), flat_new.get(key, _ABSENT)
         if a is _ABSENT or b is _ABSENT or _canon_json(a) != _canon_json(b):
             changes.append(FieldChange(key, a, b))
-    return changes
+    # A flag changed on the command line shows twice: as asked (launch_command.args.X) and as
+    # resolved (X).  Name it once, as resolved; a launch arg stays when only it changed.
+    resolved = {c.field for c in changes}
+    return [c for c in changes
+            if not (c.field.startswith(_LAUNCH_ARGS) and c.field[len(_LAUNCH_ARGS):] in resolved)]
+
+
+_LAUNCH_ARGS = "launch_command.args."
 
 
 def _canon_json(value: Any) -> str:

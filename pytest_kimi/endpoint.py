@@ -14,6 +14,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from .serverinfo import clean_server_info
+
 
 class EndpointError(RuntimeError):
     """The endpoint cannot be used; the message names the URL, the problem and the fix."""
@@ -103,7 +105,9 @@ async def discover(
                 raise EndpointError(f"{base_url}/v1/models answered HTTP {status}: {body}")
             models = _model_ids(body, base_url)
             server_info: dict[str, Any] = {}
-            for path in ("/get_server_info", "/server_info"):
+            # /server_info first: SGLang 0.5.23 keeps /get_server_info only as a deprecated
+            # alias that logs a warning on every call (sglang/srt/entrypoints/http_server.py).
+            for path in ("/server_info", "/get_server_info"):
                 try:
                     st, info = await _get_json(session, base_url + path, headers)
                 except EndpointError:
@@ -135,8 +139,12 @@ async def discover(
         raise EndpointError(
             f"model {model!r} is not served by {base_url}; it serves: {', '.join(models)}"
         )
+    # The edge where server info enters: SGLang returns api_key, admin_api_key and a
+    # launch_command with --api-key VALUE in clear; nothing after this point sees them.
     return EndpointInfo(
-        url=base_url, model=chosen, models=models, server_info=server_info, api_key=api_key
+        url=base_url, model=chosen, models=models,
+        server_info=clean_server_info(server_info, [api_key] if api_key else []),
+        api_key=api_key,
     )
 
 

@@ -7,6 +7,7 @@ of pytest; the plugin adds the test's name to the message.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -249,6 +250,12 @@ _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
 ALLOWED_ARGS = ("concurrency", "rate", "max_tokens", "input_tokens", "min_tok_s", "prompts", *_OPTIONAL)
 
 
+def _with_suggestion(name: str) -> str:
+    """``min_toks`` -> ``min_toks (did you mean min_tok_s?)``: a typo names its fix."""
+    close = difflib.get_close_matches(name, ALLOWED_ARGS, n=1, cutoff=0.6)
+    return f"{name} (did you mean {close[0]}?)" if close else name
+
+
 def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Workload, Targets]:
     """Validate marker arguments; raise :class:`MarkerError` naming the first bad one."""
     if args:
@@ -258,8 +265,9 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
         )
     unknown = sorted(set(kwargs) - set(ALLOWED_ARGS))
     if unknown:
+        named = ", ".join(_with_suggestion(name) for name in unknown)
         raise MarkerError(
-            f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+            f"unknown argument{'s' if len(unknown) > 1 else ''} {named}; "
             f"allowed: {', '.join(sorted(ALLOWED_ARGS))}"
         )
     levels = _levels(kwargs)

@@ -30,7 +30,7 @@ from .recording import update_baselines
 from .report.junit import junit_properties
 from .report.progress import ProgressPrinter
 from .report.terminal import format_test
-from .results import ThroughputResult
+from .results import ThroughputResult, workload_dict
 from .server import (
     ProfileError,
     ServerProfile,
@@ -39,6 +39,8 @@ from .server import (
     load_profile,
     open_server,
 )
+from .scrub import is_secret_name, register_secret, scrub, scrub_text
+from .serverinfo import clean_server_info
 from .session import KimiLoad, PerfSession
 
 REPORT_ATTR = "kimi_perf"
@@ -146,6 +148,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_SIGNATURE)
     config.addinivalue_line("markers", "perf: a throughput test (added to every @throughput test)")
     config.stash[SETTINGS] = settings.resolve_all(config)
+    register_secret(_setting(config, "api_key").value)
     config.stash[STATE] = RunState()
     config.stash[GATE] = _gate_context(config)
     config.stash[DEPLOYMENTS] = _load_deployments(config)
@@ -169,6 +172,8 @@ def _load_deployments(config: pytest.Config) -> list[ServerProfile]:
             profiles.append(load_profile(path))
         except ProfileError as exc:
             raise pytest.UsageError(f"{paths.source}: {exc}") from None
+    for profile in profiles:
+        _register_profile_secrets(profile)
     names = [p.name for p in profiles]
     if len(set(names)) != len(names):
         raise pytest.UsageError(f"{paths.source}: two server profiles share a name: {names}")
@@ -178,6 +183,16 @@ def _load_deployments(config: pytest.Config) -> list[ServerProfile]:
             "give a server profile or an endpoint, not both"
         )
     return profiles
+
+
+def _register_profile_secrets(profile: ServerProfile) -> None:
+    """A profile's ``api-key``-like args and secret-named env values are never shown."""
+    for key, value in profile.args.items():
+        if is_secret_name(key) and isinstance(value, str):
+            register_secret(value)
+    for key, value in profile.env.items():
+        if is_secret_name(key) and isinstance(value, str):
+            register_secret(value)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -289,7 +304,7 @@ def kimi_server(pytestconfig: pytest.Config, kimi_deployment: ServerProfile | No
     def progress(message: str) -> None:
         if reporter is not None:
             reporter.ensure_newline()
-            reporter.write_line(f"[kimi {kimi_deployment.name}] {message}")
+            reporter.write_line(scrub_text(f"[kimi {kimi_deployment.name}] {message}"))
 
     server = open_server(kimi_deployment, Path(pytestconfig.rootpath) / ".kimi" / "logs")
     problem = None
@@ -302,7 +317,7 @@ def kimi_server(pytestconfig: pytest.Config, kimi_deployment: ServerProfile | No
     except ServerStartError as exc:
         problem = f"server profile {kimi_deployment.name} ({kimi_deployment.source}) did not start: {exc}"
     if problem is not None:
-        pytest.fail(problem, pytrace=False)
+        pytest.fail(scrub_text(problem), pytrace=False)
     try:
         yield server
     finally:
@@ -332,13 +347,14 @@ def kimi_endpoint(
             base = normalize_url(resolved.value, resolved.source)
         info = _kimi_session.discover(base, api_key=api_key, model=model)
         if kimi_server is not None:
-            info.server_info = described_server_info(kimi_server.profile, info.server_info)
+            info.server_info = clean_server_info(
+                described_server_info(kimi_server.profile, info.server_info))
     except EndpointError as exc:
         problem = str(exc)
     if problem is not None:
         if sim is not None:
             sim.stop()
-        pytest.fail(problem, pytrace=False)
+        pytest.fail(scrub_text(problem), pytrace=False)
     if pytestconfig.stash[STATE].endpoint is None:
         pytestconfig.stash[STATE].endpoint = info.public()
     try:
@@ -416,7 +432,9 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
         pytest.fail(problem, pytrace=False)
     result.extra["measured"] = [round(x, 3) for x in config.stash[STATE].intervals[-1]]
     item.stash[RESULT] = result
-    item.user_properties.extend(junit_properties(result.to_dict()))
+    item.user_properties.extend(
+        (name, scrub_text(value) if isinstance(value, str) else value)
+        for name, value in junit_properties(result.to_dict()))
     return result
 
 
@@ -488,7 +506,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         if failing:
             kinds = ", ".join(dict.fromkeys(FAILURE_HEADLINES.get(lv.verdict, lv.verdict) for lv in failing))
             lines = format_test(result.to_dict())[1:]
-            pytest.fail(f"throughput {kinds}:\n" + "\n".join(lines), pytrace=False)
+            pytest.fail(scrub_text(f"throughput {kinds}:\n" + "\n".join(lines)), pytrace=False)
     return (yield)
 
 
@@ -496,10 +514,23 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     result = item.stash.get(RESULT, None)
+    perf = item.stash.get(PERF_ITEM, None)
+    data: dict[str, Any] | None = None
     # The call phase carries the figures; a setup that failed after measuring carries them too.
     if result is not None and (report.when == "call" or report.when == "setup" and not report.passed):
         data = result.to_dict()
         data["outcome"] = report.outcome if report.when == "call" else "error"
+    elif perf is not None and report.when == "setup" and report.failed:
+        # Nothing was measured (endpoint unreachable, server did not start, corrupt baseline):
+        # the reports still name the test and why, so a CI step that uploads them finds them.
+        data = {
+            "nodeid": _perf_nodeid(item),
+            "workload": workload_dict(perf.workload),
+            "levels": [],
+            "outcome": "error",
+            "error": scrub_text(report.longreprtext.strip())[:2000],
+        }
+    if data is not None:
         endpoint = item.config.stash[STATE].endpoint
         if endpoint is not None:
             data["endpoint"] = endpoint
@@ -508,9 +539,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def write_reports(config: pytest.Config, report: dict[str, Any], failing: frozenset[str]) -> None:
-    """JSON, Markdown (also to GitHub's step summary) and HTML, each from the one report dict."""
+    """JSON, Markdown (also to GitHub's step summary) and HTML, each from the one report dict.
+
+    The dict is scrubbed once more here: server info was cleaned where it entered, but error
+    texts and notes come from everywhere, and these files get uploaded and published.
+    """
     if not report["tests"]:
         return
+    report = scrub(report)
     path = _setting(config, "perf_json").value
     if path:
         write_json(Path(path), report)
@@ -562,7 +598,7 @@ class PerfReporter:
             terminalreporter.write_line(f"endpoint {ep['url']}  model {ep['model']}")
         for test in self.state.tests:
             for line in format_test(test):
-                terminalreporter.write_line(line)
+                terminalreporter.write_line(scrub_text(line))
         if self.updates or self.refused:
             terminalreporter.section("pytest-kimi baselines")
             for text in self.updates:

@@ -103,7 +103,7 @@ def test_m_perf_selects_exactly_the_throughput_tests(pytester: pytest.Pytester) 
     [
         ("concurrency=0", "concurrency=0: expected an integer >= 1"),
         ("concurrency=[1, 'x']", "concurrency='x': expected an integer >= 1"),
-        ("concurency=4", "unknown argument concurency; allowed: *"),
+        ("concurency=4", "unknown argument concurency (did you mean concurrency?); allowed: *"),
         ("min_tok_s={8: 100}", "min_tok_s={8: 100}: level 8 is not one of the concurrency levels [[]1[]]"),
         ("api='grpc'", "api='grpc': expected one of 'chat', 'completions'"),
         ("prompts='diverse', input_tokens=100", "prompts and input_tokens are exclusive*"),

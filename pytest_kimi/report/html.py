@@ -106,6 +106,8 @@ def _test_section(test: Mapping[str, Any], failing: frozenset[str],
         parts.append(f'<p class="meta">{" · ".join(meta)}</p>')
     levels = list(test.get("levels") or [])
     parts.append(_table(levels, failing) if levels else "<p><em>no levels measured</em></p>")
+    if test.get("error"):
+        parts.append(f'<pre class="error">{html.escape(str(test["error"]))}</pre>')
     notes = []
     for lv in levels:
         verdict = str(lv.get("verdict", "?"))

@@ -265,6 +265,8 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
             lines.append("| " + " | ".join(cells) + f" | {cell(marker(str(lv.get('verdict', '?')), failing))} |")
     else:
         lines += ["", "_no levels measured_"]
+    if test.get("error"):
+        lines += ["", "```text", str(test["error"]).replace("```", "'''"), "```"]
     notes: list[str] = []
     for lv in levels:
         for reason in lv.get("reasons") or []:

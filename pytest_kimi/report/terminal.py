@@ -117,7 +117,12 @@ def format_test(test: dict[str, Any]) -> list[str]:
         f"{test['nodeid']}{where} [{test.get('outcome', '?')}] "
         f"{_lengths(test.get('levels', []))} api={w.get('api')}"
     )
-    lines = [title, *("  " + line for line in format_table(test.get("levels", [])))]
+    if test.get("levels"):
+        lines = [title, *("  " + line for line in format_table(test["levels"]))]
+    else:
+        lines = [title, "  no levels measured"]
+    if test.get("error"):
+        lines += ["  " + line for line in str(test["error"]).splitlines()[:10]]
     if test.get("baseline_note"):
         lines.append("  " + test["baseline_note"])
     changes = test.get("provenance_changes")
