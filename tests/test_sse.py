@@ -30,10 +30,13 @@ class RefResult:
     error: str | None = None
     finish_reason: str | None = None
     done: bool = False
+    reasoning_tokens: int = 0
+    first_content: float | None = None
 
 
-def _ref_interpret(payload: bytes, api: str, res: RefResult, usage: list[Any]) -> int:
-    """1 token event, 0 other, -1 stream ended with an error."""
+def _ref_interpret(payload: bytes, api: str, res: RefResult, usage: list[Any], reasoning: list[int]) -> int:
+    """1 token event, 0 other, -1 stream ended with an error; ``reasoning[0]`` counts the
+    token events without any answer text (reasoning only)."""
     try:
         obj = json.loads(payload)
     except ValueError:
@@ -45,6 +48,7 @@ def _ref_interpret(payload: bytes, api: str, res: RefResult, usage: list[Any]) -
         res.error = res.error or error_event_message(obj)
         return -1
     token = 0
+    answer = False
     for ch in obj.get("choices") or []:
         if not isinstance(ch, dict):
             continue
@@ -55,11 +59,15 @@ def _ref_interpret(payload: bytes, api: str, res: RefResult, usage: list[Any]) -
             texts = [ch.get("text")]
         if any(isinstance(x, str) and x != "" for x in texts):
             token = 1
+            if isinstance(texts[0], str) and texts[0] != "":
+                answer = True
         if ch.get("finish_reason") is not None:
             res.finish_reason = str(ch["finish_reason"])
     u = obj.get("usage")
     if isinstance(u, dict) and isinstance(u.get("completion_tokens"), int):
         usage[:] = [u]
+    if token and not answer:
+        reasoning[0] += 1
     return token
 
 
@@ -67,6 +75,7 @@ def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> Ref
     """Plain SSE parser: lines, blank-line dispatch, ``json.loads`` on every data event."""
     res = RefResult()
     usage: list[Any] = []
+    reasoning = [0]
     full = b""
     pos = 0  # next unparsed byte of `full`
     ev_start = 0  # first byte after the last blank line
@@ -77,6 +86,7 @@ def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> Ref
             break
         full += block
         tokens = 0
+        reasoning_before = reasoning[0]
         while not ended:
             nl = full.find(b"\n", pos)
             if nl < 0:
@@ -92,7 +102,7 @@ def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> Ref
                     if payload.strip() == b"[DONE]":
                         res.done = ended = True
                         break
-                    r = _ref_interpret(payload, api, res, usage)
+                    r = _ref_interpret(payload, api, res, usage, reasoning)
                     if r < 0:
                         ended = True
                         break
@@ -114,6 +124,8 @@ def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> Ref
                 res.first_token = t
             res.chunk_times.append(t)
             res.chunk_events.append(tokens)
+            if res.first_content is None and tokens > reasoning[0] - reasoning_before:
+                res.first_content = t
     if not ended:
         tail = full[ev_start:].replace(b"\r", b"").strip()
         if tail in (b"data: [DONE]", b"data:[DONE]"):
@@ -125,6 +137,21 @@ def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> Ref
     else:
         res.completion_tokens = sum(res.chunk_events)
         res.tokens_approx = True
+    if reasoning[0]:
+        # the server's count (OpenAI's place first, then SGLang's top-level key), else the
+        # reasoning events times the request's tokens per event
+        told = 0
+        if usage:
+            details = usage[0].get("completion_tokens_details") or {}
+            for cand in (details.get("reasoning_tokens") if isinstance(details, dict) else None,
+                         usage[0].get("reasoning_tokens")):
+                if type(cand) is int:
+                    told = cand
+                    break
+        events = sum(res.chunk_events)
+        per_event = res.completion_tokens / events if res.completion_tokens else 1.0
+        n = told if told > 0 else int(round(reasoning[0] * per_event))
+        res.reasoning_tokens = max(1, min(n, res.completion_tokens) if res.completion_tokens else n)
     return res
 
 
@@ -144,6 +171,8 @@ def fast_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> tuple[Re
         error=rec.error,
         finish_reason=rec.finish_reason,
         done=p.done,
+        reasoning_tokens=rec.reasoning_tokens,
+        first_content=rec.first_content,
     )
     return out, p
 
@@ -172,6 +201,10 @@ class Style:
     spaced: bool = False
     crlf: bool = False
     empty_content_with_reasoning: bool = False  # DeepSeek: "content":"","reasoning_content":"x"
+    msgspec: bool = False
+    """SGLang 0.5.23 (``sse_utils.build_sse_content``): the delta always has
+    ``"reasoning_content"`` (null on content chunks), ``role``/``content`` only when set."""
+    usage_reasoning: bool = False  # usage counts reasoning tokens, as SGLang's UsageInfo does
 
 
 STYLES = [
@@ -182,6 +215,7 @@ STYLES = [
     Style("reasoning_content", reasoning_key="reasoning_content", null_fields=True),
     Style("reasoning_vllm_new", reasoning_key="reasoning"),
     Style("deepseek", reasoning_key="reasoning_content", empty_content_with_reasoning=True),
+    Style("sglang_0523_reasoning", reasoning_key="reasoning_content", msgspec=True, usage_reasoning=True),
     Style("spaced", spaced=True),
     Style("crlf", crlf=True),
     Style("completions", api="completions", role_chunk=False),
@@ -216,6 +250,11 @@ def gen_stream(style: Style, rng: random.Random, n_tokens: int, *, extras: bool 
         return "data: " + _dumps(obj, style.spaced)
 
     def delta(key: str, value: str | None) -> dict[str, Any]:
+        if style.msgspec:
+            d = {"reasoning_content": value if key == "reasoning_content" else None}
+            if key != "reasoning_content":
+                d[key] = value
+            return d
         d: dict[str, Any] = {}
         if style.role_every_chunk:
             d["role"] = "assistant"
@@ -229,7 +268,7 @@ def gen_stream(style: Style, rng: random.Random, n_tokens: int, *, extras: bool 
         return d
 
     if style.role_chunk and style.api == "chat":
-        d = {"role": "assistant", "content": ""}
+        d = {"reasoning_content": None, "role": "assistant", "content": ""} if style.msgspec else {"role": "assistant", "content": ""}
         if style.null_fields:
             d.update(reasoning_content=None, tool_calls=None)
         events.append(chunk(choice(d)))
@@ -251,7 +290,10 @@ def gen_stream(style: Style, rng: random.Random, n_tokens: int, *, extras: bool 
             events.append(chunk(choice(delta(style.reasoning_key or "content", w))))
         else:
             events.append(chunk(choice(delta("content", w))))
-    usage = {"prompt_tokens": 17, "total_tokens": 17 + n_tokens, "completion_tokens": n_tokens}
+    usage: dict[str, Any] = {"prompt_tokens": 17, "total_tokens": 17 + n_tokens, "completion_tokens": n_tokens}
+    if style.usage_reasoning:
+        usage["reasoning_tokens"] = n_reason
+        usage["completion_tokens_details"] = {"reasoning_tokens": n_reason} if n_reason else None
     fin_usage = usage if style.usage == "finish" else None
     if last_token_in_finish:
         fin = choice(delta("content", "!"), text="!", finish="length")
@@ -293,7 +335,7 @@ def test_every_split_point(style: Style) -> None:
     rng = random.Random(len(style.name))
     stream = gen_stream(style, rng, 8)
     # every byte for the main server shapes; every 5th for the variants (keeps the run short)
-    step = 1 if style.name in ("vllm", "crlf", "reasoning_content", "completions") else 5
+    step = 1 if style.name in ("vllm", "crlf", "reasoning_content", "sglang_0523_reasoning", "completions") else 5
     for cut in range(0, len(stream) + 1, step):
         assert_same(split_at(stream, [cut]), style.api)
 
@@ -519,3 +561,136 @@ def test_random_event_soup() -> None:
         stream = "".join(e.replace("\n", sep) + sep + sep for e in events).encode()
         mean = rng.choice([5, 50, 500, 5000, 10**6])
         assert_same(random_blocks(stream, rng, mean), api)
+
+
+# ------------------------------------------------------------------ reasoning streams
+REASONING_STYLES = [s for s in STYLES if s.reasoning_key]
+
+
+def _one_event_per_block(stream: bytes) -> list[tuple[float, bytes]]:
+    """Each event its own read, stamped with its position: block times count events."""
+    sep = b"\r\n\r\n" if b"\r\n" in stream else b"\n\n"
+    parts = stream.split(sep)[:-1]
+    return [(float(i), p + sep) for i, p in enumerate(parts)]
+
+
+@pytest.mark.parametrize("style", STYLES, ids=lambda s: s.name)
+def test_reasoning_and_content_counts(style: Style) -> None:
+    """Reasoning styles: the first n // 3 tokens are reasoning, and the first content token
+    comes exactly that many events after the first token; other styles report no reasoning
+    and the first content token is the first token."""
+    n = 48
+    stream = gen_stream(style, random.Random(5), n, extras=False)
+    rec = parse_blocks(_one_event_per_block(stream), style.api)  # type: ignore[arg-type]
+    n_reason = n // 3 if style.reasoning_key else 0
+    assert rec.reasoning_tokens == n_reason, style.name
+    assert rec.content_tokens == n - n_reason
+    assert rec.first_token is not None and rec.first_content is not None
+    assert rec.first_content - rec.first_token == n_reason
+    whole = parse_blocks([(3.0, stream)], style.api)  # type: ignore[arg-type]
+    assert whole.reasoning_tokens == n_reason and whole.first_content == whole.first_token == 3.0
+
+
+def _sglang_event(kind: str, text: str = "", finish: str | None = None) -> str:
+    """One chunk exactly as SGLang 0.5.23's msgspec encoder writes it (compact, field order of
+    ``StreamDelta``: reasoning_content, role, content)."""
+    if kind == "reasoning":
+        delta = {"reasoning_content": text}
+    elif kind == "content":
+        delta = {"reasoning_content": None, "content": text}
+    elif kind == "role":
+        delta = {"reasoning_content": None, "role": "assistant", "content": ""}
+    else:
+        delta = {"reasoning_content": None}
+    obj = {"id": "c0ffee", "object": "chat.completion.chunk", "created": 1, "model": "kimi-k2",
+           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}]}
+    return "data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _sglang_stream(n_reason: int, n_content: int, *, usage_reasoning: int | None, per_event: int = 1) -> bytes:
+    body = [_sglang_event("role")]
+    body += [_sglang_event("reasoning", " hm" * per_event)] * n_reason
+    body += [_sglang_event("content", " ok" * per_event)] * n_content
+    body.append(_sglang_event("finish", finish="length"))
+    total = (n_reason + n_content) * per_event
+    usage: dict[str, Any] = {"prompt_tokens": 9, "total_tokens": 9 + total, "completion_tokens": total,
+                             "prompt_tokens_details": None}
+    if usage_reasoning is not None:
+        usage["reasoning_tokens"] = usage_reasoning
+        usage["completion_tokens_details"] = {"reasoning_tokens": usage_reasoning} if usage_reasoning else None
+    body.append("data: " + json.dumps({"id": "c0ffee", "object": "chat.completion.chunk", "created": 1,
+                                       "model": "kimi-k2", "choices": [], "usage": usage}, separators=(",", ":")))
+    body.append("data: [DONE]")
+    return _events(*body)
+
+
+def test_sglang_reasoning_stream_split_everywhere() -> None:
+    """The SGLang 0.5.23 shape, split at every byte and three ways: both counts and both
+    first-token times agree with the decode-everything reference, and are the known ones."""
+    stream = _sglang_stream(3, 2, usage_reasoning=4)  # usage counts the end-of-thinking token too
+    for cut in range(len(stream) + 1):
+        p = assert_same(split_at(stream, [cut]))
+        assert p.done and p.record.reasoning_tokens == 4 and p.record.content_tokens == 1
+    n = len(stream)
+    for a in range(0, n, 17):
+        for b in range(a, n, 41):
+            assert_same(split_at(stream, [a, b]))
+    rec = parse_blocks(_one_event_per_block(stream))
+    assert (rec.first_token, rec.first_content, rec.events) == (1.0, 4.0, 5)
+
+
+def test_reasoning_tokens_without_usage_count_or_packed_events() -> None:
+    """No reasoning count in usage: events scaled by tokens per event (a server that packs
+    4 tokens per event, like SGLang's --stream-interval 4); no usage at all: events."""
+    packed = _sglang_stream(5, 3, usage_reasoning=None, per_event=4)
+    rec = parse_blocks([(0.0, packed)])
+    assert (rec.completion_tokens, rec.reasoning_tokens, rec.content_tokens) == (32, 20, 12)
+    zero = _sglang_stream(5, 3, usage_reasoning=0, per_event=4)
+    assert parse_blocks([(0.0, zero)]).reasoning_tokens == 20
+    no_usage = b"".join(e + b"\n\n" for e in packed.split(b"\n\n") if b'"choices":[]' not in e and e)
+    rec = parse_blocks([(0.0, no_usage)])
+    assert rec.tokens_approx and (rec.completion_tokens, rec.reasoning_tokens) == (8, 5)
+
+
+def test_usage_reasoning_without_separated_stream_is_not_reported() -> None:
+    """separate_reasoning=false: SGLang streams the thinking as content but still counts it in
+    usage; the stream did not separate them, so nothing is reported."""
+    stream = _sglang_stream(0, 6, usage_reasoning=4)
+    rec = parse_blocks([(0.0, stream[:400]), (1.0, stream[400:])])
+    assert rec.reasoning_tokens == 0 and rec.content_tokens == 6 and rec.first_content == rec.first_token
+
+
+def test_mixed_and_packed_reasoning_events() -> None:
+    """An event with both texts counts as content (the answer has begun); several reasoning
+    and content events packed into one read count exactly; the read that brings the first
+    content event is the first content time."""
+    both = 'data: {"choices":[{"index":0,"delta":{"reasoning_content":"r","content":"c"},"finish_reason":null}]}'
+    reason = 'data: {"choices":[{"index":0,"delta":{"reasoning_content":"r"},"finish_reason":null}]}'
+    reason_vllm = 'data: {"choices":[{"index":0,"delta":{"reasoning":"r"},"finish_reason":null}]}'
+    blocks = [
+        (1.0, _events(reason, reason, reason_vllm)),
+        (2.0, _events(reason, reason_vllm)[:30]),
+        (3.0, _events(reason, reason_vllm)[30:] + _events(both, TOK % "a")),
+        (4.0, _events(TOK % "b", "data: [DONE]")),
+    ]
+    p = assert_same(blocks)
+    rec = p.record
+    assert (rec.events, rec.reasoning_tokens, rec.content_tokens) == (8, 5, 3)
+    assert (rec.first_token, rec.first_content) == (1.0, 3.0)
+    assert p.reasoning_events == 5
+
+
+def test_reasoning_only_stream_has_no_first_content() -> None:
+    """max_tokens reached while still thinking: all tokens are reasoning, no content time."""
+    rec = parse_blocks([(0.0, _sglang_stream(6, 0, usage_reasoning=6))])
+    assert (rec.reasoning_tokens, rec.content_tokens, rec.first_content, rec.ttfc) == (6, 0, None, None)
+
+
+def test_reasoning_ranges_stay_on_the_fast_path() -> None:
+    """Pure reasoning and pure content reads are classified by byte counts; only the reads
+    that hold the switch from reasoning to content (once per stream) are cut and decoded."""
+    stream = _sglang_stream(600, 200, usage_reasoning=None)
+    for mean in (300, 4000, 10**7):
+        p = assert_same(random_blocks(stream, random.Random(mean), mean))
+        assert p.record.reasoning_tokens == 600
+        assert p.decoded <= 12, (mean, p.decoded, p.fast_ranges)
