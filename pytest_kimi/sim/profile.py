@@ -95,7 +95,7 @@ _KNOBS: dict[str, _Knob] = {
                              help="mean answer length when ignore_eos is false"),
     "speed": _Knob("float", lo=0.0, lo_open=True, hi=1e6, help="time scale: 20 = 20x faster"),
     "slowdown": _Knob("float", lo=0.0, lo_open=True, hi=1e6,
-                      help="step time multiplier: 1.15 = every step 15% slower"),
+                      help="step time multiplier: 1.15 = every step takes 1.15 times as long"),
     "noise": _Knob("float", lo=0.0, hi=5.0,
                    help="sigma of the per-server-start log-normal step time factor"),
     "step_jitter": _Knob("float", lo=0.0, hi=5.0,
