@@ -338,6 +338,51 @@ class LevelFigures:
     """TTFT, inter-token latency and end-to-end latency at ``percentile``."""
     goodput: float | None = None
     """Share of requests meeting every latency ceiling (None when no ceiling is set)."""
+    reasoning: ReasoningFigures | None = None
+    """Reasoning and content apart; None unless some stream of the level separated them."""
+
+
+@dataclass(slots=True)
+class ReasoningFigures:
+    """A reasoning model's two phases, for a level whose streams carried reasoning deltas.
+
+    Why apart from TTFT and tok/s: with a reasoning parser the user waits through the thinking
+    before the answer starts, so time to first *content* token (TTFC) is the latency they
+    feel, while TTFT (first token of any kind) and tok/s (all output tokens, thinking
+    included) stay what the server's batching delivers.  Token figures are means per
+    successful request, so levels with different trial counts compare.
+    """
+
+    requests: int
+    """Successful requests whose stream carried reasoning."""
+    reasoning_tokens_mean: float
+    content_tokens_mean: float
+    """Reasoning and content (answer) tokens per successful request; they sum to all output."""
+    ttfc_s_p50: float | None
+    ttfc_s_p95: float | None
+    ttfc_s_pct: float | None
+    """Time to first content token at p50, p95 and the level's percentile (like TTFT)."""
+    no_content: int = 0
+    """Requests that ended still reasoning (``max_tokens`` hit while thinking): they have no
+    TTFC and are left out of its percentiles, so a TTFC next to a non-zero count is optimistic."""
+
+
+def reasoning_figures(ok: Sequence[RequestRecord], percentile_q: float) -> ReasoningFigures | None:
+    """:class:`ReasoningFigures` of the successful requests, None when none carried reasoning
+    (a level without a reasoning parser shows nothing new)."""
+    thinking = sum(1 for r in ok if r.reasoning_tokens)
+    if not thinking:
+        return None
+    ttfcs = [x for x in (r.ttfc for r in ok) if x is not None]
+    return ReasoningFigures(
+        requests=thinking,
+        reasoning_tokens_mean=sum(r.reasoning_tokens for r in ok) / len(ok),
+        content_tokens_mean=sum(r.content_tokens for r in ok) / len(ok),
+        ttfc_s_p50=percentile(ttfcs, 50),
+        ttfc_s_p95=percentile(ttfcs, 95),
+        ttfc_s_pct=percentile(ttfcs, percentile_q),
+        no_content=sum(1 for r in ok if r.first_content is None),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,4 +436,5 @@ def level_figures(
         itl_s_pct=percentile(itls, percentile_q),
         e2e_s_pct=percentile([r.e2e for r in ok], percentile_q),
         goodput=goodput,
+        reasoning=reasoning_figures(ok, percentile_q),
     )
