@@ -17,7 +17,7 @@ from statistics import median
 from typing import Any
 
 from .markers import LevelSpec, Targets, Workload
-from .metrics import LatencyLimits, LevelFigures, TrialResult, level_figures
+from .metrics import LatencyLimits, LevelFigures, ReasoningFigures, TrialResult, level_figures
 
 VERDICTS = ("pass", "fail", "invalid", "error", "not-run")
 FAILING_VERDICTS = frozenset({"fail", "invalid", "error", "regression"})
@@ -77,6 +77,8 @@ class LevelResult:
             "trials": len(self.trials),
             "client": _client_summary(self.trials),
         }
+        if f.reasoning is not None:
+            out.update(reasoning_dict(f.reasoning))
         if self.spec.rate is not None:
             achieved = [t.achieved_rate for t in self.trials if t.achieved_rate is not None]
             out["achieved_rate"] = _round(median(achieved), 3) if achieved else None
@@ -148,6 +150,21 @@ def level_key(level: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]
         if level.get(name) is not None:
             key[name] = level[name]
     return {k: v for k, v in key.items() if v is not None}
+
+
+def reasoning_dict(r: ReasoningFigures) -> dict[str, Any]:
+    """The JSON keys of a level whose streams separated reasoning from content (absent
+    otherwise, so a report without reasoning reads as before).  ``tok_s`` beside them still
+    counts every output token, thinking included."""
+    return {
+        "reasoning_requests": r.requests,
+        "reasoning_tokens_mean": _round(r.reasoning_tokens_mean, 2),
+        "content_tokens_mean": _round(r.content_tokens_mean, 2),
+        "ttfc_s_p50": _round(r.ttfc_s_p50, 5),
+        "ttfc_s_p95": _round(r.ttfc_s_p95, 5),
+        "ttfc_s_pct": _round(r.ttfc_s_pct, 5),
+        "reasoning_no_content": r.no_content,
+    }
 
 
 def _round(x: float | None, digits: int) -> float | None:

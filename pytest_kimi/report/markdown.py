@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..results import FAILING_VERDICTS
-from .terminal import num as _num, server_tok_s_cell, server_tokens_cell, tok_s_cell as _current
+from .terminal import num as _num, reasoning_tokens_cell, server_tok_s_cell, server_tokens_cell, tok_s_cell as _current
 
 BASE_FAILING_VERDICTS = FAILING_VERDICTS
 """Verdicts that fail a run whatever the flags (one definition, in ``results``)."""
@@ -96,6 +96,13 @@ def _change(level: Mapping[str, Any]) -> str:
     return f"{change:+.1f}% ({lo} .. {hi})"
 
 
+def _first_tokens(level: Mapping[str, Any]) -> str:
+    """TTFT/TTFC at the level's percentile: the wait for any token vs for the answer."""
+    if level.get("reasoning_tokens_mean") is None:
+        return "-"
+    return f"{_num(level.get('ttft_s_pct'), '.3f')}/{_num(level.get('ttfc_s_pct'), '.3f')}"
+
+
 def _trials(level: Mapping[str, Any]) -> str:
     base = level.get("baseline_trials")
     if isinstance(base, list):  # a report that carries the samples themselves
@@ -135,6 +142,11 @@ def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
     ]
     if any(lv.get("target_tok_s") is not None for lv in levels):
         cols.append(Column("target tok/s", lambda lv: _num(lv.get("target_tok_s"), "g")))
+    if any(lv.get("reasoning_tokens_mean") is not None for lv in levels):
+        # reasoning streams only: where the output went, and how long the answer took to start
+        pct = next((lv.get("percentile") for lv in levels if lv.get("percentile") is not None), 95)
+        cols += [Column("reasoning/content tok", reasoning_tokens_cell),
+                 Column(f"TTFT/TTFC p{pct:g} s", _first_tokens)]
     if any(lv.get("requests_failed") for lv in levels):
         cols.append(Column("failed req", lambda lv: f"{lv.get('requests_failed', 0)}/"
                                                     f"{lv.get('requests_ok', 0) + lv.get('requests_failed', 0)}"))

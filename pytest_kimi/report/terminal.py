@@ -55,6 +55,26 @@ def server_tokens_cell(level: Mapping[str, Any]) -> str:
     return f"{tokens} (exact)" if tokens == client else f"{tokens} (client {client})"
 
 
+def reasoning_tokens_cell(level: Mapping[str, Any]) -> str:
+    """Reasoning/content tokens per request, e.g. ``412/88``: where the output went."""
+    if level.get("reasoning_tokens_mean") is None:
+        return "-"
+    return f"{num(level.get('reasoning_tokens_mean'), '.0f')}/{num(level.get('content_tokens_mean'), '.0f')}"
+
+
+def _ttfc(level: dict[str, Any]) -> str:
+    if level.get("reasoning_tokens_mean") is None:
+        return "-"
+    return f"{num(level.get('ttfc_s_p50'), '.3f')}/{num(level.get('ttfc_s_p95'), '.3f')}"
+
+
+REASONING_COLUMNS: list[Column] = [
+    ("reason/content tok", reasoning_tokens_cell),
+    ("TTFC p50/p95 s", _ttfc),
+]
+"""Shown after TTFT only when a level's streams separated reasoning from content."""
+
+
 SERVER_COLUMNS: list[Column] = [
     ("server tok/s", server_tok_s_cell),
     ("server tokens", server_tokens_cell),
@@ -79,11 +99,16 @@ COLUMNS: list[Column] = [
 
 
 def columns_for(levels: Sequence[dict[str, Any]]) -> list[Column]:
-    """:data:`COLUMNS`, with :data:`SERVER_COLUMNS` after ``tok/s`` when any level has them."""
+    """:data:`COLUMNS`, with :data:`SERVER_COLUMNS` after ``tok/s`` and
+    :data:`REASONING_COLUMNS` after TTFT when any level has them."""
+    columns = COLUMNS
+    if any(lv.get("reasoning_tokens_mean") is not None for lv in levels):
+        at = [name for name, _ in columns].index("TTFT p50/p95 s") + 1
+        columns = [*columns[:at], *REASONING_COLUMNS, *columns[at:]]
     if not any(lv.get("server") for lv in levels):
-        return COLUMNS
-    at = [name for name, _ in COLUMNS].index("tok/s") + 1
-    return [*COLUMNS[:at], *SERVER_COLUMNS, *COLUMNS[at:]]
+        return columns
+    at = [name for name, _ in columns].index("tok/s") + 1
+    return [*columns[:at], *SERVER_COLUMNS, *columns[at:]]
 
 
 def format_table(levels: Sequence[dict[str, Any]], columns: Sequence[Column] | None = None) -> list[str]:
