@@ -528,7 +528,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             "workload": workload_dict(perf.workload),
             "levels": [],
             "outcome": "error",
-            "error": scrub_text(report.longreprtext.strip())[:2000],
+            "error": scrub_text(_error_text(report))[:2000],
         }
     if data is not None:
         endpoint = item.config.stash[STATE].endpoint
@@ -536,6 +536,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             data["endpoint"] = endpoint
         setattr(report, REPORT_ATTR, data)
     return report
+
+
+def _error_text(report: pytest.TestReport) -> str:
+    """What went wrong, without the traceback: the exception line, or a pytest.fail message."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None)
+    if isinstance(message, str) and message:
+        return message.removeprefix("Failed: ").strip()
+    return report.longreprtext.strip()
 
 
 def write_reports(config: pytest.Config, report: dict[str, Any], failing: frozenset[str]) -> None:

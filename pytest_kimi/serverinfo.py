@@ -99,7 +99,9 @@ def parse_launch_command(command: str | Sequence[str]) -> dict[str, Any]:
     flag: str | None = None
     pending: list[str] = []
     for word in words:
-        is_flag = word.startswith("-") and len(word) > 1 and not _is_number(word)
+        # the program (``python -m sglang.launch_server``) ends at the first long option
+        is_flag = (word.startswith("--") or (args or flag is not None) and word.startswith("-")) \
+            and len(word) > 1 and not _is_number(word)
         if is_flag:
             if flag is not None:
                 args[flag] = _value(pending)

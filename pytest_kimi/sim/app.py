@@ -472,6 +472,16 @@ def server_info(profile: SimProfile, port: int | None) -> dict[str, Any]:
     return info
 
 
+async def _deprecated_server_info(request: web.Request) -> web.Response:
+    """SGLang 0.5.23 keeps ``/get_server_info`` as an alias that logs a warning on every call
+    (``sglang/srt/entrypoints/http_server.py``); so does the simulator, so a client that asks
+    it first shows up in the server's log."""
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] Endpoint '/get_server_info' is deprecated "
+          "and will be removed in a future version. Please use '/server_info' instead.",
+          file=sys.stderr, flush=True)
+    return await _server_info(request)
+
+
 async def _server_info(request: web.Request) -> web.Response:
     sockname = request.transport.get_extra_info("sockname") if request.transport else None
     port = sockname[1] if isinstance(sockname, tuple) and len(sockname) >= 2 else None
@@ -590,7 +600,7 @@ def create_app(profile: SimProfile) -> web.Application:
     app.router.add_post("/v1/chat/completions", _generation_handler("chat"))
     app.router.add_post("/v1/completions", _generation_handler("completion"))
     app.router.add_get("/v1/models", _models)
-    app.router.add_get("/get_server_info", _server_info)
+    app.router.add_get("/get_server_info", _deprecated_server_info)
     app.router.add_get("/server_info", _server_info)
     app.router.add_get("/get_model_info", _model_info)
     app.router.add_get("/health", _health)

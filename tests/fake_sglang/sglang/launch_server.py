@@ -1,5 +1,13 @@
 """Fake ``python -m sglang.launch_server``: SGLang's flags and log lines, the simulator's API.
 
+Mirrors SGLang 0.5.23 (the newest release when this was written; checked against its wheel):
+the flags the example profiles and tests use, spelt as 0.5.23 spells them (argparse rejects
+the removed ``--cuda-graph-max-bs``/``--disable-cuda-graph``, as the real launcher does);
+``/server_info`` with every argument (``api_key`` included, in clear), ``launch_command``
+(argv joined by spaces, ``--api-key VALUE`` verbatim), ``startup_time``, ``internal_states``;
+the deprecation warning logged on every ``/get_server_info``; generation tokens counted per
+finished request in ``/metrics``; reasoning deltas with ``--reasoning-parser``.
+
 Behaviour is chosen by environment variables, so one launcher profile can be pointed at
 every failure a real deployment has shown:
 
@@ -41,14 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     """The SGLang flags the example profiles and the tests use; anything else is an error
     (exit 2), as with the real launcher, so a typo in a profile fails the same way."""
     p = argparse.ArgumentParser(prog="python -m sglang.launch_server")
-    p.add_argument("--model-path", required=True)
+    # sglang/srt/arg_groups/fields/{model,parallel,serving,exec_,memory,schedule}.py
+    p.add_argument("--model-path", "--model", required=True)
     p.add_argument("--served-model-name")
     p.add_argument("--tokenizer-path")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--ep-size", "--expert-parallel-size", type=int, default=1)
-    p.add_argument("--dp-size", type=int, default=1)
+    p.add_argument("--ep-size", "--expert-parallel-size", "--ep", type=int, default=1)
+    p.add_argument("--dp-size", "--data-parallel-size", type=int, default=1)
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--context-length", type=int)
     p.add_argument("--max-running-requests", type=int)
@@ -58,14 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-backend")
     p.add_argument("--moe-a2a-backend")
     p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--cuda-graph-max-bs", type=int)
-    p.add_argument("--cuda-graph-bs", type=int, nargs="+")
+    # 0.5.23 splits CUDA-graph settings per phase; --cuda-graph-max-bs, --cuda-graph-bs,
+    # --disable-cuda-graph and --enable-dp-attention have no command-line spelling any more
+    # (sglang/srt/arg_groups/fields/exec_.py: no_cli=True).
+    p.add_argument("--cuda-graph-max-bs-decode", type=int)
+    p.add_argument("--cuda-graph-max-bs-prefill", type=int)
+    p.add_argument("--cuda-graph-bs-decode", type=int, nargs="+")
+    p.add_argument("--cuda-graph-bs-prefill", type=int, nargs="+")
+    p.add_argument("--disable-decode-cuda-graph", action="store_true")
+    p.add_argument("--disable-prefill-cuda-graph", action="store_true")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--enable-eplb", action="store_true")
-    p.add_argument("--enable-dp-attention", action="store_true")
-    p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--reasoning-parser")
+    p.add_argument("--random-seed", type=int)
     p.add_argument("--api-key")
+    p.add_argument("--admin-api-key")
     p.add_argument("--json-model-override-args")
     p.add_argument("--log-level", default="info")
     return p
@@ -86,11 +104,39 @@ def place_experts(tp_size: int, ep_size: int) -> int:
 
 
 def server_args_of(ns: argparse.Namespace) -> dict[str, Any]:
-    """What /get_server_info reports: the flags as parsed, SGLang's underscore spelling."""
-    return {k: v for k, v in vars(ns).items() if v is not None}
+    """The flags as parsed, SGLang's underscore spelling, unset ones as null (0.5.23's
+    ``resolved_dict`` lists every field), secrets in clear as the real server has them."""
+    return dict(vars(ns))
 
 
-def sim_profile(ns: argparse.Namespace, mode: str) -> Any:
+def server_info_of(ns: argparse.Namespace, argv: list[str], startup_s: float) -> dict[str, Any]:
+    """What 0.5.23's ``/server_info`` adds around the arguments
+    (``sglang/srt/entrypoints/http_server.py`` ``server_info``; ``build_server_info`` in
+    ``sglang/srt/utils/common.py``; ``sglang/srt/observability/startup_time.py``)."""
+    import random
+
+    return {
+        **server_args_of(ns),
+        # random_seed is drawn per launch when none is given, as SGLang does
+        "random_seed": ns.random_seed if ns.random_seed is not None else random.randrange(2**30),
+        "launch_command": " ".join(argv),
+        "status": "ready",
+        "max_total_num_tokens": 1_048_576,
+        "max_req_input_len": 262_136,
+        "startup_time": {"load_weight": round(startup_s * 0.6, 3),
+                         "kv_cache_allocation": round(startup_s * 0.1, 3),
+                         "scheduler_e2e": round(startup_s, 3),
+                         "cuda_graph": {"decode": round(startup_s * 0.2, 3)}},
+        "internal_states": [{"last_gen_throughput": round(random.uniform(50, 70), 2),
+                             "memory_usage": {"weight": 120.5, "kvcache": 9.1}}],
+        "kv_events": None,
+        "version": "0.5.23",
+        "frontend": "python",
+    }
+
+
+def sim_profile(ns: argparse.Namespace, mode: str, argv: list[str] | None = None,
+                startup_s: float = 0.0) -> Any:
     from pytest_kimi.sim import SimProfile
 
     slowdown_env = os.environ.get("FAKE_SGLANG_SLOWDOWN")
@@ -99,7 +145,7 @@ def sim_profile(ns: argparse.Namespace, mode: str) -> Any:
         speed=float(os.environ.get("FAKE_SGLANG_SPEED", "20")),
         slowdown=slowdown,
         model=ns.served_model_name or ns.model_path,
-        server_args=server_args_of(ns),
+        server_args=server_info_of(ns, argv if argv is not None else sys.argv[1:], startup_s),
         api_key=ns.api_key,
     )
     if ns.max_running_requests:
@@ -109,10 +155,11 @@ def sim_profile(ns: argparse.Namespace, mode: str) -> Any:
     return SimProfile(**kwargs)
 
 
-async def serve(ns: argparse.Namespace, mode: str) -> None:
+async def serve(ns: argparse.Namespace, mode: str, started: float) -> None:
     from pytest_kimi.sim import start_server
 
-    server = await start_server(sim_profile(ns, mode), port=ns.port, host="127.0.0.1")
+    profile = sim_profile(ns, mode, sys.argv[1:], time.monotonic() - started)
+    server = await start_server(profile, port=ns.port, host="127.0.0.1")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = [signal.SIGINT] if mode == "ignore-sigterm" else [signal.SIGTERM, signal.SIGINT]
@@ -127,6 +174,7 @@ async def serve(ns: argparse.Namespace, mode: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     ns = build_parser().parse_args(argv)
     mode = os.environ.get("FAKE_SGLANG_MODE", "ok")
     if mode not in MODES:
@@ -165,13 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         "avail mem=60.11 GB", "TP0")
     time.sleep(step)
     log("Memory pool end. avail mem=12.40 GB", "TP0")
-    if not ns.disable_cuda_graph:
+    if not ns.disable_decode_cuda_graph:
         log("Capture cuda graph begin. This can take up to several minutes.", "TP0")
         time.sleep(step)
         log("Capture cuda graph end. Time elapsed: 0.08 s.", "TP0")
     time.sleep(step)
     try:
-        asyncio.run(serve(ns, mode))
+        asyncio.run(serve(ns, mode, started))
     except KeyboardInterrupt:
         pass
     return 0
