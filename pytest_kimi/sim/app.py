@@ -63,6 +63,10 @@ _MALFORMED = b'data: {"object":"chat.completion.chunk","choices":[{"delta":{"con
 _CHAT_TAIL = (b',"reasoning_content":null,"tool_calls":null},"logprobs":null,'
               b'"finish_reason":null,"matched_stop":null}],"usage":null}\n\n')
 _TEXT_TAIL = b',"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
+_REASONING_TAIL = b'},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
+"""Closes a reasoning chunk, whose delta is ``{"reasoning_content":"..."}`` alone as in SGLang
+0.5.23 (``StreamDelta`` in ``sglang/srt/entrypoints/openai/sse_utils.py`` omits a None
+``content``)."""
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8",
                 "Cache-Control": "no-cache"}
 _HEALTH_EXEMPT = ("/health", "/health_generate", "/metrics", "/sim/")
@@ -98,6 +102,29 @@ class GenParams:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    thinking: bool = True
+    """Chat: the response opens with the profile's reasoning phase (off with
+    ``chat_template_kwargs: {"thinking": false}``, as Kimi's template reads it)."""
+    separate_reasoning: bool = True
+    """Chat: reasoning streams as ``reasoning_content``; false streams it as content (SGLang's
+    ``separate_reasoning`` request field) while usage still counts it."""
+
+
+def _thinking(body: dict[str, Any]) -> bool:
+    """Whether a chat request leaves thinking on: SGLang maps ``reasoning_effort: "none"`` to
+    ``thinking`` / ``enable_thinking`` false in ``chat_template_kwargs`` (``protocol.py``);
+    Kimi K2's template reads ``thinking``, Qwen3's ``enable_thinking``: either turns it off."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("'chat_template_kwargs' must be an object")
+    on = body.get("reasoning_effort") != "none"
+    for key in ("thinking", "enable_thinking"):
+        value = kwargs.get(key)
+        if value is not None:
+            on = on and bool(value)
+    return on
 
 
 def _opt_bool(body: dict[str, Any], key: str, default: bool) -> bool:
@@ -187,8 +214,11 @@ def parse_generation(body: object, kind: str) -> GenParams:
             raise BadRequest("'stream_options' must be an object")
         include_usage = _opt_bool(options, "include_usage", False)
     ignore_eos = _opt_bool(body, "ignore_eos", False)
+    chat = kind == "chat"
     return GenParams(kind=kind, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-                     stream=stream, include_usage=include_usage, ignore_eos=ignore_eos)
+                     stream=stream, include_usage=include_usage, ignore_eos=ignore_eos,
+                     thinking=chat and _thinking(body),
+                     separate_reasoning=_opt_bool(body, "separate_reasoning", True))
 
 
 # ---------------------------------------------------------------------- SSE encoding
@@ -197,9 +227,11 @@ def parse_generation(body: object, kind: str) -> GenParams:
 class _Encoder:
     """Pre-encoded SSE events for one request: per-token cost is a list lookup."""
 
-    __slots__ = ("kind", "rid", "created", "model", "offset", "events", "first_events", "_head")
+    __slots__ = ("kind", "rid", "created", "model", "offset", "events", "first_events", "_head",
+                 "thinking", "split", "r_events", "role_event")
 
-    def __init__(self, kind: str, model: str, offset: int) -> None:
+    def __init__(self, kind: str, model: str, offset: int, thinking: int = 0,
+                 separate: bool = True) -> None:
         self.kind = kind
         self.rid = uuid.uuid4().hex
         self.created = int(time.time())
@@ -217,6 +249,18 @@ class _Encoder:
         else:
             self.events = [head + b'"text":' + enc + _TEXT_TAIL for enc in _VOCAB_JSON]
             self.first_events = self.events
+        self.thinking = thinking if kind == "chat" else 0
+        """Reasoning tokens this response opens with (usage counts them either way)."""
+        self.split = self.thinking if separate else 0
+        """First token streamed as content; the ones before it are ``reasoning_content``."""
+        self.r_events: list[bytes] = []
+        self.role_event = b""
+        if self.split:
+            # SGLang with a reasoning parser: a role chunk of its own, then one chunk per
+            # step with reasoning text, then content chunks (serving_chat.py, 0.5.23)
+            self.r_events = [head + b'"delta":{"reasoning_content":' + enc + _REASONING_TAIL
+                             for enc in _VOCAB_JSON]
+            self.role_event = head + b'"delta":{"role":"assistant","content":""' + _CHAT_TAIL
 
     def tokens(self, start: int, stop: int) -> bytes:
         """The SSE events of tokens ``start`` (inclusive) to ``stop`` (exclusive)."""
@@ -225,6 +269,12 @@ class _Encoder:
         ev = self.events
         v = len(ev)
         off = self.offset
+        if start < self.split:
+            mid = min(stop, self.split)
+            rev = self.r_events
+            return (self.role_event if start == 0 else b"") + b"".join(
+                [rev[(off + i) % v] for i in range(start, mid)]
+                + [ev[(off + i) % v] for i in range(mid, stop)])
         if start == 0:
             first = self.first_events[off]
             return first + b"".join([ev[(off + i) % v] for i in range(1, stop)])
@@ -236,6 +286,18 @@ class _Encoder:
         out = []
         for lo in range(start, stop, interval):
             hi = min(lo + interval, stop)
+            if lo < self.split:
+                # the step that ends the thinking yields a reasoning chunk, then a content one
+                if lo == 0:
+                    out.append(self.role_event)
+                text = json.dumps("".join(_token_text(self.offset, i)
+                                          for i in range(lo, min(hi, self.split))),
+                                  ensure_ascii=False).encode("utf-8")
+                out.append(self._head + b'"choices":[{"index":0,"delta":{"reasoning_content":'
+                           + text + _REASONING_TAIL)
+                lo = self.split
+                if hi <= lo:
+                    continue
             text = json.dumps("".join(_token_text(self.offset, i) for i in range(lo, hi)),
                               ensure_ascii=False).encode("utf-8")
             head = self._head + b'"choices":[{"index":0,'
@@ -257,11 +319,26 @@ class _Encoder:
         return self._head + f'"choices":[{choice}],"usage":null}}\n\n'.encode()
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        usage = json.dumps(_usage(prompt_tokens, completion_tokens), separators=(",", ":"))
+        body = {**_usage(prompt_tokens, completion_tokens), **self.reasoning_usage(completion_tokens)}
+        usage = json.dumps(body, separators=(",", ":"))
         return self._head + f'"choices":[],"usage":{usage}}}\n\n'.encode()
+
+    def reasoning_usage(self, completion_tokens: int) -> dict[str, Any]:
+        """SGLang 0.5.23's usage keys for thinking (``UsageInfo`` in ``protocol.py``: top-level
+        ``reasoning_tokens`` and, when non-zero, ``completion_tokens_details``); left out when
+        there is none, so a response without thinking looks as it always did."""
+        n = min(self.thinking, completion_tokens)
+        return {"reasoning_tokens": n, "completion_tokens_details": {"reasoning_tokens": n}} if n else {}
 
     def text(self, n: int) -> str:
         return "".join(_token_text(self.offset, i) for i in range(n))
+
+    def message(self, n: int) -> tuple[str | None, str]:
+        """A whole response of ``n`` tokens as (reasoning_content, content)."""
+        if not self.split:
+            return None, self.text(n)
+        full = [_token_text(self.offset, i) for i in range(n)]
+        return "".join(full[:self.split]), "".join(full[self.split:])
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -350,12 +427,12 @@ async def _complete(engine: SimEngine, seq: Sequence, params: GenParams,
         return _error(503, "request aborted: the simulator is shutting down",
                       "ServiceUnavailableError")
     n = seq.generated
-    text = enc.text(n)
+    reasoning, text = enc.message(n)
     matched = EOS_TOKEN_ID if seq.finish_reason == "stop" else None
     if params.kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text, "reasoning_content": None,
+            "message": {"role": "assistant", "content": text, "reasoning_content": reasoning,
                         "tool_calls": None},
             "logprobs": None, "finish_reason": seq.finish_reason, "matched_stop": matched}
         obj = "chat.completion"
@@ -363,7 +440,8 @@ async def _complete(engine: SimEngine, seq: Sequence, params: GenParams,
         choice = {"index": 0, "text": text, "logprobs": None,
                   "finish_reason": seq.finish_reason, "matched_stop": matched}
         obj = "text_completion"
-    usage = None if engine.profile.no_usage else _usage(params.prompt_tokens, n)
+    usage = None if engine.profile.no_usage else {**_usage(params.prompt_tokens, n),
+                                                  **enc.reasoning_usage(n)}
     body = {"id": enc.rid, "object": obj, "created": enc.created, "model": enc.model,
             "choices": [choice], "usage": usage}
     return web.Response(body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
@@ -405,7 +483,9 @@ def _generation_handler(kind: str) -> Callable[[web.Request], Awaitable[web.Stre
             return _error(500, f"simulated internal server error "
                                f"(error_rate={engine.profile.error_rate})",
                           "InternalServerError")
-        enc = _Encoder(kind, engine.profile.model, engine.requests_received)
+        enc = _Encoder(kind, engine.profile.model, engine.requests_received,
+                       thinking=engine.profile.reasoning_tokens if params.thinking else 0,
+                       separate=params.separate_reasoning)
         try:
             seq = engine.submit(params.prompt_tokens, params.max_tokens,
                                 ignore_eos=params.ignore_eos)
@@ -464,6 +544,7 @@ def server_info(profile: SimProfile, port: int | None) -> dict[str, Any]:
         "cuda_graph_max_bs": 256,
         "disable_radix_cache": False,
         "speculative_algorithm": None,
+        "reasoning_parser": "kimi_k2" if profile.reasoning_tokens else None,
         "api_key": "***" if profile.api_key else None,
         "version": SIM_VERSION,
         "sim": {**profile.describe(), "pid": os.getpid()},

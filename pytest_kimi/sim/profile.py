@@ -121,6 +121,10 @@ _KNOBS: dict[str, _Knob] = {
     "crash_after_requests": _Knob("int", lo=0, optional=True,
                                   help="the process dies (exit 1, traceback on stderr) when "
                                        "generation request N+1 arrives: a crash mid-sweep"),
+    "reasoning_tokens": _Knob("int", lo=0, hi=1_000_000,
+                              help="chat only: the first N tokens of each response stream as "
+                                   "delta.reasoning_content, the rest as delta.content, like "
+                                   "SGLang with --reasoning-parser kimi_k2"),
 }
 
 KNOB_HELP: dict[str, str] = {name: knob.help for name, knob in _KNOBS.items()}
@@ -163,6 +167,13 @@ class SimProfile:
     no_usage: bool = False
     crash_after_requests: int | None = None
     stream_interval: int = 1
+    reasoning_tokens: int = 0
+    """A thinking phase per chat response: its first ``reasoning_tokens`` tokens (all of them
+    when the response is shorter) are reasoning.  They take decode steps like any token, so
+    throughput is unchanged and time to first content token is TTFT plus that many steps
+    (:meth:`expected_ttfc_s`).  A request turns it off with ``chat_template_kwargs``
+    ``{"thinking": false}`` (or ``enable_thinking``) and streams it as content with
+    ``"separate_reasoning": false``, as SGLang does."""
 
     def __post_init__(self) -> None:
         _validate(self, "SimProfile")
@@ -278,6 +289,18 @@ class SimProfile:
         b = self.batch_size(c)
         wait = self.step_time(max(b - 1, 1), include_noise=include_noise)
         return wait + self.step_time(b, include_noise=include_noise) + pf
+
+    def expected_ttfc_s(self, prompt_tokens: int, c: int = 1, *,
+                        include_noise: bool = False) -> float:
+        """Expected time to first *content* token: TTFT plus one decode step per reasoning
+        token (the first content token is token ``reasoning_tokens + 1``).
+
+        Exact for ``c == 1``; for ``c > 1`` the steps are those of the full batch
+        ``min(c, max_running_requests)``, as in :meth:`request_tok_s`.
+        """
+        steps = self.reasoning_tokens * self.step_time(self.batch_size(max(c, 1)),
+                                                       include_noise=include_noise)
+        return self.expected_ttft_s(prompt_tokens, c, include_noise=include_noise) + steps
 
     # ------------------------------------------------------------------ conversions
 
