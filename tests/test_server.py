@@ -136,7 +136,8 @@ def test_minimal_profile_defaults(tmp_path: Path) -> None:
     assert p.command == [sys.executable, "-m", "sglang.launch_server"]
     assert p.args == {"model-path": "/m"}
     assert p.env == {}
-    assert p.startup_timeout_s == 900.0
+    assert p.startup_timeout_s == 2400.0  # a 1 TB checkpoint takes 10-20 minutes
+    assert p.stop_grace_s == 60.0
     assert p.stop_timeout_s == 30.0
     assert not p.external
     assert p.readiness_path() == "/health_generate"
@@ -322,7 +323,9 @@ def test_example_profiles_load() -> None:
     assert profiles["ep8-tuned"].args["num-continuous-decode-steps"] == 8
     assert profiles["ep4"].args["ep-size"] == 4
     assert "ep-size" not in profiles["tp8-tuned"].args
-    assert profiles["tp8-tuned"].startup_timeout_s == 900
+    for name in ("ep8", "ep8-tuned", "ep4", "tp8-tuned", "ep8-eplb"):
+        assert profiles[name].startup_timeout_s >= 2400, name  # 10-20 min for Kimi K2
+        assert profiles[name].stop_grace_s >= 60, name
     eplb = server_args(profiles["ep8-eplb"])
     assert eplb["enable_eplb"] is True
     assert {k: v for k, v in eplb.items() if k != "enable_eplb"} == \
@@ -444,7 +447,8 @@ def test_crash_mid_sweep_is_detected(tmp_path: Path, servers: list[Any]) -> None
 
 
 def test_ignore_sigterm_group_is_killed(tmp_path: Path, servers: list[Any]) -> None:
-    profile = load_profile(fake_profile(tmp_path, "ignore-sigterm", stop_timeout_s=1))
+    profile = load_profile(fake_profile(tmp_path, "ignore-sigterm", stop_grace_s=0.5,
+                                        stop_timeout_s=1))
     server = open_server(profile, tmp_path / "logs")
     servers.append(server)
     server.launch()

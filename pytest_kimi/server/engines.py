@@ -89,7 +89,9 @@ SGLANG = Engine(
     # /v1/models only prove the HTTP process is up.
     health_path="/health_generate",
     ready_log_line="The server is fired up and ready to roll!",
-    info_paths=("/get_server_info", "/server_info"),
+    # /server_info first: /get_server_info is deprecated in SGLang 0.5.23 and logs a warning
+    # on every call (sglang/srt/entrypoints/http_server.py); older releases only have it.
+    info_paths=("/server_info", "/get_server_info"),
     flush_path="/flush_cache",
 )
 

@@ -5,8 +5,14 @@ come up (570 s for TP8 with CUDA graphs), fails in ways that only show in its lo
 a ``ZeroDivisionError`` for an impossible TP/EP split) and leaves GPU-holding child
 processes behind when it is killed carelessly.  So the launcher
 
-* runs the server in its **own process group** and stops the whole group (SIGTERM, grace,
-  SIGKILL, reap), so scheduler and detokenizer children cannot outlive it;
+* runs the server in its **own process group** under a small supervisor process
+  (``supervisor.py``) and stops it the staged way: SIGTERM to the main process, which
+  shuts its schedulers down itself, ``stop_grace_s``; SIGTERM to the whole group,
+  ``stop_timeout_s``; SIGKILL.  The supervisor also stops the server when pytest dies
+  without a teardown (SIGKILL, the OOM killer, a killed xdist worker), scrubs secrets from
+  the server's output on its way to the log, and records the server under
+  ``.kimi/servers/`` so that a later run stops (or refuses to start beside) a server
+  whose supervisor died too (``leftovers.py``);
 * decides readiness by the engine's rule (a real generation probe or the engine's own
   "ready" log line), never by ``/v1/models``, which answers before warm-up;
 * notices a dead server within a fraction of a second and reports its exit code, log path
@@ -23,9 +29,7 @@ import atexit
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
 import threading
 import time
 import urllib.error
@@ -35,7 +39,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ..scrub import is_secret_name, known_secrets, scrub_argv, scrub_text
+from . import leftovers
+from .procgroup import DEAD_LEADER_GRACE_S
 from .profile import ServerProfile, argv
+from .supervisor import Supervised
 
 __all__ = [
     "ExternalServer",
@@ -59,12 +67,6 @@ PROBE_TIMEOUT_S = 5.0
 detection."""
 TAIL_LINES = 40
 """Log lines quoted in start errors: enough for a Python traceback with its context."""
-DEAD_LEADER_GRACE_S = 3.0
-"""Grace for the children of a server that already died: nothing to shut down cleanly,
-and the start error should not wait the full stop timeout."""
-
-_SECRET_ENV = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
-_SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key"})
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 # Loopback traffic must never be routed through an http_proxy from the environment.
@@ -82,7 +84,9 @@ class ServerStartError(ServerError):
 
     ``reason`` is one of ``"exited"`` (the server process died), ``"start-failed"`` (an
     external profile's ``start:`` command failed), ``"timeout"``, ``"stopped"`` (stop was
-    requested while it started) or ``"spawn"`` (the command could not be run at all).
+    requested while it started), ``"spawn"`` (the command could not be run at all) or
+    ``"leftover"`` (a server of an earlier or concurrent run still runs and was not
+    stopped; the message names its pid and how to stop it).
     """
 
     def __init__(self, message: str, *, reason: str, log_path: Path | None = None,
@@ -176,114 +180,55 @@ class _Probe:
 
 # ---------------------------------------------------------------------- processes
 
+PORT_FLOOR = 10000
+"""Lowest port the launcher picks: well above the range services are usually pinned to."""
+PORT_CEILING = 21700
+"""Highest port it picks.  SGLang picks its own NCCL port from 22000-29999
+(``sglang/srt/utils/network.py`` ``get_free_port_below_ephemeral``), and with DP attention
+it binds ``port + 233`` to ``port + 240`` (``sglang/srt/server_args.py``,
+``ZMQ_TCP_PORT_DELTA``); staying below 21700 keeps all of them apart."""
+_PORT_TRIES = 64
 
-def _group_members(pgid: int) -> list[int] | None:
-    """Live (non-zombie) processes in group ``pgid``; None where /proc is unavailable.
 
-    Zombies are skipped: a killed grandchild reparented to an init that does not reap
-    (common in containers) would otherwise look alive forever.
-    """
+def _ephemeral_low() -> int:
+    """Start of the kernel's ephemeral port range (outgoing connections and bind(0))."""
     try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    out: list[int] = []
-    for name in names:
-        if not name.isdigit():
-            continue
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; macOS's is 49152
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
+            s.bind((host.strip("[]"), port))
         except OSError:
-            continue
-        # "pid (comm) state ppid pgrp ..."; comm may contain spaces and parentheses.
-        rest = stat[stat.rfind(b")") + 2:].split()
-        if len(rest) >= 3 and rest[0] not in (b"Z", b"X") and rest[2] == str(pgid).encode():
-            out.append(int(name))
-    return out
-
-
-class _Group:
-    """A child started with ``start_new_session=True``: its pid is its process-group id.
-
-    The leader is reaped only after the final group SIGKILL; until then its pid (the
-    group id) cannot be reused, so a group signal can never reach an unrelated process.
-    Exit is observed with ``WNOWAIT`` for the same reason.
-    """
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        self.pgid = proc.pid
-        self.reaped = False
-        self._code: int | None = None
-
-    def exit_code(self) -> int | None:
-        """The leader's exit status (negative: killed by that signal), None while running."""
-        if self._code is not None:
-            return self._code
-        try:
-            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored, a stray wait())
-            self._code = self.proc.returncode if self.proc.returncode is not None else -1
-            return self._code
-        if info is None:
-            return None
-        self._code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        return self._code
-
-    def alive(self) -> bool:
-        """Whether anything in the group still runs (the leader or a lingering child)."""
-        members = _group_members(self.pgid)
-        if members is None:
-            return self.exit_code() is None
-        return bool(members)
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.reaped:
-            return
-        try:
-            os.killpg(self.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def terminate(self, grace_s: float) -> int | None:
-        """SIGTERM the group, wait up to ``grace_s`` for all of it, SIGKILL, reap.
-
-        A KeyboardInterrupt during the grace period (a second Ctrl-C) skips straight to
-        SIGKILL and is re-raised once the group is gone, so an impatient user never leaves
-        a GPU-holding process behind.
-        """
-        interrupted: BaseException | None = None
-        if self.reaped:
-            return self._code
-        try:
-            if self.alive():
-                self.signal(signal.SIGTERM)
-                deadline = time.monotonic() + grace_s
-                while time.monotonic() < deadline and self.alive():
-                    time.sleep(TICK_S)
-        except KeyboardInterrupt as exc:
-            interrupted = exc
-        self.signal(signal.SIGKILL)  # harmless when the group is already empty
-        try:
-            code = self.proc.wait(timeout=10.0)
-            if self._code is None:
-                self._code = code
-        except subprocess.TimeoutExpired:
-            pass  # unkillable (uninterruptible sleep in a driver); nothing more we can do
-        self.reaped = True
-        deadline = time.monotonic() + 2.0  # killed members vanish once init reaps them
-        while time.monotonic() < deadline and _group_members(self.pgid):
-            time.sleep(0.02)
-        if interrupted is not None:
-            raise interrupted
-        return self._code
+            return False
+    return True
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the server binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+    """A port nothing listens on now, chosen **below** the ephemeral range.
+
+    SGLang binds its HTTP port only after loading, minutes after start; a port from the
+    ephemeral range (what bind(0) hands out) can meanwhile be taken as the source port of
+    any outgoing connection, and the server then dies with "address already in use" after
+    a ten-minute load.  Ports below the range are never handed out that way.  Falls back to
+    bind(0) where the range leaves no room (a tuned ip_local_port_range).
+    """
+    import random
+
+    bind_host = "0.0.0.0" if host in _WILDCARD_HOSTS else host
+    high = min(PORT_CEILING, _ephemeral_low() - 1)
+    if high - PORT_FLOOR >= _PORT_TRIES:
+        for port in random.sample(range(PORT_FLOOR, high + 1), _PORT_TRIES):
+            if _port_free(bind_host, port):
+                return port
+    family = socket.AF_INET6 if ":" in bind_host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((bind_host.strip("[]"), 0))
         return int(s.getsockname()[1])
 
 
@@ -307,23 +252,6 @@ def _child_env(extra: dict[str, str | None]) -> dict[str, str]:
         else:
             env[key] = value
     return env
-
-
-def _redact_argv(words: list[str]) -> list[str]:
-    out: list[str] = []
-    hide_next = False
-    for w in words:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-        elif w in _SECRET_FLAGS:
-            out.append(w)
-            hide_next = True
-        elif "=" in w and w.split("=", 1)[0] in _SECRET_FLAGS:
-            out.append(w.split("=", 1)[0] + "=***")
-        else:
-            out.append(w)
-    return out
 
 
 def _safe_name(name: str) -> str:
@@ -400,16 +328,21 @@ class _ServerBase:
     """What managed and external servers share: log, readiness loop, HTTP extras, stop."""
 
     def __init__(self, profile: ServerProfile, log_dir: str | os.PathLike[str], *,
-                 progress_every_s: float = 5.0) -> None:
+                 progress_every_s: float = 5.0,
+                 record_dir: str | os.PathLike[str] | None = None) -> None:
         self.profile = profile
         self.name = profile.name
         self.engine = profile.engine_spec
         self.log_dir = Path(log_dir)
+        self.record_dir = Path(record_dir) if record_dir is not None \
+            else self.log_dir.parent / "servers"
+        """Where the supervisor records running servers (``.kimi/servers`` beside the
+        ``.kimi/logs`` the plugin uses)."""
         self.progress_every_s = progress_every_s
         self.log_path: Path | None = None
         self.url: str | None = None
         self.ready = False
-        self._group: _Group | None = None
+        self._group: Supervised | None = None
         self._started_at: float | None = None
         self._follower: _LogFollower | None = None
         self._stop_requested = False
@@ -420,7 +353,7 @@ class _ServerBase:
 
     # -- overridden ----------------------------------------------------------------
 
-    def start(self: _S) -> _S:
+    def start(self: _S, progress: ProgressFn | None = None) -> _S:
         raise NotImplementedError
 
     def _startup_failure(self, elapsed: float) -> ServerStartError | None:
@@ -438,7 +371,7 @@ class _ServerBase:
     @property
     def pid(self) -> int | None:
         """The process the plugin started (managed: the server; external: ``start:``)."""
-        return self._group.proc.pid if self._group is not None else None
+        return self._group.pid if self._group is not None else None
 
     @property
     def pgid(self) -> int | None:
@@ -458,7 +391,7 @@ class _ServerBase:
         return _read_tail(self.log_path, n)
 
     def _tail_block(self) -> str:
-        tail = self.log_tail(TAIL_LINES)
+        tail = self._scrub(self.log_tail(TAIL_LINES))
         if not tail:
             return f"log: {self.log_path} (empty)"
         return f"log: {self.log_path}\n--- last {TAIL_LINES} log lines ---\n{tail}"
@@ -547,7 +480,7 @@ class _ServerBase:
 
     def launch(self: _S, progress: ProgressFn | None = None) -> _S:
         """:meth:`start` then :meth:`wait_ready`: the usual one-call use."""
-        self.start()
+        self.start(progress)
         return self.wait_ready(progress)
 
     # -- stop ----------------------------------------------------------------------
@@ -591,7 +524,7 @@ class _ServerBase:
         return self.url
 
     def server_info(self, timeout_s: float = 10.0) -> dict[str, Any]:
-        """The server's effective arguments (SGLang ``/get_server_info``), ``{}`` when the
+        """The server's effective arguments (SGLang ``/server_info``), ``{}`` when the
         engine has no such endpoint.  :class:`ServerError` when the server is unreachable,
         because then the caller has a bigger problem than missing provenance."""
         base = self._require_url()
@@ -653,21 +586,49 @@ class _ServerBase:
                                    [f"{self._describe()} from {self.profile.source}",
                                     f"started at {stamp}", *header]))
 
+    def secrets(self) -> list[str]:
+        """Literal values never to be shown: secret-named args (``api-key``,
+        ``admin-api-key``), env values whose name says secret or that ``secret_env`` lists,
+        and whatever the process registered (``--api-key`` given to pytest)."""
+        out = set(known_secrets())
+        for key, value in self.profile.args.items():
+            if is_secret_name(key) and isinstance(value, str):
+                out.add(value)
+        for key, value in self.profile.env.items():
+            if value and (is_secret_name(key) or key in self.profile.secret_env):
+                out.add(value)
+        return sorted(out)
+
+    def _scrub(self, text: str) -> str:
+        return scrub_text(text, self.secrets())
+
     def _env_summary(self) -> str:
         parts = []
         for k, v in self.profile.env.items():
             if v is None:
                 parts.append(f"-{k}")
+            elif k in self.profile.secret_env or is_secret_name(k):
+                parts.append(f"{k}=<redacted>")
             else:
-                parts.append(f"{k}={'***' if _SECRET_ENV.search(k) else v}")
-        return "env: " + (" ".join(parts) if parts else "(inherited)")
+                parts.append(f"{k}={v}")
+        return self._scrub("env: " + (" ".join(parts) if parts else "(inherited)"))
 
-    def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], *, record: dict[str, Any] | None = None,
+               leader_grace_s: float | None = None) -> Supervised:
+        """Run ``args`` under a supervisor, output scrubbed into the log (OSError if the
+        command cannot be run)."""
         assert self.log_path is not None
-        with open(self.log_path, "ab") as log:
-            return subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=_child_env(self.profile.env), start_new_session=True, close_fds=True)
+        record_path = None
+        if record is not None:
+            record_path = leftovers.record_path(self.record_dir, _safe_name(self.name),
+                                                f"{os.getpid()}-{id(self):x}")
+        return Supervised(
+            args, env=_child_env(self.profile.env), log_path=self.log_path,
+            secrets=self.secrets(),
+            leader_grace_s=self.profile.stop_grace_s if leader_grace_s is None
+            else leader_grace_s,
+            group_grace_s=self.profile.stop_timeout_s, record_path=record_path,
+            record_info=record)
 
 
 class ManagedServer(_ServerBase):
@@ -679,11 +640,13 @@ class ManagedServer(_ServerBase):
 
     def __init__(self, profile: ServerProfile, log_dir: str | os.PathLike[str], *,
                  host: str = "127.0.0.1", port: int | None = None,
-                 progress_every_s: float = 5.0) -> None:
+                 progress_every_s: float = 5.0,
+                 record_dir: str | os.PathLike[str] | None = None) -> None:
         if profile.external:
             raise ServerError(f"{profile.source}: an external profile (url:) needs "
                               f"ExternalServer; use open_server()")
-        super().__init__(profile, log_dir, progress_every_s=progress_every_s)
+        super().__init__(profile, log_dir, progress_every_s=progress_every_s,
+                         record_dir=record_dir)
         self.host = str(profile.args.get("host") or host)
         self._port_request = port
         self.port: int | None = None
@@ -704,26 +667,43 @@ class ManagedServer(_ServerBase):
         key = self.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def start(self) -> ManagedServer:
-        """Spawn the server in a new process group on a free loopback port; returns at
-        once (see :meth:`wait_ready`)."""
+    def start(self, progress: ProgressFn | None = None) -> ManagedServer:
+        """Spawn the server in a new process group on a free port; returns at once (see
+        :meth:`wait_ready`).
+
+        First, servers recorded in ``record_dir`` by earlier runs are dealt with
+        (``leftovers.clear``): one whose run is gone is stopped (said through
+        ``progress``); one that cannot safely be stopped fails this start with reason
+        ``"leftover"`` instead of starting a second server beside it.
+        """
         if self._started_at is not None:
             raise ServerError(f"{self._describe()}: already started (a ManagedServer is "
                               f"single-use; create a new one to restart)")
         if self._stop_requested:
             raise ServerError(f"{self._describe()}: stop() was called before start()")
+        try:
+            leftovers.clear(self.record_dir, progress)
+        except leftovers.LeftoverServer as exc:
+            self._stopped = True
+            raise ServerStartError(f"{self._describe()}: {self._scrub(str(exc))}",
+                                   reason="leftover") from None
         pinned = self.profile.args.get("port")
-        self.port = int(pinned) if pinned else (self._port_request or _free_port())
+        self.port = int(pinned) if pinned else (self._port_request or _free_port(self.host))
         self.url = f"http://{_connect_host(self.host)}:{self.port}"
         self.command = argv(self.profile, host=self.host, port=self.port)
-        self._open_log([f"command: {' '.join(_redact_argv(self._niced(self.command)))}",
-                        self._env_summary()])
+        shown = scrub_argv(self._niced(self.command), self.secrets())
+        self._open_log([self._scrub(f"command: {' '.join(shown)}"), self._env_summary(),
+                        f"stop: SIGTERM to the main process, {self.profile.stop_grace_s:g} s "
+                        f"(stop_grace_s); SIGTERM to its group, "
+                        f"{self.profile.stop_timeout_s:g} s (stop_timeout_s); SIGKILL"])
         assert self.log_path is not None
         self._follower = _LogFollower(self.log_path, self.engine.ready_log_line,
                                       offset=self.log_path.stat().st_size)
         self._started_at = time.monotonic()
         try:
-            proc = self._spawn(self._niced(self.command))
+            self._group = self._spawn(self._niced(self.command), record={
+                "kind": "managed", "name": self.name, "profile": self.profile.source,
+                "host": self.host, "port": self.port, "cwd": os.getcwd()})
         except OSError as exc:
             self._stopped = True
             self._append_log(f"# pytest-kimi: cannot run the command: {exc}")
@@ -731,7 +711,6 @@ class ManagedServer(_ServerBase):
                 f"{self._describe()}: cannot run {self.command[0]!r} "
                 f"(command in {self.profile.source}): {exc}", reason="spawn",
                 log_path=self.log_path) from None
-        self._group = _Group(proc)
         atexit.register(self.stop)
         return self
 
@@ -748,7 +727,8 @@ class ManagedServer(_ServerBase):
         return ServerStartError(
             f"{self._describe()}: the server process exited with code {code} before it "
             f"was ready ({elapsed:.1f} s after start)\n"
-            f"command: {' '.join(_redact_argv(self.command))}\n{self._tail_block()}",
+            f"command: {' '.join(scrub_argv(self.command, self.secrets()))}\n"
+            f"{self._tail_block()}",
             reason="exited", log_path=self.log_path, returncode=code, elapsed_s=elapsed)
 
     def _stop_impl(self) -> None:
@@ -759,12 +739,12 @@ class ManagedServer(_ServerBase):
         if code is not None:
             if not self._stopped_by_us:
                 self._crash_code = code
-            grace = min(self.profile.stop_timeout_s, DEAD_LEADER_GRACE_S)
+            group.terminate(0.0, min(self.profile.stop_timeout_s, DEAD_LEADER_GRACE_S))
         else:
             self._stopped_by_us = True
-            grace = self.profile.stop_timeout_s
-        group.terminate(grace)
-        self._append_log(f"# pytest-kimi: stopped (exit code {group.exit_code()})")
+            group.terminate()
+        how = " after SIGKILL" if group.killed else ""
+        self._append_log(f"# pytest-kimi: stopped (exit code {group.exit_code()}){how}")
 
     def alive(self) -> bool:
         """Whether the server process is still running."""
@@ -797,11 +777,13 @@ class ExternalServer(_ServerBase):
     """
 
     def __init__(self, profile: ServerProfile, log_dir: str | os.PathLike[str], *,
-                 progress_every_s: float = 5.0) -> None:
+                 progress_every_s: float = 5.0,
+                 record_dir: str | os.PathLike[str] | None = None) -> None:
         if not profile.external:
             raise ServerError(f"{profile.source}: not an external profile (no url:); use "
                               f"ManagedServer or open_server()")
-        super().__init__(profile, log_dir, progress_every_s=progress_every_s)
+        super().__init__(profile, log_dir, progress_every_s=progress_every_s,
+                         record_dir=record_dir)
         self.url = profile.url
         self._foreground = False
         self._stopped_by_us = False
@@ -809,18 +791,23 @@ class ExternalServer(_ServerBase):
     def _describe(self) -> str:
         return f"external server {self.name!r} at {self.url}"
 
-    def start(self) -> ExternalServer:
-        """Run ``start:`` (if any) in its own process group; returns at once."""
+    def start(self, progress: ProgressFn | None = None) -> ExternalServer:
+        """Run ``start:`` (if any) in its own process group; returns at once.
+
+        ``start:`` runs under the same supervisor as a managed server, so a foreground
+        ``ssh host ...`` is stopped when pytest dies without a teardown as well."""
         if self._started_at is not None:
             raise ServerError(f"{self._describe()}: already started")
         if self._stop_requested:
             raise ServerError(f"{self._describe()}: stop() was called before start()")
-        self._open_log([f"start: {self.profile.start or '(none)'}",
-                        f"stop: {self.profile.stop or '(none)'}", self._env_summary()])
+        self._open_log([self._scrub(f"start: {self.profile.start or '(none)'}"),
+                        self._scrub(f"stop: {self.profile.stop or '(none)'}"),
+                        self._env_summary()])
         self._started_at = time.monotonic()
         if self.profile.start:
             try:
-                self._group = _Group(self._spawn(["/bin/sh", "-c", self.profile.start]))
+                self._group = self._spawn(["/bin/sh", "-c", self.profile.start],
+                                          leader_grace_s=0.0)
             except OSError as exc:
                 self._stopped = True
                 raise ServerStartError(f"{self._describe()}: cannot run start command: "
@@ -845,7 +832,8 @@ class ExternalServer(_ServerBase):
         self.stop()
         return ServerStartError(
             f"{self._describe()}: the start command exited with code {code} "
-            f"({elapsed:.1f} s after start): {self.profile.start}\n{self._tail_block()}",
+            f"({elapsed:.1f} s after start): {self._scrub(self.profile.start or '')}\n"
+            f"{self._tail_block()}",
             reason="start-failed", log_path=self.log_path, returncode=code,
             elapsed_s=elapsed)
 
@@ -857,12 +845,12 @@ class ExternalServer(_ServerBase):
         finally:
             # Even after a Ctrl-C during stop:, nothing start: left in its group survives.
             if self._group is not None and not self._group.reaped:
-                self._group.terminate(self.profile.stop_timeout_s)
+                self._group.terminate(0.0, self.profile.stop_timeout_s)
 
     def _run_stop_command(self, command: str) -> None:
-        self._append_log(f"# pytest-kimi: running stop command: {command}")
+        self._append_log(f"# pytest-kimi: running stop command: {self._scrub(command)}")
         try:
-            group = _Group(self._spawn(["/bin/sh", "-c", command]))
+            group = self._spawn(["/bin/sh", "-c", command], leader_grace_s=0.0)
         except OSError as exc:
             self._append_log(f"# pytest-kimi: cannot run stop command: {exc}")
             return
@@ -874,7 +862,7 @@ class ExternalServer(_ServerBase):
                 self._append_log(f"# pytest-kimi: stop command still running after "
                                  f"{self.profile.stop_timeout_s:g} s; killing it")
         finally:
-            code = group.terminate(1.0)
+            code = group.terminate(0.0, 1.0)
         self._append_log(f"# pytest-kimi: stop command exited with code {code}")
 
     def alive(self) -> bool:

@@ -35,6 +35,7 @@ from .engines import ENGINES, Engine, get_engine
 
 __all__ = [
     "DEFAULT_STARTUP_TIMEOUT_S",
+    "DEFAULT_STOP_GRACE_S",
     "DEFAULT_STOP_TIMEOUT_S",
     "ProfileError",
     "ServerProfile",
@@ -44,16 +45,23 @@ __all__ = [
     "server_args",
 ]
 
-DEFAULT_STARTUP_TIMEOUT_S = 900.0
-"""Large on purpose: a TP8 Kimi deployment with CUDA graphs took 570 s to come up."""
+DEFAULT_STARTUP_TIMEOUT_S = 2400.0
+"""Large on purpose: loading a 1 TB Kimi K2 checkpoint plus warm-up and CUDA-graph capture
+takes 10-20 minutes (a TP8 deployment took 570 s on a warm page cache).  Set it lower for a
+small model, so that a hung start is reported sooner."""
+DEFAULT_STOP_GRACE_S = 60.0
+"""Stop, phase 1: after SIGTERM to the server's main process alone, how long it gets to
+drain and shut its own workers down.  SGLang checks for the SIGTERM every 5 s, waits for
+in-flight requests, then asks its schedulers to release the GPUs and waits for them
+(``sglang/srt/managers/tokenizer_manager.py``, ``sigterm_watchdog``)."""
 DEFAULT_STOP_TIMEOUT_S = 30.0
-"""Grace between SIGTERM and SIGKILL; enough for NCCL teardown, short enough not to hang CI."""
+"""Stop, phase 2: after SIGTERM to the whole process group, how long until SIGKILL."""
 
 _MANAGED_KEYS = ("command", "args", "nice")
 _EXTERNAL_KEYS = ("start", "stop", "url")
 ALLOWED_KEYS: tuple[str, ...] = (
-    "name", "engine", "command", "args", "env", "startup_timeout_s", "stop_timeout_s",
-    "start", "stop", "url", "health_path", "nice",
+    "name", "engine", "command", "args", "env", "secret_env", "startup_timeout_s",
+    "stop_grace_s", "stop_timeout_s", "start", "stop", "url", "health_path", "nice",
 )
 
 _SCALARS = (str, int, float)
@@ -77,8 +85,14 @@ class ServerProfile:
     """Flag name (dashed, without ``--``) -> value, in file order."""
     env: dict[str, str | None] = field(default_factory=dict)
     """Added to the plugin's environment; ``None`` removes a variable."""
+    secret_env: frozenset[str] = frozenset()
+    """Env variables whose values are never shown (logs, records, messages), besides those
+    whose name says secret (``*_TOKEN``, ``*_KEY``, ``*SECRET*``, ``*PASSWORD*``...)."""
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    """SIGTERM to the main process, then this long for it (and its children) to exit."""
     stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
+    """Then SIGTERM to the whole process group, and this long until SIGKILL."""
     start: str | None = None
     """External: shell command that starts the server (may return at once or keep running)."""
     stop: str | None = None
@@ -183,7 +197,9 @@ def parse_profile(data: object, *, source: str, default_name: str,
                            f"{', '.join(sorted(ENGINES))}")
     startup = _positive(data, "startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S, source)
     stop_timeout = _positive(data, "stop_timeout_s", DEFAULT_STOP_TIMEOUT_S, source)
+    stop_grace = _non_negative(data, "stop_grace_s", DEFAULT_STOP_GRACE_S, source)
     env = _env(data.get("env"), source)
+    secret_env = _secret_env(data.get("secret_env"), source)
     health_path = _opt_str(data, "health_path", source)
     if health_path is not None and not health_path.startswith("/"):
         raise ProfileError(f"{source}: 'health_path' must start with '/', got {health_path!r}")
@@ -196,7 +212,8 @@ def parse_profile(data: object, *, source: str, default_name: str,
             f"{' and '.join(repr(k) for k in external)}; a profile either has the plugin "
             f"launch the server (command/args) or drives an external one (start/stop/url)")
     common: dict[str, Any] = dict(name=name, path=path, engine=engine, env=env,
-                                  startup_timeout_s=startup, stop_timeout_s=stop_timeout,
+                                  secret_env=secret_env, startup_timeout_s=startup,
+                                  stop_grace_s=stop_grace, stop_timeout_s=stop_timeout,
                                   health_path=health_path)
     if external:
         start = _opt_str(data, "start", source)
@@ -317,6 +334,26 @@ def _positive(data: Mapping[str, Any], key: str, default: float, source: str) ->
         raise ProfileError(f"{source}: '{key}' must be a number of seconds > 0, got "
                            f"{value!r}")
     return float(value)
+
+
+def _non_negative(data: Mapping[str, Any], key: str, default: float, source: str) -> float:
+    if key not in data:
+        return default
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ProfileError(f"{source}: '{key}' must be a number of seconds >= 0, got "
+                           f"{value!r}")
+    return float(value)
+
+
+def _secret_env(value: object, source: str) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ProfileError(f"{source}: 'secret_env' must be a list of environment variable "
+                           f"names, got {_type_name(value)}")
+    return frozenset(value)
 
 
 def _url(url: str, source: str) -> str:

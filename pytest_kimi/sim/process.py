@@ -4,8 +4,14 @@ The simulator must not share an event loop (or a Python interpreter) with the lo
 or the two would steal each other's timer slots and the "known" rate would no longer be
 known.  So it runs as ``python -m pytest_kimi.sim`` in its own process group, and this
 module owns that process completely: start, wait for the readiness line, and a stop that
-cannot leave an orphan behind (SIGTERM to the group, a grace period, SIGKILL, reap), even
+cannot leave an orphan behind (SIGTERM, a grace period, SIGKILL to the group, reap), even
 when called twice, from ``atexit``, or from a signal handler while a stop is in progress.
+
+The child runs under the same supervisor as a managed server
+(``pytest_kimi/server/supervisor.py``): should pytest die without a teardown (SIGKILL, the
+OOM killer, a killed xdist worker), the supervisor sees its pipe close and stops the
+simulator; with ``record_dir`` it is also recorded there, so that a later run stops one
+whose supervisor died as well.
 """
 
 from __future__ import annotations
@@ -13,14 +19,14 @@ from __future__ import annotations
 import atexit
 import os
 import selectors
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 
+from ..server import leftovers
+from ..server.supervisor import Supervised
 from .profile import SimProfile
 
 __all__ = ["SimProcess", "SimProcessError", "READY_PREFIX", "API_KEY_ENV"]
@@ -53,7 +59,8 @@ class SimProcess:
                  log_path: str | os.PathLike[str] | None = None,
                  log_dir: str | os.PathLike[str] | None = None,
                  ready_timeout_s: float = 30.0, grace_s: float = 5.0, port: int = 0,
-                 python: str | None = None) -> None:
+                 python: str | None = None,
+                 record_dir: str | os.PathLike[str] | None = None) -> None:
         self.profile = profile or SimProfile()
         self.ready_timeout_s = ready_timeout_s
         self.grace_s = grace_s
@@ -62,7 +69,9 @@ class SimProcess:
         self._log_given = log_path is not None
         self.log_path: Path | None = Path(log_path) if log_path is not None else None
         self._log_dir = Path(log_dir) if log_dir is not None else None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._record_dir = Path(record_dir) if record_dir is not None else None
+        self._proc: Supervised | None = None
+        self._ready_fd: int | None = None
         self._stopping = False
         self.url: str | None = None
         self.port: int | None = None
@@ -94,10 +103,27 @@ class SimProcess:
         env.pop(API_KEY_ENV, None)
         if self.profile.api_key is not None:
             env[API_KEY_ENV] = self.profile.api_key
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                env=env, start_new_session=True, close_fds=True)
+        record = None
+        if self._record_dir is not None:
+            # Simulators hold no GPU: only those of runs that are gone are stopped.
+            leftovers.clear(self._record_dir, refuse_when_owner_alive=False)
+            record = leftovers.record_path(self._record_dir, "sim", f"{os.getpid()}-{id(self):x}")
+        # The ready line comes through a pipe of our own; stderr goes to the log through
+        # the supervisor, scrubbed of the API key.
+        ready_r, ready_w = os.pipe()
+        try:
+            self._proc = Supervised(
+                self.command(), env=env, log_path=self.log_path,
+                secrets=[self.profile.api_key] if self.profile.api_key else [],
+                stdout_fd=ready_w, leader_grace_s=self.grace_s, group_grace_s=self.grace_s,
+                record_path=record, record_info={"kind": "sim", "name": "sim"},
+                notes=False, python=self._python)
+        except BaseException:
+            os.close(ready_r)
+            raise
+        finally:
+            os.close(ready_w)
+        self._ready_fd = ready_r
         self.pid = self._proc.pid
         atexit.register(self.stop)
         try:
@@ -110,8 +136,8 @@ class SimProcess:
 
     def _wait_ready(self) -> str:
         proc = self._proc
-        assert proc is not None and proc.stdout is not None
-        fd = proc.stdout.fileno()
+        fd = self._ready_fd
+        assert proc is not None and fd is not None
         deadline = time.monotonic() + self.ready_timeout_s
         buf = b""
         with selectors.DefaultSelector() as sel:
@@ -132,16 +158,14 @@ class SimProcess:
                         text = line.decode("utf-8", "replace").strip()
                         if text.startswith(READY_PREFIX):
                             return text[len(READY_PREFIX):]
-                elif proc.poll() is not None:
+                elif proc.exit_code() is not None:
                     self._raise_died()
 
     def _raise_died(self) -> None:
         proc = self._proc
         assert proc is not None
-        try:
-            code = proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            code = None
+        proc.wait_gone(5.0)
+        code = proc.exit_code()
         raise SimProcessError(
             f"simulator exited before it was ready (exit code {code}): "
             f"{' '.join(self.command())}\n{self._tail_block()}")
@@ -149,34 +173,25 @@ class SimProcess:
     def stop(self) -> int | None:
         """Terminate the process group and reap the child; idempotent.
 
-        SIGTERM first so the server closes its sockets, SIGKILL after ``grace_s``.  The
-        leader is reaped only after the group SIGKILL: until then its pid (which is the
-        group id) cannot be reused, so the group signal can never hit a stranger.  A
-        re-entrant call (a signal handler firing during a stop) returns at once.
+        SIGTERM first so the server closes its sockets; after ``grace_s`` SIGTERM to the
+        group, after another ``grace_s`` SIGKILL (the supervisor's staged stop).  The leader
+        is reaped only after the group SIGKILL: until then its pid (which is the group id)
+        cannot be reused, so the group signal can never hit a stranger.  A second Ctrl-C
+        while waiting kills at once.  A re-entrant call (a signal handler firing during a
+        stop) returns at once.
         """
         proc = self._proc
         if proc is None or self._stopping:
             return self.returncode
         self._stopping = True
         try:
-            pid = proc.pid
-            if proc.returncode is None:
-                if not self._exited_nowait(pid):
-                    _signal_group(pid, signal.SIGTERM)
-                    deadline = time.monotonic() + self.grace_s
-                    while time.monotonic() < deadline and not self._exited_nowait(pid):
-                        time.sleep(0.02)
-                if proc.returncode is None:
-                    _signal_group(pid, signal.SIGKILL)
-            try:
-                self.returncode = proc.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                self.returncode = None
-            if proc.stdout is not None:
+            self.returncode = proc.terminate(self.grace_s, self.grace_s)
+            if self._ready_fd is not None:
                 try:
-                    proc.stdout.close()
+                    os.close(self._ready_fd)
                 except OSError:
                     pass
+                self._ready_fd = None
             self._proc = None
             try:
                 atexit.unregister(self.stop)
@@ -198,18 +213,9 @@ class SimProcess:
         except OSError:
             pass
 
-    @staticmethod
-    def _exited_nowait(pid: int) -> bool:
-        """Whether the child exited, without reaping it (it stays a zombie holding the pid)."""
-        try:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return True
-        return info is not None
-
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._proc is not None and self._proc.exit_code() is None
 
     # ------------------------------------------------------------------ diagnostics
 
@@ -239,9 +245,3 @@ class SimProcess:
     def __repr__(self) -> str:
         return f"SimProcess(pid={self.pid}, url={self.url!r})"
 
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -1,0 +1,225 @@
+"""Process groups: who is in one, how to stop one the graceful way, how to tell a pid is ours.
+
+Shared by the supervisor (``supervisor.py``, the parent of every managed server and of the
+simulator), by the clean-up of servers an earlier run left behind (``leftovers.py``) and by
+the launcher.  Standard library only and no relative imports: the supervisor loads this file
+by path, so that starting it costs a bare interpreter, not an import of pytest.
+
+The stop is staged the way a multi-process inference server wants it (see
+:class:`StagedStop`): SIGTERM to the **leader** alone first, because SGLang's main process
+drains and then shuts its schedulers down itself (``sglang/srt/managers/tokenizer_manager.py``,
+``sigterm_watchdog``: ShutdownReq to the schedulers, wait for them to release the GPU memory,
+then ``kill_process_tree``); a SIGTERM to every rank at once, or a SIGKILL mid-release, is how
+GPU memory survives a shutdown.  Only then the whole group gets SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+__all__ = [
+    "DEAD_LEADER_GRACE_S",
+    "StagedStop",
+    "exit_status",
+    "group_members",
+    "pid_alive",
+    "process_starttime",
+    "signal_group",
+    "signal_pid",
+]
+
+DEAD_LEADER_GRACE_S = 3.0
+"""Grace for the children of a leader that already died: nothing is left to shut down
+cleanly, and a start error should not wait the full stop timeout."""
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` after the command name: [state, ppid, pgrp, ...]; None if gone
+    or where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp ..."; comm may contain spaces and parentheses.
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def have_proc() -> bool:
+    return os.path.isdir("/proc/self")
+
+
+def group_members(pgid: int) -> list[int] | None:
+    """Live (non-zombie) processes in group ``pgid``; None where /proc is unavailable.
+
+    Zombies are skipped: a killed grandchild reparented to an init that does not reap
+    (common in containers) would otherwise look alive forever.
+    """
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    out: list[int] = []
+    want = str(pgid).encode()
+    for name in names:
+        if not name.isdigit():
+            continue
+        rest = _stat_fields(int(name))
+        if rest and len(rest) >= 3 and rest[0] not in (b"Z", b"X") and rest[2] == want:
+            out.append(int(name))
+    return out
+
+
+def process_starttime(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22).
+
+    With the pid it names one process for the life of the machine: a recorded pid whose
+    start time differs has been reused by a stranger.  None where there is no /proc.
+    """
+    rest = _stat_fields(pid)
+    if rest is None or len(rest) < 20:
+        return None
+    try:
+        return int(rest[19])
+    except ValueError:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True for a running process; a zombie (dead, not yet reaped) is not alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    rest = _stat_fields(pid)
+    if rest is None:
+        return not have_proc()  # no /proc: trust kill(0); with /proc: it just vanished
+    return rest[0] not in (b"Z", b"X")
+
+
+def exit_status(pid: int) -> int | None:
+    """Exit status of our child ``pid`` without reaping it (negative: killed by that
+    signal); None while it runs.  The unreaped zombie keeps the pid (and so the process
+    group id) from being reused, so a later group signal cannot reach a stranger."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return -1  # reaped elsewhere; the status is lost
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class StagedStop:
+    """Stop a process group: leader SIGTERM, ``leader_grace_s``; group SIGTERM,
+    ``group_grace_s``; group SIGKILL.
+
+    A state machine (call :meth:`step` every tick until it returns True) so that the
+    supervisor can keep copying the server's output to the log while it stops it.  Each
+    phase ends early once the group is empty; the leader phase also ends when the leader
+    exits (its children then get the group SIGTERM).  ``leader_gone`` says whether the
+    leader exited (``exit_status`` for a child, ``not pid_alive`` for a leftover).
+    """
+
+    def __init__(self, leader: int, pgid: int, *, leader_grace_s: float, group_grace_s: float,
+                 leader_gone: Callable[[], bool], note: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.leader = leader
+        self.pgid = pgid
+        self.leader_grace_s = max(0.0, leader_grace_s)
+        self.group_grace_s = max(0.0, group_grace_s)
+        self._leader_gone = leader_gone
+        self._note = note or (lambda _msg: None)
+        self._clock = clock
+        self.phase = "new"
+        self._deadline = 0.0
+        self.killed = False
+        """Whether SIGKILL was needed (some process ignored or outlived its SIGTERM)."""
+
+    def _empty(self) -> bool:
+        members = group_members(self.pgid)
+        if members is None:
+            return self._leader_gone()
+        return not members
+
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        now = self._clock()
+        if phase == "leader":
+            signal_pid(self.leader, signal.SIGTERM)
+            self._deadline = now + self.leader_grace_s
+            self._note(f"sent SIGTERM to the main process {self.leader}; it has "
+                       f"{self.leader_grace_s:g} s to shut down")
+        elif phase == "group":
+            signal_group(self.pgid, signal.SIGTERM)
+            grace = self.group_grace_s
+            self._deadline = now + grace
+            self._note(f"sent SIGTERM to process group {self.pgid}; {grace:g} s until SIGKILL")
+        elif phase == "kill":
+            if not self._empty():
+                self.killed = True
+                self._note(f"sent SIGKILL to process group {self.pgid}")
+            signal_group(self.pgid, signal.SIGKILL)
+            self.phase = "done"
+
+    def start(self) -> None:
+        if self.phase != "new":
+            return
+        if self._empty():
+            self.phase = "done"
+        elif self._leader_gone():
+            self.group_grace_s = min(self.group_grace_s, DEAD_LEADER_GRACE_S)
+            self._enter("group")
+        else:
+            self._enter("leader")
+
+    def kill(self) -> None:
+        """Skip the graces: SIGKILL the group now."""
+        if self.phase != "done":
+            self._enter("kill")
+
+    def step(self) -> bool:
+        """Advance; True once the group got its final signal or is empty."""
+        if self.phase == "new":
+            self.start()
+        if self.phase == "done":
+            return True
+        if self._empty():
+            self.phase = "done"
+            return True
+        if self.phase == "leader" and (self._leader_gone() or self._clock() >= self._deadline):
+            self._enter("group")
+        elif self.phase == "group" and self._clock() >= self._deadline:
+            self._enter("kill")
+        return self.phase == "done"
+
+    def run(self, tick_s: float = 0.1, should_kill: Callable[[], bool] = lambda: False) -> None:
+        """Blocking form (for processes that are not our children)."""
+        self.start()
+        while not self.step():
+            if should_kill():
+                self.kill()
+                break
+            time.sleep(tick_s)
+        deadline = self._clock() + 5.0  # SIGKILLed members vanish once they are reaped
+        while self._clock() < deadline and not self._empty():
+            time.sleep(0.05)
