@@ -7,8 +7,28 @@ first token to the moment the *first* worker receives the last token of its last
 Inside it exactly C streams are decoding, so token arrivals in the window divided by its
 length is the server's aggregate output rate at concurrency C, free of the ramp-up (requests
 still in prefill) and of the drain (the tail where fewer than C streams remain) that bias
-``tokens / wall``.  The window is half-open, (start, end], so a lone stream's rate comes out as
-(tokens - 1) / (last - first), the same as its per-request decode rate.
+``tokens / wall``.
+
+Both ends sit on a *step boundary as the client sees it*, so that a step's tokens are either
+all in or all out.  A server hands every running stream its token(s) in one decode step, so
+reads arrive in *bursts* (one read per stream, microseconds apart) separated by pauses of
+about a step.  The first worker's last token is just one read of the final step's burst: the
+other streams' reads of that step come a moment later, and ending the window at that read
+dropped C - 1 tokens of a step whose time the window already held (-0.34% at C=8 and 256
+tokens).  So each end is moved to the *first read of the burst that holds it*, and the window
+is half-open, [start, end): it holds every read of the bursts from the one where the last
+stream started up to, not including, the one where the first stream ended, and its length is
+first read to first read, as many steps as it holds.  First reads, not last ones: a burst's
+later reads are late by the client's own work on the earlier ones (a stream's end costs it
+more), which differs between the two ends.  A burst ends at a pause of at least half the
+median per-token gap of the streams (about a step); an end whose burst shows no such pause
+within a few steps (a client too slow to tell the steps apart) stays where it was.
+
+The definition uses only what the client sees, so it holds for servers whose steps it cannot
+know, for packed events (``stream_interval``: a burst is then every stream that got an event
+in that step), and for jittered or late steps (steps that arrive together form one burst,
+which is in or out as a whole).  A lone stream's window is [first read, last read), so its
+rate is its per-request decode rate, (tokens - 1) / (last - first).
 """
 
 from __future__ import annotations
@@ -119,7 +139,7 @@ class TrialResult:
     """The subset of ``invalid`` caused by the moment, not by the server or the workload (a
     client stall): when every reason is transient, another trial may replace this one."""
     window: tuple[float, float] | None = None
-    """(start, end] of the steady-state window on the ``perf_counter`` clock (None: no window),
+    """[start, end) of the steady-state window on the ``perf_counter`` clock (None: no window),
     so a cross-check (``--perf-server-metrics``) can take its own figure over the same span."""
 
     @property
@@ -128,7 +148,11 @@ class TrialResult:
 
 
 def steady_window(records: Sequence[RequestRecord]) -> tuple[float, float] | None:
-    """(start, end] of the closed-loop steady state, or None when it is empty."""
+    """[start, end) of the closed-loop steady state on step boundaries, or None when empty.
+
+    The anchors are the last worker's first token and the first worker's last token; each is
+    then moved to the first read of its burst (:func:`burst_start`; module docstring: why).
+    """
     first_by_worker: dict[int, float] = {}
     last_by_worker: dict[int, float] = {}
     for rec in records:
@@ -144,11 +168,53 @@ def steady_window(records: Sequence[RequestRecord]) -> tuple[float, float] | Non
         return None
     start = max(first_by_worker.values())
     end = min(last_by_worker.values())
+    if end <= start:
+        return None
+    step = step_gap(records)
+    if step > 0.0:
+        times = np.sort(np.concatenate([np.frombuffer(r.chunk_times, dtype=np.float64)
+                                        for r in records if r.chunk_times]))
+        start = burst_start(times, start, step)
+        end = burst_start(times, end, step)
     return (start, end) if end > start else None
 
 
+def step_gap(records: Iterable[RequestRecord]) -> float:
+    """The median time per token of a stream: one server step as the client sees it (0: none).
+
+    Per token, not per read, so a server that packs k tokens per event still gives one step,
+    whether or not the streams' events fall on the same steps.
+    """
+    gaps = inter_token_latencies(records)
+    return float(np.median(gaps)) if gaps.size else 0.0
+
+
+BURST_REACH_STEPS = 4.0
+"""How far (in steps) a window end may move to the start of its burst.  More than one step: a
+server that fell behind runs overdue steps back to back (the simulator does; SGLang's scheduler
+starts the next step at once), so a few steps can arrive as one burst."""
+
+
+def burst_start(times: np.ndarray, anchor: float, step: float) -> float:
+    """The first read of the burst that holds ``anchor`` (``times``: every read, sorted).
+
+    A burst is a run of reads with gaps under ``step / 2``; the previous step's reads came
+    about a step earlier.  If no such pause comes within :data:`BURST_REACH_STEPS` steps
+    before the anchor, the reads do not show the steps apart (a client that fell behind reads
+    continuously) and ``anchor`` is kept.
+    """
+    i = int(np.searchsorted(times, anchor, side="left"))
+    lo = int(np.searchsorted(times, anchor - BURST_REACH_STEPS * step, side="left"))
+    before = times[max(lo - 1, 0):i]
+    if lo == 0:  # nothing before the reach: the run of reads starts with the trial
+        before = np.concatenate(([-np.inf], before))
+    seg = np.concatenate((before, [anchor]))
+    pauses = np.flatnonzero(np.diff(seg) >= 0.5 * step)
+    return float(seg[pauses[-1] + 1]) if pauses.size else anchor
+
+
 def tokens_in_window(records: Iterable[RequestRecord], start: float, end: float) -> float:
-    """Token arrivals in (start, end].
+    """Token arrivals in [start, end): a closed-loop window's first burst in, its last out.
 
     A block's events are weighted by ``completion_tokens / events`` of its request, so a server
     that packs several tokens into one event (SGLang's ``stream_interval``) is counted right.
@@ -159,7 +225,7 @@ def tokens_in_window(records: Iterable[RequestRecord], start: float, end: float)
             continue
         times = np.frombuffer(rec.chunk_times, dtype=np.float64)
         events = np.frombuffer(rec.chunk_events, dtype=np.uint32)
-        inside = (times > start) & (times <= end)
+        inside = (times >= start) & (times < end)
         total += float(events[inside].sum()) * rec.tokens_per_event
     return total
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 from array import array
 
 import pytest
@@ -33,7 +35,7 @@ def test_window_excludes_ramp_up_and_drain() -> None:
     # worker 1 starts 1 s late and worker 0 finishes first: only [1.0, 2.0] has both decoding
     recs = [_rec(0, 0.0, 201, 0.01), _rec(1, 1.0, 201, 0.01)]
     assert steady_window(recs) == pytest.approx((1.0, 2.0))
-    assert tokens_in_window(recs, 1.0, 2.0) == pytest.approx(200)  # 100 each, (start, end]
+    assert tokens_in_window(recs, 1.0, 2.0) == pytest.approx(200)  # 100 each, [start, end)
 
 
 def test_lone_stream_window_equals_its_decode_rate() -> None:
@@ -140,3 +142,92 @@ def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
     result = asyncio.run(measure_level(client, spec(), level))
     assert result.verdict == "invalid" and client.calls == 3 + MAX_REPLACED_TRIALS
     assert result.reasons[0].startswith("load client stalled")
+
+
+# ------------------------------------------------------------------ window ends on step boundaries
+
+
+def _stepped(ends: list[float], streams: int, *, first: int = 1, last: int | None = None,
+             read_s: float = 20e-6, tail_s: float = 0.0, every: int = 1,
+             phase: list[int] | None = None) -> list[RequestRecord]:
+    """C streams fed by one server: step ``k`` ends at ``ends[k]`` and hands every running
+    stream a token; the client reads stream ``j`` ``j * read_s`` later (one burst per step).
+
+    ``every``: tokens per event (``stream_interval``), stream ``j`` emitting on the steps where
+    ``(k - first - phase[j]) % every == every - 1``; ``tail_s``: extra client time per stream
+    spent on a stream's final read (usage, [DONE]), which stretches the last burst.
+    """
+    last = len(ends) - 1 if last is None else last
+    recs = []
+    for j in range(streams):
+        p = 0 if phase is None else phase[j]
+        steps = [k for k in range(first, last + 1) if (k - first - p) % every == every - 1 or k == last]
+        times = [ends[k] + j * read_s + (j * tail_s if k == last else 0.0) for k in steps]
+        counts, prev = [], first - 1
+        for k in steps:
+            counts.append(k - prev)
+            prev = k
+        rec = RequestRecord(index=j, worker=j, scheduled=0.0, sent=0.0, first_token=times[0], status=200,
+                            completion_tokens=last - first + 1)
+        rec.chunk_times = array("d", times)
+        rec.chunk_events = array("I", [1] * len(times))  # one event per read, as a packed server sends
+        rec.end = times[-1]
+        recs.append(rec)
+    return recs
+
+
+def test_window_counts_the_last_steps_tokens_of_every_stream() -> None:
+    """C=8, 256 tokens from one step: the window holds 255 whole steps (255 * 8 tokens, not the
+    254 * 8 + 1 a window ending at the first stream's last token held), stamped alike at both
+    ends although the client spends longer on the last burst (usage, [DONE])."""
+    step = 0.00233
+    ends = [1.0 + k * step for k in range(257)]
+    recs = _stepped(ends, 8, tail_s=80e-6)
+    start, end = steady_window(recs)
+    tokens = tokens_in_window(recs, start, end)
+    assert tokens == 255 * 8
+    assert tokens / (end - start) == pytest.approx(8 / step, rel=1e-9)
+
+
+def test_window_is_whole_steps_with_jittered_steps() -> None:
+    rng = random.Random(7)
+    durations = [0.004 * math.exp(rng.gauss(-0.045, 0.3)) for _ in range(300)]
+    ends = [1.0 + sum(durations[:k]) for k in range(301)]
+    recs = _stepped(ends, 16, first=3, last=290)
+    start, end = steady_window(recs)
+    tokens = tokens_in_window(recs, start, end)
+    assert tokens % 16 == 0
+    steps = round(tokens / 16)
+    # exactly the span of those steps: burst first reads, both stamped by stream 0
+    assert (start, end) == pytest.approx((ends[3], ends[3 + steps]), abs=1e-12)
+    assert 3 + steps == 290
+
+
+def test_window_is_whole_bursts_with_packed_events() -> None:
+    """stream_interval=4, every stream on the same steps: the window holds whole bursts."""
+    step = 0.002
+    ends = [1.0 + k * step for k in range(402)]
+    recs = _stepped(ends, 8, last=400, every=4)
+    for r in recs:
+        assert r.tokens_per_event == pytest.approx(4)
+    start, end = steady_window(recs)
+    tokens = tokens_in_window(recs, start, end)
+    assert tokens == pytest.approx(99 * 8 * 4)
+    assert tokens / (end - start) == pytest.approx(8 / step, rel=1e-9)
+
+
+def test_window_with_packed_events_on_different_steps_is_within_one_event_per_stream() -> None:
+    step = 0.002
+    ends = [1.0 + k * step for k in range(402)]
+    recs = _stepped(ends, 8, last=400, every=4, phase=[j % 4 for j in range(8)])
+    start, end = steady_window(recs)
+    rate = tokens_in_window(recs, start, end) / (end - start)
+    assert rate == pytest.approx(8 / step, rel=8 * 4 / (8 * 390))
+
+
+def test_reads_without_pauses_keep_the_anchor() -> None:
+    """A client that read continuously (no step visible) keeps the plain anchors."""
+    late = 4 * 0.0004 + 10 * 0.002  # the last stream starts 10 reads after the others
+    recs = [_rec(j, late if j == 4 else j * 0.0004, 200 + 10 * j, 0.002, index=j) for j in range(5)]
+    start, end = steady_window(recs)
+    assert start == pytest.approx(late) and end == pytest.approx(199 * 0.002)
