@@ -43,6 +43,14 @@ class Comparison:
         return self.reference is not None and self.deployment not in (None, self.reference)
 
 
+class MeasurementInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a measurement; ``result`` holds the levels it finished."""
+
+    def __init__(self, result: ThroughputResult) -> None:
+        super().__init__()
+        self.result = result
+
+
 def measure_gated(
     session: PerfSession,
     endpoint: EndpointInfo,
@@ -92,6 +100,18 @@ def measure_gated(
         result = session.measure(spec, progress)
     except ServerMetricsError as exc:
         raise GateProblem(f"--perf-server-metrics: {exc}") from None
+    except KeyboardInterrupt:
+        if spec.partial is None:
+            raise
+        partial = spec.partial
+        partial.extra.update(baseline_file=str(path), baseline_profile=comparison.store.profile,
+                             session_id=session.session_id,
+                             interrupted="measurement interrupted (Ctrl-C or SIGTERM); "
+                                         "only the levels it finished are reported")
+        if comparison.deployment is not None:
+            partial.extra["profile"] = comparison.deployment
+        note_server_crash(partial, server)
+        raise MeasurementInterrupted(partial) from None
     changes = apply_gate(
         result, baseline, compared_with, current, settings,
         tolerance=targets.tolerance, alpha=targets.alpha, alpha_weights=policy.alpha_weights,

@@ -106,6 +106,9 @@ class MeasureSpec:
     policy: TrialPolicy = field(default_factory=FixedTrials)
     observer: TrialObserver | None = None
     """Checks each trial against another source (the server's counters); None: none."""
+    partial: ThroughputResult | None = None
+    """Set by :func:`measure_test`: the result it fills level by level, so an interrupted
+    measurement (Ctrl-C, SIGTERM) can still report the levels it finished."""
 
     def bodies_for(self, level: LevelSpec) -> list[bytes]:
         return [
@@ -293,6 +296,7 @@ async def measure_test(
 ) -> ThroughputResult:
     """All levels of one test, in order; levels after an ``error`` are ``not-run``."""
     result = ThroughputResult(spec.nodeid, spec.workload, spec.targets)
+    spec.partial = result
     observer = spec.observer
     try:
         if observer is not None:

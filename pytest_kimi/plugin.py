@@ -13,6 +13,7 @@ import dataclasses
 import fcntl
 import os
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterator
@@ -22,7 +23,7 @@ import pytest
 from . import settings
 from .baseline import DEFAULT_DIRNAME, BaselineStore, TestBaseline
 from .gate import GateSettings
-from .gated import Comparison, GateProblem, measure_gated
+from .gated import Comparison, GateProblem, MeasurementInterrupted, measure_gated
 from .endpoint import EndpointError, EndpointInfo, normalize_url
 from .markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_marker_kwargs, parse_throughput
 from .report.json_report import build_report, write_json, write_text
@@ -40,6 +41,7 @@ from .server import (
     open_server,
 )
 from .scrub import is_secret_name, register_secret, scrub, scrub_text
+from .server.interrupts import Interrupts
 from .serverinfo import clean_server_info
 from .session import KimiLoad, PerfSession
 
@@ -106,6 +108,7 @@ GATE = pytest.StashKey[GateContext]()
 SETTINGS = pytest.StashKey[dict[str, settings.Resolved[Any]]]()
 PERF_ITEM = pytest.StashKey[PerfItem]()
 RESULT = pytest.StashKey[ThroughputResult]()
+INTERRUPTS = pytest.StashKey[Interrupts]()
 
 
 def _setting(config: pytest.Config, name: str) -> settings.Resolved[Any]:
@@ -161,6 +164,32 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"{_setting(config, 'perf_html').source}: {exc}") from None
     config.pluginmanager.register(PerfReporter(config), "kimi-perf-reporter")
     _group_perf_tests_under_xdist(config)
+    _install_interrupts(config)
+
+
+def _install_interrupts(config: pytest.Config) -> None:
+    """SIGTERM (``timeout``, a cancelled CI job, a container stop) is handled like Ctrl-C:
+    the measurement stops, servers are stopped gracefully, reports are written, exit 2.  A
+    second SIGTERM or Ctrl-C kills the servers and exits at once.  See server/interrupts.py."""
+    def say(text: str) -> None:  # past output capture, as the progress lines are
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        capman = config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            raise RuntimeError("no terminal")
+        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+            reporter.ensure_newline()
+            reporter.write_line(text, bold=True)
+
+    interrupts = Interrupts(say=say)
+    if interrupts.install():
+        config.stash[INTERRUPTS] = interrupts
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    interrupts = config.stash.get(INTERRUPTS, None)
+    if interrupts is not None:
+        interrupts.restore()
+        del config.stash[INTERRUPTS]
 
 
 def _load_deployments(config: pytest.Config) -> list[ServerProfile]:
@@ -300,11 +329,13 @@ def kimi_server(pytestconfig: pytest.Config, kimi_deployment: ServerProfile | No
         yield None
         return
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    capman = pytestconfig.pluginmanager.get_plugin("capturemanager")
 
     def progress(message: str) -> None:
-        if reporter is not None:
-            reporter.ensure_newline()
-            reporter.write_line(scrub_text(f"[kimi {kimi_deployment.name}] {message}"))
+        if reporter is not None:  # past output capture (fd capture would swallow it)
+            with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+                reporter.ensure_newline()
+                reporter.write_line(scrub_text(f"[kimi {kimi_deployment.name}] {message}"))
 
     server = open_server(kimi_deployment, Path(pytestconfig.rootpath) / ".kimi" / "logs")
     problem = None
@@ -374,7 +405,8 @@ def _start_sim(config: pytest.Config, resolved: settings.Resolved[Any], api_key:
         raise pytest.UsageError(str(exc)) from None
     if api_key and profile.api_key is None:
         profile = dataclasses.replace(profile, api_key=api_key)
-    sim = SimProcess(profile, log_dir=Path(config.rootpath) / ".kimi" / "logs")
+    kimi = Path(config.rootpath) / ".kimi"
+    sim = SimProcess(profile, log_dir=kimi / "logs", record_dir=kimi / "servers")
     sim.start()
     return sim
 
@@ -428,6 +460,9 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
             )
     except GateProblem as exc:
         problem = str(exc)
+    except MeasurementInterrupted as exc:
+        _report_interrupted(config, exc.result)
+        raise
     if problem is not None:
         pytest.fail(problem, pytrace=False)
     result.extra["measured"] = [round(x, 3) for x in config.stash[STATE].intervals[-1]]
@@ -436,6 +471,20 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
         (name, scrub_text(value) if isinstance(value, str) else value)
         for name, value in junit_properties(result.to_dict()))
     return result
+
+
+def _report_interrupted(config: pytest.Config, result: ThroughputResult) -> None:
+    """The levels an interrupted test finished go into the reports (outcome "interrupted"):
+    pytest makes no test report for it, so it is handed to the reporter directly."""
+    reporter = config.pluginmanager.get_plugin("kimi-perf-reporter")
+    if reporter is None:
+        return
+    data = result.to_dict()
+    data["outcome"] = "interrupted"
+    endpoint = config.stash[STATE].endpoint
+    if endpoint is not None:
+        data["endpoint"] = endpoint
+    reporter.pytest_runtest_logreport(types.SimpleNamespace(**{REPORT_ATTR: data}))
 
 
 @contextlib.contextmanager

@@ -415,7 +415,7 @@ class Supervised:
         self._code: int | None = None
         self._events: list[dict[str, Any]] = []
         self._cond = threading.Condition()
-        self._wlock = threading.Lock()
+        self._wlock = threading.RLock()  # kill() may run in a signal handler mid-_send
         cfg = {
             "argv": self.argv, "env": dict(env) if env is not None else None,
             "cwd": os.fspath(cwd) if cwd is not None else None,

@@ -20,6 +20,10 @@ every failure a real deployment has shown:
     ``never-ready``: print weight-loading progress forever, never listen.
     ``ignore-sigterm``: ignore SIGTERM and spawn a child that ignores it as well (its pid
     is logged as ``scheduler child pid N``), to prove the launcher kills the whole group.
+``FAKE_SGLANG_SCHEDULERS``
+    Number of scheduler child processes to fork (default 0), each logged as ``scheduler
+    child pid N``; unlike SGLang's they do not die with the main process, so only a stop of
+    the whole process group ends them.
 ``FAKE_SGLANG_STARTUP_S``
     Seconds of simulated loading before the server listens (default 0.5).
 ``FAKE_SGLANG_SPEED`` / ``FAKE_SGLANG_SLOWDOWN``
@@ -186,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if mode == "ignore-sigterm":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the child below
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time\nwhile True: time.sleep(60)"],
+            stdin=subprocess.DEVNULL)
+        log(f"scheduler child pid {child.pid}")
+    for _ in range(int(os.environ.get("FAKE_SGLANG_SCHEDULERS", "0"))):
         child = subprocess.Popen(
             [sys.executable, "-c", "import time\nwhile True: time.sleep(60)"],
             stdin=subprocess.DEVNULL)
