@@ -643,3 +643,99 @@ def test_reported_server_info_wins_over_the_profile(tmp_path: Path) -> None:
     profile = load_profile(fake_profile(tmp_path, args={"enable-eplb": True}))
     reported = {"enable_eplb": True, "tp_size": 8, "version": "0.5"}
     assert described_server_info(profile, reported) == reported
+
+
+# ---------------------------------------------------------------------- stop, secrets, ports
+
+
+def test_stop_is_staged_leader_first_then_group(tmp_path: Path, servers: list[Any]) -> None:
+    """SIGTERM to the main process alone first (SGLang shuts its schedulers down itself);
+    children it leaves get the group SIGTERM; nothing survives."""
+    profile = load_profile(fake_profile(tmp_path, env={"FAKE_SGLANG_SCHEDULERS": "2"},
+                                        stop_grace_s=20, stop_timeout_s=20))
+    server = open_server(profile, tmp_path / "logs")
+    servers.append(server)
+    server.launch()
+    assert server.log_path is not None
+    children = [int(p) for p in re.findall(r"scheduler child pid (\d+)",
+                                           server.log_path.read_text())]
+    assert len(children) == 2 and all(pid_alive(p) for p in children)
+    assert server.stop() == 0
+    assert not any(pid_alive(p) for p in [server.pid or 0, *children])
+    log = server.log_path.read_text()
+    leader = log.index("sent SIGTERM to the main process")
+    group = log.index(f"sent SIGTERM to process group {server.pgid}")
+    assert leader < group and "sent SIGKILL" not in log[leader:]
+    assert "stop: SIGTERM to the main process, 20 s (stop_grace_s)" in log
+
+
+def test_secrets_stay_out_of_log_record_and_errors(tmp_path: Path, servers: list[Any]) -> None:
+    key, admin, token, custom = ("sk-test-" + "a" * 20, "admin-" + "b" * 20,
+                                 "hf_" + "c" * 24, "custom-" + "d" * 16)
+    profile = load_profile(fake_profile(
+        tmp_path, "crash-mid-sweep", args={"api-key": key},
+        env={"HF_TOKEN": token, "MY_CREDS": custom, "FAKE_SGLANG_CRASH_AFTER": "1"},
+        secret_env=["MY_CREDS"]))
+    assert profile.secret_env == {"MY_CREDS"}
+    server = open_server(profile, tmp_path / "logs", record_dir=tmp_path / "servers")
+    servers.append(server)
+    server.launch()
+    (record,) = (tmp_path / "servers").glob("*.json")
+    rec = json.loads(record.read_text())
+    assert rec["pid"] == server.pid and rec["port"] == server.port
+    assert rec["owner_pid"] == os.getpid() and rec["name"] == "fake"
+    assert "--api-key" in rec["command"] and key not in record.read_text()
+    server.stop()
+    assert not record.exists(), "removed once the group is gone"
+    assert server.log_path is not None
+    log = server.log_path.read_text()
+    assert "api_key='<redacted>'" in log  # the fake logs its ServerArgs, key included
+    assert "MY_CREDS=<redacted>" in log and "HF_TOKEN=<redacted>" in log
+    for secret in (key, token, custom):
+        assert secret not in log
+
+    crash = load_profile(fake_profile(tmp_path, "crash-at-start", args={"api-key": key},
+                                      name="crash"))
+    server = open_server(crash, tmp_path / "logs")
+    servers.append(server)
+    with pytest.raises(ServerStartError) as info:
+        server.launch()
+    assert key not in str(info.value) and "<redacted>" in str(info.value)
+    del admin
+
+
+def test_port_is_picked_below_the_ephemeral_range(tmp_path: Path) -> None:
+    from pytest_kimi.server.launcher import PORT_CEILING, PORT_FLOOR, _ephemeral_low, _free_port
+
+    low = _ephemeral_low()
+    for _ in range(20):
+        port = _free_port("127.0.0.1")
+        if low > PORT_FLOOR + 100:
+            assert PORT_FLOOR <= port <= min(PORT_CEILING, low - 1)
+    assert PORT_CEILING + 240 < 22000, "clear of SGLang's NCCL and DP-attention ports"
+
+
+def test_server_info_asks_the_current_path_first() -> None:
+    assert SGLANG.info_paths == ("/server_info", "/get_server_info")
+
+
+def test_leftover_record_of_a_gone_process_is_dropped(tmp_path: Path) -> None:
+    from pytest_kimi.server import leftovers
+
+    records = tmp_path / "servers"
+    records.mkdir()
+    stale = records / "old.json"
+    stale.write_text(json.dumps({"pid": 2 ** 22 + 12345, "pgid": 2 ** 22 + 12345,
+                                 "starttime": 1, "owner_pid": 2 ** 22 + 1}))
+    (records / "junk.json").write_text("not json")
+    assert leftovers.clear(records) == []
+    assert not list(records.glob("*.json"))
+
+
+def test_stop_profile_keys_are_validated(tmp_path: Path) -> None:
+    p = load_profile(write_profile(tmp_path, "args: {}\nstop_grace_s: 0\nstop_timeout_s: 1\n"))
+    assert (p.stop_grace_s, p.stop_timeout_s) == (0.0, 1.0)
+    with pytest.raises(ProfileError, match="'stop_grace_s' must be a number of seconds >= 0"):
+        load_profile(write_profile(tmp_path, "args: {}\nstop_grace_s: -1\n"))
+    with pytest.raises(ProfileError, match="'secret_env' must be a list"):
+        load_profile(write_profile(tmp_path, "args: {}\nsecret_env: TOKEN\n"))
