@@ -248,3 +248,13 @@ def test_plugin_reports_both_counts_and_both_latencies(pytester: pytest.Pytester
         assert lv["tok_s"] == pytest.approx(profile.true_tok_s(lv["concurrency"]), rel=0.15)
     assert "reasoning/content tok" in md.read_text() and "TTFT/TTFC p95 s" in md.read_text()
     assert "TTFC" in render_html(data)
+
+
+def test_junit_properties_carry_reasoning_only_when_present() -> None:
+    from pytest_kimi.report.junit import junit_properties
+
+    plain = {"label": "C=1", "tok_s": 10.0, "verdict": "pass"}
+    thinking = {**plain, "label": "C=2", "ttfc_s_p95": 0.5, "reasoning_tokens_mean": 24.0, "content_tokens_mean": 40.0}
+    props = dict(junit_properties({"levels": [plain, thinking]}))
+    assert not any(k.startswith("kimi.C1.") and ("ttfc" in k or "reasoning" in k) for k in props)
+    assert (props["kimi.C2.ttfc_s_p95"], props["kimi.C2.reasoning_tokens_mean"]) == (0.5, 24.0)

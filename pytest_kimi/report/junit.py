@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-JUNIT_FIELDS = ("tok_s", "request_tok_s_p50", "ttft_s_p95", "baseline_tok_s", "change_pct", "p_value", "trials", "verdict")
+JUNIT_FIELDS = ("tok_s", "request_tok_s_p50", "ttft_s_p95", "ttfc_s_p95", "reasoning_tokens_mean", "content_tokens_mean",
+                "baseline_tok_s", "change_pct", "p_value", "trials", "verdict")
+"""The reasoning fields exist only for levels whose streams separated thinking from the answer."""
 
 
 def junit_properties(test: dict[str, Any]) -> list[tuple[str, Any]]:
