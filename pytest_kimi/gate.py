@@ -60,11 +60,20 @@ class AdaptiveTrials:
     first_trials: int
     looks: dict[LevelSpec, int] = field(default_factory=dict)
     alpha_weights: dict[LevelSpec, float] = field(default_factory=dict)
+    planned: dict[LevelSpec, int] = field(default_factory=dict)
+    """Trials planned so far per level while recording (bounds the top-up of invalid ones)."""
 
     def more_trials(self, level: LevelSpec, samples: Sequence[float]) -> int:
         s = self.settings
         if s.updating:
-            return max(0, s.max_trials - len(samples))
+            # Top up to max_trials valid samples, but never past twice that many trials, and
+            # not at all when no trial gave a figure: a failing server (every request an
+            # error) would otherwise be asked for ten more trials forever.
+            run = self.planned.get(level, self.first_trials)
+            extra = max(0, min(s.max_trials - len(samples), 2 * s.max_trials - run)) \
+                if samples else 0
+            self.planned[level] = run + extra
+            return extra
         base = self.baseline_samples.get(level)
         if not base or not samples:
             return 0
