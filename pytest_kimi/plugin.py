@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import os
 import time
 import types
@@ -499,15 +498,14 @@ def _one_measurement_at_a_time(config: pytest.Config) -> Iterator[None]:
     if not hasattr(config, "workerinput"):
         yield
     else:
+        # filelock, not fcntl: the plugin must import wherever pytest runs (Windows too).
+        from filelock import FileLock
+
         path = Path(config.rootpath) / ".kimi" / "measure.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        with FileLock(str(path)):
             started = time.time()
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+            yield
     config.stash[STATE].intervals.append((started, time.time()))
 
 

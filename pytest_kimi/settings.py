@@ -19,7 +19,8 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class Option(Generic[T]):
     flag: str
-    ini: str
+    ini: str | None
+    """None: command line only (a committed ini must not be able to set it)."""
     env: str | None
     help: str
     parse: Callable[[str], T]
@@ -184,7 +185,9 @@ OPTIONS: dict[str, Option[Any]] = {
             switch=True,
         ),
         Option(
-            "--update-baselines", "kimi_update_baselines", None,
+            # Command line only: an ini key committed with the suite would rewrite the
+            # baselines on every CI run and so bypass their review.
+            "--update-baselines", None, None,
             "write the baselines of the tests that ran ('force': also from a run with failed or "
             "invalid levels)", update_mode, metavar="force",
         ),
@@ -216,7 +219,8 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(opt.flag, dest=opt.dest, nargs="?", const="yes", default=None, metavar=opt.metavar, help=cli_help)
         else:
             group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=cli_help + env)
-        parser.addini(opt.ini, opt.help, default="")
+        if opt.ini is not None:
+            parser.addini(opt.ini, opt.help, default="")
 
 
 def resolve(
@@ -228,7 +232,8 @@ def resolve(
     candidates: list[tuple[str, Any]] = [(opt.flag, config.getoption(opt.dest))]
     if opt.env:
         candidates.append((f"env {opt.env}", env.get(opt.env)))
-    candidates.append((f"ini {opt.ini}", config.getini(opt.ini) or None))
+    if opt.ini is not None:
+        candidates.append((f"ini {opt.ini}", config.getini(opt.ini) or None))
     for source, raw in candidates:
         if raw is None or raw == "":
             continue
