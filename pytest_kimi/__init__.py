@@ -3,17 +3,38 @@
 ``@throughput(min_tok_s=60, concurrency=1)`` measures an OpenAI-compatible endpoint (SGLang,
 vLLM, or the built-in simulator) before the test body runs and fails the test when a target
 is missed.
+
+The package face is lazy (PEP 562): ``import pytest_kimi.baseline`` or ``python -m
+pytest_kimi.sim`` must not pay for pytest, aiohttp and numpy when they do not use them (every
+load-worker process and simulator child imports this package first).
 """
 
 from __future__ import annotations
 
-import pytest
-
-from .results import LevelResult, ThroughputResult
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-throughput = pytest.mark.throughput
-"""``@throughput(concurrency=[1, 8], min_tok_s=60, ...)``: the same object as ``pytest.mark.throughput``."""
+if TYPE_CHECKING:
+    import pytest
+
+    from .results import LevelResult, ThroughputResult
+
+    throughput: pytest.MarkDecorator
 
 __all__ = ["throughput", "ThroughputResult", "LevelResult", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "throughput":
+        import pytest
+
+        # ``@throughput(concurrency=[1, 8], min_tok_s=60, ...)``: ``pytest.mark.throughput``,
+        # made once and kept, so every import gets the same object.
+        mark = globals()["throughput"] = pytest.mark.throughput
+        return mark
+    if name in ("ThroughputResult", "LevelResult"):
+        from . import results
+
+        return getattr(results, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

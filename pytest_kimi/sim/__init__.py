@@ -8,10 +8,29 @@ The plugin's accuracy tests measure this server and compare with
 
 from __future__ import annotations
 
-from .app import SimServer, count_prompt_tokens, create_app, start_server
-from .engine import EngineStats, SimEngine
-from .process import SimProcess, SimProcessError
-from .profile import SimConfigError, SimProfile, parse_sim_spec
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app import SimServer, count_prompt_tokens, create_app, start_server
+    from .engine import EngineStats, SimEngine
+    from .process import SimProcess, SimProcessError
+    from .profile import SimConfigError, SimProfile, parse_sim_spec
+
+_WHERE = {
+    "SimServer": "app", "count_prompt_tokens": "app", "create_app": "app", "start_server": "app",
+    "EngineStats": "engine", "SimEngine": "engine",
+    "SimProcess": "process", "SimProcessError": "process",
+    "SimConfigError": "profile", "SimProfile": "profile", "parse_sim_spec": "profile",
+}
+"""Lazy (PEP 562): the plugin starts a simulator through :mod:`.process`, which must not
+import aiohttp's server side into the pytest process just to spawn a child."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "EngineStats",

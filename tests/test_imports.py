@@ -1,0 +1,49 @@
+"""The pytest-free core really is pytest-free: checked in a fresh interpreter's sys.modules.
+
+Parsing import lines is not enough: ``import pytest_kimi.baseline`` runs the package's
+``__init__`` first, and whatever that imports is paid by every worker and simulator child.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("pytest", "aiohttp", "numpy", "scipy", "_pytest")
+
+
+def _loaded_after(statement: str) -> set[str]:
+    code = (f"import sys\n{statement}\nimport json\n"
+            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("statement, allowed", [
+    ("import pytest_kimi", ()),
+    ("import pytest_kimi.baseline", ()),
+    ("import pytest_kimi.scrub", ()),
+    ("import pytest_kimi.serverinfo", ()),
+    ("import pytest_kimi.server", ()),
+    ("import pytest_kimi.stats", ("numpy", "scipy")),
+    ("import pytest_kimi.sim.process", ()),
+    ("import pytest_kimi.sim.app", ("aiohttp",)),
+])
+def test_core_modules_import_no_heavy_dependency(statement: str, allowed: tuple[str, ...]) -> None:
+    loaded = _loaded_after(statement)
+    assert not (loaded & set(HEAVY)) - set(allowed), sorted(loaded & set(HEAVY))
+
+
+def test_package_face_still_offers_the_marker_and_results() -> None:
+    import pytest_kimi
+
+    assert pytest_kimi.throughput == pytest.mark.throughput
+    assert pytest_kimi.throughput is pytest_kimi.throughput
+    from pytest_kimi import LevelResult, ThroughputResult, throughput  # noqa: F401
+
+    with pytest.raises(AttributeError):
+        pytest_kimi.no_such_name  # noqa: B018
