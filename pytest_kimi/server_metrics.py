@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from dataclasses import dataclass, field
 from statistics import median
 from time import perf_counter
@@ -39,6 +38,7 @@ from typing import Any, Sequence
 
 import aiohttp
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from .metrics import TrialResult
 from .records import RequestRecord
@@ -81,10 +81,14 @@ class ServerMetricsError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------ parsing
-
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
+#
+# The text exposition format is parsed by prometheus_client's parser (the reference
+# implementation, escapes, special values and timestamps included).  Two things it does not do
+# are done here: it stops at the first malformed line, while a scrape must keep every good
+# sample of a page with one bad line (a proxy's HTML error page, a truncated read), so a page
+# that fails whole is parsed again line by line; and it parses every line, while the scrapes
+# during a trial run on the load client's loop and vLLM's page has hundreds of histogram
+# lines nobody needs, so lines are filtered by name prefix first.
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,60 +113,10 @@ class MetricTotals:
         return self.totals.get(name)
 
 
-def _skip_ws(line: str, pos: int) -> int:
-    while pos < len(line) and line[pos] in " \t":
-        pos += 1
-    return pos
-
-
-def _parse_labels(line: str, pos: int) -> tuple[tuple[tuple[str, str], ...], int] | None:
-    """Labels from just after ``{`` to just after ``}``; None when malformed.
-
-    Values are quoted with ``\\\\``, ``\\"`` and ``\\n`` escapes, so a ``}``, ``,`` or space
-    inside a value is data, not syntax (a plain split would cut it).
-    """
-    labels: list[tuple[str, str]] = []
-    n = len(line)
-    while True:
-        pos = _skip_ws(line, pos)
-        if pos < n and line[pos] == "}":
-            return tuple(labels), pos + 1
-        m = _LABEL_NAME.match(line, pos)
-        if m is None:
-            return None
-        key = m.group()
-        pos = _skip_ws(line, m.end())
-        if pos >= n or line[pos] != "=":
-            return None
-        pos = _skip_ws(line, pos + 1)
-        if pos >= n or line[pos] != '"':
-            return None
-        pos += 1
-        buf: list[str] = []
-        while True:
-            if pos >= n:
-                return None
-            c = line[pos]
-            if c == "\\":
-                if pos + 1 >= n:
-                    return None
-                nxt = line[pos + 1]
-                buf.append(_ESCAPES.get(nxt, "\\" + nxt))
-                pos += 2
-            elif c == '"':
-                pos += 1
-                break
-            else:
-                buf.append(c)
-                pos += 1
-        labels.append((key, "".join(buf)))
-        pos = _skip_ws(line, pos)
-        if pos < n and line[pos] == ",":
-            pos += 1
-            continue
-        if pos < n and line[pos] == "}":
-            return tuple(labels), pos + 1
-        return None
+def _parse(text: str) -> list[Sample]:
+    """Every sample of ``text`` (no comment lines); ValueError when any line is malformed."""
+    return [Sample(s.name, tuple(sorted(s.labels.items())), float(s.value))
+            for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def parse_sample(line: str) -> Sample | None:
@@ -174,29 +128,11 @@ def parse_sample(line: str) -> Sample | None:
     line = line.strip()
     if not line or line.startswith("#"):
         return None
-    m = _NAME.match(line)
-    if m is None:
-        return None
-    pos = m.end()
-    if pos < len(line) and line[pos] not in " \t{":
-        return None
-    pos = _skip_ws(line, pos)
-    labels: tuple[tuple[str, str], ...] = ()
-    if pos < len(line) and line[pos] == "{":
-        parsed = _parse_labels(line, pos + 1)
-        if parsed is None:
-            return None
-        labels, pos = parsed
-    rest = line[pos:].split()
-    if not 1 <= len(rest) <= 2:
-        return None
     try:
-        value = float(rest[0])
-        if len(rest) == 2:
-            float(rest[1])
+        samples = _parse(line + "\n")
     except ValueError:
         return None
-    return Sample(m.group(), labels, value)
+    return samples[0] if len(samples) == 1 else None
 
 
 def parse_metrics(text: str, names: Sequence[str] | None = None) -> MetricTotals:
@@ -211,16 +147,24 @@ def parse_metrics(text: str, names: Sequence[str] | None = None) -> MetricTotals
     """
     out = MetricTotals()
     wanted = tuple(names) if names is not None else None
+    lines = []
     for line in text.splitlines():
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
-            continue
-        if wanted is not None and not stripped.startswith(wanted):
-            continue
-        sample = parse_sample(stripped)
-        if sample is None:
-            out.bad_lines += 1
-            continue
+            continue  # no TYPE lines: sample names stay exactly as written (``*_total``)
+        if wanted is None or stripped.startswith(wanted):
+            lines.append(stripped)
+    try:
+        samples = _parse("\n".join(lines) + "\n") if lines else []
+    except ValueError:
+        samples = []
+        for line in lines:
+            sample = parse_sample(line)
+            if sample is None:
+                out.bad_lines += 1
+            else:
+                samples.append(sample)
+    for sample in samples:
         if wanted is not None and sample.name not in wanted:
             continue
         out.samples += 1
