@@ -461,7 +461,7 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
         problem = str(exc)
     except MeasurementInterrupted as exc:
         _report_interrupted(config, exc.result)
-        raise
+        raise KeyboardInterrupt from None  # what pytest and users know an interrupt by
     if problem is not None:
         pytest.fail(problem, pytrace=False)
     result.extra["measured"] = [round(x, 3) for x in config.stash[STATE].intervals[-1]]

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from ..scrub import is_secret_name, known_secrets, scrub_argv, scrub_text
 from . import leftovers
 from .procgroup import DEAD_LEADER_GRACE_S
+from .procgroup import group_members as _group_members  # noqa: F401 - tests/engine use it
 from .profile import ServerProfile, argv
 from .supervisor import Supervised
 
