@@ -154,6 +154,13 @@ def sim_profile(ns: argparse.Namespace, mode: str, argv: list[str] | None = None
     )
     if ns.max_running_requests:
         kwargs["max_running_requests"] = ns.max_running_requests
+    # SGLang counts generated tokens per finished request
+    # (sglang/srt/managers/tokenizer_manager.py -> observe_one_finished_request in
+    # sglang/srt/observability/metrics_collector.py); with a reasoning parser it streams the
+    # thinking as delta.reasoning_content (sglang/srt/entrypoints/openai/serving_chat.py).
+    kwargs["metrics_per_request"] = True
+    if ns.reasoning_parser:
+        kwargs["reasoning_tokens"] = int(os.environ.get("FAKE_SGLANG_REASONING_TOKENS", "16"))
     if mode == "crash-mid-sweep":
         kwargs["crash_after_requests"] = int(os.environ.get("FAKE_SGLANG_CRASH_AFTER", "3"))
     return SimProfile(**kwargs)
