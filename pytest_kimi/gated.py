@@ -77,7 +77,8 @@ def measure_gated(
         session_ids=[session.session_id], suite_dir=rootdir,
     )
     try:
-        spec = build_spec(endpoint, nodeid, workload, targets, rootdir=rootdir, trials=trials)
+        spec = build_spec(endpoint, nodeid, workload, targets, rootdir=rootdir, trials=trials,
+                          sizer=session.prompt_sizer)
         if comparison.is_candidate:
             baseline = (comparison.references or {}).get(nodeid)
             compared_with = f"deployment {comparison.reference} (same run)"
@@ -89,8 +90,7 @@ def measure_gated(
         raise GateProblem(f"@throughput prompts: {exc}") from None
     except (BaselineError, IncomparableBaseline) as exc:
         raise GateProblem(str(exc)) from None
-    if server is not None:
-        server.flush_cache()  # one test's prefix cache must not flatter the next
+    flush_note = flush_cache(server)
     keys = {lv: spec_key(lv, spec.prompts_key(lv), workload) for lv in workload.levels}
     policy = AdaptiveTrials(baseline_samples(baseline, keys), settings, len(keys), first_trials=spec.trials)
     spec.policy = policy
@@ -132,8 +132,27 @@ def measure_gated(
             result.extra["compared_with"] = compared_with
         if comparison.deployment == comparison.reference and comparison.references is not None:
             comparison.references[nodeid] = reference_baseline(result, current, comparison.reference)
+    if flush_note is not None:
+        result.extra["cache_flush"] = flush_note
+        for level in result.levels:
+            level.errors.append(f"note: {flush_note}")
     note_server_crash(result, server)
     return result
+
+
+def flush_cache(server: Any) -> str | None:
+    """Empty a managed server's prefix cache before a test; a note when that failed.
+
+    Prompts are unique per request anyway (:mod:`pytest_kimi.workload`), so a leftover cache
+    can only help through shared template tokens; still, a refused flush (the server busy past
+    the wait, a missing admin key) is reported rather than ignored.  An engine without a flush
+    endpoint (vLLM) is not a failure.
+    """
+    if server is None or getattr(getattr(server, "engine", None), "flush_path", None) is None:
+        return None
+    if server.flush_cache():
+        return None
+    return f"prefix cache not flushed before this test: {getattr(server, 'flush_error', None) or 'refused'}"
 
 
 def note_server_crash(result: ThroughputResult, server: Any) -> None:

@@ -14,7 +14,7 @@ from time import perf_counter
 from typing import Any, Callable, Literal, Protocol, Sequence
 
 from .load.request import Target
-from .load.runner import LiveTrial, OpenLoopPlan, TrialClient, TrialPlan, TrialRecords
+from .load.runner import TRIAL_ID_BITS, LiveTrial, OpenLoopPlan, TrialClient, TrialPlan, TrialRecords
 from .markers import LevelSpec, Targets, Workload
 from .metrics import ClientSignals, TrialResult, summarize_trial
 from .results import LevelResult, ThroughputResult, judge_level, not_run_level
@@ -102,6 +102,17 @@ class MeasureSpec:
     """Pre-encoded request bodies per input_tokens (None: the prompt set), at max_tokens 0;
     :meth:`bodies_for` sets the level's max_tokens."""
     prompts_keys: dict[int | None, str]
+    unique_slot: bytes | None = None
+    """Where each body holds its request's unique id (:data:`~pytest_kimi.workload.UNIQUE_SLOT`);
+    None: bodies are sent as encoded, repeating every pass (prefix-cache hits)."""
+    sizing: dict[int | None, str] = field(default_factory=dict)
+    """How synthetic prompts of each input_tokens were sized (reports show it)."""
+    trial_serial: int = 0
+    """Trials (and warm-ups) started so far: each gets its own range of request numbers, so
+    prompts stay unique across trials and levels."""
+    unique_salt: int = 0
+    """Offsets this measurement's trial ranges (from its run token), so another test's
+    requests start with other ids as well as another token."""
     trials: int = DEFAULT_TRIALS
     policy: TrialPolicy = field(default_factory=FixedTrials)
     observer: TrialObserver | None = None
@@ -118,6 +129,14 @@ class MeasureSpec:
 
     def prompts_key(self, level: LevelSpec) -> str:
         return self.prompts_keys[level.input_tokens]
+
+    def next_unique(self) -> dict[str, Any]:
+        """Plan fields for the next trial's unique prompts (none when the spec repeats bodies)."""
+        if self.unique_slot is None:
+            return {}
+        self.trial_serial += 1
+        serial = (self.trial_serial + self.unique_salt) % (1 << (48 - TRIAL_ID_BITS))
+        return {"unique_slot": self.unique_slot, "unique_base": serial << TRIAL_ID_BITS}
 
 
 MAX_TOKENS_SLOT = b'"max_tokens":0'
@@ -169,6 +188,18 @@ def _replaceable(trial: TrialResult) -> bool:
             and all(reason in trial.transient for reason in trial.invalid))
 
 
+def prompt_tokens_summary(trials: Sequence[TrialResult]) -> dict[str, float | int] | None:
+    """Mean and range of the prompt tokens the server's ``usage`` reported for the level's
+    successful requests: what was really sent, whatever ``input_tokens`` asked for (None when
+    no request carried a usage count)."""
+    counts = [r.prompt_tokens for t in trials for r in t.records
+              if r.ok and not r.tokens_approx and r.prompt_tokens > 0]
+    if not counts:
+        return None
+    return {"mean": round(sum(counts) / len(counts), 1), "min": min(counts), "max": max(counts),
+            "requests": len(counts)}
+
+
 async def run_trial(
     client: TrialClient, spec: MeasureSpec, level: LevelSpec, index: int, offset: int,
     live: LiveTrial | None = None,
@@ -181,12 +212,14 @@ async def run_trial(
         plan = TrialPlan(
             concurrency=level.concurrency, bodies=bodies, requests=requests,
             duration_s=w.duration_s, timeout_s=w.timeout_s, max_failures=max_failures, warmup=0,
+            **spec.next_unique(),
         )
         tr = await client.run_trial(spec.target, plan, live)
     else:
         open_plan = OpenLoopPlan(
             rate=level.rate or 1.0, bodies=bodies, requests=requests, duration_s=w.duration_s,
             timeout_s=w.timeout_s, max_failures=max_failures, seed=w.seed + index,
+            **spec.next_unique(),
         )
         tr = await client.run_open_loop(spec.target, open_plan, live)
     return summarize_trial(
@@ -225,6 +258,7 @@ async def warm_up(client: TrialClient, spec: MeasureSpec) -> list[str]:
         timeout_s=spec.workload.timeout_s,
         max_failures=n,
         warmup=0,
+        **spec.next_unique(),
     )
     tr = await client.run_trial(spec.target, plan)
     return [r.error for r in tr.records if r.error]
@@ -275,6 +309,13 @@ async def measure_level(
                 trial.tok_s, perf_counter() - level_start,
             ))
     result = judge_level(level, spec.workload, spec.targets, trials, spec.prompts_key(level))
+    result.extra["prompt_tokens"] = prompt_tokens_summary(trials)
+    sizing = spec.sizing.get(level.input_tokens)
+    if sizing is not None:
+        result.extra["input_tokens_sizing"] = sizing
+        if sizing.startswith("estimate"):
+            result.errors.append(f"note: input_tokens={level.input_tokens} is an {sizing}; "
+                                 "prompt tokens shows what the server counted")
     if replaced:
         result.extra["replaced_trials"] = replaced
         result.errors.extend(f"note: {r}" for r in replaced)

@@ -19,7 +19,7 @@ from .loop_thread import LoopThread
 from .markers import Targets, Workload, parse_throughput
 from .measure import DEFAULT_TRIALS, FixedTrials, MeasureSpec, ProgressFn, TrialPolicy, measure_test
 from .results import ThroughputResult
-from .workload import API_PATHS, encode_bodies, resolve_prompts
+from .workload import API_PATHS, UNIQUE_SLOT, PromptSizer, encode_bodies, lead, resolve_prompts
 
 
 class PerfSession:
@@ -31,6 +31,8 @@ class PerfSession:
         self._client: LoadClient | ShardedClient | None = None
         self.session_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         """Names the measuring session in baselines (trials of one session share its noise)."""
+        self.prompt_sizer = PromptSizer()
+        """Sizes synthetic prompts with the server's tokenizer once per run and length."""
 
     def discover(self, base_url: str, *, api_key: str | None, model: str | None) -> EndpointInfo:
         return self._loop.run(discover(base_url, api_key=api_key, model=model))
@@ -75,16 +77,36 @@ def build_spec(
     rootdir: Path,
     trials: int | None = None,
     policy: TrialPolicy | None = None,
+    sizer: PromptSizer | None = None,
+    unique_prompts: bool = True,
 ) -> MeasureSpec:
-    """Resolve prompts and pre-encode bodies: all the work that must not happen under the clock."""
+    """Resolve prompts and pre-encode bodies: all the work that must not happen under the clock.
+
+    ``sizer``: sizes synthetic prompts with the server's tokenizer (a session passes its own,
+    so a run asks once per length; default: a fresh one).  ``unique_prompts=False`` sends the
+    prompts as they are, so every pass over them repeats (a server's prefix cache then serves
+    them): the old behaviour, for tests that compare the two; the marker has no such switch.
+    """
+    sizer = sizer if sizer is not None else PromptSizer()
+    run_token = uuid.uuid4().hex[:8] if unique_prompts else None
+    lead_text = lead(run_token) if run_token is not None else ""
     bodies: dict[int | None, list[bytes]] = {}
     keys: dict[int | None, str] = {}
+    sizing: dict[int | None, str] = {}
+
+    def size(tokens: int) -> tuple[tuple[str, ...], str]:
+        return sizer.synthetic(tokens, base_url=endpoint.url, headers=endpoint.headers(),
+                               model=endpoint.model, api=workload.api, lead_text=lead_text)
+
     for input_tokens in dict.fromkeys(lv.input_tokens for lv in workload.levels):
-        source = resolve_prompts(workload.prompts, input_tokens, rootdir)
+        source = resolve_prompts(workload.prompts, input_tokens, rootdir, size=size)
         bodies[input_tokens] = encode_bodies(
-            source, model=endpoint.model, api=workload.api, max_tokens=0, ignore_eos=workload.ignore_eos
+            source, model=endpoint.model, api=workload.api, max_tokens=0, ignore_eos=workload.ignore_eos,
+            unique=run_token,
         )
         keys[input_tokens] = source.key
+        if source.sizing is not None:
+            sizing[input_tokens] = source.sizing
     target = Target(url=endpoint.url + API_PATHS[workload.api], headers=endpoint.headers(), api=workload.api)
     return MeasureSpec(
         nodeid=nodeid,
@@ -95,6 +117,9 @@ def build_spec(
         prompts_keys=keys,
         trials=workload.trials or trials or DEFAULT_TRIALS,
         policy=policy or FixedTrials(),
+        unique_slot=UNIQUE_SLOT.encode() if unique_prompts else None,
+        unique_salt=int(run_token, 16) if run_token is not None else 0,
+        sizing=sizing,
     )
 
 
@@ -118,7 +143,8 @@ class KimiLoad:
     def _spec(self, kwargs: dict[str, Any]) -> MeasureSpec:
         workload, targets = parse_throughput((), kwargs)
         return build_spec(
-            self.endpoint, self._nodeid, workload, targets, rootdir=self._rootdir, trials=self._trials
+            self.endpoint, self._nodeid, workload, targets, rootdir=self._rootdir, trials=self._trials,
+            sizer=self._session.prompt_sizer,
         )
 
     async def sweep(self, **kwargs: Any) -> ThroughputResult:

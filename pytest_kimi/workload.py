@@ -2,16 +2,33 @@
 
 Bodies are JSON-encoded once per level, before any clock starts, so the load engine only
 writes bytes.  Prompts come from a built-in set, an explicit list, a JSONL file, or are made
-synthetically to a target length; synthetic prompts differ from their first word on, so a
-server's prefix cache cannot serve one request from another's prefill.
+synthetically to a target length.
+
+Cache policy: by default every request's prompt is unique within a run.  The user content
+starts with a short lead, ``<12 hex digits>-<run token> ``: the encoded body holds a
+placeholder (:data:`UNIQUE_SLOT`) where the load runner writes each request's own scrambled
+number (a bytes join per request, see :func:`pytest_kimi.load.runner.unique_id`), and the run
+token (random per measurement) separates runs against a long-lived server.  A server's prefix
+cache (SGLang's radix cache is on by default) then has nothing to share between requests:
+with a handful of fixed prompts cycled, every request after the first pass would be a cache
+hit, and ``input_tokens`` levels would measure cached prefill and a flattering TTFT.  The lead
+is counted in the prompt's length, so ``input_tokens`` stays what was asked for.
+``encode_bodies(..., unique=None)`` gives the old repeated bodies (for tests that want them).
+
+Synthetic prompts (``input_tokens``) are sized with the server's tokenizer where it has one
+(``POST /tokenize``: SGLang, vLLM), once per run and per length, so every variant is within a
+few tokens of the asked count as the server counts it; elsewhere their length is an estimate
+(about 1.3 tokens per word), which reports say.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 Api = Literal["chat", "completions"]
 
@@ -36,7 +53,23 @@ WORDS = (
 ).split()
 
 SYNTHETIC_VARIANTS = 16
-"""Distinct synthetic prompts per level: enough that concurrent requests do not share prefixes."""
+"""Distinct synthetic prompt texts per level (their unique leads make every request distinct)."""
+
+TOKENS_PER_WORD = 1.3
+"""The estimate where the server cannot count: BPE vocabularies average about 1.3 tokens per
+English word."""
+
+UNIQUE_SLOT = "@@@@@@@@@@@@"
+"""Where a request's unique id goes (12 characters, the width of
+:func:`pytest_kimi.load.runner.unique_id`): JSON-encoded as is, and never produced by a word
+list, so the runner finds it once per body."""
+SAMPLE_ID = "9e3779b97f4b"
+"""A representative unique id: what the tokenizer counts in place of the slot."""
+LEAD_TOKENS_ESTIMATE = 10
+"""The lead ``<12 hex>-<8 hex> `` in tokens where no tokenizer counts it (hex digits split
+into short tokens)."""
+SIZE_TOLERANCE = 3
+"""A sized prompt this many tokens from the asked count or closer counts as exact."""
 
 
 class WorkloadError(ValueError):
@@ -49,6 +82,14 @@ class PromptSource:
 
     prompts: tuple[str, ...]
     key: str
+    sizing: str | None = None
+    """Synthetic prompts: how their length was set ("server tokenizer ..." or "estimate ...",
+    shown in reports); None for given prompts."""
+
+
+def lead(run_token: str, slot: str = UNIQUE_SLOT) -> str:
+    """The start of every user content: a request's unique id and the run's token."""
+    return f"{slot}-{run_token} "
 
 
 def builtin_names() -> list[str]:
@@ -56,12 +97,194 @@ def builtin_names() -> list[str]:
 
 
 def synthetic_prompt(tokens: int, variant: int) -> str:
-    """About ``tokens`` tokens of text (a word is ~1.3 tokens in BPE vocabularies)."""
-    n_words = max(1, round(tokens / 1.3))
+    """About ``tokens`` tokens of text (an estimate: :data:`TOKENS_PER_WORD`)."""
+    return synthetic_words(max(1, round(tokens / TOKENS_PER_WORD)), variant)
+
+
+def synthetic_words(n_words: int, variant: int) -> str:
+    """``n_words`` words of variant ``variant`` (variants differ from their first word on)."""
     words = [f"Request {variant}:"]
     for i in range(n_words - 1):
         words.append(WORDS[(i * 7 + variant * 3) % len(WORDS)])
     return " ".join(words)
+
+
+TokenCount = Callable[[str], int]
+"""The server's token count of one user content (chat template included for the chat API)."""
+
+
+class Tokenizer:
+    """The server's tokenizer endpoint: ``POST /tokenize`` (SGLang also ``/v1/tokenize``).
+
+    Both engines take ``{"model", "prompt"}`` or ``{"model", "messages"}`` and answer with the
+    ``count`` (and ``tokens``) the generation endpoints would see: a ``messages`` request is
+    rendered through the chat template as a chat completion would be.  Shapes:
+    ``sglang/srt/entrypoints/http_server.py`` (``openai_v1_tokenize``), ``.../openai/protocol.py``
+    (``TokenizeRequest``/``TokenizeResponse``), ``.../openai/serving_tokenize.py``; vLLM's
+    ``/tokenize`` has the same request keys and ``count``.  Plain urllib, no proxy: called
+    once per run and length, before any clock starts.
+    """
+
+    PATHS = ("/tokenize", "/v1/tokenize")
+
+    def __init__(self, base_url: str, headers: dict[str, str], model: str, api: Api,
+                 timeout_s: float = 10.0) -> None:
+        self.base_url = base_url
+        self.headers = {**headers, "Content-Type": "application/json"}
+        self.model = model
+        self.api = api
+        self.timeout_s = timeout_s
+        self.path: str | None = None
+        self.unavailable: str | None = None
+        """Why the server cannot count (None: it can, or it was not asked yet)."""
+        self.calls = 0
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _body(self, text: str) -> dict[str, Any]:
+        if self.api == "chat":
+            return {"model": self.model, "messages": [{"role": "user", "content": text}]}
+        return {"model": self.model, "prompt": text}
+
+    def _post(self, path: str, text: str) -> tuple[int, Any]:
+        data = json.dumps(self._body(text)).encode()
+        req = urllib.request.Request(self.base_url + path, data=data, headers=self.headers, method="POST")
+        self.calls += 1
+        try:
+            with self._opener.open(req, timeout=self.timeout_s) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return 0, str(getattr(exc, "reason", exc))
+
+    @staticmethod
+    def _count(answer: Any) -> int | None:
+        if not isinstance(answer, dict):
+            return None
+        count = answer.get("count")
+        if isinstance(count, list) and len(count) == 1:
+            count = count[0]
+        if isinstance(count, int) and not isinstance(count, bool):
+            return count
+        tokens = answer.get("tokens")
+        return len(tokens) if isinstance(tokens, list) else None
+
+    def available(self) -> bool:
+        """Find the endpoint (once); False, with :attr:`unavailable` saying why, when none."""
+        if self.path is not None:
+            return True
+        if self.unavailable is not None:
+            return False
+        seen = []
+        for path in self.PATHS:
+            status, answer = self._post(path, "Hello")
+            if status == 200 and self._count(answer) is not None:
+                self.path = path
+                return True
+            seen.append(f"{path}: " + (f"HTTP {status}" if status else f"no answer ({answer})"))
+        self.unavailable = "the server has no usable tokenizer endpoint (" + "; ".join(seen) + ")"
+        return False
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text`` as the server counts this API's prompt."""
+        if not self.available():
+            raise WorkloadError(self.unavailable or "no tokenizer")
+        assert self.path is not None
+        status, answer = self._post(self.path, text)
+        count = self._count(answer) if status == 200 else None
+        if count is None:
+            raise WorkloadError(f"{self.base_url}{self.path} answered HTTP {status} while sizing "
+                                f"prompts: {str(answer)[:200]}")
+        return count
+
+
+def fit_words(target: int, count: Callable[[int], int], start: int, max_calls: int = 10) -> tuple[int, int]:
+    """(words, tokens): the word count whose text the server counts closest to ``target``.
+
+    Secant steps from the estimate ``start``, then a word either side; about three calls.
+    """
+    seen: dict[int, int] = {}
+
+    def at(n: int) -> int:
+        n = max(1, n)
+        if n not in seen:
+            seen[n] = count(n)
+        return seen[n]
+
+    n = max(1, start)
+    prev: tuple[int, int] | None = None
+    for _ in range(max_calls - 2):
+        c = at(n)
+        if c == target:
+            break
+        if prev is not None and prev[0] != n and prev[1] != c:
+            per_word = (c - prev[1]) / (n - prev[0])
+        else:
+            per_word = max(c, 1) / n
+        per_word = max(per_word, 0.25)
+        step = round((target - c) / per_word) or (1 if target > c else -1)
+        prev = (n, c)
+        nxt = max(1, n + step)
+        if nxt in seen or nxt == n:
+            break
+        n = nxt
+    best = min(seen, key=lambda k: (abs(seen[k] - target), k))
+    for n in (best - 1, best + 1):
+        if len(seen) < max_calls and n >= 1 and abs(seen[best] - target) > 0:
+            at(n)
+    best = min(seen, key=lambda k: (abs(seen[k] - target), k))
+    return best, seen[best]
+
+
+@dataclass(slots=True)
+class PromptSizer:
+    """Sizes synthetic prompts with a server's tokenizer, once per run and length.
+
+    A measuring session holds one, so tests and levels that ask for the same length against
+    the same endpoint reuse the first sizing (word counts per variant) instead of asking again.
+    """
+
+    _tokenizers: dict[tuple[str, str, str], Tokenizer] = field(default_factory=dict)
+    _sized: dict[tuple[str, str, str, int, int], tuple[tuple[int, ...], tuple[int, ...], str]] = field(
+        default_factory=dict)
+
+    def tokenizer(self, base_url: str, headers: dict[str, str], model: str, api: Api) -> Tokenizer:
+        key = (base_url, model, api)
+        if key not in self._tokenizers:
+            self._tokenizers[key] = Tokenizer(base_url, headers, model, api)
+        return self._tokenizers[key]
+
+    def synthetic(self, tokens: int, *, base_url: str, headers: dict[str, str], model: str,
+                  api: Api, lead_text: str) -> tuple[tuple[str, ...], str]:
+        """The variants' prompt texts (without the lead) and how they were sized.
+
+        ``lead_text`` is what each request carries before the prompt; it is counted in with a
+        sample id in its slot, so lead + prompt comes out at ``tokens``.
+        """
+        sample = lead_text.replace(UNIQUE_SLOT, SAMPLE_ID)
+        key = (base_url, model, api, tokens, len(sample))
+        if key not in self._sized:
+            self._sized[key] = self._size(tokens, self.tokenizer(base_url, headers, model, api), sample)
+        words, counts, how = self._sized[key]
+        return tuple(synthetic_words(n, v) for v, n in enumerate(words)), how
+
+    @staticmethod
+    def _size(tokens: int, tok: Tokenizer, sample: str) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+        lead_estimate = LEAD_TOKENS_ESTIMATE if sample else 0
+        start = max(1, round((tokens - lead_estimate) / TOKENS_PER_WORD))
+        if not tok.available():
+            return ((start,) * SYNTHETIC_VARIANTS, (), f"estimate at {TOKENS_PER_WORD} tokens per "
+                    f"word: {tok.unavailable}")
+        words, counts = [], []
+        for v in range(SYNTHETIC_VARIANTS):
+            n, c = fit_words(tokens, lambda k: tok.count(sample + synthetic_words(k, v)), start)
+            words.append(n)
+            counts.append(c)
+            start = n  # the next variant needs about as many words
+        off = max(abs(c - tokens) for c in counts)
+        how = (f"server tokenizer ({tok.path}): {min(counts)}-{max(counts)} tokens per variant"
+               + ("" if off <= SIZE_TOLERANCE else f", {off} from the asked {tokens} at worst"))
+        return tuple(words), tuple(counts), how
 
 
 def load_jsonl(path: Path) -> tuple[str, ...]:
@@ -89,12 +312,21 @@ def load_jsonl(path: Path) -> tuple[str, ...]:
 
 
 def resolve_prompts(
-    prompts: str | Sequence[str] | None, input_tokens: int | None, rootdir: Path
+    prompts: str | Sequence[str] | None, input_tokens: int | None, rootdir: Path,
+    *, size: Callable[[int], tuple[tuple[str, ...], str]] | None = None,
 ) -> PromptSource:
-    """Turn the marker's ``prompts``/``input_tokens`` into concrete prompt texts."""
+    """Turn the marker's ``prompts``/``input_tokens`` into concrete prompt texts.
+
+    ``size``: sizes synthetic prompts (:meth:`PromptSizer.synthetic` bound to an endpoint);
+    without it their length is an estimate.
+    """
     if input_tokens is not None:
-        texts = tuple(synthetic_prompt(input_tokens, v) for v in range(SYNTHETIC_VARIANTS))
-        return PromptSource(texts, f"synthetic:{input_tokens}")
+        if size is not None:
+            texts, how = size(input_tokens)
+        else:
+            texts = tuple(synthetic_prompt(input_tokens, v) for v in range(SYNTHETIC_VARIANTS))
+            how = f"estimate at {TOKENS_PER_WORD} tokens per word (no tokenizer asked)"
+        return PromptSource(texts, f"synthetic:{input_tokens}", how)
     if prompts is None:
         prompts = "diverse"
     if isinstance(prompts, str):
@@ -111,7 +343,7 @@ def resolve_prompts(
 def request_body(
     prompt: str, *, model: str, api: Api, max_tokens: int, ignore_eos: bool
 ) -> dict[str, Any]:
-    """One OpenAI-compatible streaming request.
+    """One OpenAI-compatible streaming request (``prompt``: the whole user content).
 
     ``ignore_eos`` is SGLang's (and vLLM's) top-level sampling extension: with it every request
     yields exactly ``max_tokens`` tokens, so levels and runs compare like with like.
@@ -133,13 +365,25 @@ def request_body(
 
 
 def encode_bodies(
-    source: PromptSource, *, model: str, api: Api, max_tokens: int, ignore_eos: bool
+    source: PromptSource, *, model: str, api: Api, max_tokens: int, ignore_eos: bool,
+    unique: str | None = None,
 ) -> list[bytes]:
-    """Pre-encode one body per prompt; the runner cycles through them."""
-    return [
-        json.dumps(
-            request_body(p, model=model, api=api, max_tokens=max_tokens, ignore_eos=ignore_eos),
+    """Pre-encode one body per prompt; the runner cycles through them.
+
+    ``unique``: the run token; each prompt then starts with :func:`lead`, whose
+    :data:`UNIQUE_SLOT` the runner fills per request.  None: the prompts as given (every
+    pass over them repeats the same bodies, which a prefix cache serves).
+    """
+    out = []
+    for p in source.prompts:
+        text = p if unique is None else lead(unique) + p
+        raw = json.dumps(
+            request_body(text, model=model, api=api, max_tokens=max_tokens, ignore_eos=ignore_eos),
             separators=(",", ":"),
         ).encode()
-        for p in source.prompts
-    ]
+        if unique is not None and raw.count(UNIQUE_SLOT.encode()) != 1:
+            raise WorkloadError(
+                f"the model name or a prompt contains {UNIQUE_SLOT!r}, which marks where each "
+                "request's unique id goes: remove it from the prompt")
+        out.append(raw)
+    return out

@@ -507,7 +507,8 @@ async def test_engine_ttft_and_fifo_admission() -> None:
         await seq.wait_progress(0)
         assert seq.first_token_at is not None
         ttft = seq.first_token_at - seq.submitted_at
-        assert ttft == pytest.approx(profile.expected_ttft_s(400), abs=0.004)
+        # never early; late only by how long a busy machine keeps the loop from running
+        assert profile.expected_ttft_s(400) - 0.001 <= ttft <= profile.expected_ttft_s(400) + 0.03
         await seq.wait_done()
         assert seq.state is SeqState.FINISHED and seq.generated == 2
 
@@ -604,3 +605,108 @@ def test_cli_refuses_other_hosts() -> None:
 
     assert main(["--host", "0.0.0.0"]) == 2
     assert main(["--speed", "-1"]) == 2
+
+
+# ---------------------------------------------------------------------- /tokenize, /flush_cache, prefix cache
+
+
+@pytest.mark.asyncio
+async def test_tokenize_counts_what_usage_reports(http: aiohttp.ClientSession, fast_sim: SimServer) -> None:
+    """SGLang's shape (``prompt`` or ``messages`` in; ``tokens``, ``count``, ``max_model_len``
+    out), and the count is the one a generation request's usage then reports."""
+    text = "Request 3: naïve café " * 17
+    for path in ("/tokenize", "/v1/tokenize"):
+        async with http.post(fast_sim.url + path, json={"model": "m", "messages": [{"role": "user", "content": text}]}) as resp:
+            assert resp.status == 200
+            chat = await resp.json()
+        assert set(chat) == {"tokens", "count", "max_model_len"}
+        assert chat["count"] == len(chat["tokens"]) == count_prompt_tokens(text)
+    async with http.post(fast_sim.url + "/tokenize", json={"prompt": [text, "ab"]}) as resp:
+        batch = await resp.json()
+    assert batch["count"] == [count_prompt_tokens(text), 1]
+    async with http.post(fast_sim.url + CHAT, json=chat_body(2, content=text)) as resp:
+        events = await read_sse(resp)
+    usage = next(json.loads(e)["usage"] for e in events if e != "[DONE]" and json.loads(e).get("usage"))
+    assert usage["prompt_tokens"] == chat["count"]
+    async with http.post(fast_sim.url + "/tokenize", json={"prompt": 5}) as resp:
+        assert resp.status == 400 and "prompt" in (await resp.json())["message"]
+
+
+@pytest.mark.asyncio
+async def test_tokenize_can_be_turned_off(http: aiohttp.ClientSession) -> None:
+    async with await start_server(SimProfile(no_tokenize=True)) as sim:
+        async with http.post(sim.url + "/tokenize", json={"prompt": "x"}) as resp:
+            assert resp.status == 404
+
+
+@pytest.mark.asyncio
+async def test_flush_cache_only_when_idle_and_waits_with_timeout(http: aiohttp.ClientSession) -> None:
+    """SGLang 0.5.23: 400 while a request runs or waits; ``?timeout=S`` waits up to S seconds
+    for the scheduler to become idle, then flushes."""
+    profile = SimProfile(speed=1.0)  # a step is ~15 ms: 20 tokens keep it busy for ~0.3 s
+    async with await start_server(profile) as sim:
+        engine = sim.engine
+        task = asyncio.ensure_future(http.post(sim.url + CHAT, json=chat_body(20)))
+        for _ in range(500):  # poll until the request runs
+            if engine.num_running or engine.num_waiting:
+                break
+            await asyncio.sleep(0.002)
+        assert engine.num_running == 1
+        async with http.post(sim.url + "/flush_cache") as resp:
+            assert resp.status == 400
+            assert "1 running" in await resp.text()
+        async with http.post(sim.url + "/flush_cache?timeout=0.001") as resp:
+            assert resp.status == 400 and "timed out" in await resp.text()
+        flushes = engine.cache_flushes
+        async with http.post(sim.url + "/flush_cache?timeout=30") as resp:
+            assert resp.status == 200, await resp.text()
+        assert engine.idle and engine.cache_flushes == flushes + 1
+        (await task).release()
+        async with http.get(sim.url + "/flush_cache?timeout=-1") as resp:
+            assert resp.status == 422
+
+
+@pytest.mark.asyncio
+async def test_flush_cache_takes_the_admin_key(http: aiohttp.ClientSession) -> None:
+    """``ADMIN_OPTIONAL``: the admin key when set (the API key is then refused), else the API key."""
+    async with await start_server(SimProfile(speed=50.0, api_key="user-k", admin_api_key="admin-k")) as sim:
+        async def flush(key: str) -> int:
+            async with http.post(sim.url + "/flush_cache", headers={"Authorization": f"Bearer {key}"}) as resp:
+                return resp.status
+        assert await flush("user-k") == 401
+        assert await flush("admin-k") == 200
+        async with http.post(sim.url + CHAT, json=chat_body(1), headers={"Authorization": "Bearer admin-k"}) as resp:
+            assert resp.status == 401  # generation takes the API key only
+        async with http.get(sim.url + "/server_info", headers={"Authorization": "Bearer user-k"}) as resp:
+            info = await resp.json()
+        assert info["admin_api_key"] == "***" and info["sim"]["admin_api_key"] == "***"
+    async with await start_server(SimProfile(speed=50.0, api_key="user-k")) as sim:
+        async with http.post(sim.url + "/flush_cache", headers={"Authorization": "Bearer user-k"}) as resp:
+            assert resp.status == 200
+
+
+@pytest.mark.asyncio
+async def test_prefix_cache_serves_a_repeated_prompt() -> None:
+    """A repeated prompt's whole pages (16 tokens), at most ``len - 1``, come from the cache;
+    a prompt that differs in its first page gets nothing; flush and the knob empty it."""
+    from pytest_kimi.sim.engine import RADIX_PAGE_TOKENS, prefix_pages
+
+    prompt = ("z" * 8 + "shared prompt text ") * 40
+    tokens = count_prompt_tokens(prompt)
+    other = "other start " + prompt[12:]
+    for disabled in (False, True):
+        engine = SimEngine(SimProfile(speed=50.0, disable_radix_cache=disabled))
+        await engine.start()
+        try:
+            async def run(text: str) -> int:
+                seq = engine.submit(count_prompt_tokens(text), 1, prefix_keys=prefix_pages(text.encode()))
+                await seq.wait_done()
+                return seq.cached_tokens
+            assert await run(prompt) == 0
+            hit = await run(prompt)
+            assert await run(other) == 0
+            expected = 0 if disabled else min(tokens // RADIX_PAGE_TOKENS * RADIX_PAGE_TOKENS, tokens - 1)
+            assert hit == expected and engine.stats().cached_prompt_tokens == expected
+            assert engine.flush_cache() and await run(prompt) == 0
+        finally:
+            await engine.stop()

@@ -46,3 +46,67 @@ def test_requests_per_stream_sizes_each_closed_loop_level() -> None:
     assert [workload.requests_for(lv) for lv in workload.levels] == [4, 32]
     default, _ = parse_throughput((), {"concurrency": [1, 8]})
     assert [default.requests_for(lv) for lv in default.levels] == [1, 8]
+
+
+# ------------------------------------------------------------------ sizing with a tokenizer
+
+
+class _FakeTokenizer:
+    """Counts like a BPE vocabulary would, roughly: a word ~1.7 tokens, plus the lead."""
+
+    path = "/tokenize"
+    unavailable = None
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def available(self) -> bool:
+        return True
+
+    def count(self, text: str) -> int:
+        self.calls += 1
+        words = text.split()
+        return 3 + sum(1 + len(w) // 5 for w in words)
+
+
+def test_fit_words_lands_on_the_asked_count_in_a_few_calls() -> None:
+    from pytest_kimi.workload import fit_words
+
+    calls = []
+
+    def count(n: int) -> int:
+        calls.append(n)
+        return 12 + round(1.7 * n)
+
+    for target in (20, 64, 500, 4000):
+        calls.clear()
+        n, got = fit_words(target, count, max(1, round(target / 1.3)))
+        assert abs(got - target) <= 1 and got == count(n)
+        assert len(calls) <= 7, calls
+
+
+def test_prompt_sizer_sizes_every_variant_once_per_run() -> None:
+    from pytest_kimi.workload import SIZE_TOLERANCE, SYNTHETIC_VARIANTS, PromptSizer, lead
+
+    sizer = PromptSizer()
+    fake = _FakeTokenizer()
+    sizer._tokenizers[("http://s", "m", "chat")] = fake  # type: ignore[assignment]
+    kwargs = dict(base_url="http://s", headers={}, model="m", api="chat", lead_text=lead("abcd1234"))
+    texts, how = sizer.synthetic(300, **kwargs)
+    assert len(set(texts)) == SYNTHETIC_VARIANTS
+    sample = lead("abcd1234").replace("@" * 12, "9e3779b97f4b")
+    assert all(abs(fake.count(sample + t) - 300) <= SIZE_TOLERANCE for t in texts)
+    assert how.startswith("server tokenizer (/tokenize)")
+    calls = fake.calls
+    again, _ = sizer.synthetic(300, **{**kwargs, "lead_text": lead("ffff0000")})  # another test, same run
+    assert fake.calls == calls and again == texts
+
+
+def test_no_tokenizer_means_an_estimate_that_says_so(tmp_path: Path) -> None:
+    from pytest_kimi.workload import PromptSizer
+
+    sizer = PromptSizer()
+    texts, how = sizer.synthetic(64, base_url="http://127.0.0.1:9", headers={}, model="m", api="chat",
+                                 lead_text="")
+    assert how.startswith("estimate at 1.3 tokens per word: the server has no usable tokenizer endpoint")
+    assert texts == resolve_prompts(None, 64, tmp_path).prompts

@@ -34,6 +34,11 @@ class OpenLoopPlan:
     """Pre-encoded request bodies; arrival ``i`` uses ``bodies[i % len(bodies)]``."""
     requests: int | None = None
     """Number of arrivals of the trial."""
+    unique_slot: bytes | None = None
+    """As :attr:`~pytest_kimi.load.runner.TrialPlan.unique_slot`: arrival ``i`` sends its body
+    with the slot replaced by ``unique_id(unique_base + i)`` (``i``: the global arrival index,
+    so a sharded schedule stays unique too)."""
+    unique_base: int = 0
     duration_s: float | None = None
     """No arrival is scheduled at or after this many seconds; in-flight ones finish."""
     timeout_s: float = 600.0

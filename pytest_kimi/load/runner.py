@@ -41,6 +41,45 @@ LAG_INTERVAL_S = 0.005
 """Sleep of the lag monitor: 200 wake-ups/s costs well under 1% of a core yet resolves the
 few-millisecond stalls that show a saturated client."""
 
+UNIQUE_ID_WIDTH = 12
+"""Bytes of a request's unique id: 12 hex digits, 48 bits."""
+_ID_MASK = (1 << 48) - 1
+_ID_MULT = 0x9E3779B97F4B
+"""Odd, so ``n * _ID_MULT mod 2**48`` is a bijection: distinct numbers, distinct ids."""
+TRIAL_ID_BITS = 28
+"""A trial's request numbers are ``base + g`` with ``base = serial << TRIAL_ID_BITS``: room for
+2**27 requests and as many warm-up requests per trial, and 2**20 trials per measurement."""
+WARMUP_IDS = 1 << (TRIAL_ID_BITS - 1)
+"""Numbers of a plan's own warm-up requests start here, above any of its trial's requests."""
+
+
+def unique_id(n: int) -> bytes:
+    """The 12 hex digits that make request number ``n`` unique (``n < 2**48``).
+
+    Scrambled (a multiplication modulo 2**48), not counted: consecutive requests then differ
+    from the first digit on, so a prefix cache that shares even a token or two of a prompt's
+    start finds nothing to share.
+    """
+    return b"%012x" % ((n * _ID_MULT) & _ID_MASK)
+
+
+def split_at_slot(bodies: Sequence[bytes], slot: bytes) -> list[tuple[bytes, bytes]]:
+    """Each body as (before, after) its one ``slot``; done once per trial, before the clock.
+
+    A request's body is then ``before + unique_id(n) + after``: one join of bytes per request,
+    nothing per chunk.
+    """
+    if len(slot) != UNIQUE_ID_WIDTH:
+        raise ValueError(f"unique_slot must be {UNIQUE_ID_WIDTH} bytes, got {len(slot)}")
+    out = []
+    for k, body in enumerate(bodies):
+        if body.count(slot) != 1:
+            raise ValueError(f"body {k} holds the unique_slot {slot!r} {body.count(slot)} times, "
+                             "not once: encode the bodies with the slot in the prompt")
+        head, _, tail = body.partition(slot)
+        out.append((head, tail))
+    return out
+
 
 @dataclass(slots=True)
 class TrialPlan:
@@ -59,6 +98,18 @@ class TrialPlan:
     """Stop starting requests once this many failed: a dead server must not be spun on."""
     warmup: int = 0
     """Requests sent and awaited before the trial starts; not part of the records."""
+    unique_slot: bytes | None = None
+    """Placeholder of :data:`UNIQUE_ID_WIDTH` bytes that every body holds once (in its prompt):
+    the request with global index ``g`` sends it replaced by ``unique_id(unique_base + g)``, so
+    no two prompts share a prefix a server could cache.  None: bodies are sent as they are."""
+    unique_base: int = 0
+    """Request number of global index 0; each trial of a measurement has its own range."""
+    id_table: Sequence[int] | None = None
+    """Global index of local request ``i`` when a worker process runs a share of the trial
+    (``id_table[i]``, or ``i * id_stride + id_offset`` without a table): numbers stay unique
+    over all shards."""
+    id_stride: int = 1
+    id_offset: int = 0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -363,6 +414,7 @@ class LoadClient:
         records: list[RequestRecord],
         live: LiveTrial | None = None,
         start_at: float | None = None,
+        warmup: bool = False,
     ) -> tuple[float, str | None]:
         """Run C workers that each take the next index, send, await, repeat.
 
@@ -374,6 +426,10 @@ class LoadClient:
         session = self.session
         bodies = list(plan.bodies)
         nb = len(bodies)
+        parts = split_at_slot(bodies, plan.unique_slot) if plan.unique_slot is not None else None
+        base = plan.unique_base + (WARMUP_IDS if warmup else 0)
+        table = None if warmup else plan.id_table
+        stride, offset = plan.id_stride, plan.id_offset
         timeout = silence_timeout(plan.timeout_s)
         timeout_s = plan.timeout_s
         state = {"next": 0, "failures": 0}
@@ -401,8 +457,14 @@ class LoadClient:
                 rec = RequestRecord(index=i, worker=w, scheduled=scheduled)
                 if live is not None:
                     live.inflight[i] = rec
+                if parts is None:
+                    body = bodies[i % nb]
+                else:
+                    head, tail = parts[i % nb]
+                    g = table[i] if table is not None else i * stride + offset
+                    body = b"".join((head, unique_id(base + g), tail))
                 await stream_request(
-                    session, target, bodies[i % nb],
+                    session, target, body,
                     index=i, worker=w, scheduled=scheduled, timeout_s=timeout_s, timeout=timeout,
                     record=rec,
                 )
@@ -442,7 +504,7 @@ class LoadClient:
         await self._closed_loop(
             target, plan,
             concurrency=min(plan.concurrency, plan.warmup), requests=plan.warmup,
-            deadline_after=None, max_failures=None, records=warm,
+            deadline_after=None, max_failures=None, records=warm, warmup=True,
         )
         return warm
 
@@ -579,6 +641,8 @@ class LoadClient:
         session = self.session
         bodies = list(plan.bodies)
         nb = len(bodies)
+        parts = split_at_slot(bodies, plan.unique_slot) if plan.unique_slot is not None else None
+        base = plan.unique_base
         timeout_s = plan.timeout_s
         timeout = silence_timeout(timeout_s)
         max_failures = plan.max_failures
@@ -589,10 +653,15 @@ class LoadClient:
         append = records.append
 
         async def one(rec: RequestRecord) -> None:
-            i = rec.index
+            i = rec.index  # the global arrival index, also in a worker process
+            if parts is None:
+                body = bodies[i % nb]
+            else:
+                head, tail = parts[i % nb]
+                body = b"".join((head, unique_id(base + i), tail))
             try:
                 await stream_request(
-                    session, target, bodies[i % nb],
+                    session, target, body,
                     index=i, worker=rec.worker, scheduled=rec.scheduled, timeout_s=timeout_s,
                     timeout=timeout, record=rec,
                 )

@@ -210,7 +210,9 @@ def shard_closed(target: Target, plan: TrialPlan, n: int) -> list[Shard]:
             # local i must use bodies[(i * stride + pos) % nb]; that repeats every nb requests
             wbodies = [bodies[(i * stride + pos) % nb] for i in range(nb)]
         mf = None if plan.max_failures is None else max(1, math.ceil(plan.max_failures * c / total_w))
-        wplan = replace(plan, concurrency=c, bodies=wbodies, requests=reqs[pos], max_failures=mf, warmup=warm[pos])
+        # unique prompt ids follow the global index: table[i], or i * stride + pos
+        wplan = replace(plan, concurrency=c, bodies=wbodies, requests=reqs[pos], max_failures=mf, warmup=warm[pos],
+                        id_table=table, id_stride=len(active), id_offset=pos)
         shards.append(Shard(
             worker=k, job=Job("closed", target, wplan), first_slot=slots[k], table=table,
             stride=len(active), pos=pos, warm_offset=sum(warm[:pos]),

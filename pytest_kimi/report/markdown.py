@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..results import FAILING_VERDICTS
-from .terminal import num as _num, reasoning_tokens_cell, server_tok_s_cell, server_tokens_cell, tok_s_cell as _current
+from .terminal import num as _num, prompt_tokens_cell, reasoning_tokens_cell, server_tok_s_cell, server_tokens_cell, tok_s_cell as _current
 
 BASE_FAILING_VERDICTS = FAILING_VERDICTS
 """Verdicts that fail a run whatever the flags (one definition, in ``results``)."""
@@ -142,6 +142,9 @@ def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
     ]
     if any(lv.get("target_tok_s") is not None for lv in levels):
         cols.append(Column("target tok/s", lambda lv: _num(lv.get("target_tok_s"), "g")))
+    if any(lv.get("prompt_tokens") for lv in levels):
+        # what the server counted (usage): input_tokens is sized, or estimated, before the run
+        cols.append(Column("prompt tokens", prompt_tokens_cell))
     if any(lv.get("reasoning_tokens_mean") is not None for lv in levels):
         # reasoning streams only: where the output went, and how long the answer took to start
         pct = next((lv.get("percentile") for lv in levels if lv.get("percentile") is not None), 95)

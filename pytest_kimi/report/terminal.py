@@ -55,6 +55,37 @@ def server_tokens_cell(level: Mapping[str, Any]) -> str:
     return f"{tokens} (exact)" if tokens == client else f"{tokens} (client {client})"
 
 
+def prompt_tokens_cell(level: Mapping[str, Any]) -> str:
+    """Prompt tokens the server's ``usage`` reported: mean and range, e.g. ``87 (75-119)``.
+
+    What was really sent: ``input_tokens`` is sized with the server's tokenizer where it has
+    one and estimated elsewhere, and given prompts have whatever length they have.
+    """
+    pt = level.get("prompt_tokens")
+    if not isinstance(pt, Mapping) or pt.get("mean") is None:
+        return "-"
+    lo, hi = pt.get("min"), pt.get("max")
+    return f"{pt['mean']:.0f}" + ("" if lo == hi else f" ({lo}-{hi})")
+
+
+def prompt_notes(test: Mapping[str, Any]) -> list[str]:
+    """Where prompt lengths are estimates, and a prefix-cache flush that failed: one line each."""
+    notes: list[str] = []
+    for lv in test.get("levels") or []:
+        sizing = lv.get("input_tokens_sizing")
+        if isinstance(sizing, str) and sizing.startswith("estimate"):
+            line = f"input_tokens={lv.get('input_tokens')}: {sizing}"
+            if line not in notes:
+                notes.append(line)
+    if test.get("cache_flush"):
+        notes.append(str(test["cache_flush"]))
+    return notes
+
+
+PROMPT_COLUMNS: list[Column] = [("prompt tok", prompt_tokens_cell)]
+"""Shown after ITL when any level carries the prompt tokens its requests' usage reported."""
+
+
 def reasoning_tokens_cell(level: Mapping[str, Any]) -> str:
     """Reasoning/content tokens per request, e.g. ``412/88``: where the output went."""
     if level.get("reasoning_tokens_mean") is None:
@@ -102,6 +133,9 @@ def columns_for(levels: Sequence[dict[str, Any]]) -> list[Column]:
     """:data:`COLUMNS`, with :data:`SERVER_COLUMNS` after ``tok/s`` and
     :data:`REASONING_COLUMNS` after TTFT when any level has them."""
     columns = COLUMNS
+    if any(lv.get("prompt_tokens") for lv in levels):
+        at = [name for name, _ in columns].index("ITL p50 ms") + 1
+        columns = [*columns[:at], *PROMPT_COLUMNS, *columns[at:]]
     if any(lv.get("reasoning_tokens_mean") is not None for lv in levels):
         at = [name for name, _ in columns].index("TTFT p50/p95 s") + 1
         columns = [*columns[:at], *REASONING_COLUMNS, *columns[at:]]
@@ -150,6 +184,7 @@ def format_test(test: dict[str, Any]) -> list[str]:
         lines += ["  " + line for line in str(test["error"]).splitlines()[:10]]
     if test.get("baseline_note"):
         lines.append("  " + test["baseline_note"])
+    lines += ["  note: " + note for note in prompt_notes(test)]
     changes = test.get("provenance_changes")
     if changes:
         against = f"vs {test['compared_with']}" if test.get("compared_with") else "since baseline"

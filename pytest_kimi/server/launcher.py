@@ -550,23 +550,46 @@ class _ServerBase:
     def flush_cache(self, timeout_s: float = 30.0) -> bool:
         """Drop the server's prefix cache so a measurement does not inherit cache hits.
 
-        True when flushed; False when the engine has no such endpoint (404/405) or refused
-        (SGLang answers 400 while requests are running).
+        True when flushed.  False when the engine has no flush endpoint, or the server
+        refused; then ``self.flush_error`` says why (None after a success).  SGLang 0.5.23
+        flushes only an idle scheduler (400 otherwise) and waits up to ``?timeout=`` seconds
+        for it to become idle (``sglang/srt/entrypoints/http_server.py`` ``flush_cache``,
+        ``sglang/srt/managers/scheduler_components/flush_wrapper.py``), so this asks it to
+        wait ``timeout_s``.  The endpoint is ``ADMIN_OPTIONAL`` (``sglang/srt/utils/auth.py``):
+        it takes the admin key when the server has one, else the API key, so this sends the
+        profile's ``admin-api-key``, or its ``api-key``.
         """
+        self.flush_error: str | None = None
         base = self._require_url()
         path = self.engine.flush_path
         if path is None:
+            self.flush_error = f"engine {self.engine.kind!r} has no cache flush endpoint"
             return False
+        args = self.profile.args
+        key = next((str(args[k]) for k in ("admin-api-key", "api-key")
+                    if args.get(k) not in (None, False, True)), None)
+        headers = {"Authorization": f"Bearer {key}"} if key else self._headers()
+        url = f"{base}{path}?timeout={timeout_s:g}"
         for method in ("POST", "GET"):  # older SGLang releases only route GET
             try:
-                status, _ = _http(method, base + path, timeout=timeout_s,
-                                  headers=self._headers())
+                status, body = _http(method, url, timeout=timeout_s + 10.0, headers=headers)
             except OSError as exc:
                 raise ServerError(f"{self._describe()}: {method} {base}{path} failed: "
                                   f"{exc}") from None
             if status == 405:
                 continue
-            return status == 200
+            if status == 200:
+                return True
+            text = body.decode("utf-8", "replace").strip()[:200]
+            if status in (401, 403):
+                self.flush_error = (f"{method} {path} answered HTTP {status}: it needs the admin "
+                                    "key (admin-api-key in the server profile) or the API key")
+            elif status == 404:
+                self.flush_error = f"{method} {path} answered HTTP 404: the server has no such endpoint"
+            else:
+                self.flush_error = f"{method} {path} answered HTTP {status}: {text or '(no text)'}"
+            return False
+        self.flush_error = f"{path} accepts neither POST nor GET (HTTP 405)"
         return False
 
     # -- context manager -----------------------------------------------------------

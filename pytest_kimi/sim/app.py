@@ -13,19 +13,21 @@ of tokens per second instead of spending its time in ``json.dumps``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
 import math
 import time
 import uuid
+from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
 from aiohttp import web
 
-from .engine import EngineNotRunning, Sequence, SeqState, SimEngine
+from .engine import EngineNotRunning, Sequence, SeqState, SimEngine, prefix_pages
 from .profile import SimProfile
 
 __all__ = [
@@ -70,6 +72,10 @@ _REASONING_TAIL = b'},"logprobs":null,"finish_reason":null,"matched_stop":null}]
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8",
                 "Cache-Control": "no-cache"}
 _HEALTH_EXEMPT = ("/health", "/health_generate", "/metrics", "/sim/")
+_ADMIN_OPTIONAL = ("/flush_cache",)
+"""SGLang's ``AuthLevel.ADMIN_OPTIONAL`` endpoints (``sglang/srt/utils/auth.py``,
+``decide_request_auth``): the admin key when one is set, else the API key, else open."""
+MAX_MODEL_LEN = 262144
 
 
 def count_prompt_tokens(text: str) -> int:
@@ -108,6 +114,8 @@ class GenParams:
     separate_reasoning: bool = True
     """Chat: reasoning streams as ``reasoning_content``; false streams it as content (SGLang's
     ``separate_reasoning`` request field) while usage still counts it."""
+    prompt_key: bytes = b""
+    """The prompt as the simulator tokenizes it (4 bytes a token), for the prefix cache."""
 
 
 def _thinking(body: dict[str, Any]) -> bool:
@@ -148,6 +156,11 @@ def _max_tokens(body: dict[str, Any], keys: tuple[str, ...]) -> int:
 
 
 def _chat_prompt_tokens(body: dict[str, Any]) -> int:
+    return count_prompt_tokens(_chat_prompt_text(body))
+
+
+def _chat_prompt_text(body: dict[str, Any]) -> str:
+    """The text the simulator counts for a chat request: every message's content, joined."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
@@ -170,7 +183,7 @@ def _chat_prompt_tokens(body: dict[str, Any]) -> int:
         else:
             raise BadRequest(f"messages[{i}].content must be a string, a list of parts "
                              f"or null")
-    return count_prompt_tokens("".join(texts))
+    return "".join(texts)
 
 
 def _completion_prompt_tokens(body: dict[str, Any]) -> int:
@@ -193,6 +206,29 @@ def _completion_prompt_tokens(body: dict[str, Any]) -> int:
     raise BadRequest("'prompt' must be a string, a list of token ids, or a one-element list")
 
 
+def _token_bytes(ids: list[int]) -> bytes:
+    """Token ids as prompt bytes, 4 a token, like text is counted."""
+    return array("I", [x & 0xFFFFFFFF for x in ids]).tobytes()
+
+
+def _completion_prompt_key(body: dict[str, Any]) -> bytes:
+    """The completion prompt's bytes (its shape was checked by ``_completion_prompt_tokens``)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt.encode("utf-8")
+    return _token_bytes(prompt) if isinstance(prompt, list) else b""
+
+
+def tokenize_text(text: str) -> list[int]:
+    """The simulator's token ids of ``text``: each 4 UTF-8 bytes one id, as
+    :func:`count_prompt_tokens` counts them (and the prefix cache matches them)."""
+    data = text.encode("utf-8")
+    ids = [int.from_bytes(data[at:at + 4], "little") for at in range(0, len(data), 4)]
+    return ids or [0]
+
+
 def parse_generation(body: object, kind: str) -> GenParams:
     """Validate a chat or completions body; raises :class:`BadRequest` with a clear reason."""
     if not isinstance(body, dict):
@@ -201,10 +237,13 @@ def parse_generation(body: object, kind: str) -> GenParams:
     if n is not None and n != 1:
         raise BadRequest(f"'n' must be 1 in the simulator, got {json.dumps(n)}")
     if kind == "chat":
-        prompt_tokens = _chat_prompt_tokens(body)
+        text = _chat_prompt_text(body)
+        prompt_tokens = count_prompt_tokens(text)
+        prompt_key = text.encode("utf-8")
         max_tokens = _max_tokens(body, ("max_tokens", "max_completion_tokens"))
     else:
         prompt_tokens = _completion_prompt_tokens(body)
+        prompt_key = _completion_prompt_key(body)
         max_tokens = _max_tokens(body, ("max_tokens",))
     stream = _opt_bool(body, "stream", False)
     options = body.get("stream_options")
@@ -218,7 +257,8 @@ def parse_generation(body: object, kind: str) -> GenParams:
     return GenParams(kind=kind, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
                      stream=stream, include_usage=include_usage, ignore_eos=ignore_eos,
                      thinking=chat and _thinking(body),
-                     separate_reasoning=_opt_bool(body, "separate_reasoning", True))
+                     separate_reasoning=_opt_bool(body, "separate_reasoning", True),
+                     prompt_key=prompt_key)
 
 
 # ---------------------------------------------------------------------- SSE encoding
@@ -487,8 +527,9 @@ def _generation_handler(kind: str) -> Callable[[web.Request], Awaitable[web.Stre
                        thinking=engine.profile.reasoning_tokens if params.thinking else 0,
                        separate=params.separate_reasoning)
         try:
+            keys = () if engine.profile.disable_radix_cache else prefix_pages(params.prompt_key)
             seq = engine.submit(params.prompt_tokens, params.max_tokens,
-                                ignore_eos=params.ignore_eos)
+                                ignore_eos=params.ignore_eos, prefix_keys=keys)
         except EngineNotRunning:
             return _error(503, "the simulator engine is not running", "ServiceUnavailableError")
         try:
@@ -542,10 +583,11 @@ def server_info(profile: SimProfile, port: int | None) -> dict[str, Any]:
         "kv_cache_dtype": "auto",
         "mem_fraction_static": 0.85,
         "cuda_graph_max_bs": 256,
-        "disable_radix_cache": False,
+        "disable_radix_cache": profile.disable_radix_cache,
         "speculative_algorithm": None,
         "reasoning_parser": "kimi_k2" if profile.reasoning_tokens else None,
         "api_key": "***" if profile.api_key else None,
+        "admin_api_key": "***" if profile.admin_api_key else None,
         "version": SIM_VERSION,
         "sim": {**profile.describe(), "pid": os.getpid()},
     }
@@ -600,7 +642,74 @@ async def _health_generate(request: web.Request) -> web.Response:
 
 
 async def _flush_cache(request: web.Request) -> web.Response:
+    """Empty the prefix cache, as SGLang 0.5.23 does: only while the scheduler is idle.
+
+    ``?timeout=S`` (seconds, >= 0) waits up to S for running and waiting requests to finish;
+    without it a busy server refuses at once.  Refusals are HTTP 400 with the reason as text;
+    one flush at a time.  (``sglang/srt/entrypoints/http_server.py`` ``flush_cache``,
+    ``sglang/srt/managers/scheduler_components/flush_wrapper.py``.)
+    """
+    engine = request.app[ENGINE_KEY]
+    raw = request.query.get("timeout", "0")
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = math.nan
+    if not (timeout >= 0.0 and math.isfinite(timeout)):
+        return web.json_response({"detail": [{"loc": ["query", "timeout"], "input": raw,
+                                              "msg": "timeout must be a number of seconds >= 0"}]},
+                                 status=422)
+    if engine.flush_pending:
+        return web.Response(status=400, text="Another flush_cache is already in progress.\n")
+    if timeout > 0.0 and not engine.idle:
+        engine.flush_pending = True
+        try:
+            deadline = engine.time() + timeout
+            while not engine.idle and engine.time() < deadline:
+                await asyncio.sleep(0.005)
+        finally:
+            engine.flush_pending = False
+        if not engine.idle:
+            return web.Response(status=400, text=f"Cache not flushed: timed out after "
+                                                 f"{timeout:g} s waiting for an idle scheduler.\n")
+    if not engine.flush_cache():
+        return web.Response(status=400, text=f"Cache not flushed: {engine.num_running} running "
+                                             f"and {engine.num_waiting} waiting requests.\n")
     return web.Response(text="Cache flushed.\n")
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    """SGLang's ``/tokenize`` (and ``/v1/tokenize``): the counts generation requests would see.
+
+    ``{"prompt": str | [str, ...]}`` or ``{"messages": [...]}`` -> ``{"tokens", "count",
+    "max_model_len"}`` (``sglang/srt/entrypoints/openai/protocol.py`` ``TokenizeRequest``,
+    ``TokenizeResponse``; ``.../openai/serving_tokenize.py``).  404 with ``no_tokenize``.
+    """
+    if request.app[PROFILE_KEY].no_tokenize:
+        raise web.HTTPNotFound()
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return _error(400, f"request body is not valid JSON: {exc}", "BadRequestError")
+    if not isinstance(body, dict):
+        return _error(400, "request body must be a JSON object", "BadRequestError")
+    tokens: list[int] | list[list[int]]
+    count: int | list[int]
+    try:
+        if body.get("messages") is not None:
+            tokens = tokenize_text(_chat_prompt_text(body))
+            count = len(tokens)
+        elif isinstance(body.get("prompt"), str):
+            tokens = tokenize_text(body["prompt"])
+            count = len(tokens)
+        elif isinstance(body.get("prompt"), list) and all(isinstance(p, str) for p in body["prompt"]):
+            tokens = [tokenize_text(p) for p in body["prompt"]]
+            count = [len(t) for t in tokens]
+        else:
+            raise BadRequest("give 'prompt' (a string or a list of strings) or 'messages'")
+    except BadRequest as exc:
+        return _error(400, str(exc), "BadRequestError")
+    return web.json_response({"tokens": tokens, "count": count, "max_model_len": MAX_MODEL_LEN})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -643,7 +752,10 @@ async def _auth_and_errors(request: web.Request,
                            ) -> web.StreamResponse:
     """API-key check (health, metrics and /sim/ stay open, as probes need them) and JSON
     bodies for unknown paths and methods, so clients can always parse an error."""
-    key = request.app[PROFILE_KEY].api_key
+    profile = request.app[PROFILE_KEY]
+    key = profile.api_key
+    if request.path.startswith(_ADMIN_OPTIONAL) and profile.admin_api_key is not None:
+        key = profile.admin_api_key  # with both keys set, only the admin key opens these
     if key is not None and not request.path.startswith(_HEALTH_EXEMPT):
         if request.headers.get("Authorization", "") != f"Bearer {key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
@@ -688,6 +800,8 @@ def create_app(profile: SimProfile) -> web.Application:
     app.router.add_get("/health_generate", _health_generate)
     app.router.add_route("POST", "/flush_cache", _flush_cache)
     app.router.add_route("GET", "/flush_cache", _flush_cache)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/v1/tokenize", _tokenize)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/sim/stats", _sim_stats)
     return app

@@ -15,6 +15,15 @@ accumulated since they last looked, so a consumer that falls behind catches up i
 write instead of one wake-up per token.  When the loop is behind schedule the engine runs
 the overdue steps back to back without yielding, which turns that into a self-regulating
 batching: an overloaded server writes more tokens per send until it has caught up.
+
+Prefix cache (SGLang's radix cache, on by default there): a bounded set of prompt prefixes,
+matched in pages of :data:`RADIX_PAGE_TOKENS` tokens (a token being 4 bytes of prompt, as the
+simulator counts them).  An admitted sequence's cached tokens cost nothing in its prefill
+step; at least one token is always computed (SGLang limits a match to ``len - 1``:
+``sglang/srt/managers/schedule_batch.py``, ``Req._compute_max_prefix_len``).  Prefixes enter
+the cache when their prefill step starts, so sequences admitted in the same step do not hit
+each other, and the least recently used pages leave it past :data:`RADIX_MAX_PAGES`.  The
+profile's ``disable_radix_cache`` turns it off (SGLang's ``--disable-radix-cache``).
 """
 
 from __future__ import annotations
@@ -24,13 +33,36 @@ import math
 import random
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import Enum
 
 from .profile import SimProfile
 
-__all__ = ["SeqState", "Sequence", "EngineStats", "SimEngine", "EngineNotRunning"]
+__all__ = ["SeqState", "Sequence", "EngineStats", "SimEngine", "EngineNotRunning", "prefix_pages",
+           "RADIX_PAGE_TOKENS", "RADIX_MAX_PAGES"]
+
+RADIX_PAGE_TOKENS = 16
+"""Granularity of a prefix match, in tokens (4 prompt bytes each)."""
+RADIX_MAX_PAGES = 65_536
+"""Pages the cache holds (about a million tokens) before the least recently used leave."""
+_PAGE_BYTES = 4 * RADIX_PAGE_TOKENS
+
+
+def prefix_pages(data: bytes) -> tuple[int, ...]:
+    """One key per whole page of a prompt, each naming the prompt *up to* that page.
+
+    Chained hashes: page ``k``'s key depends on every byte before it, so two prompts share
+    key ``k`` only when they share their first ``k + 1`` pages (up to a hash collision, which a
+    simulator can afford).  Computed by the request handler, not in the step loop.
+    """
+    data += b"\0" * (-len(data) % 4)  # a last partial token is a token, as it is counted
+    keys = []
+    h = 0
+    for at in range(0, len(data) - _PAGE_BYTES + 1, _PAGE_BYTES):
+        h = hash((h, data[at:at + _PAGE_BYTES]))
+        keys.append(h)
+    return tuple(keys)
 
 
 class EngineNotRunning(RuntimeError):
@@ -62,6 +94,10 @@ class Sequence:
     """``"length"`` or ``"stop"``, known in advance since the length is predetermined."""
     stall_at: int | None = None
     stall_s: float = 0.0
+    prefix_keys: tuple[int, ...] = ()
+    """:func:`prefix_pages` of the prompt (empty: nothing to match or cache)."""
+    cached_tokens: int = 0
+    """Prompt tokens the prefix cache served at admission (they cost no prefill)."""
     generated: int = 0
     state: SeqState = SeqState.WAITING
     checkpoint: int = 0
@@ -134,6 +170,9 @@ class EngineStats:
     schedule_resets: int
     """Times the engine was over 1 s behind and dropped the debt: the rate was not kept."""
     noise_factor: float
+    cached_prompt_tokens: int = 0
+    """Prompt tokens served from the prefix cache (included in ``prompt_tokens``)."""
+    cache_flushes: int = 0
 
 
 class SimEngine:
@@ -164,9 +203,14 @@ class SimEngine:
         self._timer: _PreciseTimer | None = None
         self._next_rid = 0
         self.started_at = 0.0
+        self._radix: OrderedDict[int, None] | None = None if profile.disable_radix_cache else OrderedDict()
         # counters
         self.generated_tokens = 0
         self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
+        self.cache_flushes = 0
+        self.flush_pending = False
+        """A ``/flush_cache`` is waiting for the scheduler to become idle (one at a time)."""
         self.requests_received = 0
         self.requests_started = 0
         self.requests_finished = 0
@@ -235,13 +279,14 @@ class SimEngine:
         return False
 
     def submit(self, prompt_tokens: int, max_tokens: int, *, ignore_eos: bool = True,
-               faults: bool = True) -> Sequence:
+               faults: bool = True, prefix_keys: tuple[int, ...] = ()) -> Sequence:
         """Queue a sequence; it is admitted at the next step boundary in FIFO order.
 
         With ``ignore_eos=False`` the answer ends at a pseudo-random length drawn from the
         seed (mean ``eos_mean_tokens``), like a model that stops when it is done talking;
         if that length reaches ``max_tokens`` it ends by length as usual.  ``faults=False``
         exempts internal requests (``/health_generate``) from the stall knob.
+        ``prefix_keys``: the prompt's :func:`prefix_pages`, for the prefix cache.
         """
         if not self.is_running or self._loop is None:
             raise EngineNotRunning("the simulator engine is not running")
@@ -260,7 +305,7 @@ class SimEngine:
         seq = Sequence(rid=self._next_rid, prompt_tokens=max(int(prompt_tokens), 0),
                        max_tokens=max_tokens, target=target, finish_reason=reason,
                        stall_at=stall_at, stall_s=self.profile.stall_s,
-                       submitted_at=self._loop.time())
+                       prefix_keys=prefix_keys, submitted_at=self._loop.time())
         seq.checkpoint = target if stall_at is None else stall_at
         self._next_rid += 1
         self.requests_received += 1
@@ -302,7 +347,8 @@ class SimEngine:
             running=len(self._running) + len(self._resumed), waiting=len(self._waiting),
             parked=len(self._parked), late_steps=self.late_steps, max_lag_s=self.max_lag_s,
             schedule_resets=self.schedule_resets,
-            noise_factor=self.noise_factor)
+            noise_factor=self.noise_factor, cached_prompt_tokens=self.cached_prompt_tokens,
+            cache_flushes=self.cache_flushes)
 
     @property
     def num_running(self) -> int:
@@ -311,6 +357,44 @@ class SimEngine:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running, parked or waiting (SGLang's scheduler ``is_fully_idle``)."""
+        return self.num_running == 0 and self.num_waiting == 0
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; refused (False) unless idle, as SGLang's scheduler does
+        (``sglang/srt/managers/scheduler.py``, ``Scheduler.flush_cache``)."""
+        if not self.idle:
+            return False
+        if self._radix is not None:
+            self._radix.clear()
+        self.cache_flushes += 1
+        return True
+
+    def _match(self, seq: Sequence) -> int:
+        """Prompt tokens of ``seq`` the cache holds (whole pages, at most ``len - 1``)."""
+        radix = self._radix
+        if radix is None or not seq.prefix_keys:
+            return 0
+        pages = 0
+        for key in seq.prefix_keys:
+            if key not in radix:
+                break
+            radix.move_to_end(key)
+            pages += 1
+        return min(pages * RADIX_PAGE_TOKENS, max(seq.prompt_tokens - 1, 0))
+
+    def _insert(self, seq: Sequence) -> None:
+        radix = self._radix
+        if radix is None:
+            return
+        for key in seq.prefix_keys:
+            radix[key] = None
+            radix.move_to_end(key)
+        while len(radix) > RADIX_MAX_PAGES:
+            radix.popitem(last=False)
 
     # ------------------------------------------------------------------ internals
 
@@ -372,14 +456,26 @@ class SimEngine:
                 running.extend(self._resumed)
                 self._resumed.clear()
             prefill = 0
+            prompt = 0
             waiting = self._waiting
+            admitted: list[Sequence] | None = None
             while waiting and len(running) + len(self._parked) < limit:
                 seq = waiting.popleft()
                 seq.state = SeqState.RUNNING
                 running.append(seq)
-                prefill += seq.prompt_tokens
+                if seq.prefix_keys:
+                    seq.cached_tokens = self._match(seq)
+                    if admitted is None:
+                        admitted = []
+                    admitted.append(seq)
+                prompt += seq.prompt_tokens
+                prefill += seq.prompt_tokens - seq.cached_tokens
                 self.requests_started += 1
-            self.prompt_tokens += prefill
+            if admitted is not None:  # after matching: same-step admissions do not hit each other
+                for seq in admitted:
+                    self._insert(seq)
+            self.prompt_tokens += prompt
+            self.cached_prompt_tokens += prompt - prefill
             b = len(running)
             if b == 0:
                 continue

@@ -118,6 +118,13 @@ _KNOBS: dict[str, _Knob] = {
     "no_usage": _Knob("bool", help="never send usage, even when asked"),
     "stream_interval": _Knob("int", lo=1, hi=10_000,
                              help="tokens per streamed event, like SGLang's --stream-interval"),
+    "disable_radix_cache": _Knob("bool", help="no prefix cache: every prompt token is prefilled, "
+                                              "like SGLang's --disable-radix-cache"),
+    "no_tokenize": _Knob("bool", help="no /tokenize endpoint (404): clients must estimate "
+                                      "prompt lengths"),
+    "admin_api_key": _Knob("str", optional=True,
+                           help="admin endpoints (/flush_cache) require Authorization: Bearer "
+                                "<key>, like SGLang's --admin-api-key"),
     "crash_after_requests": _Knob("int", lo=0, optional=True,
                                   help="the process dies (exit 1, traceback on stderr) when "
                                        "generation request N+1 arrives: a crash mid-sweep"),
@@ -126,6 +133,10 @@ _KNOBS: dict[str, _Knob] = {
                                    "delta.reasoning_content, the rest as delta.content, like "
                                    "SGLang with --reasoning-parser kimi_k2"),
 }
+
+_BARE_FLAGS = frozenset({"no_usage"})
+"""Knobs the command line takes as a bare flag (``sim/__main__.py``); every other knob, booleans
+included, takes ``--name=VALUE``."""
 
 KNOB_HELP: dict[str, str] = {name: knob.help for name, knob in _KNOBS.items()}
 """One-line help per knob, for the CLI and docs."""
@@ -174,6 +185,13 @@ class SimProfile:
     (:meth:`expected_ttfc_s`).  A request turns it off with ``chat_template_kwargs``
     ``{"thinking": false}`` (or ``enable_thinking``) and streams it as content with
     ``"separate_reasoning": false``, as SGLang does."""
+    disable_radix_cache: bool = False
+    """No prefix cache.  With it (the default, as in SGLang) a prompt's cached prefix costs no
+    prefill time (``engine.py``: pages of 16 tokens, at least one token computed)."""
+    no_tokenize: bool = False
+    """Answer 404 at ``/tokenize``, so clients must estimate prompt lengths."""
+    admin_api_key: str | None = None
+    """Key of the admin endpoints (``/flush_cache``): SGLang's ``ADMIN_OPTIONAL`` level."""
 
     def __post_init__(self) -> None:
         _validate(self, "SimProfile")
@@ -349,7 +367,7 @@ class SimProfile:
             if name == "api_key" and not include_secrets:
                 continue
             flag = "--" + name.replace("_", "-")
-            if _KNOBS[name].kind == "bool":
+            if name in _BARE_FLAGS:
                 if getattr(self, name):
                     args.append(flag)
                 continue
@@ -361,7 +379,7 @@ class SimProfile:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "api_key" and value is not None:
+            if f.name in ("api_key", "admin_api_key") and value is not None:
                 value = "***"
             out[f.name] = dict(value) if isinstance(value, dict) else value
         return out
