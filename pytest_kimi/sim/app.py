@@ -589,7 +589,9 @@ def server_info(profile: SimProfile, port: int | None) -> dict[str, Any]:
         "api_key": "***" if profile.api_key else None,
         "admin_api_key": "***" if profile.admin_api_key else None,
         "version": SIM_VERSION,
-        "sim": {**profile.describe(), "pid": os.getpid()},
+        # the knobs, less server_args: those are merged at the top level already
+        "sim": {**{k: v for k, v in profile.describe().items() if k != "server_args"},
+                "pid": os.getpid()},
     }
     info.update(profile.server_args)
     return info
@@ -719,7 +721,8 @@ async def _metrics(request: web.Request) -> web.Response:
         ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
          engine.prompt_tokens),
         ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
-         engine.generated_tokens),
+         engine.finished_generated_tokens if engine.profile.metrics_per_request
+         else engine.generated_tokens),
         ("sglang:num_requests_total", "counter", "Number of requests processed.",
          engine.requests_finished),
         ("sglang:num_running_reqs", "gauge", "The number of running requests.",

@@ -206,6 +206,8 @@ class SimEngine:
         self._radix: OrderedDict[int, None] | None = None if profile.disable_radix_cache else OrderedDict()
         # counters
         self.generated_tokens = 0
+        self.finished_generated_tokens = 0
+        """Generated tokens of finished requests only: what SGLang's counter shows."""
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
         self.cache_flushes = 0
@@ -404,6 +406,7 @@ class SimEngine:
             seq.finished_at = self._loop.time()
         if state is SeqState.FINISHED:
             self.requests_finished += 1
+            self.finished_generated_tokens += seq.generated
         else:
             self.requests_failed += 1
         seq._set_done()

@@ -116,6 +116,8 @@ _KNOBS: dict[str, _Knob] = {
     "seed": _Knob("int", lo=0, hi=2**63 - 1, help="seed for noise, jitter, errors, EOS lengths"),
     "server_args": _Knob("json", help="extra keys merged into /get_server_info"),
     "no_usage": _Knob("bool", help="never send usage, even when asked"),
+    "metrics_per_request": _Knob("bool", help="count generated tokens in /metrics when a "
+                                 "request finishes, as SGLang does, not per token"),
     "stream_interval": _Knob("int", lo=1, hi=10_000,
                              help="tokens per streamed event, like SGLang's --stream-interval"),
     "disable_radix_cache": _Knob("bool", help="no prefix cache: every prompt token is prefilled, "
@@ -176,6 +178,9 @@ class SimProfile:
     seed: int = 0
     server_args: dict[str, Any] = field(default_factory=dict, hash=False)
     no_usage: bool = False
+    metrics_per_request: bool = False
+    """``sglang:generation_tokens_total`` rises per finished request (SGLang's tokenizer manager adds a
+    request's output tokens when it finishes), not per decode step as vLLM's does."""
     crash_after_requests: int | None = None
     stream_interval: int = 1
     reasoning_tokens: int = 0
