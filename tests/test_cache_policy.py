@@ -176,3 +176,21 @@ def test_managed_flush_sends_the_admin_key_and_reports_refusals(tmp_path: Path) 
         assert stats["cache_flushes"] == 1
     finally:
         sim.stop()
+
+
+def test_a_refused_flush_is_a_note_on_the_test() -> None:
+    from types import SimpleNamespace
+
+    from pytest_kimi.gated import flush_cache
+
+    def server(path: str | None, ok: bool) -> SimpleNamespace:
+        return SimpleNamespace(engine=SimpleNamespace(flush_path=path), flush_error=None if ok else
+                               "POST /flush_cache answered HTTP 400: Cache not flushed: 2 running",
+                               flush_cache=lambda: ok)
+
+    assert flush_cache(None) is None  # an endpoint the plugin does not manage
+    assert flush_cache(server(None, False)) is None  # vLLM: no flush endpoint, nothing failed
+    assert flush_cache(server("/flush_cache", True)) is None
+    assert flush_cache(server("/flush_cache", False)) == (
+        "prefix cache not flushed before this test: POST /flush_cache answered HTTP 400: "
+        "Cache not flushed: 2 running")

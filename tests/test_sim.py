@@ -398,11 +398,13 @@ async def test_stall(http: aiohttp.ClientSession) -> None:
 
 @pytest.mark.asyncio
 async def test_disconnect_and_malformed(http: aiohttp.ClientSession) -> None:
-    profile = SimProfile(speed=50.0, disconnect_after_tokens=5, malformed_after_tokens=2)
+    # 200 tokens at speed 10 take ~0.3 s: on a busy machine the handler wakes after the drop
+    # long before the sequence could finish on its own (20 tokens at speed 50 did not)
+    profile = SimProfile(speed=10.0, disconnect_after_tokens=5, malformed_after_tokens=2)
     async with await start_server(profile) as sim:
         lines: list[bytes] = []
         with pytest.raises(aiohttp.ClientPayloadError):
-            async with http.post(sim.url + CHAT, json=chat_body(20)) as resp:
+            async with http.post(sim.url + CHAT, json=chat_body(200)) as resp:
                 async for line in resp.content:
                     if line.startswith(b"data: "):
                         lines.append(line[6:].rstrip(b"\n"))
