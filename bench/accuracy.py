@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_kimi.markers import parse_throughput  # noqa: E402
-from pytest_kimi.session import PerfSession, build_spec  # noqa: E402
+from pytest_kimi.spec.markers import parse_throughput  # noqa: E402
+from pytest_kimi.measure.session import PerfSession, build_spec  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
 from pytest_kimi.sim.profile import SimProfile  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Power simulation of the throughput gate (pytest_kimi.stats) under realistic serving noise.
+"""Power simulation of the throughput gate (pytest_kimi.gate.stats) under realistic serving noise.
 
 Each simulated comparison draws a baseline session and a current session:
 
@@ -10,7 +10,7 @@ Each simulated comparison draws a baseline session and a current session:
 
 For each true drop and trial scheme the table shows the share of comparisons whose verdict is
 ``regression``.  Fixed schemes use the same number of trials on both sides; the adaptive scheme
-follows the plugin's protocol (:func:`pytest_kimi.stats.decide` at looks 3 and 10) against a
+follows the plugin's protocol (:func:`pytest_kimi.gate.stats.decide` at looks 3 and 10) against a
 baseline of ``--baseline-trials`` trials (default 10: a baseline recorded with no baseline to
 compare against runs the whole schedule).
 
@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_kimi.stats import (  # noqa: E402  (path set up above for a plain checkout)
+from pytest_kimi.gate.stats import (  # noqa: E402  (path set up above for a plain checkout)
     DEFAULT_ALPHA,
     DEFAULT_FUTILITY,
     DEFAULT_MAX_TRIALS,
@@ -57,7 +57,7 @@ class Noise:
 
 @dataclass(frozen=True, slots=True)
 class Gate:
-    """The gate's settings (what the plugin would pass to pytest_kimi.stats)."""
+    """The gate's settings (what the plugin would pass to pytest_kimi.gate.stats)."""
 
     tolerance: float = DEFAULT_TOLERANCE
     alpha: float = DEFAULT_ALPHA

@@ -36,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_kimi.markers import parse_throughput  # noqa: E402
+from pytest_kimi.spec.markers import parse_throughput  # noqa: E402
 from pytest_kimi.server import load_profile, open_server  # noqa: E402
-from pytest_kimi.session import PerfSession, build_spec  # noqa: E402
+from pytest_kimi.measure.session import PerfSession, build_spec  # noqa: E402
 
 VLLM_BENCH = """
 import json, sys

@@ -4,7 +4,7 @@
 vLLM, or the built-in simulator) before the test body runs and fails the test when a target
 is missed.
 
-The package face is lazy (PEP 562): ``import pytest_kimi.baseline`` or ``python -m
+The package face is lazy (PEP 562): ``import pytest_kimi.baseline.store`` or ``python -m
 pytest_kimi.sim`` must not pay for pytest, aiohttp and numpy when they do not use them (every
 load-worker process and simulator child imports this package first).
 """
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     import pytest
 
-    from .results import LevelResult, ThroughputResult
+    from pytest_kimi.measure.results import LevelResult, ThroughputResult
 
     throughput: pytest.MarkDecorator
 
@@ -34,7 +34,7 @@ def __getattr__(name: str) -> Any:
         mark = globals()["throughput"] = pytest.mark.throughput
         return mark
     if name in ("ThroughputResult", "LevelResult"):
-        from . import results
+        from pytest_kimi.measure import results
 
         return getattr(results, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

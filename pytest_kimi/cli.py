@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .results import level_key
-from .report.markdown import test_title
+from pytest_kimi.measure.results import level_key
+from pytest_kimi.report.markdown import test_title
 
 EXIT_OK = 0
 EXIT_BAD = 1
@@ -42,7 +42,7 @@ class CliError(Exception):
 
 def load_report(path: Path) -> dict[str, Any]:
     """Read a ``--perf-json`` report, or raise :class:`CliError` saying what is wrong with it."""
-    from .report.json_report import SCHEMA_VERSION
+    from pytest_kimi.report.json_report import SCHEMA_VERSION
 
     try:
         raw = path.read_text(encoding="utf-8")
@@ -138,8 +138,8 @@ def compare_reports(
     levels with the baseline fields and verdict replaced by this comparison, so ``render_*``
     and the terminal table need no special case.
     """
-    from . import stats
-    from .baseline import Provenance, provenance_diff
+    from pytest_kimi.gate import stats
+    from pytest_kimi.baseline.store import Provenance, provenance_diff
 
     old_ep, new_ep = old.get("endpoint") or {}, new.get("endpoint") or {}
     changes = [str(c) for c in provenance_diff(
@@ -274,7 +274,7 @@ def _apply(row: dict[str, Any], base: list[float], cmp: Any, tolerance: float, a
 
 
 def _print_comparison(cmp: Comparison, old_path: Path, new_path: Path) -> None:
-    from .report.terminal import COLUMNS, format_table
+    from pytest_kimi.report.terminal import COLUMNS, format_table
 
     base = dict(COLUMNS)
     columns = [
@@ -321,7 +321,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     _print_comparison(cmp, Path(ns.old), Path(ns.new))
     if ns.markdown:
-        from .report.markdown import render_markdown
+        from pytest_kimi.report.markdown import render_markdown
 
         path = Path(ns.markdown)
         try:
@@ -343,7 +343,7 @@ def _profiles(root: Path, only: str | None) -> list[str]:
 
 
 def cmd_baselines(ns: argparse.Namespace) -> int:
-    from .baseline import BaselineError, BaselineStore, loads
+    from pytest_kimi.baseline.store import BaselineError, BaselineStore, loads
 
     root = Path(ns.dir)
     if not root.is_dir():
@@ -397,8 +397,8 @@ def cmd_baselines(ns: argparse.Namespace) -> int:
 
 
 def cmd_plot(ns: argparse.Namespace) -> int:
-    from .report.html import write_html
-    from .report.plots import PlotUnavailable
+    from pytest_kimi.report.html import write_html
+    from pytest_kimi.report.plots import PlotUnavailable
 
     report = load_report(Path(ns.report))
     try:
@@ -417,7 +417,7 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 def cmd_sim(argv: Sequence[str]) -> int:
     """Hand the rest of the command line to the simulator's own parser, so its flags (one per
     profile knob) and its ``--help`` never drift from what ``python -m pytest_kimi.sim`` takes."""
-    from .sim.__main__ import main as sim_main
+    from pytest_kimi.sim.__main__ import main as sim_main
 
     return sim_main(list(argv))
 
@@ -426,7 +426,7 @@ def cmd_sim(argv: Sequence[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .stats import DEFAULT_ALPHA, DEFAULT_SESSION_SIGMA, DEFAULT_TOLERANCE
+    from pytest_kimi.gate.stats import DEFAULT_ALPHA, DEFAULT_SESSION_SIGMA, DEFAULT_TOLERANCE
 
     parser = argparse.ArgumentParser(
         prog=PROG, description="pytest-kimi offline tools: simulator, baselines, report comparison, plots.")

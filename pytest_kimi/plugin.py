@@ -19,19 +19,19 @@ from typing import Any, Callable, Generator, Iterator
 
 import pytest
 
-from . import settings
-from .baseline import DEFAULT_DIRNAME, BaselineStore, TestBaseline
-from .gate import GateSettings
-from .gated import Comparison, GateProblem, MeasurementInterrupted, measure_gated
-from .endpoint import EndpointError, EndpointInfo, normalize_url
-from .markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_marker_kwargs, parse_throughput
-from .report.json_report import build_report, write_json, write_text
-from .recording import update_baselines
-from .report.junit import junit_properties
-from .report.progress import ProgressPrinter
-from .report.terminal import format_test
-from .results import ThroughputResult, workload_dict
-from .server import (
+from pytest_kimi import options
+from pytest_kimi.baseline.store import DEFAULT_DIRNAME, BaselineStore, TestBaseline
+from pytest_kimi.gate.policy import GateSettings
+from pytest_kimi.gate.run import Comparison, GateProblem, MeasurementInterrupted, measure_gated
+from pytest_kimi.endpoint.discovery import EndpointError, EndpointInfo, normalize_url
+from pytest_kimi.spec.markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_marker_kwargs, parse_throughput
+from pytest_kimi.report.json_report import build_report, write_json, write_text
+from pytest_kimi.baseline.update import update_baselines
+from pytest_kimi.report.junit import junit_properties
+from pytest_kimi.report.progress import ProgressPrinter
+from pytest_kimi.report.terminal import format_test
+from pytest_kimi.measure.results import ThroughputResult, workload_dict
+from pytest_kimi.server import (
     ProfileError,
     ServerProfile,
     ServerStartError,
@@ -39,10 +39,10 @@ from .server import (
     load_profile,
     open_server,
 )
-from .scrub import is_secret_name, register_secret, scrub, scrub_text
-from .server.interrupts import Interrupts
-from .serverinfo import clean_server_info
-from .session import KimiLoad, PerfSession
+from pytest_kimi.scrub import is_secret_name, register_secret, scrub, scrub_text
+from pytest_kimi.server.interrupts import Interrupts
+from pytest_kimi.endpoint.serverinfo import clean_server_info
+from pytest_kimi.measure.session import KimiLoad, PerfSession
 
 REPORT_ATTR = "kimi_perf"
 """Attribute on TestReport carrying a test's result dict (serialised by xdist with the report)."""
@@ -104,13 +104,13 @@ class GateContext:
 STATE = pytest.StashKey[RunState]()
 DEPLOYMENTS = pytest.StashKey[list[ServerProfile]]()
 GATE = pytest.StashKey[GateContext]()
-SETTINGS = pytest.StashKey[dict[str, settings.Resolved[Any]]]()
+SETTINGS = pytest.StashKey[dict[str, options.Resolved[Any]]]()
 PERF_ITEM = pytest.StashKey[PerfItem]()
 RESULT = pytest.StashKey[ThroughputResult]()
 INTERRUPTS = pytest.StashKey[Interrupts]()
 
 
-def _setting(config: pytest.Config, name: str) -> settings.Resolved[Any]:
+def _setting(config: pytest.Config, name: str) -> options.Resolved[Any]:
     return config.stash[SETTINGS][name]
 
 
@@ -143,19 +143,19 @@ def _gate_context(config: pytest.Config) -> GateContext:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    settings.add_options(parser)
+    options.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_SIGNATURE)
     config.addinivalue_line("markers", "perf: a throughput test (added to every @throughput test)")
-    config.stash[SETTINGS] = settings.resolve_all(config)
+    config.stash[SETTINGS] = options.resolve_all(config)
     register_secret(_setting(config, "api_key").value)
     config.stash[STATE] = RunState()
     config.stash[GATE] = _gate_context(config)
     config.stash[DEPLOYMENTS] = _load_deployments(config)
     if _setting(config, "perf_html").value and not hasattr(config, "workerinput"):
-        from .report.plots import PlotUnavailable, require_matplotlib
+        from pytest_kimi.report.plots import PlotUnavailable, require_matplotlib
 
         try:
             require_matplotlib()
@@ -192,7 +192,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def _load_deployments(config: pytest.Config) -> list[ServerProfile]:
-    paths = settings.server_profile_paths(config)
+    paths = options.server_profile_paths(config)
     profiles = []
     for raw in paths.value or []:
         path = Path(raw) if Path(raw).is_absolute() else Path(config.invocation_params.dir) / raw
@@ -394,9 +394,9 @@ def kimi_endpoint(
             sim.stop()
 
 
-def _start_sim(config: pytest.Config, resolved: settings.Resolved[Any], api_key: str | None) -> Any:
-    from .sim.process import SimProcess
-    from .sim.profile import SimConfigError, parse_sim_spec
+def _start_sim(config: pytest.Config, resolved: options.Resolved[Any], api_key: str | None) -> Any:
+    from pytest_kimi.sim.process import SimProcess
+    from pytest_kimi.sim.profile import SimConfigError, parse_sim_spec
 
     try:
         profile = parse_sim_spec(resolved.value, resolved.source)
@@ -609,7 +609,7 @@ def write_reports(config: pytest.Config, report: dict[str, Any], failing: frozen
     markdown_path = _setting(config, "perf_markdown").value
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if markdown_path or step_summary:
-        from .report.markdown import render_markdown
+        from pytest_kimi.report.markdown import render_markdown
 
         text = render_markdown(report, failing_verdicts=failing)
         if markdown_path:
@@ -619,7 +619,7 @@ def write_reports(config: pytest.Config, report: dict[str, Any], failing: frozen
                 fh.write(text + "\n")
     html_dir = _setting(config, "perf_html").value
     if html_dir:
-        from .report.html import write_html
+        from pytest_kimi.report.html import write_html
 
         write_html(report, Path(html_dir), failing_verdicts=failing)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_kimi.endpoint import EndpointInfo
-from pytest_kimi.markers import parse_throughput
-from pytest_kimi.session import PerfSession, build_spec
+from pytest_kimi.endpoint.discovery import EndpointInfo
+from pytest_kimi.spec.markers import parse_throughput
+from pytest_kimi.measure.session import PerfSession, build_spec
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimProfile
 

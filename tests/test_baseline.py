@@ -1,4 +1,4 @@
-"""Tests for the git-backed baseline store (pytest_kimi.baseline).
+"""Tests for the git-backed baseline store (pytest_kimi.baseline.store).
 
 The store's promises are about files a human reviews: stable text, no half-written files, no
 silent overwrite, and error messages that point at the file and the broken field.
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pytest_kimi import baseline as bl
-from pytest_kimi.baseline import (
+from pytest_kimi.baseline import store as bl
+from pytest_kimi.baseline.store import (
     BaselineError,
     BaselineExistsError,
     BaselineStore,

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kimi.markers import parse_throughput
+from pytest_kimi.spec.markers import parse_throughput
 from pytest_kimi.server.launcher import ManagedServer
 from pytest_kimi.server.profile import ServerProfile
-from pytest_kimi.session import PerfSession, build_spec
+from pytest_kimi.measure.session import PerfSession, build_spec
 from pytest_kimi.sim.engine import RADIX_PAGE_TOKENS
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimProfile
-from pytest_kimi.workload import SIZE_TOLERANCE, SYNTHETIC_VARIANTS
+from pytest_kimi.spec.workload import SIZE_TOLERANCE, SYNTHETIC_VARIANTS
 
 REAL_TIME = SimProfile(speed=1.0)
 """Real time: a 2000-token prefill costs 40 ms, a step at C=1 15 ms."""
@@ -181,7 +181,7 @@ def test_managed_flush_sends_the_admin_key_and_reports_refusals(tmp_path: Path) 
 def test_a_refused_flush_is_a_note_on_the_test() -> None:
     from types import SimpleNamespace
 
-    from pytest_kimi.gated import flush_cache
+    from pytest_kimi.gate.run import flush_cache
 
     def server(path: str | None, ok: bool) -> SimpleNamespace:
         return SimpleNamespace(engine=SimpleNamespace(flush_path=path), flush_error=None if ok else

@@ -9,9 +9,9 @@ from array import array
 import pytest
 
 from pytest_kimi.load.runner import TrialRecords
-from pytest_kimi.markers import LevelSpec
-from pytest_kimi.metrics import ClientSignals, inter_token_latencies, steady_window, summarize_trial, tokens_in_window
-from pytest_kimi.records import RequestRecord
+from pytest_kimi.spec.markers import LevelSpec
+from pytest_kimi.measure.metrics import ClientSignals, inter_token_latencies, steady_window, summarize_trial, tokens_in_window
+from pytest_kimi.load.records import RequestRecord
 
 
 def _rec(worker: int, start: float, n: int, step: float, *, per_event: int = 1, index: int = 0,
@@ -107,8 +107,8 @@ def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
     import asyncio
 
     from pytest_kimi.load.request import Target
-    from pytest_kimi.markers import Targets, Workload
-    from pytest_kimi.measure import MAX_REPLACED_TRIALS, MeasureSpec, measure_level
+    from pytest_kimi.spec.markers import Targets, Workload
+    from pytest_kimi.measure.trials import MAX_REPLACED_TRIALS, MeasureSpec, measure_level
 
     level = LevelSpec(2, None, 101)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kimi.measure import Progress
+from pytest_kimi.measure.trials import Progress
 from pytest_kimi.report.progress import PLAIN_HEARTBEAT_S, ProgressPrinter, format_progress
 
 SUITE = """

@@ -20,14 +20,14 @@ import aiohttp
 import pytest
 
 from pytest_kimi.load.sse import parse_blocks
-from pytest_kimi.markers import LevelSpec, parse_throughput
-from pytest_kimi.metrics import ClientSignals, TrialResult, level_figures
-from pytest_kimi.records import RequestRecord
+from pytest_kimi.spec.markers import LevelSpec, parse_throughput
+from pytest_kimi.measure.metrics import ClientSignals, TrialResult, level_figures
+from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.report.html import render_html
 from pytest_kimi.report.markdown import render_markdown
 from pytest_kimi.report.terminal import format_table
-from pytest_kimi.results import LevelResult
-from pytest_kimi.session import PerfSession, build_spec
+from pytest_kimi.measure.results import LevelResult
+from pytest_kimi.measure.session import PerfSession, build_spec
 from pytest_kimi.sim.app import start_server
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimConfigError, SimProfile, parse_sim_spec

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pytest_kimi.results import FAILING_VERDICTS as BASE_FAILING
+from pytest_kimi.measure.results import FAILING_VERDICTS as BASE_FAILING
 from pytest_kimi.report.markdown import BASE_FAILING_VERDICTS, cell, render_markdown
 
 DATA = Path(__file__).parent / "data"

@@ -39,7 +39,7 @@ from pytest_kimi.server import (
     parse_profile,
     server_args,
 )
-from pytest_kimi.endpoint import discover
+from pytest_kimi.endpoint.discovery import discover
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_SGLANG = Path(__file__).resolve().parent / "fake_sglang"

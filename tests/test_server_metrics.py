@@ -16,12 +16,12 @@ import pytest
 from aiohttp import web
 
 from pytest_kimi.load.runner import TrialRecords
-from pytest_kimi.markers import LevelSpec
-from pytest_kimi.metrics import ClientSignals, TrialResult, summarize_trial
-from pytest_kimi.records import RequestRecord
+from pytest_kimi.spec.markers import LevelSpec
+from pytest_kimi.measure.metrics import ClientSignals, TrialResult, summarize_trial
+from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.report.markdown import render_markdown
 from pytest_kimi.report.terminal import format_test
-from pytest_kimi.server_metrics import (
+from pytest_kimi.crosscheck.server_metrics import (
     RATE_TOLERANCE,
     CounterNames,
     MetricsScraper,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_kimi.load.sse import StreamParser, error_event_message, malformed_message, parse_blocks
-from pytest_kimi.records import RequestRecord
+from pytest_kimi.load.records import RequestRecord
 
 
 # --------------------------------------------------------------------------- reference parser

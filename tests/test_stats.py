@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from pytest_kimi.stats import (
+from pytest_kimi.gate.stats import (
     FINAL_LOOK_SHARE,
     LevelComparison,
     StopReason,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_kimi.gate import AdaptiveTrials, GateSettings
-from pytest_kimi.markers import LevelSpec
+from pytest_kimi.gate.policy import AdaptiveTrials, GateSettings
+from pytest_kimi.spec.markers import LevelSpec
 
 
 def _policy(max_trials: int = 10) -> tuple[AdaptiveTrials, LevelSpec]:

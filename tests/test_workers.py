@@ -36,7 +36,7 @@ from pytest_kimi.load import (
 )
 from pytest_kimi.load.runner import peak_inflight
 from pytest_kimi.load.workers import interleave, shard_closed, shard_open, split_even, split_proportional
-from pytest_kimi.records import RequestRecord
+from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimProfile
 

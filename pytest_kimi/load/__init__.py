@@ -3,11 +3,11 @@
 Kept free of pytest so it can be driven from benchmarks and scripts as well as the plugin.
 """
 
-from .openloop import OpenLoopPlan, poisson_arrivals
-from .request import Target, stream_request
-from .runner import LiveTrial, LoadClient, ShardSummary, TrialClient, TrialPlan, TrialRecords
-from .sse import StreamParser, parse_blocks
-from .workers import ShardedClient, WorkerError
+from pytest_kimi.load.openloop import OpenLoopPlan, poisson_arrivals
+from pytest_kimi.load.request import Target, stream_request
+from pytest_kimi.load.runner import LiveTrial, LoadClient, ShardSummary, TrialClient, TrialPlan, TrialRecords
+from pytest_kimi.load.sse import StreamParser, parse_blocks
+from pytest_kimi.load.workers import ShardedClient, WorkerError
 
 __all__ = [
     "LiveTrial",

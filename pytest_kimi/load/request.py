@@ -19,8 +19,8 @@ from typing import Awaitable, Callable, Literal
 import aiohttp
 from aiohttp import StreamReader
 
-from ..records import RequestRecord
-from .sse import StreamParser
+from pytest_kimi.load.records import RequestRecord
+from pytest_kimi.load.sse import StreamParser
 
 Api = Literal["chat", "completions"]
 

@@ -28,9 +28,9 @@ from typing import Protocol, Sequence
 
 import aiohttp
 
-from ..records import RequestRecord
-from .openloop import OpenLoopPlan
-from .request import Target, silence_timeout, stream_request
+from pytest_kimi.load.records import RequestRecord
+from pytest_kimi.load.openloop import OpenLoopPlan
+from pytest_kimi.load.request import Target, silence_timeout, stream_request
 
 try:  # POSIX only; elsewhere the default limit has to do
     import resource

@@ -57,7 +57,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from ..records import RequestRecord
+from pytest_kimi.load.records import RequestRecord
 
 try:  # numpy (a scipy dependency) counts newlines ~4x faster than bytes.count on big ranges
     from numpy import count_nonzero as _np_count_nonzero

@@ -60,10 +60,10 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Collection, Literal, Sequence
 
-from ..records import RequestRecord
-from .openloop import OpenLoopPlan, deal
-from .request import Target
-from .runner import (
+from pytest_kimi.load.records import RequestRecord
+from pytest_kimi.load.openloop import OpenLoopPlan, deal
+from pytest_kimi.load.request import Target
+from pytest_kimi.load.runner import (
     LiveTrial,
     LoadClient,
     ShardSummary,

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .markdown import (
+from pytest_kimi.report.markdown import (
     BASE_FAILING_VERDICTS,
     VERDICT_HELP,
     WARNING_VERDICTS,
@@ -27,7 +27,7 @@ from .markdown import (
     verdict_counts,
     workload_text,
 )
-from .plots import PlotImage, render_test, require_matplotlib, safe_name
+from pytest_kimi.report.plots import PlotImage, render_test, require_matplotlib, safe_name
 
 INDEX_NAME = "index.html"
 

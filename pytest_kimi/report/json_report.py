@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from pytest_kimi import __version__
 
 SCHEMA_VERSION = 1
 

@@ -17,8 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..results import FAILING_VERDICTS
-from .terminal import num as _num, prompt_tokens_cell, reasoning_tokens_cell, server_tok_s_cell, server_tokens_cell, tok_s_cell as _current
+from pytest_kimi.measure.results import FAILING_VERDICTS
+from pytest_kimi.report.terminal import num as _num, prompt_tokens_cell, reasoning_tokens_cell, server_tok_s_cell, server_tokens_cell, tok_s_cell as _current
 
 BASE_FAILING_VERDICTS = FAILING_VERDICTS
 """Verdicts that fail a run whatever the flags (one definition, in ``results``)."""

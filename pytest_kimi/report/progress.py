@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..measure import Progress
+from pytest_kimi.measure.trials import Progress
 
 PLAIN_HEARTBEAT_S = 30.0
 """Without a terminal, a tick is printed at most this often; trial and level ends always."""

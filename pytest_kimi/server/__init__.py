@@ -12,8 +12,8 @@ See ``docs/managed-servers.md`` for the profile format and failure behaviour.
 
 from __future__ import annotations
 
-from .engines import ENGINES, SGLANG, VLLM, Engine, get_engine
-from .launcher import (
+from pytest_kimi.server.engines import ENGINES, SGLANG, VLLM, Engine, get_engine
+from pytest_kimi.server.launcher import (
     ExternalServer,
     ManagedServer,
     ProgressFn,
@@ -22,7 +22,7 @@ from .launcher import (
     ServerStartError,
     open_server,
 )
-from .profile import (
+from pytest_kimi.server.profile import (
     ProfileError,
     ServerProfile,
     argv,

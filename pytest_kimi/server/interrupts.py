@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from . import supervisor
+from pytest_kimi.server import supervisor
 
 __all__ = ["Interrupts"]
 

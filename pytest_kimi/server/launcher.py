@@ -39,12 +39,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..scrub import is_secret_name, known_secrets, scrub_argv, scrub_text
-from . import leftovers
-from .procgroup import DEAD_LEADER_GRACE_S
-from .procgroup import group_members as _group_members  # noqa: F401 - tests/engine use it
-from .profile import ServerProfile, argv
-from .supervisor import Supervised
+from pytest_kimi.scrub import is_secret_name, known_secrets, scrub_argv, scrub_text
+from pytest_kimi.server import leftovers
+from pytest_kimi.server.procgroup import DEAD_LEADER_GRACE_S
+from pytest_kimi.server.procgroup import group_members as _group_members  # noqa: F401 - tests/engine use it
+from pytest_kimi.server.profile import ServerProfile, argv
+from pytest_kimi.server.supervisor import Supervised
 
 __all__ = [
     "ExternalServer",

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import procgroup
+from pytest_kimi.server import procgroup
 
 __all__ = ["LeftoverServer", "clear", "describe", "live_records", "record_path"]
 

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from .engines import ENGINES, Engine, get_engine
+from pytest_kimi.server.engines import ENGINES, Engine, get_engine
 
 __all__ = [
     "DEFAULT_STARTUP_TIMEOUT_S",

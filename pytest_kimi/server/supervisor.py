@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from .. import scrub as _scrub
-    from . import procgroup
+    from pytest_kimi import scrub as _scrub
+    from pytest_kimi.server import procgroup
 else:  # run as a script: load the siblings by path, never the pytest_kimi package
     import importlib.util
 

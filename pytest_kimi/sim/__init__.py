@@ -12,10 +12,10 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .app import SimServer, count_prompt_tokens, create_app, start_server
-    from .engine import EngineStats, SimEngine
-    from .process import SimProcess, SimProcessError
-    from .profile import SimConfigError, SimProfile, parse_sim_spec
+    from pytest_kimi.sim.app import SimServer, count_prompt_tokens, create_app, start_server
+    from pytest_kimi.sim.engine import EngineStats, SimEngine
+    from pytest_kimi.sim.process import SimProcess, SimProcessError
+    from pytest_kimi.sim.profile import SimConfigError, SimProfile, parse_sim_spec
 
 _WHERE = {
     "SimServer": "app", "count_prompt_tokens": "app", "create_app": "app", "start_server": "app",

@@ -15,9 +15,9 @@ import signal
 import sys
 from dataclasses import fields
 
-from .app import ALLOWED_HOSTS, start_server
-from .process import API_KEY_ENV, READY_PREFIX
-from .profile import KNOB_HELP, SimConfigError, SimProfile
+from pytest_kimi.sim.app import ALLOWED_HOSTS, start_server
+from pytest_kimi.sim.process import API_KEY_ENV, READY_PREFIX
+from pytest_kimi.sim.profile import KNOB_HELP, SimConfigError, SimProfile
 
 
 def build_parser() -> argparse.ArgumentParser:

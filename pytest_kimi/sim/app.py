@@ -27,8 +27,8 @@ from typing import Any, NoReturn
 
 from aiohttp import web
 
-from .engine import EngineNotRunning, Sequence, SeqState, SimEngine, prefix_pages
-from .profile import SimProfile
+from pytest_kimi.sim.engine import EngineNotRunning, Sequence, SeqState, SimEngine, prefix_pages
+from pytest_kimi.sim.profile import SimProfile
 
 __all__ = [
     "ENGINE_KEY",

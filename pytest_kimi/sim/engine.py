@@ -37,7 +37,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .profile import SimProfile
+from pytest_kimi.sim.profile import SimProfile
 
 __all__ = ["SeqState", "Sequence", "EngineStats", "SimEngine", "EngineNotRunning", "prefix_pages",
            "RADIX_PAGE_TOKENS", "RADIX_MAX_PAGES"]

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from ..server import leftovers
-from ..server.supervisor import Supervised
-from .profile import SimProfile
+from pytest_kimi.server import leftovers
+from pytest_kimi.server.supervisor import Supervised
+from pytest_kimi.sim.profile import SimProfile
 
 __all__ = ["SimProcess", "SimProcessError", "READY_PREFIX", "API_KEY_ENV"]
 

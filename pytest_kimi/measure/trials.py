@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Callable, Literal, Protocol, Sequence
 
-from .load.request import Target
-from .load.runner import TRIAL_ID_BITS, LiveTrial, OpenLoopPlan, TrialClient, TrialPlan, TrialRecords
-from .markers import LevelSpec, Targets, Workload
-from .metrics import ClientSignals, TrialResult, summarize_trial
-from .results import LevelResult, ThroughputResult, judge_level, not_run_level
+from pytest_kimi.load.request import Target
+from pytest_kimi.load.runner import TRIAL_ID_BITS, LiveTrial, OpenLoopPlan, TrialClient, TrialPlan, TrialRecords
+from pytest_kimi.spec.markers import LevelSpec, Targets, Workload
+from pytest_kimi.measure.metrics import ClientSignals, TrialResult, summarize_trial
+from pytest_kimi.measure.results import LevelResult, ThroughputResult, judge_level, not_run_level
 
 WARMUP_MAX_TOKENS = 16
 DEFAULT_TRIALS = 3
@@ -103,7 +103,7 @@ class MeasureSpec:
     :meth:`bodies_for` sets the level's max_tokens."""
     prompts_keys: dict[int | None, str]
     unique_slot: bytes | None = None
-    """Where each body holds its request's unique id (:data:`~pytest_kimi.workload.UNIQUE_SLOT`);
+    """Where each body holds its request's unique id (:data:`~pytest_kimi.spec.workload.UNIQUE_SLOT`);
     None: bodies are sent as encoded, repeating every pass (prefix-cache hits)."""
     sizing: dict[int | None, str] = field(default_factory=dict)
     """How synthetic prompts of each input_tokens were sized (reports show it)."""

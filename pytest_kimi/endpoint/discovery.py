@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from .serverinfo import clean_server_info
+from pytest_kimi.endpoint.serverinfo import clean_server_info
 
 
 class EndpointError(RuntimeError):

@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Literal, Union
 
 import yaml
 
-from .serverinfo import VOLATILE_SERVER_INFO, clean_server_info
+from pytest_kimi.endpoint.serverinfo import VOLATILE_SERVER_INFO, clean_server_info
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -370,7 +370,7 @@ class LevelBaseline:
 
 SERVER_INFO_IGNORE: tuple[str, ...] = VOLATILE_SERVER_INFO
 """Patterns for ``server_info`` entries that :func:`provenance_diff` ignores (their one home
-is :mod:`pytest_kimi.serverinfo`, where server info enters the plugin)."""
+is :mod:`pytest_kimi.endpoint.serverinfo`, where server info enters the plugin)."""
 
 
 def _plain(value: Any, where: str) -> Any:

@@ -25,7 +25,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .scrub import scrub, scrub_argv
+from pytest_kimi.scrub import scrub, scrub_argv
 
 __all__ = ["VOLATILE_SERVER_INFO", "clean_server_info", "parse_launch_command"]
 

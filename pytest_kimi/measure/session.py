@@ -11,15 +11,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .endpoint import EndpointInfo, discover
-from .load.request import Target
-from .load.runner import LoadClient
-from .load.workers import ShardedClient
-from .loop_thread import LoopThread
-from .markers import Targets, Workload, parse_throughput
-from .measure import DEFAULT_TRIALS, FixedTrials, MeasureSpec, ProgressFn, TrialPolicy, measure_test
-from .results import ThroughputResult
-from .workload import API_PATHS, UNIQUE_SLOT, PromptSizer, encode_bodies, lead, resolve_prompts
+from pytest_kimi.endpoint.discovery import EndpointInfo, discover
+from pytest_kimi.load.request import Target
+from pytest_kimi.load.runner import LoadClient
+from pytest_kimi.load.workers import ShardedClient
+from pytest_kimi.load.loop_thread import LoopThread
+from pytest_kimi.spec.markers import Targets, Workload, parse_throughput
+from pytest_kimi.measure.trials import DEFAULT_TRIALS, FixedTrials, MeasureSpec, ProgressFn, TrialPolicy, measure_test
+from pytest_kimi.measure.results import ThroughputResult
+from pytest_kimi.spec.workload import API_PATHS, UNIQUE_SLOT, PromptSizer, encode_bodies, lead, resolve_prompts
 
 
 class PerfSession:

@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from . import stats
-from .baseline import FieldChange, Provenance, TestBaseline, incomparable, provenance_diff
-from .markers import LevelSpec
-from .results import FAILING_VERDICTS, LevelResult, ThroughputResult, level_key, workload_dict
+from pytest_kimi.gate import stats
+from pytest_kimi.baseline.store import FieldChange, Provenance, TestBaseline, incomparable, provenance_diff
+from pytest_kimi.spec.markers import LevelSpec
+from pytest_kimi.measure.results import FAILING_VERDICTS, LevelResult, ThroughputResult, level_key, workload_dict
 
 
 

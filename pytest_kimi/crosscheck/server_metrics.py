@@ -40,8 +40,8 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from .metrics import TrialResult
-from .records import RequestRecord
+from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.load.records import RequestRecord
 
 GENERATION_COUNTERS = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
 """The generated-token counter under each engine's prefix, in the order they are looked for."""
@@ -617,7 +617,7 @@ def level_summary(checks: Sequence[TrialCheck], metric: str) -> dict[str, Any]:
 
 
 class ServerMetricsObserver:
-    """The measurement's :class:`~pytest_kimi.measure.TrialObserver` for ``--perf-server-metrics``.
+    """The measurement's :class:`~pytest_kimi.measure.trials.TrialObserver` for ``--perf-server-metrics``.
 
     ``open`` (before the warm-up) finds the counters or fails the test; ``before_trial``
     scrapes once the counters are still and starts the sampler; ``after_trial`` stops it,

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from .markers import LevelSpec, Targets, Workload
-from .metrics import LatencyLimits, LevelFigures, ReasoningFigures, TrialResult, level_figures
+from pytest_kimi.spec.markers import LevelSpec, Targets, Workload
+from pytest_kimi.measure.metrics import LatencyLimits, LevelFigures, ReasoningFigures, TrialResult, level_figures
 
 VERDICTS = ("pass", "fail", "invalid", "error", "not-run")
 FAILING_VERDICTS = frozenset({"fail", "invalid", "error", "regression"})

@@ -40,9 +40,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .load.runner import TrialRecords
-from .markers import LevelSpec
-from .records import RequestRecord
+from pytest_kimi.load.runner import TrialRecords
+from pytest_kimi.spec.markers import LevelSpec
+from pytest_kimi.load.records import RequestRecord
 
 CLIENT_LAG_LIMIT_S = 0.02
 """Event-loop lag (p99) or send delay (p99) above this may mean the client set the pace.

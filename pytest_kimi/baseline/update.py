@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .baseline import (
+from pytest_kimi.baseline.store import (
     BaselineError, BaselineStore, LevelBaseline, Provenance, ProvenanceConflict, TestBaseline, WorkloadKey,
 )
-from .results import ThroughputResult, level_key, workload_dict
+from pytest_kimi.measure.results import ThroughputResult, level_key, workload_dict
 
 
 def update_baselines(

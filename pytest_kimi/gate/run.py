@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .baseline import BaselineError, BaselineStore, Provenance, TestBaseline
-from .endpoint import EndpointInfo
-from .gate import AdaptiveTrials, GateSettings, IncomparableBaseline, apply_gate, baseline_samples, check_comparable
-from .markers import Targets, Workload
-from .measure import ProgressFn
-from .recording import reference_baseline
-from .results import ThroughputResult, spec_key
-from .server_metrics import ServerMetricsError, ServerMetricsObserver
-from .session import PerfSession, build_spec
-from .workload import WorkloadError
+from pytest_kimi.baseline.store import BaselineError, BaselineStore, Provenance, TestBaseline
+from pytest_kimi.endpoint.discovery import EndpointInfo
+from pytest_kimi.gate.policy import AdaptiveTrials, GateSettings, IncomparableBaseline, apply_gate, baseline_samples, check_comparable
+from pytest_kimi.spec.markers import Targets, Workload
+from pytest_kimi.measure.trials import ProgressFn
+from pytest_kimi.baseline.update import reference_baseline
+from pytest_kimi.measure.results import ThroughputResult, spec_key
+from pytest_kimi.crosscheck.server_metrics import ServerMetricsError, ServerMetricsObserver
+from pytest_kimi.measure.session import PerfSession, build_spec
+from pytest_kimi.spec.workload import WorkloadError
 
 
 class GateProblem(RuntimeError):
@@ -143,7 +143,7 @@ def measure_gated(
 def flush_cache(server: Any) -> str | None:
     """Empty a managed server's prefix cache before a test; a note when that failed.
 
-    Prompts are unique per request anyway (:mod:`pytest_kimi.workload`), so a leftover cache
+    Prompts are unique per request anyway (:mod:`pytest_kimi.spec.workload`), so a leftover cache
     can only help through shared template tokens; still, a refused flush (the server busy past
     the wait, a missing admin key) is reported rather than ignored.  An engine without a flush
     endpoint (vLLM) is not a failure.

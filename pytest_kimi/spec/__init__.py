@@ -1,0 +1,1 @@
+"""What to send: the @throughput marker's arguments, prompt sets and request bodies."""
