@@ -150,7 +150,7 @@ async def discover(
 
 def _model_ids(body: Any, base_url: str) -> list[str]:
     data = body.get("data") if isinstance(body, dict) else None
-    ids = [m.get("id") for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    ids = [str(m["id"]) for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
     if not ids:
         raise EndpointError(
             f"{base_url}/v1/models lists no models ({str(body)[:120]}); pass --model explicitly"

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from typing import Literal
+
+Api = Literal["chat", "completions"]
+"""Which OpenAI API a request uses (``/v1/chat/completions`` or ``/v1/completions``): the one
+definition, for the marker, the request bodies and the stream parser alike."""
 
 
 @dataclass(slots=True)
@@ -28,9 +33,9 @@ class RequestRecord:
     """Arrival of the first read block that held a non-empty content or reasoning token."""
     end: float = 0.0
     """When the stream ended: ``[DONE]``, connection close, error or timeout."""
-    chunk_times: array = field(default_factory=lambda: array("d"))
+    chunk_times: array[float] = field(default_factory=lambda: array("d"))
     """Arrival time of every read block that held at least one token event."""
-    chunk_events: array = field(default_factory=lambda: array("I"))
+    chunk_events: array[int] = field(default_factory=lambda: array("I"))
     """How many token events (content/reasoning deltas) each of those blocks held."""
     completion_tokens: int = 0
     """From the server's ``usage``; counted from events when ``tokens_approx``."""
@@ -102,7 +107,7 @@ class RequestRecord:
         if self.first_token is None or last is None or last <= self.first_token:
             return None
         first_read = self.chunk_events[0] * self.tokens_per_event
-        return (self.completion_tokens - first_read) / (last - self.first_token)
+        return float((self.completion_tokens - first_read) / (last - self.first_token))
 
     @property
     def e2e(self) -> float:

@@ -14,15 +14,14 @@ import os
 from dataclasses import dataclass, field
 from functools import partial
 from time import perf_counter
-from typing import Awaitable, Callable, Literal
+from typing import Awaitable, Callable
 
 import aiohttp
 from aiohttp import StreamReader
 
-from pytest_kimi.load.records import RequestRecord
+from pytest_kimi.load.records import Api, RequestRecord
 from pytest_kimi.load.sse import StreamParser
 
-Api = Literal["chat", "completions"]
 
 _SECRET_HEADERS = ("authorization", "api-key", "x-api-key", "proxy-authorization")
 

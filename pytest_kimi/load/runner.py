@@ -150,8 +150,8 @@ class TrialRecords:
     """Why the trial stopped starting requests before its plan said so (None: it did not)."""
     warmup_records: list[RequestRecord] = field(default_factory=list)
     lag_samples: int = 0
-    lag_times: array = field(default_factory=lambda: array("d"))
-    lag_values: array = field(default_factory=lambda: array("d"))
+    lag_times: array[float] = field(default_factory=lambda: array("d"))
+    lag_values: array[float] = field(default_factory=lambda: array("d"))
     """The raw lag samples and when they were taken (ramp-up bursts fall outside the window)."""
     offered_rate: float | None = None
     """Open loop: the arrival rate asked for (requests/s).  None for a closed loop."""
@@ -323,8 +323,8 @@ class _LagMonitor:
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
-        self.samples: array = array("d")
-        self.times: array = array("d")
+        self.samples: array[float] = array("d")
+        self.times: array[float] = array("d")
         """When each sample was taken: lets the lag be judged inside the steady-state window."""
         self._task: asyncio.Task[None] | None = None
 

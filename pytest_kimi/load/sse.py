@@ -55,18 +55,16 @@ Event semantics (shared with the JSON-decoding reference used in the tests):
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
-from pytest_kimi.load.records import RequestRecord
+from pytest_kimi.load.records import Api, RequestRecord
 
 try:  # numpy (a scipy dependency) counts newlines ~4x faster than bytes.count on big ranges
     from numpy import count_nonzero as _np_count_nonzero
     from numpy import frombuffer as _np_frombuffer
     from numpy import uint8 as _np_uint8
 except ImportError:  # pragma: no cover - pure-Python fallback
-    _np_frombuffer = None
-
-Api = Literal["chat", "completions"]
+    _np_frombuffer = None  # type: ignore[assignment]
 
 _CHAT_FIELDS = ("content", "reasoning_content", "reasoning")
 _COMPLETION_FIELDS = ("text",)

@@ -746,7 +746,7 @@ async def _all(aws: Sequence[Any]) -> list[Any]:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for t in tasks:
             if t.done() and not t.cancelled() and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
+                raise t.exception()
         return [t.result() for t in tasks]
     finally:
         for t in tasks:

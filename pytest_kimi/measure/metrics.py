@@ -74,8 +74,8 @@ class ClientSignals:
     send_delay_p99_s: float = 0.0
     cpu_share: float = 0.0
     """Client process CPU seconds per wall second (1.0 = one core busy)."""
-    lag_times: array = field(default_factory=lambda: array("d"), repr=False)
-    lag_values: array = field(default_factory=lambda: array("d"), repr=False)
+    lag_times: array[float] = field(default_factory=lambda: array("d"), repr=False)
+    lag_values: array[float] = field(default_factory=lambda: array("d"), repr=False)
 
     def lag_p99_within(self, start: float, end: float) -> float:
         """Event-loop lag p99 inside the steady-state window.

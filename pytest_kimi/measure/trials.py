@@ -14,7 +14,8 @@ from time import perf_counter
 from typing import Any, Callable, Literal, Protocol, Sequence
 
 from pytest_kimi.load.request import Target
-from pytest_kimi.load.runner import TRIAL_ID_BITS, LiveTrial, OpenLoopPlan, TrialClient, TrialPlan, TrialRecords
+from pytest_kimi.load.openloop import OpenLoopPlan
+from pytest_kimi.load.runner import TRIAL_ID_BITS, LiveTrial, TrialClient, TrialPlan, TrialRecords
 from pytest_kimi.spec.markers import LevelSpec, Targets, Workload
 from pytest_kimi.measure.metrics import ClientSignals, TrialResult, summarize_trial
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, judge_level, not_run_level

@@ -142,9 +142,14 @@ def clear(directory: Path, progress: Callable[[str], None] | None = None,
         group_grace = float(rec.get("group_grace_s", 30.0))
         say(f"found {describe(rec)}, left running by an earlier run (pid {owner}, gone); "
             f"stopping it before starting another (up to {leader_grace + group_grace:g} s)")
+        started = rec.get("starttime")
+
+        def leader_gone(p: int = pid, s: Any = started) -> bool:
+            return _same_process(p, s) is False
+
         stopper = procgroup.StagedStop(
             pid, pgid, leader_grace_s=leader_grace, group_grace_s=group_grace,
-            leader_gone=lambda p=pid, s=rec.get("starttime"): _same_process(p, s) is False)
+            leader_gone=leader_gone)
         stopper.run()
         left = procgroup.group_members(pgid)
         if left:

@@ -298,8 +298,8 @@ class _Supervisor:
                         else:
                             ctl_buf += data
                             while b"\n" in ctl_buf:
-                                line, ctl_buf = ctl_buf.split(b"\n", 1)
-                                self.command(line.decode("utf-8", "replace"))
+                                raw, ctl_buf = ctl_buf.split(b"\n", 1)
+                                self.command(raw.decode("utf-8", "replace"))
                 if self.term_signal and self.stopper is None:
                     lg, gg = self.default_graces()
                     self.begin_stop(lg, gg, f"got signal {self.term_signal}; stopping the server")
@@ -416,7 +416,7 @@ class Supervised:
         self._events: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self._wlock = threading.RLock()  # kill() may run in a signal handler mid-_send
-        cfg = {
+        cfg: dict[str, Any] = {
             "argv": self.argv, "env": dict(env) if env is not None else None,
             "cwd": os.fspath(cwd) if cwd is not None else None,
             "log": os.fspath(log_path) if log_path is not None else None,

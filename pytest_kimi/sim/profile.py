@@ -216,14 +216,14 @@ class SimProfile:
         t = t * self.slowdown / self.speed
         if include_noise:
             t *= self.noise_factor
-        return t
+        return float(t)
 
     def prefill_time(self, prompt_tokens: int, *, include_noise: bool = False) -> float:
         """Extra wall seconds a step pays for admitting ``prompt_tokens`` prompt tokens."""
         t = self.prefill_per_token_s * prompt_tokens * self.slowdown / self.speed
         if include_noise:
             t *= self.noise_factor
-        return t
+        return float(t)
 
     @property
     def noise_factor(self) -> float:
@@ -294,7 +294,7 @@ class SimProfile:
     def _step_time_real(self, b: float, include_noise: bool) -> float:
         t = (self.step_base_s + self.step_per_seq_s * b ** self.step_exponent)
         t = t * self.slowdown / self.speed
-        return t * self.noise_factor if include_noise else t
+        return float(t * self.noise_factor if include_noise else t)
 
     def expected_ttft_s(self, prompt_tokens: int, c: int = 1, *,
                         include_noise: bool = False) -> float:

@@ -11,7 +11,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from pytest_kimi.spec.workload import Api
+from pytest_kimi.load.records import Api
 
 MARKER_SIGNATURE = (
     "throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None, min_request_tok_s=None, "
