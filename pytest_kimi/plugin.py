@@ -20,8 +20,9 @@ from typing import Any, Callable, Generator, Iterator
 import pytest
 
 from pytest_kimi import options
-from pytest_kimi.baseline.store import DEFAULT_DIRNAME, BaselineStore, TestBaseline
+from pytest_kimi.baseline import DEFAULT_DIRNAME, BaselineStore, TestBaseline
 from pytest_kimi.gate.policy import GateSettings
+from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.gate.run import Comparison, GateProblem, MeasurementInterrupted, measure_gated
 from pytest_kimi.endpoint.discovery import EndpointError, EndpointInfo, normalize_url
 from pytest_kimi.spec.markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_marker_kwargs, parse_throughput
@@ -46,16 +47,6 @@ from pytest_kimi.measure.session import KimiLoad, PerfSession
 
 REPORT_ATTR = "kimi_perf"
 """Attribute on TestReport carrying a test's result dict (serialised by xdist with the report)."""
-
-FAILURE_HEADLINES = {
-    "fail": "target missed",
-    "regression": "regression beyond noise",
-    "error": "requests failed",
-    "invalid": "measurement invalid",
-    "no-baseline": "no baseline (--perf-require-baseline)",
-    "inconclusive": "inconclusive (--perf-strict)",
-    "underpowered": "underpowered (--perf-strict)",
-}
 
 NO_ENDPOINT_REASON = (
     "no endpoint given: pass --endpoint=URL (an OpenAI-compatible server, e.g. "
@@ -110,6 +101,14 @@ RESULT = pytest.StashKey[ThroughputResult]()
 INTERRUPTS = pytest.StashKey[Interrupts]()
 
 
+def _resolve_path(config: pytest.Config, raw: str | Path) -> Path:
+    """A path from the command line, the environment or the ini file, made absolute against
+    one base for all three: the rootdir (where the ini file and ``baselines/`` live), so a
+    value means the same file wherever pytest is started from."""
+    path = Path(raw)
+    return path if path.is_absolute() else Path(config.rootpath) / path
+
+
 def _setting(config: pytest.Config, name: str) -> options.Resolved[Any]:
     return config.stash[SETTINGS][name]
 
@@ -123,9 +122,7 @@ def _gate_context(config: pytest.Config) -> GateContext:
         v = _setting(config, name).value
         return default if v is None else v
 
-    root = Path(value("baseline_dir", DEFAULT_DIRNAME))
-    if not root.is_absolute():
-        root = Path(config.rootpath) / root
+    root = _resolve_path(config, value("baseline_dir", DEFAULT_DIRNAME))
     explicit = _setting(config, "baseline_profile").value
     profile = explicit or ("sim" if _is_sim(_setting(config, "endpoint").value) else "default")
     update = _setting(config, "update_baselines").value
@@ -195,7 +192,7 @@ def _load_deployments(config: pytest.Config) -> list[ServerProfile]:
     paths = options.server_profile_paths(config)
     profiles = []
     for raw in paths.value or []:
-        path = Path(raw) if Path(raw).is_absolute() else Path(config.invocation_params.dir) / raw
+        path = _resolve_path(config, raw)
         try:
             profiles.append(load_profile(path))
         except ProfileError as exc:
@@ -551,10 +548,16 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     if result is not None:
         failing = result.failing_levels(item.config.stash[GATE].settings.failing_verdicts())
         if failing:
-            kinds = ", ".join(dict.fromkeys(FAILURE_HEADLINES.get(lv.verdict, lv.verdict) for lv in failing))
+            kinds = ", ".join(dict.fromkeys(_headline(lv.verdict) for lv in failing))
             lines = format_test(result.to_dict())[1:]
             pytest.fail(scrub_text(f"throughput {kinds}:\n" + "\n".join(lines)), pytrace=False)
     return (yield)
+
+
+def _headline(verdict: str) -> str:
+    """How the failure message names a failing level's verdict (a word it does not know as itself)."""
+    known = Verdict.of(verdict)
+    return verdict if known is None else known.headline
 
 
 @pytest.hookimpl(wrapper=True)
@@ -605,7 +608,7 @@ def write_reports(config: pytest.Config, report: dict[str, Any], failing: frozen
     report = scrub(report)
     path = _setting(config, "perf_json").value
     if path:
-        write_json(Path(path), report)
+        write_json(_resolve_path(config, path), report)
     markdown_path = _setting(config, "perf_markdown").value
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if markdown_path or step_summary:
@@ -613,7 +616,7 @@ def write_reports(config: pytest.Config, report: dict[str, Any], failing: frozen
 
         text = render_markdown(report, failing_verdicts=failing)
         if markdown_path:
-            write_text(Path(markdown_path), text)
+            write_text(_resolve_path(config, markdown_path), text)
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as fh:
                 fh.write(text + "\n")
@@ -621,7 +624,7 @@ def write_reports(config: pytest.Config, report: dict[str, Any], failing: frozen
     if html_dir:
         from pytest_kimi.report.html import write_html
 
-        write_html(report, Path(html_dir), failing_verdicts=failing)
+        write_html(report, _resolve_path(config, html_dir), failing_verdicts=failing)
 
 
 class PerfReporter:
