@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web

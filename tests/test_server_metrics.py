@@ -141,7 +141,7 @@ def _closed_loop(workers: int = 2, per_worker: int = 3, tokens: int = 200, dt: f
     records = []
     for w in range(workers):
         t = 0.01 * w
-        for k in range(per_worker):
+        for _ in range(per_worker):
             records.append(_stream(w, len(records), t, tokens, dt))
             t += tokens * dt + 0.002
     level = LevelSpec(workers, None, tokens)

@@ -700,7 +700,7 @@ async def test_prefix_cache_serves_a_repeated_prompt() -> None:
         engine = SimEngine(SimProfile(speed=50.0, disable_radix_cache=disabled))
         await engine.start()
         try:
-            async def run(text: str) -> int:
+            async def run(text: str, engine: SimEngine = engine) -> int:
                 seq = engine.submit(count_prompt_tokens(text), 1, prefix_keys=prefix_pages(text.encode()))
                 await seq.wait_done()
                 return seq.cached_tokens

@@ -343,7 +343,7 @@ def test_every_split_point(style: Style) -> None:
 @pytest.mark.parametrize("style", STYLES, ids=lambda s: s.name)
 def test_random_blocks(style: Style) -> None:
     rng = random.Random(7 + len(style.name))
-    for trial in range(25):
+    for _ in range(25):
         stream = gen_stream(style, rng, rng.randint(0, 80))
         mean = rng.choice([1, 7, 60, 400, 3000, 100000])
         p = assert_same(random_blocks(stream, rng, mean), style.api)
@@ -551,7 +551,7 @@ def _soup_event(rng: random.Random, api: str, spaced: bool) -> str:
 def test_random_event_soup() -> None:
     """Adversarial mixtures in random order, random JSON style, random CRLF and splits."""
     rng = random.Random(2024)
-    for trial in range(200):
+    for _ in range(200):
         api = rng.choice(["chat", "chat", "completions"])
         spaced = rng.random() < 0.2
         events = [_soup_event(rng, api, spaced if rng.random() < 0.95 else not spaced) for _ in range(rng.randint(1, 60))]

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from pytest_kimi import yamlstrict
 from pytest_kimi.server.engines import ENGINES, Engine, get_engine
 
 __all__ = [
@@ -128,32 +129,6 @@ class ServerProfile:
 # ---------------------------------------------------------------------- loading
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys: PyYAML keeps the last one silently, which
-    would hide a second ``tp-size:`` that someone added further down the file."""
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: dict[Any, yaml.Node] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            hash(key)
-        except TypeError:
-            continue  # SafeLoader itself reports unhashable keys
-        if key in seen:
-            first = seen[key].start_mark.line + 1
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark,
-                f"found duplicate key {key!r} (first given on line {first})",
-                key_node.start_mark)
-        seen[key] = key_node
-    return loader.construct_mapping(node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def load_profile(path: str | Path) -> ServerProfile:
     """Read and validate a profile file; :class:`ProfileError` on any problem."""
     p = Path(path)
@@ -164,7 +139,7 @@ def load_profile(path: str | Path) -> ServerProfile:
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"server profile {p}: cannot read it: {exc}") from None
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        data = yamlstrict.load(text)  # a second ``tp-size:`` further down is an error
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -362,7 +337,7 @@ def _url(url: str, source: str) -> str:
         raise ProfileError(f"{source}: 'url' must be an http(s) base URL such as "
                            f"http://127.0.0.1:30000, got {url!r}")
     try:
-        parts.port
+        _ = parts.port  # urlsplit checks the port only when it is read
     except ValueError:
         raise ProfileError(f"{source}: 'url' has an invalid port: {url!r}") from None
     base = url.rstrip("/")

@@ -277,7 +277,7 @@ class PromptSizer:
                     f"word: {tok.unavailable}")
         words, counts = [], []
         for v in range(SYNTHETIC_VARIANTS):
-            n, c = fit_words(tokens, lambda k: tok.count(sample + synthetic_words(k, v)), start)
+            n, c = fit_words(tokens, lambda k, v=v: tok.count(sample + synthetic_words(k, v)), start)
             words.append(n)
             counts.append(c)
             start = n  # the next variant needs about as many words
