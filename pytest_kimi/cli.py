@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.measure.results import level_key
 from pytest_kimi.report.markdown import test_title
 
@@ -29,8 +30,6 @@ EXIT_BAD = 1
 EXIT_ERROR = 2
 
 PROG = "kimi-perf"
-UNCOMPARABLE_VERDICTS = frozenset({"invalid", "error", "not-run"})
-"""A level with one of these verdicts has no trustworthy samples: never compared offline."""
 
 
 class CliError(Exception):
@@ -101,14 +100,6 @@ def _samples(level: Mapping[str, Any]) -> list[float]:
     return out
 
 
-def _pct(ratio: float) -> float | None:
-    return round((ratio - 1.0) * 100.0, 2) if math.isfinite(ratio) and ratio > 0 else None
-
-
-def _fmt_pct(value: float | None) -> str:
-    return "?" if value is None else f"{value:+.1f}%"
-
-
 @dataclass(slots=True)
 class Comparison:
     """The offline comparison, shaped as a report so every renderer can show it."""
@@ -139,6 +130,7 @@ def compare_reports(
     and the terminal table need no special case.
     """
     from pytest_kimi.gate import stats
+    from pytest_kimi.gate.policy import compared_level
     from pytest_kimi.baseline.store import Provenance, provenance_diff
 
     old_ep, new_ep = old.get("endpoint") or {}, new.get("endpoint") or {}
@@ -172,18 +164,18 @@ def compare_reports(
             match = old_levels.get(key)
             label = _label(lv, test)
             if match is None:
-                row["verdict"] = "no-baseline"
+                row["verdict"] = Verdict.NO_BASELINE.value
                 row["reasons"].append(f"no level with this workload in {old_name}")
                 result.only_new.append(f"{nodeid} {label}")
                 continue
             bad = next((f"{name} level is {side.get('verdict')}" for name, side in
                         ((old_name, match), (new_name, lv))
-                        if side.get("verdict") in UNCOMPARABLE_VERDICTS), None)
+                        if not _comparable(side.get("verdict"))), None)
             base, cur = _samples(match), _samples(lv)
             if bad is None and (not base or not cur):
                 bad = f"{old_name if not base else new_name} level has no trial samples"
             if bad is not None:
-                row["verdict"] = "not-run"
+                row["verdict"] = Verdict.NOT_RUN.value
                 row["reasons"].append(f"not compared: {bad}")
                 continue
             pending.append((row, base, cur))
@@ -195,10 +187,15 @@ def compare_reports(
                 [(b, c) for _, b, c in pending], tolerance=tolerance, alpha=alpha,
                 session_sigma=session_sigma)
             for (row, base, _), cmp in zip(pending, comparisons):
-                _apply(row, base, cmp, tolerance, alpha, changes)
-                if row["verdict"] == "regression":
+                # the gate's own fields and notes, so a compared level reads as a gated one
+                fields, note = compared_level(cmp, base, tolerance=tolerance, alpha=alpha,
+                                              changes=changes)
+                row.update(fields, verdict=cmp.verdict.value)
+                if note:
+                    row["reasons"].append(note)
+                if row["verdict"] == Verdict.REGRESSION:
                     result.regressions.append(f"{nodeid} {_label(row, test)}")
-        regressed = any(r["verdict"] == "regression" for r in levels)
+        regressed = any(r["verdict"] == Verdict.REGRESSION for r in levels)
         out = {k: v for k, v in test.items() if k not in ("levels", "baseline_note", "compared_with")}
         # provenance changes are one list for the whole comparison: said once, in the notes
         out.update(levels=levels, outcome="failed" if regressed else "passed",
@@ -244,33 +241,11 @@ def _label(level: Mapping[str, Any], test: Mapping[str, Any] | None = None) -> s
     return f"{profile} {label}"
 
 
-def _apply(row: dict[str, Any], base: list[float], cmp: Any, tolerance: float, alpha: float,
-           changes: list[str]) -> None:
-    lo, hi = cmp.ci90
-    change = _pct(cmp.ratio)
-    mdd = cmp.min_detectable_drop * 100 if math.isfinite(cmp.min_detectable_drop) else None
-    row.update(
-        baseline_tok_s=round(cmp.baseline_median, 2),
-        baseline_trials=len(base),
-        baseline_trials_tok_s=list(base),
-        change_pct=change,
-        ci90=[_pct(lo), _pct(hi)],
-        p_value=round(cmp.p_regression, 6) if math.isfinite(cmp.p_regression) else None,
-        min_detectable_drop_pct=round(mdd, 2) if mdd is not None else None,
-        tolerance_pct=round(tolerance * 100, 2),
-        verdict=cmp.verdict.value,
-    )
-    text = f"{_fmt_pct(change)} (90% CI {_fmt_pct(_pct(lo))} .. {_fmt_pct(_pct(hi))})"
-    reason = {
-        "regression": f"regression {text}, p={cmp.p_regression:.3g} vs {cmp.baseline_median:.1f} tok/s"
-        + (f"; changed between the reports: {'; '.join(changes)}" if changes else ""),
-        "improved": f"improved {text}",
-        "underpowered": f"underpowered: smallest detectable drop {mdd or 100:.1f}% > tolerance "
-        f"{tolerance * 100:g}%",
-        "inconclusive": f"inconclusive {text} at alpha {alpha:g}",
-    }.get(cmp.verdict.value)
-    if reason:
-        row["reasons"].append(reason)
+def _comparable(verdict: Any) -> bool:
+    """A saved level's verdict lets it be compared: an unknown word (a newer or foreign
+    report) does not stop the comparison, the missing samples check catches a useless one."""
+    known = Verdict.of(verdict)
+    return known is None or known.comparable
 
 
 def _print_comparison(cmp: Comparison, old_path: Path, new_path: Path) -> None:

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from pytest_kimi.measure.results import FAILING_VERDICTS as BASE_FAILING
-from pytest_kimi.report.markdown import BASE_FAILING_VERDICTS, cell, render_markdown
+from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.report.markdown import LEGEND, cell, render_markdown
 
 DATA = Path(__file__).parent / "data"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -61,8 +61,12 @@ def _ab_report(report: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- markdown
 
 
-def test_failing_verdicts_mirror_the_gate() -> None:
-    assert BASE_FAILING_VERDICTS == BASE_FAILING
+def test_legend_names_the_failing_verdicts() -> None:
+    # the legend is prose, so it is the one place the failing set is still spelled out
+    for value in Verdict.failing():
+        assert f"**{value.upper()}**" in LEGEND
+    for value in Verdict.failing(strict=True, require_baseline=True) - Verdict.failing():
+        assert f"*{value}*" in LEGEND
 
 
 def test_markdown_regression_report(regression: dict[str, Any]) -> None:
@@ -116,7 +120,7 @@ def test_markdown_no_baseline_and_strict(baseline_run: dict[str, Any]) -> None:
     md = render_markdown(report)
     assert "| C=1 | - | 1273.2 ±2.4% | - | - | 3 | - | *no-baseline* |" in md
     assert "no baseline yet: baselines/sim/x.yaml" in md
-    strict = render_markdown(report, failing_verdicts=BASE_FAILING | {"no-baseline"})
+    strict = render_markdown(report, failing_verdicts=Verdict.failing(require_baseline=True))
     assert "**NO-BASELINE**" in strict
 
 

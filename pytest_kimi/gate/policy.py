@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from pytest_kimi.gate import stats
+from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.baseline.store import FieldChange, Provenance, TestBaseline, incomparable, provenance_diff
 from pytest_kimi.spec.markers import LevelSpec
-from pytest_kimi.measure.results import FAILING_VERDICTS, LevelResult, ThroughputResult, level_key, workload_dict
+from pytest_kimi.measure.results import LevelResult, ThroughputResult, level_key, workload_dict
 
 
 
@@ -34,12 +35,8 @@ class GateSettings:
     """Recording baselines: every level runs ``max_trials`` so the stored samples are good."""
 
     def failing_verdicts(self) -> frozenset[str]:
-        extra = set()
-        if self.require_baseline:
-            extra.add("no-baseline")
-        if self.strict:
-            extra |= {"inconclusive", "underpowered"}
-        return FAILING_VERDICTS | extra
+        """The verdict values that fail a test under these flags (reports mark them)."""
+        return Verdict.failing(strict=self.strict, require_baseline=self.require_baseline)
 
 
 def result_level_key(result: ThroughputResult, level: LevelResult) -> dict[str, Any]:
@@ -134,14 +131,14 @@ def apply_gate(
     changes = provenance_diff(baseline.provenance, current) if baseline is not None else []
     eligible: list[tuple[LevelResult, list[float], list[float]]] = []
     for level in result.levels:
-        if level.verdict not in ("pass", "fail") or not level.figures.trials_tok_s:
+        if not Verdict(level.verdict).comparable or not level.figures.trials_tok_s:
             continue
         key = result_level_key(result, level)
         stored = baseline.level_for(key) if baseline is not None else None
         if stored is None:
             level.extra.update(baseline_tok_s=None, change_pct=None, ci90=None, p_value=None)
-            if level.verdict == "pass":
-                level.verdict = "no-baseline"
+            if level.verdict == Verdict.PASS:
+                level.verdict = Verdict.NO_BASELINE.value
                 if baseline is not None:  # a missing file is said once, for the whole test
                     level.reasons.append(baseline.explain_miss(key))
             continue
@@ -154,39 +151,69 @@ def apply_gate(
         session_sigma=settings.session_sigma,
         alpha_weights=[weights.get(lv.spec, 1.0) for lv, _, _ in eligible],
     )
-    changed = "; ".join(str(c) for c in changes)
     for (level, base, _), cmp in zip(eligible, comparisons):
-        lo, hi = cmp.ci90
-        level.extra.update(
-            baseline_tok_s=round(cmp.baseline_median, 2),
-            baseline_trials=len(base),
-            baseline_trials_tok_s=list(base),
-            change_pct=round((cmp.ratio - 1) * 100, 2),
-            ci90=[_pct(lo), _pct(hi)],
-            p_value=_finite(cmp.p_regression),
-            min_detectable_drop_pct=_finite(cmp.min_detectable_drop * 100),
-            tolerance_pct=round(tol * 100, 2),
-        )
-        verdict = cmp.verdict.value
-        change = f"{(cmp.ratio - 1) * 100:+.1f}% (90% CI {_pct_text(lo)} .. {_pct_text(hi)})"
-        note = {
-            "regression": f"regression {change}, p={cmp.p_regression:.3g} vs baseline {cmp.baseline_median:.1f} tok/s"
-            + (f"; changed: {changed}" if changed else ""),
-            "improved": f"improved {change}: update the baseline (--update-baselines) so the slack "
-            "cannot hide a later regression",
-            "underpowered": f"underpowered: the smallest drop these samples can detect is "
-            f"{cmp.min_detectable_drop * 100:.1f}% > tolerance {tol * 100:g}% "
-            "(more trials: --perf-max-trials, or a wider tolerance)",
-            "inconclusive": f"inconclusive {change}: neither within tolerance nor a regression "
-            f"at alpha {alp:g}",
-        }.get(verdict)
-        if level.verdict == "pass":
-            level.verdict = verdict
-        elif verdict == "regression":
-            level.verdict = "fail"  # the floor was missed too; keep the stronger, absolute verdict
+        fields, note = compared_level(cmp, base, tolerance=tol, alpha=alp, changes=changes)
+        level.extra.update(fields)
+        level.verdict = merge_verdicts(level.verdict, cmp.verdict)
         if note:
             level.reasons.append(note)
     return changes
+
+
+def compared_level(
+    cmp: stats.LevelComparison,
+    base: Sequence[float],
+    *,
+    tolerance: float,
+    alpha: float,
+    changes: Sequence[object] = (),
+) -> tuple[dict[str, Any], str | None]:
+    """The report fields and the note of a level compared with its baseline.
+
+    One function for the live gate and ``kimi-perf compare`` so that a level reads the same
+    (rounding, wording) whichever produced it.  ``base`` are the baseline's trial figures;
+    ``changes`` what changed since the baseline (said with a regression, where it is the
+    likely cause).  The verdict is not among the fields: the gate merges it with the level's
+    absolute verdict (:func:`merge_verdicts`), the offline comparison has none to merge.
+    Returns the fields and the note (None for ``pass``).
+    """
+    lo, hi = cmp.ci90
+    fields: dict[str, Any] = dict(
+        baseline_tok_s=round(cmp.baseline_median, 2),
+        baseline_trials=len(base),
+        baseline_trials_tok_s=list(base),
+        change_pct=round((cmp.ratio - 1) * 100, 2),
+        ci90=[_pct(lo), _pct(hi)],
+        p_value=_finite(cmp.p_regression),
+        min_detectable_drop_pct=_finite(cmp.min_detectable_drop * 100),
+        tolerance_pct=round(tolerance * 100, 2),
+    )
+    change = f"{(cmp.ratio - 1) * 100:+.1f}% (90% CI {_pct_text(lo)} .. {_pct_text(hi)})"
+    changed = "; ".join(str(c) for c in changes)
+    note = {
+        Verdict.REGRESSION: f"regression {change}, p={cmp.p_regression:.3g} vs baseline {cmp.baseline_median:.1f} tok/s"
+        + (f"; changed: {changed}" if changed else ""),
+        Verdict.IMPROVED: f"improved {change}: update the baseline (--update-baselines) so the slack "
+        "cannot hide a later regression",
+        Verdict.UNDERPOWERED: f"underpowered: the smallest drop these samples can detect is "
+        f"{cmp.min_detectable_drop * 100:.1f}% > tolerance {tolerance * 100:g}% "
+        "(more trials: --perf-max-trials, or a wider tolerance)",
+        Verdict.INCONCLUSIVE: f"inconclusive {change}: neither within tolerance nor a regression "
+        f"at alpha {alpha:g}",
+    }.get(cmp.verdict)
+    return fields, note
+
+
+def merge_verdicts(absolute: str, compared: Verdict) -> str:
+    """A level's verdict once its baseline comparison is in (both as values).
+
+    A level that met its targets takes the comparison's verdict; one that missed them stays
+    ``fail`` whatever the comparison says, since the absolute verdict is the stronger claim
+    (a regression of a failing level is still reported, in its note).
+    """
+    if absolute == Verdict.PASS:
+        return compared.value
+    return absolute
 
 
 def _pct(ratio: float) -> float | None:

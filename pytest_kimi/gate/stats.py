@@ -47,6 +47,8 @@ Verdict, first match wins
    trials, less noise or a wider tolerance, not a code change.
 5. ``inconclusive`` none of the above with enough power: the estimate sits close to the margin.
 ``no-baseline`` is returned when the baseline is empty; the caller decides what that means.
+These are six of the ten values of :class:`pytest_kimi.gate.verdicts.Verdict` (re-exported
+here); the others are the absolute verdicts a level gets before it is compared.
 
 Significant results rank above ``underpowered``: a significant test is valid whatever its
 power, and low power only explains why a result is *not* significant.  Regression ranks first
@@ -74,6 +76,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import stats as _st
 
+from pytest_kimi.gate.verdicts import Verdict
+
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_ALPHA = 0.05
 DEFAULT_SESSION_SIGMA = 0.03
@@ -88,17 +92,6 @@ MIN_LOG_SD = 1e-4
 """Floor of the within-session log standard deviation (0.01%).  Identical samples (a
 noiseless simulator) would otherwise give a zero standard error and a division by zero; the
 floor is far below any real timer or token-count resolution, so it never masks real noise."""
-
-
-class Verdict(str, Enum):
-    """Outcome of one level; ``str`` so it serialises as its value."""
-
-    PASS = "pass"
-    REGRESSION = "regression"
-    IMPROVED = "improved"
-    INCONCLUSIVE = "inconclusive"
-    UNDERPOWERED = "underpowered"
-    NO_BASELINE = "no-baseline"
 
 
 class StopReason(str, Enum):

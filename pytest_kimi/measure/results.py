@@ -1,13 +1,8 @@
 """Level and test results, their verdicts, and the one JSON shape every report reads.
 
-Verdicts of a level, strongest first:
-
-- ``not-run``: an earlier level of the sweep ended in ``error``, so this one was not measured;
-- ``error``: requests failed (HTTP errors, timeouts, broken streams) beyond ``max_error_rate``;
-- ``invalid``: the figure cannot be trusted (wrong token counts under ``ignore_eos``, empty 200
-  responses, no steady-state window, or a saturated client), so none is published;
-- ``fail``: a target (floor or ceiling) was missed;
-- ``pass``.
+A level gets its absolute verdict here (``pass``, ``fail``, ``invalid``, ``error``,
+``not-run``: see :class:`pytest_kimi.gate.verdicts.Verdict`); the gate then compares it with
+its baseline.  ``LevelResult.verdict`` holds the plain string value, as the JSON does.
 """
 
 from __future__ import annotations
@@ -18,10 +13,7 @@ from typing import Any
 
 from pytest_kimi.spec.markers import LevelSpec, Targets, Workload
 from pytest_kimi.measure.metrics import LatencyLimits, LevelFigures, ReasoningFigures, TrialResult, level_figures
-
-VERDICTS = ("pass", "fail", "invalid", "error", "not-run")
-FAILING_VERDICTS = frozenset({"fail", "invalid", "error", "regression"})
-"""Verdicts that fail a test whatever the flags (``--perf-strict`` etc. add to them)."""
+from pytest_kimi.gate.verdicts import Verdict
 
 
 @dataclass(slots=True)
@@ -114,7 +106,10 @@ class ThroughputResult:
             f"input_tokens={input_tokens}; levels: {[lv.label for lv in self.levels]}"
         )
 
-    def failing_levels(self, failing: frozenset[str] = FAILING_VERDICTS) -> list[LevelResult]:
+    def failing_levels(self, failing: frozenset[str] | None = None) -> list[LevelResult]:
+        """The levels whose verdict is in ``failing`` (verdict values; by default those that
+        fail whatever the flags, ``Verdict.failing()``)."""
+        failing = Verdict.failing() if failing is None else failing
         return [lv for lv in self.levels if lv.verdict in failing]
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,10 +194,10 @@ def judge_level(
     total = figures.requests_ok + figures.requests_failed
     failed_share = figures.requests_failed / total if total else 1.0
     reasons: list[str] = []
-    verdict = "pass"
+    verdict = Verdict.PASS.value
     hard_errors = [e for e in errors if not e.startswith("note:")]
     if total == 0 or figures.requests_ok == 0 or failed_share > workload.max_error_rate:
-        verdict = "error"
+        verdict = Verdict.ERROR.value
         reasons.append(
             f"{figures.requests_failed} of {total} requests failed "
             f"(max_error_rate={workload.max_error_rate:g})"
@@ -214,7 +209,7 @@ def judge_level(
     else:
         invalid = [msg for t in trials for msg in t.invalid]
         if invalid or figures.tok_s is None:
-            verdict = "invalid"
+            verdict = Verdict.INVALID.value
             reasons.extend(dict.fromkeys(invalid or ["no trial gave a throughput figure"]))
         else:
             if floor is not None and figures.tok_s < floor:
@@ -240,7 +235,7 @@ def judge_level(
                     f"{100 * targets.min_goodput:g}% (requests meeting every latency ceiling)"
                 )
             if reasons:
-                verdict = "fail"
+                verdict = Verdict.FAIL.value
     return LevelResult(
         spec=level,
         label=workload.label(level),
@@ -267,7 +262,7 @@ def not_run_level(
         prompts_key=prompts_key,
         trials=[],
         figures=level_figures([]),
-        verdict="not-run",
+        verdict=Verdict.NOT_RUN.value,
         reasons=[reason],
         target_tok_s=targets.floor_for(level),
     )

@@ -16,11 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.report.markdown import (
-    BASE_FAILING_VERDICTS,
     VERDICT_HELP,
-    WARNING_VERDICTS,
     headline,
+    is_warning,
     level_label,
     summary_columns,
     test_title,
@@ -59,9 +59,9 @@ def _e(value: Any) -> str:
 def _verdict_class(verdict: str, failing: frozenset[str]) -> str:
     if verdict in failing:
         return "v-failing"
-    if verdict in WARNING_VERDICTS:
+    if is_warning(verdict):
         return "v-warning"
-    if verdict == "improved":
+    if verdict == Verdict.IMPROVED:
         return "v-improved"
     return ""
 
@@ -136,7 +136,7 @@ def render_html(
     failing_verdicts: Iterable[str] | None = None,
 ) -> str:
     """The page as a string; ``figures`` maps a nodeid to its (image, file name) pairs."""
-    failing = frozenset(failing_verdicts) if failing_verdicts is not None else BASE_FAILING_VERDICTS
+    failing = frozenset(failing_verdicts) if failing_verdicts is not None else Verdict.failing()
     figures = figures or {}
     tests = list(report.get("tests") or [])
     endpoint = report.get("endpoint") or {}

@@ -17,14 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from pytest_kimi.measure.results import FAILING_VERDICTS
+from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.report.terminal import num as _num, prompt_tokens_cell, reasoning_tokens_cell, server_tok_s_cell, server_tokens_cell, tok_s_cell as _current
-
-BASE_FAILING_VERDICTS = FAILING_VERDICTS
-"""Verdicts that fail a run whatever the flags (one definition, in ``results``)."""
-
-WARNING_VERDICTS: frozenset[str] = frozenset({"inconclusive", "underpowered", "no-baseline"})
-"""Verdicts that pass by default but fail with ``--perf-strict`` / ``--perf-require-baseline``."""
 
 VERDICT_HELP: dict[str, str] = {
     "pass": "throughput within tolerance of the baseline (or above the target)",
@@ -73,13 +67,22 @@ def code(value: str) -> str:
     return f"{fence}{pad}{value}{pad}{fence}"
 
 
-def marker(verdict: str, failing: Iterable[str] = BASE_FAILING_VERDICTS) -> str:
-    """``**REGRESSION**`` for verdicts that fail the run, ``*underpowered*`` for warnings."""
-    if verdict in set(failing):
+def marker(verdict: str, failing: Iterable[str] | None = None) -> str:
+    """``**REGRESSION**`` for verdicts that fail the run, ``*underpowered*`` for warnings.
+
+    ``failing``: the verdict values the run was judged by (by default ``Verdict.failing()``).
+    """
+    if verdict in set(Verdict.failing() if failing is None else failing):
         return f"**{verdict.upper()}**"
-    if verdict in WARNING_VERDICTS:
+    if is_warning(verdict):
         return f"*{verdict}*"
     return verdict
+
+
+def is_warning(verdict: str) -> bool:
+    """A report's verdict string is a warning (:attr:`Verdict.warning`); unknown words are not."""
+    known = Verdict.of(verdict)
+    return known is not None and known.warning
 
 
 # ------------------------------------------------------------------------------- column model
@@ -222,7 +225,7 @@ def render_markdown(
     Optional top-level ``title`` and ``notes`` keys (written by ``kimi-perf compare``) replace
     the default title and add lines under the headline.
     """
-    failing = frozenset(failing_verdicts) if failing_verdicts is not None else BASE_FAILING_VERDICTS
+    failing = frozenset(failing_verdicts) if failing_verdicts is not None else Verdict.failing()
     tests = list(report.get("tests") or [])
     endpoint = report.get("endpoint") or {}
     status, summary = headline(report)

@@ -17,14 +17,16 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from pytest_kimi.gate.verdicts import Verdict
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 INSTALL_HINT = "pip install 'pytest-kimi[plot]'"
 
-FAILING = frozenset({"fail", "invalid", "error", "regression"})
-"""Levels drawn with a red ring (mirrors the report's failing verdicts)."""
+FAILING = Verdict.failing()
+"""Levels drawn with a red ring: the verdicts that fail a run whatever the flags."""
 
 _NO_PROFILE = ""
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]

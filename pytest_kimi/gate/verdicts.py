@@ -1,0 +1,122 @@
+"""The verdict of a level: one enum, and the questions every stage asks of it.
+
+Verdicts used to be spelled as string sets wherever a question was asked (which fail a run,
+which may be recorded as a baseline, which can be compared offline, which are warnings), and
+the sets drifted.  Each question is now a property of :class:`Verdict`, so a new verdict is
+added in one place and every stage answers for it.
+
+The values are the strings the JSON, YAML and reports have always carried; reports and result
+dicts keep carrying those plain strings (``Verdict.X.value``), since a ``str`` enum member
+hashes by its *name* and so is not found in a set of strings.  No pytest here.
+
+Verdicts of a level, strongest first:
+
+- ``not-run``: an earlier level of the sweep ended in ``error``, so this one was not measured;
+- ``error``: requests failed (HTTP errors, timeouts, broken streams) beyond ``max_error_rate``;
+- ``invalid``: the figure cannot be trusted (wrong token counts under ``ignore_eos``, empty 200
+  responses, no steady-state window, or a saturated client), so none is published;
+- ``fail``: an absolute target (floor or ceiling) was missed;
+- ``regression`` / ``improved`` / ``inconclusive`` / ``underpowered``: the comparison with the
+  baseline (:mod:`pytest_kimi.gate.stats`) of a level that passed its targets;
+- ``no-baseline``: the level passed its targets and there is nothing to compare with;
+- ``pass``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Verdict(str, Enum):
+    """Outcome of one level; ``str`` so it compares equal to and serialises as its value."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INVALID = "invalid"
+    ERROR = "error"
+    NOT_RUN = "not-run"
+    REGRESSION = "regression"
+    IMPROVED = "improved"
+    INCONCLUSIVE = "inconclusive"
+    UNDERPOWERED = "underpowered"
+    NO_BASELINE = "no-baseline"
+
+    def __str__(self) -> str:
+        # The JSON word in f-strings and str() on every Python (3.12 would say "Verdict.PASS").
+        return self.value
+
+    @classmethod
+    def of(cls, value: object) -> Verdict | None:
+        """The verdict a report string names, or None for anything else (a foreign report)."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except (ValueError, TypeError):  # TypeError: an unhashable value
+            return None
+
+    def fails(self, *, strict: bool = False, require_baseline: bool = False) -> bool:
+        """Does a level with this verdict fail its test?
+
+        ``fail``, ``invalid``, ``error`` and ``regression`` always do; ``no-baseline`` only with
+        ``--perf-require-baseline`` (a suite that must never run unguarded); ``inconclusive``
+        and ``underpowered`` only with ``--perf-strict`` (by default the noise is the
+        measurement's fault, not the server's, so the run is warned, not failed).
+        """
+        if self in _ALWAYS_FAILING:
+            return True
+        if self is Verdict.NO_BASELINE:
+            return require_baseline
+        if self in (Verdict.INCONCLUSIVE, Verdict.UNDERPOWERED):
+            return strict
+        return False
+
+    @classmethod
+    def failing(cls, *, strict: bool = False, require_baseline: bool = False) -> frozenset[str]:
+        """The values of the verdicts that fail a test under these flags (for report lookups)."""
+        return frozenset(v.value for v in cls if v.fails(strict=strict, require_baseline=require_baseline))
+
+    @property
+    def warning(self) -> bool:
+        """Passes by default but fails with ``--perf-strict`` / ``--perf-require-baseline``:
+        reports mark it so a reader sees the gate could not vouch for the level."""
+        return self in (Verdict.INCONCLUSIVE, Verdict.UNDERPOWERED, Verdict.NO_BASELINE)
+
+    @property
+    def recordable(self) -> bool:
+        """May a level with this verdict become a baseline (without ``--update-baselines=force``)?
+
+        Not ``error``, ``invalid`` or ``not-run``: their samples are missing or untrustworthy,
+        and every later comparison would be judged against them.
+        """
+        return self not in _UNTRUSTWORTHY
+
+    @property
+    def comparable(self) -> bool:
+        """Can a level with this verdict be compared with another (``kimi-perf compare``)?
+
+        The same three as :attr:`recordable` are excluded, for the same reason: no trustworthy
+        samples.  A separate question because a new verdict could answer them differently.
+        """
+        return self not in _UNTRUSTWORTHY
+
+    @property
+    def headline(self) -> str:
+        """What a failing test's message says a level with this verdict is (``throughput ...``);
+        the conditional ones name the flag that made them fail."""
+        return _HEADLINES.get(self, self.value)
+
+
+_ALWAYS_FAILING = frozenset({Verdict.FAIL, Verdict.INVALID, Verdict.ERROR, Verdict.REGRESSION})
+_UNTRUSTWORTHY = frozenset({Verdict.ERROR, Verdict.INVALID, Verdict.NOT_RUN})
+_HEADLINES = {
+    Verdict.FAIL: "target missed",
+    Verdict.REGRESSION: "regression beyond noise",
+    Verdict.ERROR: "requests failed",
+    Verdict.INVALID: "measurement invalid",
+    Verdict.NO_BASELINE: "no baseline (--perf-require-baseline)",
+    Verdict.INCONCLUSIVE: "inconclusive (--perf-strict)",
+    Verdict.UNDERPOWERED: "underpowered (--perf-strict)",
+}
+
+__all__ = ["Verdict"]
