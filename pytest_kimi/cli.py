@@ -131,7 +131,7 @@ def compare_reports(
     """
     from pytest_kimi.gate import stats
     from pytest_kimi.gate.policy import compared_level
-    from pytest_kimi.baseline.store import Provenance, provenance_diff
+    from pytest_kimi.baseline import Provenance, provenance_diff
 
     old_ep, new_ep = old.get("endpoint") or {}, new.get("endpoint") or {}
     changes = [str(c) for c in provenance_diff(
@@ -314,11 +314,13 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 def _profiles(root: Path, only: str | None) -> list[str]:
     if only is not None:
         return [only]
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    from pytest_kimi.baseline import profile_names
+
+    return profile_names(root)
 
 
 def cmd_baselines(ns: argparse.Namespace) -> int:
-    from pytest_kimi.baseline.store import BaselineError, BaselineStore, loads
+    from pytest_kimi.baseline import BaselineError, BaselineStore, loads
 
     root = Path(ns.dir)
     if not root.is_dir():
@@ -334,9 +336,7 @@ def cmd_baselines(ns: argparse.Namespace) -> int:
             print(f"[{store.profile}] no baselines in {store.directory}")
             continue
         # Read file by file (not iter_all) so one corrupt file does not hide the others.
-        for path in sorted(store.directory.rglob("*.yaml")):
-            if path.name.startswith(".") or not path.is_file():
-                continue
+        for path in store.paths():
             try:
                 try:
                     text = path.read_text(encoding="utf-8")

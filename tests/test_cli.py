@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_kimi.baseline.store import BaselineStore, LevelBaseline, Provenance, TestBaseline, WorkloadKey
+from pytest_kimi.baseline import BaselineStore, LevelBaseline, Provenance, TestBaseline, WorkloadKey
 from pytest_kimi.cli import main
 
 DATA = Path(__file__).parent / "data"

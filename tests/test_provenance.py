@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_kimi.baseline.store import Provenance, provenance_diff
+from pytest_kimi.baseline import Provenance, provenance_diff
 from pytest_kimi.endpoint.serverinfo import clean_server_info, parse_launch_command
 
 REPO = Path(__file__).resolve().parent.parent

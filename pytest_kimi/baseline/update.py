@@ -9,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_kimi.baseline.store import (
-    BaselineError, BaselineStore, LevelBaseline, Provenance, ProvenanceConflict, TestBaseline, WorkloadKey,
+from pytest_kimi.baseline.model import (
+    BaselineError, LevelBaseline, ProvenanceConflict, TestBaseline, WorkloadKey,
 )
+from pytest_kimi.baseline.provenance import Provenance
+from pytest_kimi.baseline.store import BaselineStore
+from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.measure.results import ThroughputResult, level_key, workload_dict
 
 
@@ -26,7 +29,7 @@ def update_baselines(
     written: list[str] = []
     refused: list[str] = []
     for test in tests:
-        bad = [lv for lv in test["levels"] if lv["verdict"] in UNRECORDABLE]
+        bad = [lv for lv in test["levels"] if not Verdict(lv["verdict"]).recordable]
         if bad and mode != "force":
             why = "; ".join(f"{lv['label']} {lv['verdict']}" for lv in bad)
             refused.append(
@@ -53,7 +56,7 @@ def update_baselines(
             session_ids=[test["session_id"]] if test.get("session_id") else [], suite_dir=rootdir,
         )
         store = BaselineStore(root, test.get("baseline_profile") or default_profile)
-        new = TestBaseline(test=test["nodeid"], profile=store.profile, provenance=provenance, levels=levels)
+        new = TestBaseline(test=test["nodeid"], profile=store.profile, provenance=provenance, levels=tuple(levels))
         try:
             summary = store.update(new, cwd=rootdir)
         except (BaselineError, ProvenanceConflict, OSError) as exc:
@@ -61,9 +64,6 @@ def update_baselines(
             continue
         written.append(str(summary))
     return written, refused
-
-
-UNRECORDABLE = frozenset({"error", "invalid", "not-run"})
 
 
 def _summary(**values: float | None) -> dict[str, float]:
@@ -75,9 +75,9 @@ def reference_baseline(result: ThroughputResult, provenance: Provenance, name: s
     levels = [
         LevelBaseline(
             workload=WorkloadKey.from_dict(level_key(lv.to_dict(), workload_dict(result.workload))),
-            trials_tok_s=lv.figures.trials_tok_s,
+            trials_tok_s=tuple(lv.figures.trials_tok_s),
         )
         for lv in result.levels
         if lv.figures.trials_tok_s
     ]
-    return TestBaseline(test=result.nodeid, profile=name, provenance=provenance, levels=levels)
+    return TestBaseline(test=result.nodeid, profile=name, provenance=provenance, levels=tuple(levels))

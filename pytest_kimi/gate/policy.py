@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from pytest_kimi.gate import stats
 from pytest_kimi.gate.verdicts import Verdict
-from pytest_kimi.baseline.store import FieldChange, Provenance, TestBaseline, incomparable, provenance_diff
+from pytest_kimi.baseline import FieldChange, Provenance, TestBaseline, incomparable, provenance_diff
 from pytest_kimi.spec.markers import LevelSpec
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, level_key, workload_dict
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_kimi.baseline.store import BaselineError, BaselineStore, Provenance, TestBaseline
+from pytest_kimi.baseline import BaselineError, BaselineStore, Provenance, TestBaseline
 from pytest_kimi.endpoint.discovery import EndpointInfo
 from pytest_kimi.gate.policy import AdaptiveTrials, GateSettings, IncomparableBaseline, apply_gate, baseline_samples, check_comparable
 from pytest_kimi.spec.markers import Targets, Workload

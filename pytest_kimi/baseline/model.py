@@ -1,0 +1,416 @@
+"""The baseline data model: what one baseline file holds, independent of how it is stored.
+
+A file is one :class:`TestBaseline` (a test in a profile): its :class:`LevelBaseline` per
+workload, keyed by :class:`WorkloadKey`, plus one provenance block
+(:mod:`pytest_kimi.baseline.provenance`).  Values are validated and rounded on construction,
+so a baseline built in memory equals the one read back from its file
+(:mod:`pytest_kimi.baseline.yaml_io`), and comparisons never see noise digits.
+
+The key of a level is its *workload* (concurrency, max_tokens, prompts, ...).  A lookup with a
+workload that is not in the file finds nothing: a number measured at another concurrency or
+output length is never a valid target, however close.  :meth:`TestBaseline.explain_miss` says
+what the file does hold, so the user can tell a typo from a genuinely new level.
+
+The errors every baseline module raises live here too.  No pytest, no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from pytest_kimi.baseline.paths import check_profile
+
+if TYPE_CHECKING:
+    from pytest_kimi.baseline.provenance import Provenance
+
+__all__ = [
+    "BaselineError",
+    "BaselineExistsError",
+    "ProvenanceConflict",
+    "WorkloadKey",
+    "LevelBaseline",
+    "TestBaseline",
+    "round_tok_s",
+    "round_seconds",
+    "utc_timestamp",
+]
+
+Scalar = Union[str, int, float, bool, None]
+WorkloadLike = Union["WorkloadKey", Mapping[str, Any], Any]
+
+
+# --------------------------------------------------------------------------------------- errors
+
+
+class BaselineError(ValueError):
+    """A baseline file that cannot be used as it is (bad YAML, wrong schema, invalid field).
+
+    The message always starts with the file path, because the user has to open and fix (or
+    delete) that file; ``path`` and ``problem`` are kept separately for callers that format
+    their own report.  Raising never modifies the file.
+    """
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.path = Path(path)
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+class BaselineExistsError(FileExistsError):
+    """``save`` was asked to write over an existing baseline without ``overwrite=True``.
+
+    Replacing a target must be a deliberate act (a re-record), never a side effect.
+    """
+
+
+class ProvenanceConflict(ValueError):
+    """A partial update would mix levels measured under different server configurations.
+
+    The file has a single provenance block; keeping old levels next to new ones is only honest
+    when both were produced by the same (non-volatile) setup.
+    """
+
+
+# ------------------------------------------------------------------------------------- rounding
+
+
+def round_tok_s(value: float) -> float:
+    """Round a token rate to 0.1 tok/s: finer digits are noise and only make diffs noisy."""
+    return round(float(value), 1)
+
+
+def round_seconds(value: float) -> float:
+    """Round a duration to 4 significant digits, but never finer than 0.1 ms.
+
+    TTFTs are tens of milliseconds: sub-0.1 ms digits are timer and scheduling noise, while
+    long durations still keep four meaningful digits.
+    """
+    value = float(value)
+    if value == 0.0 or not math.isfinite(value):
+        return value
+    exponent = math.floor(math.log10(abs(value)))
+    return round(value, min(3 - exponent, 4))
+
+
+def utc_timestamp(when: _dt.datetime | None = None) -> str:
+    """``2026-11-29T08:00:00Z``: second resolution, UTC, the form written to ``recorded_at``."""
+    when = when or _dt.datetime.now(_dt.timezone.utc)
+    if when.tzinfo is not None:
+        when = when.astimezone(_dt.timezone.utc)
+    return when.replace(tzinfo=None, microsecond=0).isoformat() + "Z"
+
+
+# ------------------------------------------------------------------------------------- workload
+
+_ABSENT: Any = type("_AbsentType", (), {"__repr__": lambda self: "<absent>"})()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _scalar_text(value: Any) -> str:
+    """A value as a reviewer reads it in YAML: ``true``, ``null``, ``512``, ``builtin:diverse``."""
+    if value is _ABSENT:
+        return "(absent)"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if _is_number(value):
+        return repr(value)
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _value_rank(value: Any) -> tuple[int, Any]:
+    """Total order over workload values of mixed types (bool < number < str)."""
+    if isinstance(value, bool):
+        return (1, value)
+    if _is_number(value):
+        return (2, value)
+    return (3, str(value))
+
+
+@dataclass(frozen=True, eq=False)
+class WorkloadKey:
+    """The identity of a level: the workload parameters, in canonical (sorted-key) order.
+
+    Keys whose value is ``None`` are dropped, so ``None`` means "not set" and equals an absent
+    key.  That is what lets a later plugin version add an optional workload key (say ``rate``
+    for open-loop runs) without orphaning every existing baseline: closed-loop runs report
+    ``rate: None`` and still match files that never had the key.  Any *set* value must match
+    exactly; numbers compare numerically (``8 == 8.0``) but ``true`` never equals ``1``.
+    """
+
+    items: tuple[tuple[str, Scalar], ...]
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        clean: list[tuple[str, Scalar]] = []
+        for key, value in self.items:
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"workload keys must be non-empty strings, got {key!r}")
+            if key in seen:
+                raise ValueError(f"workload key {key!r} given twice")
+            seen.add(key)
+            if value is None:
+                continue
+            if not isinstance(value, (str, int, float, bool)):
+                raise ValueError(
+                    f"workload value for {key!r} must be a string, number or boolean, "
+                    f"got {type(value).__name__} {value!r}"
+                )
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"workload value for {key!r} must be finite, got {value!r}")
+            clean.append((key, value))
+        clean.sort(key=lambda kv: kv[0])
+        object.__setattr__(self, "items", tuple(clean))
+
+    @classmethod
+    def from_dict(cls, workload: Mapping[str, Any]) -> WorkloadKey:
+        return cls(tuple(workload.items()))
+
+    @classmethod
+    def of(cls, workload: WorkloadLike) -> WorkloadKey:
+        """Accept a key, a mapping, or a dataclass (e.g. the load engine's workload spec)."""
+        if isinstance(workload, WorkloadKey):
+            return workload
+        if isinstance(workload, Mapping):
+            return cls.from_dict(workload)
+        if dataclasses.is_dataclass(workload) and not isinstance(workload, type):
+            return cls.from_dict(dataclasses.asdict(workload))
+        to_dict = getattr(workload, "to_dict", None)
+        if callable(to_dict):
+            return cls.from_dict(to_dict())
+        raise TypeError(f"cannot make a workload key from {type(workload).__name__}")
+
+    def to_dict(self) -> dict[str, Scalar]:
+        return dict(self.items)
+
+    def keys(self) -> list[str]:
+        return [k for k, _ in self.items]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        for k, v in self.items:
+            if k == key:
+                return v
+        return default
+
+    def _canonical(self) -> tuple[tuple[str, tuple[str, Any]], ...]:
+        def tag(v: Any) -> tuple[str, Any]:
+            if isinstance(v, bool):
+                return ("b", v)
+            if _is_number(v):
+                return ("n", v)
+            return ("s", v)
+
+        return tuple((k, tag(v)) for k, v in self.items)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WorkloadKey):
+            return NotImplemented
+        return self._canonical() == other._canonical()
+
+    def __hash__(self) -> int:
+        return hash(self._canonical())
+
+    def sort_key(self) -> tuple[tuple[str, int, Any], ...]:
+        """Deterministic order of levels in a file: by key name, then value (C=1 before C=8)."""
+        return tuple((k, *_value_rank(v)) for k, v in self.items)
+
+    def label(self, extra_keys: Iterable[str] = ()) -> str:
+        """Short human label, e.g. ``C=8 max_tokens=512`` (plus ``extra_keys`` when set)."""
+        parts: list[str] = []
+        if "concurrency" in dict(self.items):
+            parts.append(f"C={_scalar_text(self.get('concurrency'))}")
+        wanted = ["max_tokens", *[k for k in extra_keys if k not in ("concurrency", "max_tokens")]]
+        for key in wanted:
+            value = self.get(key, _ABSENT)
+            if value is not _ABSENT:
+                parts.append(f"{key}={_scalar_text(value)}")
+        return " ".join(parts) if parts else str(self)
+
+    def __str__(self) -> str:
+        return "{" + ", ".join(f"{k}: {_scalar_text(v)}" for k, v in self.items) + "}"
+
+    def __repr__(self) -> str:
+        return f"WorkloadKey({self.to_dict()!r})"
+
+
+# --------------------------------------------------------------------------------------- levels
+
+
+def _summary_order(key: str) -> tuple[int, float, str]:
+    """Percentiles ascending (p50, p95, p99, p99.9), then any other statistic by name."""
+    match = re.fullmatch(r"p(\d+(?:\.\d+)?)", key)
+    if match:
+        return (0, float(match.group(1)), key)
+    return (1, 0.0, key)
+
+
+def _normalise_summary(name: str, values: Mapping[str, Any] | None, rounder: Any) -> dict[str, float]:
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{name} must be a mapping like {{p50: ...}}, got {values!r}")
+    out: dict[str, float] = {}
+    for key in sorted(values, key=lambda k: _summary_order(str(k))):
+        value = values[key]
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{name} keys must be statistic names like p50, got {key!r}")
+        if not _is_number(value) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name}.{key} must be a non-negative number, got {value!r}")
+        out[key] = rounder(value)
+    return out
+
+
+@dataclass(frozen=True)
+class LevelBaseline:
+    """The recorded figures for one workload of one test.
+
+    Values are rounded on construction, so an in-memory baseline equals the one read back from
+    its file; a comparison made right after recording sees the same numbers as a later run.
+    """
+
+    workload: WorkloadKey
+    trials_tok_s: tuple[float, ...]
+    """Steady-state output tok/s of each trial: the samples later runs are tested against."""
+    request_tok_s: Mapping[str, float] = field(default_factory=dict)
+    """Per-request decode rate summary (tok/s), e.g. ``{p50: 65.2}``."""
+    ttft_s: Mapping[str, float] = field(default_factory=dict)
+    """Time-to-first-token summary (seconds), e.g. ``{p50: 0.041, p95: 0.052}``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workload", WorkloadKey.of(self.workload))
+        trials = self.trials_tok_s
+        if isinstance(trials, (str, bytes, Mapping)) or not isinstance(trials, Iterable):
+            raise ValueError(f"trials_tok_s must be a list of positive numbers, got {trials!r}")
+        trials = tuple(trials)
+        if not trials:
+            raise ValueError("trials_tok_s must be a non-empty list of positive numbers, got []")
+        rounded: list[float] = []
+        for i, value in enumerate(trials):
+            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+                raise ValueError(
+                    f"trials_tok_s must be a list of positive numbers; item {i} is {value!r}"
+                )
+            r = round_tok_s(value)
+            if r <= 0:
+                raise ValueError(f"trials_tok_s item {i} ({value!r}) rounds to 0.0 tok/s")
+            rounded.append(r)
+        object.__setattr__(self, "trials_tok_s", tuple(rounded))
+        object.__setattr__(
+            self, "request_tok_s", _normalise_summary("request_tok_s", self.request_tok_s, round_tok_s)
+        )
+        object.__setattr__(self, "ttft_s", _normalise_summary("ttft_s", self.ttft_s, round_seconds))
+
+    @property
+    def tok_s(self) -> float:
+        """Median of the trials, rounded: the one number a reviewer reads."""
+        return round_tok_s(statistics.median(self.trials_tok_s))
+
+
+# ------------------------------------------------------------------------------------ test file
+
+
+@dataclass(frozen=True)
+class TestBaseline:
+    """Everything recorded for one test in one profile: the content of one file."""
+
+    __test__ = False  # a class named Test* imported into a test module is not a test
+
+    test: str
+    """pytest nodeid, e.g. ``tests/perf/test_ep8.py::TestSweep::test_peak[c8]``."""
+    profile: str
+    provenance: Provenance
+    levels: tuple[LevelBaseline, ...]
+    """Sorted by workload; no two levels share a workload."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.test, str) or "::" not in self.test:
+            raise ValueError(f"test must be a pytest nodeid like 'tests/x.py::test_y', got {self.test!r}")
+        check_profile(self.profile)
+        levels = tuple(self.levels)
+        seen: dict[WorkloadKey, int] = {}
+        for i, level in enumerate(levels):
+            if not isinstance(level, LevelBaseline):
+                raise ValueError(f"levels[{i}] is not a LevelBaseline: {level!r}")
+            if level.workload in seen:
+                raise ValueError(
+                    f"levels[{seen[level.workload]}] and levels[{i}] have the same workload "
+                    f"{level.workload}"
+                )
+            seen[level.workload] = i
+        object.__setattr__(self, "levels", tuple(sorted(levels, key=lambda level: level.workload.sort_key())))
+
+    @property
+    def workloads(self) -> list[WorkloadKey]:
+        return [level.workload for level in self.levels]
+
+    def level_for(self, workload: WorkloadLike) -> LevelBaseline | None:
+        """The level with exactly this workload, or None: never a "nearest" one."""
+        key = WorkloadKey.of(workload)
+        for level in self.levels:
+            if level.workload == key:
+                return level
+        return None
+
+    def explain_miss(self, workload: WorkloadLike) -> str:
+        """Why :meth:`level_for` finds nothing, phrased in terms of the differing keys, e.g.
+        ``baseline has concurrency 1, 8 at max_tokens 512; this run asks max_tokens 256``."""
+        want = WorkloadKey.of(workload)
+        head = f"no baseline level for {self.test} (profile {self.profile}) with workload {want}"
+        if self.level_for(want) is not None:
+            return f"{head.replace('no baseline level', 'a baseline level exists')}"
+        if not self.levels:
+            return f"{head}: the baseline has no levels"
+        keys = sorted(set(want.keys()).union(*(w.keys() for w in self.workloads)))
+        values: dict[str, list[Any]] = {}
+        for key in keys:
+            distinct: list[Any] = []
+            for w in self.workloads:
+                v = w.get(key, _ABSENT)
+                if not any(_same(v, d) for d in distinct):
+                    distinct.append(v)
+            values[key] = sorted(distinct, key=lambda v: (-1, 0) if v is _ABSENT else _value_rank(v))
+        outside = [k for k in keys if not any(_same(want.get(k, _ABSENT), v) for v in values[k])]
+
+        def show(key: str, vals: Sequence[Any]) -> str:
+            return f"{key} {', '.join('unset' if v is _ABSENT else _scalar_text(v) for v in vals)}"
+
+        varying = [show(k, values[k]) for k in keys if len(values[k]) > 1]
+        constant = [
+            show(k, values[k])
+            for k in keys
+            if len(values[k]) == 1 and (k in outside or not varying)
+        ]
+        if varying and constant:
+            has = f"{'; '.join(varying)} at {', '.join(constant)}"
+        else:
+            has = "; ".join(varying or constant)
+        if outside:
+            asks = ", ".join(show(k, [want.get(k, _ABSENT)]) for k in outside)
+            return f"{head}: baseline has {has}; this run asks {asks}"
+        extra = [k for k in keys if len(values[k]) > 1]
+        levels = ", ".join(f"[{w.label(extra)}]" for w in self.workloads)
+        return (
+            f"{head}: each value exists in the baseline but not in this combination; "
+            f"baseline levels are {levels}; this run asks [{want.label(extra)}]"
+        )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is _ABSENT or b is _ABSENT:
+        return a is b
+    return WorkloadKey((("k", a),)) == WorkloadKey((("k", b),))

@@ -1,0 +1,283 @@
+"""Baseline files as text: the styled YAML writer and the validating reader.
+
+Everything here optimises for a readable ``git diff`` of a file a human reviews:
+
+* a fixed key order, rounded figures (done by :mod:`pytest_kimi.baseline.model`), levels sorted
+  by workload, ``server_info`` keys sorted;
+* workloads, summaries and trial lists written on one line each, nested mappings as blocks;
+* loading a file and dumping it again gives the same text, so re-saving never makes noise.
+
+Reading is strict, because the file may have been edited by hand: duplicate keys
+(:mod:`pytest_kimi.yamlstrict`), unknown keys, a wrong schema or a ``tok_s`` that is not the
+median of its trials all raise :class:`BaselineError` naming the file and the field.  No
+pytest, no file system: :mod:`pytest_kimi.baseline.store` does the I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pytest_kimi import yamlstrict
+from pytest_kimi.baseline.model import (
+    BaselineError, LevelBaseline, TestBaseline, WorkloadKey, _is_number, utc_timestamp,
+)
+from pytest_kimi.baseline.provenance import Provenance
+
+__all__ = ["SCHEMA_VERSION", "dumps", "loads"]
+
+SCHEMA_VERSION = 1
+"""Bumped only for changes an older reader would misinterpret; readers refuse other versions."""
+
+_HEADER = (
+    "# pytest-kimi throughput baseline; written by the plugin, reviewed as a diff.\n"
+    "# tok_s is the median of trials_tok_s; rates in tok/s, times in seconds.\n"
+)
+
+
+class _Invalid(Exception):
+    """Internal: a validation problem, wrapped into :class:`BaselineError` with the path."""
+
+
+class _FlowMap(dict):  # type: ignore[type-arg]
+    """A mapping written on one line: workloads and summaries, which read best as a row."""
+
+
+class _FlowSeq(list):  # type: ignore[type-arg]
+    """A list written on one line: trials and short scalar lists."""
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that indents block sequences under their key, as most people write YAML."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+_Dumper.add_representer(
+    _FlowMap, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True)
+)
+_Dumper.add_representer(
+    _FlowSeq, lambda d, data: d.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+)
+
+
+def _styled(value: Any) -> Any:
+    """Block style for nested mappings, flow style for lists of scalars (server_info)."""
+    if isinstance(value, Mapping):
+        return {k: _styled(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if all(not isinstance(v, (Mapping, list)) for v in value):
+            return _FlowSeq(value)
+        return [_styled(v) for v in value]
+    return value
+
+
+def _document(baseline: TestBaseline) -> dict[str, Any]:
+    levels = []
+    for level in baseline.levels:
+        entry: dict[str, Any] = {
+            "workload": _FlowMap(level.workload.items),
+            "tok_s": level.tok_s,
+            "trials_tok_s": _FlowSeq(level.trials_tok_s),
+        }
+        if level.request_tok_s:
+            entry["request_tok_s"] = _FlowMap(level.request_tok_s)
+        if level.ttft_s:
+            entry["ttft_s"] = _FlowMap(level.ttft_s)
+        levels.append(entry)
+    p = baseline.provenance
+    provenance = {
+        "model": p.model,
+        "plugin_version": p.plugin_version,
+        "git_commit": p.git_commit,
+        "recorded_at": p.recorded_at,
+        "client_host": p.client_host,
+        "session_ids": _FlowSeq(p.session_ids),
+        "server_info": _styled(p.server_info),  # last: it can be long
+    }
+    return {
+        "schema": SCHEMA_VERSION,
+        "test": baseline.test,
+        "profile": baseline.profile,
+        "levels": levels,  # before provenance: the numbers are what a reviewer looks for
+        "provenance": provenance,
+    }
+
+
+def dumps(baseline: TestBaseline) -> str:
+    """The exact file text for a baseline (stable: same baseline, same bytes)."""
+    body = yaml.dump(
+        _document(baseline),
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=1 << 16,
+        indent=2,
+    )
+    return _HEADER + body
+
+
+_TOP_KEYS = ("schema", "test", "profile", "levels", "provenance")
+_LEVEL_KEYS = ("workload", "tok_s", "trials_tok_s", "request_tok_s", "ttft_s")
+_PROVENANCE_KEYS = (
+    "model", "plugin_version", "git_commit", "recorded_at", "client_host", "session_ids", "server_info",
+)
+
+
+def _parse_yaml(text: str) -> Any:
+    try:
+        return yamlstrict.load(text)
+    except yamlstrict.DuplicateKeyError as exc:  # a hand edit must not keep the last one silently
+        raise _Invalid(
+            f"duplicate key {exc.key!r} at line {exc.line} (first at line {exc.first_line})"
+        ) from None
+    except (yaml.YAMLError, ValueError) as exc:  # e.g. an impossible date
+        raise _Invalid(
+            _yaml_error_text(exc) if isinstance(exc, yaml.YAMLError) else f"cannot read YAML: {exc}"
+        ) from None
+
+
+def _yaml_error_text(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    detail = f"{problem} ({context})" if context else problem
+    return f"YAML syntax error{where}: {detail}"
+
+
+def _require_mapping(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _Invalid(f"{what} must be a mapping, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _reject_unknown(mapping: Mapping[str, Any], allowed: Sequence[str], what: str) -> None:
+    unknown = [str(k) for k in mapping if k not in allowed]
+    if unknown:
+        raise _Invalid(f"{what} has unknown key(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})")
+
+
+def _optional_str(mapping: Mapping[str, Any], key: str, what: str) -> str | None:
+    value = mapping.get(key)
+    if isinstance(value, _dt.datetime) and key == "recorded_at":  # unquoted timestamp, hand-written
+        return utc_timestamp(value if value.tzinfo else value.replace(tzinfo=_dt.timezone.utc))
+    if value is not None and not isinstance(value, str):
+        raise _Invalid(f"{what}.{key} must be a string (quote it in YAML), got {value!r}")
+    return value
+
+
+def _parse_level(index: int, raw: Any) -> LevelBaseline:
+    what = f"levels[{index}]"
+    entry = _require_mapping(raw, what)
+    if "workload" not in entry:
+        raise _Invalid(f"{what} has no 'workload'")
+    workload_raw = _require_mapping(entry["workload"], f"{what}.workload")
+    try:
+        workload = WorkloadKey.from_dict(workload_raw)
+    except ValueError as exc:
+        raise _Invalid(f"{what}.workload: {exc}") from None
+    if not workload.items:
+        raise _Invalid(f"{what}.workload is empty")
+    what = f"{what} (workload {workload})"
+    _reject_unknown(entry, _LEVEL_KEYS, what)
+    if "trials_tok_s" not in entry:
+        raise _Invalid(f"{what} has no 'trials_tok_s'")
+    trials = entry["trials_tok_s"]
+    if not isinstance(trials, list):
+        raise _Invalid(f"{what}: trials_tok_s must be a list of positive numbers, got {trials!r}")
+    request_tok_s: Any = entry.get("request_tok_s")  # None or not a mapping: LevelBaseline says
+    ttft_s: Any = entry.get("ttft_s")
+    try:
+        level = LevelBaseline(
+            workload=workload,
+            trials_tok_s=tuple(trials),
+            request_tok_s=request_tok_s,
+            ttft_s=ttft_s,
+        )
+    except ValueError as exc:
+        raise _Invalid(f"{what}: {exc}") from None
+    if "tok_s" in entry:
+        stated = entry["tok_s"]
+        if not _is_number(stated) or stated != level.tok_s:
+            raise _Invalid(
+                f"{what}: tok_s {stated!r} is not the median of trials_tok_s ({level.tok_s}); "
+                f"it is derived from the trials: fix or delete it"
+            )
+    return level
+
+
+def _parse_provenance(raw: Any) -> Provenance:
+    what = "provenance"
+    prov = _require_mapping(raw, what)
+    _reject_unknown(prov, _PROVENANCE_KEYS, what)
+    session_ids = prov.get("session_ids") or []
+    if not isinstance(session_ids, list) or not all(isinstance(s, str) for s in session_ids):
+        raise _Invalid(f"provenance.session_ids must be a list of strings, got {session_ids!r}")
+    server_info = prov.get("server_info") or {}
+    _require_mapping(server_info, "provenance.server_info")
+    try:
+        return Provenance(
+            model=_optional_str(prov, "model", what),
+            server_info=server_info,
+            plugin_version=_optional_str(prov, "plugin_version", what),
+            git_commit=_optional_str(prov, "git_commit", what),
+            recorded_at=_optional_str(prov, "recorded_at", what),
+            client_host=_optional_str(prov, "client_host", what),
+            session_ids=tuple(session_ids),
+        )
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+
+
+def _from_data(data: Any) -> TestBaseline:
+    if data is None:
+        raise _Invalid("file is empty")
+    top = _require_mapping(data, "the document")
+    if "schema" not in top:
+        raise _Invalid(f"missing 'schema' (this pytest-kimi reads schema: {SCHEMA_VERSION})")
+    if top["schema"] != SCHEMA_VERSION or isinstance(top["schema"], bool):
+        raise _Invalid(
+            f"unsupported schema {top['schema']!r}; this pytest-kimi reads schema {SCHEMA_VERSION} "
+            f"(upgrade pytest-kimi, or re-record the baseline)"
+        )
+    _reject_unknown(top, _TOP_KEYS, "the document")
+    for key in ("test", "profile"):
+        if not isinstance(top.get(key), str) or not top[key]:
+            raise _Invalid(f"'{key}' must be a non-empty string, got {top.get(key)!r}")
+    if "provenance" not in top:
+        raise _Invalid("missing 'provenance'")
+    provenance = _parse_provenance(top["provenance"])
+    raw_levels = top.get("levels")
+    if not isinstance(raw_levels, list) or not raw_levels:
+        raise _Invalid(f"'levels' must be a non-empty list, got {raw_levels!r}")
+    levels = [_parse_level(i, raw) for i, raw in enumerate(raw_levels)]
+    first: dict[WorkloadKey, int] = {}
+    for i, level in enumerate(levels):
+        if level.workload in first:
+            raise _Invalid(
+                f"levels[{first[level.workload]}] and levels[{i}] have the same workload "
+                f"{level.workload}; keep one"
+            )
+        first[level.workload] = i
+    try:
+        return TestBaseline(
+            test=top["test"], profile=top["profile"], provenance=provenance, levels=tuple(levels)
+        )
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+
+
+def loads(text: str, *, source: Path | str = "<string>") -> TestBaseline:
+    """Parse file text (``yaml.safe_load`` only); problems raise :class:`BaselineError`
+    naming ``source``."""
+    try:
+        return _from_data(_parse_yaml(text))
+    except _Invalid as exc:
+        raise BaselineError(source, str(exc)) from None
