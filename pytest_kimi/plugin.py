@@ -371,7 +371,7 @@ def kimi_endpoint(
             sim = _start_sim(pytestconfig, resolved, api_key)
             base = sim.url
         else:
-            base = normalize_url(resolved.value, resolved.source)
+            base = normalize_url(str(resolved.value), resolved.source)
         info = _kimi_session.discover(base, api_key=api_key, model=model)
         if kimi_server is not None:
             info.server_info = clean_server_info(
@@ -396,7 +396,7 @@ def _start_sim(config: pytest.Config, resolved: options.Resolved[Any], api_key: 
     from pytest_kimi.sim.profile import SimConfigError, parse_sim_spec
 
     try:
-        profile = parse_sim_spec(resolved.value, resolved.source)
+        profile = parse_sim_spec(str(resolved.value), resolved.source)
     except SimConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     if api_key and profile.api_key is None:
@@ -525,7 +525,11 @@ def _progress_printer(config: pytest.Config, nodeid: str) -> ProgressPrinter | N
             write()
 
     def line(text: str) -> None:
-        uncaptured(lambda: (reporter.ensure_newline(), reporter.write_line(text)))
+        def write() -> None:
+            reporter.ensure_newline()
+            reporter.write_line(text)
+
+        uncaptured(write)
 
     def rewrite(text: str) -> None:
         uncaptured(lambda: reporter.rewrite(text, erase=True))

@@ -241,7 +241,8 @@ def _within_var(log_x: NDArray[np.float64]) -> NDArray[np.float64] | None:
     """Per-row sample variance with the :data:`MIN_LOG_SD` floor; None below two samples."""
     if log_x.shape[1] < 2:
         return None
-    return np.maximum(log_x.var(axis=1, ddof=1), MIN_LOG_SD**2)
+    var: NDArray[np.float64] = np.maximum(log_x.var(axis=1, ddof=1), MIN_LOG_SD**2)
+    return var
 
 
 def _within_terms(
@@ -372,7 +373,7 @@ def holm(p_values: Sequence[float]) -> list[float]:
     for rank, i in enumerate(order):
         running = max(running, min(1.0, (m - rank) * float(p[i])))
         adjusted[i] = running
-    return adjusted.tolist()
+    return [float(x) for x in adjusted]
 
 
 # --------------------------------------------------------------------------- sequential looks
@@ -498,12 +499,12 @@ def compare_test(
     out: list[LevelComparison] = []
     for i, r in enumerate(raw):
         if r is None:
-            cur = np.asarray(levels[i][1], dtype=np.float64)
+            only = np.asarray(levels[i][1], dtype=np.float64)
             out.append(LevelComparison(
-                baseline_median=math.nan, current_median=float(np.median(cur)),
+                baseline_median=math.nan, current_median=float(np.median(only)),
                 ratio=math.nan, ci90=(math.nan, math.nan), p_regression=math.nan,
                 p_improved=math.nan, p_pass=math.nan, min_detectable_drop=math.nan,
-                verdict=Verdict.NO_BASELINE, n_baseline=0, n_current=int(cur.size),
+                verdict=Verdict.NO_BASELINE, n_baseline=0, n_current=int(only.size),
                 alpha_weight=weights[i]))
             continue
         core, t, n_b, n_c, med_b, med_c = r

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from statistics import median
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_kimi.spec.markers import LevelSpec, Targets, Workload
@@ -135,7 +136,7 @@ def spec_key(level: LevelSpec, prompts_key: str, workload: Workload) -> dict[str
     return level_key(fields, workload_dict(workload))
 
 
-def level_key(level: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
+def level_key(level: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str, Any]:
     """A level's baseline key from report dicts: everything that defines the load it measured.
 
     Keys left None (no rate in a closed-loop level, no input_tokens with a prompt set) are absent.

@@ -277,7 +277,10 @@ class PromptSizer:
                     f"word: {tok.unavailable}")
         words, counts = [], []
         for v in range(SYNTHETIC_VARIANTS):
-            n, c = fit_words(tokens, lambda k, v=v: tok.count(sample + synthetic_words(k, v)), start)
+            def count(k: int, v: int = v) -> int:
+                return tok.count(sample + synthetic_words(k, v))
+
+            n, c = fit_words(tokens, count, start)
             words.append(n)
             counts.append(c)
             start = n  # the next variant needs about as many words
