@@ -25,7 +25,9 @@ from pytest_kimi.sim.profile import SimProfile  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--speed", type=float, default=10.0)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--levels", default="1,8,64,256")
@@ -34,10 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     profile = SimProfile(speed=args.speed, stream_interval=args.stream_interval)
     levels = [int(x) for x in args.levels.split(",")]
-    print(f"simulator: EP8 profile, speed={args.speed:g}, stream_interval={args.stream_interval}, "
-          f"max_tokens={args.max_tokens}, {args.trials} trials, one request per worker")
-    header = (f"{'C':>5} {'true tok/s':>11} {'measured':>10} {'error':>7} {'tokens/wall':>12} {'error':>7}"
-              f" {'true req':>9} {'req p50':>9} {'error':>7}")
+    print(
+        f"simulator: EP8 profile, speed={args.speed:g}, stream_interval={args.stream_interval}, "
+        f"max_tokens={args.max_tokens}, {args.trials} trials, one request per worker"
+    )
+    header = (
+        f"{'C':>5} {'true tok/s':>11} {'measured':>10} {'error':>7} {'tokens/wall':>12} {'error':>7}"
+        f" {'true req':>9} {'req p50':>9} {'error':>7}"
+    )
     print(header)
     worst = 0.0
     with SimProcess(profile) as sim:
@@ -46,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             endpoint = session.discover(sim.url, api_key=None, model=None)
             for c in levels:
                 workload, targets = parse_throughput(
-                    (), dict(concurrency=c, max_tokens=args.max_tokens, trials=args.trials, warmup=2)
+                    (),
+                    dict(concurrency=c, max_tokens=args.max_tokens, trials=args.trials, warmup=2),
                 )
                 spec = build_spec(endpoint, "bench", workload, targets, rootdir=Path.cwd())
                 level = session.measure(spec).levels[0]
@@ -61,12 +68,20 @@ def main(argv: list[str] | None = None) -> int:
                 true_req = profile.request_tok_s(c)
                 err = (f.tok_s / true - 1) * 100 if f.tok_s else float("nan")
                 worst = max(worst, abs(err))
-                req_err = (f.request_tok_s_p50 / true_req - 1) * 100 if f.request_tok_s_p50 else float("nan")
+                req_err = (
+                    (f.request_tok_s_p50 / true_req - 1) * 100
+                    if f.request_tok_s_p50
+                    else float("nan")
+                )
                 print(
                     f"{c:>5} {true:>11.1f} {f.tok_s or float('nan'):>10.1f} {err:>+6.2f}% "
                     f"{naive_mid:>12.1f} {(naive_mid / true - 1) * 100:>+6.2f}% "
                     f"{true_req:>9.1f} {f.request_tok_s_p50 or float('nan'):>9.1f} {req_err:>+6.2f}%"
-                    + ("" if level.verdict in ("pass", "no-baseline") else f"  [{level.verdict}: {level.reasons[0]}]")
+                    + (
+                        ""
+                        if level.verdict in ("pass", "no-baseline")
+                        else f"  [{level.verdict}: {level.reasons[0]}]"
+                    )
                 )
         finally:
             session.close()

@@ -78,7 +78,14 @@ class Firehose:
     """bench/firehose.py in a child process, pinned to ``cpu`` when given."""
 
     def __init__(self, cpu: int | None, tick_s: float = 0.01) -> None:
-        cmd = [sys.executable, str(ROOT / "bench" / "firehose.py"), "--port", "0", "--tick", str(tick_s)]
+        cmd = [
+            sys.executable,
+            str(ROOT / "bench" / "firehose.py"),
+            "--port",
+            "0",
+            "--tick",
+            str(tick_s),
+        ]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -101,15 +108,25 @@ FRAMING = "event"
 
 
 def body(tokens: int, rate: float = 0.0) -> bytes:
-    req = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-           "max_tokens": tokens, "stream_options": {"include_usage": True}, "x_rate": rate, "x_framing": FRAMING}
+    req = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "max_tokens": tokens,
+        "stream_options": {"include_usage": True},
+        "x_rate": rate,
+        "x_framing": FRAMING,
+    }
     return json.dumps(req, separators=(",", ":")).encode()
 
 
 # ---------------------------------------------------------------------------- clients
 async def run_ours(url: str, c: int, requests: int, tokens: int, rate: float = 0.0) -> Result:
     async with LoadClient() as client:
-        tr = await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(tokens, rate)], requests=requests, timeout_s=30))
+        tr = await client.run_trial(
+            Target(url),
+            TrialPlan(concurrency=c, bodies=[body(tokens, rate)], requests=requests, timeout_s=30),
+        )
     errors = [r.error for r in tr.records if r.error]
     if errors:
         print(f"  [pytest-kimi] {len(errors)} errors, first: {errors[0]}", file=sys.stderr)
@@ -121,8 +138,17 @@ async def run_ours(url: str, c: int, requests: int, tokens: int, rate: float = 0
         lasts = [r.last_token for r in tr.records if r.last_token is not None]
         if firsts and lasts:
             wall = max(lasts) - min(firsts)
-    return Result("pytest-kimi", c, toks, wall, tr.client_cpu_s * wall / max(tr.ended - tr.started, 1e-9),
-                  tr.loop_lag_max_s, tr.loop_lag_p99_s, len(errors), blocks)
+    return Result(
+        "pytest-kimi",
+        c,
+        toks,
+        wall,
+        tr.client_cpu_s * wall / max(tr.ended - tr.started, 1e-9),
+        tr.loop_lag_max_s,
+        tr.loop_lag_p99_s,
+        len(errors),
+        blocks,
+    )
 
 
 Reader = Callable[[aiohttp.ClientResponse], Awaitable[int]]
@@ -169,7 +195,9 @@ async def read_drain_limit(resp: aiohttp.ClientResponse) -> int:
     return n - 4
 
 
-async def _timed_workers(worker: Callable[[], Awaitable[None]], c: int) -> tuple[float, float, list[float]]:
+async def _timed_workers(
+    worker: Callable[[], Awaitable[None]], c: int
+) -> tuple[float, float, list[float]]:
     """Run ``c`` copies of ``worker`` under the lag monitor: (wall s, CPU s, lag samples)."""
     mon = _LagMonitor(0.005)
     mon.start()
@@ -180,13 +208,18 @@ async def _timed_workers(worker: Callable[[], Awaitable[None]], c: int) -> tuple
     return wall, cpu, list(mon.samples)
 
 
-async def run_simple(name: str, reader: Reader, url: str, c: int, requests: int, tokens: int, rate: float = 0.0) -> Result:
+async def run_simple(
+    name: str, reader: Reader, url: str, c: int, requests: int, tokens: int, rate: float = 0.0
+) -> Result:
     conn = aiohttp.TCPConnector(limit=0)
     payload = body(tokens, rate)
     total = 0
     errors = 0
     nxt = 0
-    async with aiohttp.ClientSession(connector=conn, read_bufsize=2**20, headers={"Content-Type": "application/json"}) as s:
+    async with aiohttp.ClientSession(
+        connector=conn, read_bufsize=2**20, headers={"Content-Type": "application/json"}
+    ) as s:
+
         async def worker() -> None:
             nonlocal total, errors, nxt
             while nxt < requests:
@@ -202,7 +235,9 @@ async def run_simple(name: str, reader: Reader, url: str, c: int, requests: int,
     return Result(name, c, max(total, 0), wall, cpu, max(lags, default=0.0), _p99(lags), errors)
 
 
-async def run_vllm(url: str, c: int, requests: int, tokens: int, rate: float = 0.0) -> Result | None:
+async def run_vllm(
+    url: str, c: int, requests: int, tokens: int, rate: float = 0.0
+) -> Result | None:
     """vLLM's own benchmark client: its request function and its session settings.
 
     ``vllm bench serve`` drives ``async_request_openai_completions`` (backend ``openai``/
@@ -219,13 +254,29 @@ async def run_vllm(url: str, c: int, requests: int, tokens: int, rate: float = 0
     except Exception:  # noqa: BLE001 - not installed here (it lives in the engine env)
         return None
     extra = {"x_rate": rate, "x_framing": FRAMING} if rate > 0 else {"x_framing": FRAMING}
-    req = RequestFuncInput(prompt="hi", api_url=url, prompt_len=1, output_len=tokens,
-                           model="default", ignore_eos=True, extra_body=extra)
-    conn = aiohttp.TCPConnector(limit=c, limit_per_host=c, ttl_dns_cache=300, keepalive_timeout=60,
-                                enable_cleanup_closed=True, force_close=False, ssl=False)
+    req = RequestFuncInput(
+        prompt="hi",
+        api_url=url,
+        prompt_len=1,
+        output_len=tokens,
+        model="default",
+        ignore_eos=True,
+        extra_body=extra,
+    )
+    conn = aiohttp.TCPConnector(
+        limit=c,
+        limit_per_host=c,
+        ttl_dns_cache=300,
+        keepalive_timeout=60,
+        enable_cleanup_closed=True,
+        force_close=False,
+        ssl=False,
+    )
     total = errors = nxt = 0
-    async with aiohttp.ClientSession(connector=conn, trust_env=True,
-                                     timeout=aiohttp.ClientTimeout(total=6 * 60 * 60)) as session:
+    async with aiohttp.ClientSession(
+        connector=conn, trust_env=True, timeout=aiohttp.ClientTimeout(total=6 * 60 * 60)
+    ) as session:
+
         async def worker() -> None:
             nonlocal total, errors, nxt
             while nxt < requests:
@@ -249,7 +300,9 @@ CLIENTS: dict[str, Callable[..., Awaitable[Result | None]]] = {
 }
 
 
-def run_one(name: str, url: str, c: int, requests: int, tokens: int, rate: float = 0.0) -> Result | None:
+def run_one(
+    name: str, url: str, c: int, requests: int, tokens: int, rate: float = 0.0
+) -> Result | None:
     """Each measurement on a fresh event loop."""
     return asyncio.run(CLIENTS[name](url, c, requests, tokens, rate))
 
@@ -265,12 +318,16 @@ def pin(args: argparse.Namespace) -> tuple[int | None, int | None, str]:
 
 
 def fmt_row(r: Result) -> str:
-    return (f"| {r.client:<12} | {r.concurrency:>4} | {r.tokens:>9,} | {r.tok_s:>11,.0f} | {100 * r.cpu_share:>5.0f}% "
-            f"| {1e3 * r.lag_max_s:>7.1f} | {1e3 * r.lag_p99_s:>7.1f} | {r.errors:>3} |")
+    return (
+        f"| {r.client:<12} | {r.concurrency:>4} | {r.tokens:>9,} | {r.tok_s:>11,.0f} | {100 * r.cpu_share:>5.0f}% "
+        f"| {1e3 * r.lag_max_s:>7.1f} | {1e3 * r.lag_p99_s:>7.1f} | {r.errors:>3} |"
+    )
 
 
-HEADER = ("| client       |    C |    tokens |  tok/s in   |   CPU  | lag max ms | lag p99 ms | err |\n"
-          "|--------------|-----:|----------:|------------:|-------:|--------:|--------:|----:|")
+HEADER = (
+    "| client       |    C |    tokens |  tok/s in   |   CPU  | lag max ms | lag p99 ms | err |\n"
+    "|--------------|-----:|----------:|------------:|-------:|--------:|--------:|----:|"
+)
 
 
 def table_mode(args: argparse.Namespace, url: str) -> None:
@@ -280,10 +337,14 @@ def table_mode(args: argparse.Namespace, url: str) -> None:
     print(HEADER)
     for c, requests, tokens in levels:
         for name in args.clients:
-            scale = 4 if name == "json-every" and not args.quick else 1  # keep the slow client's run short
+            scale = (
+                4 if name == "json-every" and not args.quick else 1
+            )  # keep the slow client's run short
             r = run_one(name, url, c, max(c, requests // scale), tokens)
             if r is None:
-                print(f"| {name:<12} | {c:>4} | skipped: vllm is not installed here (tox -e engine has it) |")
+                print(
+                    f"| {name:<12} | {c:>4} | skipped: vllm is not installed here (tox -e engine has it) |"
+                )
                 continue
             print(fmt_row(r), flush=True)
 
@@ -292,8 +353,13 @@ async def _ramp_step(client: LoadClient, url: str, c: int, offered: float, step_
     per_stream = offered / c
     tokens = max(8, int(per_stream * step_s))
     # warm connections first: connection setup is not what this step measures
-    await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(8)], requests=c, timeout_s=30))
-    tr = await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(tokens, per_stream)], requests=c, timeout_s=30))
+    await client.run_trial(
+        Target(url), TrialPlan(concurrency=c, bodies=[body(8)], requests=c, timeout_s=30)
+    )
+    tr = await client.run_trial(
+        Target(url),
+        TrialPlan(concurrency=c, bodies=[body(tokens, per_stream)], requests=c, timeout_s=30),
+    )
     ok_recs = [r for r in tr.records if r.ok]
     toks = sum(r.completion_tokens for r in ok_recs)
     firsts = [r.first_token for r in ok_recs if r.first_token is not None]
@@ -302,9 +368,16 @@ async def _ramp_step(client: LoadClient, url: str, c: int, offered: float, step_
     got = toks / window if window > 0 else 0.0
     reads = sum(len(r.chunk_times) for r in ok_recs) / window if window > 0 else 0.0
     cpu = tr.client_cpu_s / max(tr.ended - tr.started, 1e-9)
-    ok = tr.loop_lag_p99_s <= LAG_LIMIT_S and got >= 0.9 * offered and len(ok_recs) == len(tr.records)
-    print(f"| {offered:>13,.0f} | {got:>14,.0f} | {reads:>7,.0f} | {100 * cpu:>3.0f}% | {1e3 * tr.loop_lag_max_s:>10.1f} "
-          f"| {1e3 * tr.loop_lag_p99_s:>10.1f} | {'yes' if ok else 'NO'} |", flush=True)
+    ok = (
+        tr.loop_lag_p99_s <= LAG_LIMIT_S
+        and got >= 0.9 * offered
+        and len(ok_recs) == len(tr.records)
+    )
+    print(
+        f"| {offered:>13,.0f} | {got:>14,.0f} | {reads:>7,.0f} | {100 * cpu:>3.0f}% | {1e3 * tr.loop_lag_max_s:>10.1f} "
+        f"| {1e3 * tr.loop_lag_p99_s:>10.1f} | {'yes' if ok else 'NO'} |",
+        flush=True,
+    )
     return ok
 
 
@@ -323,16 +396,20 @@ async def _ramp(args: argparse.Namespace, url: str) -> float:
     best = 0.0
     offered = args.ramp_start
     mx, p99 = await idle_lag()
-    print(f"idle loop lag on this machine now: max {1e3 * mx:.1f} ms, p99 {1e3 * p99:.1f} ms"
-          + ("  (noisy: other processes are competing for the client's core)" if p99 > 0.002 else ""))
+    print(
+        f"idle loop lag on this machine now: max {1e3 * mx:.1f} ms, p99 {1e3 * p99:.1f} ms"
+        + ("  (noisy: other processes are competing for the client's core)" if p99 > 0.002 else "")
+    )
     print("| offered tok/s | ingested tok/s | reads/s | CPU | lag max ms | lag p99 ms | ok |")
     print("|--------------:|---------------:|--------:|----:|-----------:|-----------:|----|")
     async with LoadClient() as client:
         while offered <= args.ramp_max:
             # a failed step is retried once: on a shared machine one preemption of the client
             # by another process is enough to push lag p99 past 5 ms
-            if not (await _ramp_step(client, url, c, offered, args.step_s)
-                    or await _ramp_step(client, url, c, offered, args.step_s)):
+            if not (
+                await _ramp_step(client, url, c, offered, args.step_s)
+                or await _ramp_step(client, url, c, offered, args.step_s)
+            ):
                 break
             best = offered
             offered *= args.ramp_factor
@@ -341,10 +418,14 @@ async def _ramp(args: argparse.Namespace, url: str) -> float:
 
 def ramp_mode(args: argparse.Namespace, url: str) -> None:
     """Offer paced load in steps; capacity = highest step ingested with loop-lag p99 <= 5 ms."""
-    print(f"ramp at C={args.ramp_concurrency}, {args.step_s:g}s per step, firehose paced per stream "
-          f"({1e3 * args.tick:g} ms ticks: every stream gets its tokens of a tick in one write, like a decode step)")
+    print(
+        f"ramp at C={args.ramp_concurrency}, {args.step_s:g}s per step, firehose paced per stream "
+        f"({1e3 * args.tick:g} ms ticks: every stream gets its tokens of a tick in one write, like a decode step)"
+    )
     best = asyncio.run(_ramp(args, url))
-    print(f"\ncapacity before loop lag p99 > {LAG_LIMIT_S * 1e3:g} ms: ~{best:,.0f} tok/s at C={args.ramp_concurrency}")
+    print(
+        f"\ncapacity before loop lag p99 > {LAG_LIMIT_S * 1e3:g} ms: ~{best:,.0f} tok/s at C={args.ramp_concurrency}"
+    )
 
 
 # ----------------------------------------------------------------------- workers curve
@@ -386,7 +467,9 @@ class ShardedResult:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def worker_cpus(n: int, layout: str, client_cpu: int | None, server_cpu: int | None) -> list[set[int]] | None:
+def worker_cpus(
+    n: int, layout: str, client_cpu: int | None, server_cpu: int | None
+) -> list[set[int]] | None:
     """CPU set per worker.  ``spread``: client cores first, the firehose's core last (so on a
     2-core machine worker 1 shares the firehose's core); ``client-core``: every worker on the
     client's one core (sharding overhead with no extra CPU); ``none``: not pinned."""
@@ -394,7 +477,9 @@ def worker_cpus(n: int, layout: str, client_cpu: int | None, server_cpu: int | N
         return None
     if layout == "client-core":
         return [{client_cpu}]
-    order = [c for c in ALL_CPUS if c != server_cpu] + ([server_cpu] if server_cpu is not None else [])
+    order = [c for c in ALL_CPUS if c != server_cpu] + (
+        [server_cpu] if server_cpu is not None else []
+    )
     return [{order[k % len(order)]} for k in range(n)]
 
 
@@ -409,79 +494,142 @@ def window_tokens(records: list, t0: float, t1: float) -> int:
     return n
 
 
-async def _run_sharded(url: str, n: int, cpus: list[set[int]] | None, c: int, duration_s: float, tokens: int,
-                       repeat: int, server_pid: int | None, layout: str) -> list[ShardedResult]:
+async def _run_sharded(
+    url: str,
+    n: int,
+    cpus: list[set[int]] | None,
+    c: int,
+    duration_s: float,
+    tokens: int,
+    repeat: int,
+    server_pid: int | None,
+    layout: str,
+) -> list[ShardedResult]:
     """Duration trials measured over a steady window (the first 20% and the tail after the
     deadline are left out): with a fixed request count per worker, a worker on a busier core
     would finish last and the idle tail of the others would be billed to the aggregate."""
     out = []
     async with ShardedClient(n, cpus=cpus) as client:
         # warm: every slot opens its connection outside the measurement
-        await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(8)], requests=c, timeout_s=30))
+        await client.run_trial(
+            Target(url), TrialPlan(concurrency=c, bodies=[body(8)], requests=c, timeout_s=30)
+        )
         for _ in range(repeat):
             s0 = proc_cpu_s(server_pid) if server_pid else 0.0
             m0 = machine_busy_s()
-            tr = await client.run_trial(Target(url), TrialPlan(concurrency=c, bodies=[body(tokens)], duration_s=duration_s, timeout_s=30))
+            tr = await client.run_trial(
+                Target(url),
+                TrialPlan(
+                    concurrency=c, bodies=[body(tokens)], duration_s=duration_s, timeout_s=30
+                ),
+            )
             m1 = machine_busy_s()
             s1 = proc_cpu_s(server_pid) if server_pid else 0.0
             t0, t1 = tr.started + 0.2 * duration_s, tr.started + duration_s
             errors = sum(not r.ok for r in tr.records)
             wall = tr.ended - tr.started
             # CPU figures are over the whole trial (including the tail), so shares use its wall
-            out.append(ShardedResult(n, layout, window_tokens(tr.records, t0, t1), t1 - t0,
-                                     tr.client_cpu_s / wall, [x.client_cpu_s / wall for x in tr.shards],
-                                     (s1 - s0) / wall, max(0.0, (m1 - m0 - tr.client_cpu_s - (s1 - s0)) / wall),
-                                     tr.loop_lag_max_s, errors))
+            out.append(
+                ShardedResult(
+                    n,
+                    layout,
+                    window_tokens(tr.records, t0, t1),
+                    t1 - t0,
+                    tr.client_cpu_s / wall,
+                    [x.client_cpu_s / wall for x in tr.shards],
+                    (s1 - s0) / wall,
+                    max(0.0, (m1 - m0 - tr.client_cpu_s - (s1 - s0)) / wall),
+                    tr.loop_lag_max_s,
+                    errors,
+                )
+            )
     return out
 
 
-def workers_mode(args: argparse.Namespace, url: str, fh: Firehose | None, client_cpu: int | None, server_cpu: int | None) -> None:
+def workers_mode(
+    args: argparse.Namespace,
+    url: str,
+    fh: Firehose | None,
+    client_cpu: int | None,
+    server_cpu: int | None,
+) -> None:
     """Aggregate ingest of ShardedClient at 1, 2, ... worker processes, same total C."""
     counts = [int(x) for x in args.workers.split(",")]
     c, duration, tokens = args.workers_concurrency, args.workers_duration, args.workers_tokens
     if args.quick:
         duration = duration / 2
-    print(f"closed loop C={c} split over the workers, {duration:g} s trials of {tokens}-token streams, tok/s over "
-          f"the steady window (20%..100% of the duration); {args.repeat} trials per row (median, range; CPU and lag "
-          f"of the best trial); {len(ALL_CPUS)} CPU(s): {ALL_CPUS}")
-    print("| workers | worker CPUs | tokens | tok/s in (median) | range | client CPU, cores (per worker) | tok/s per client core | firehose CPU | other jobs' CPU | lag max ms | err |")
+    print(
+        f"closed loop C={c} split over the workers, {duration:g} s trials of {tokens}-token streams, tok/s over "
+        f"the steady window (20%..100% of the duration); {args.repeat} trials per row (median, range; CPU and lag "
+        f"of the best trial); {len(ALL_CPUS)} CPU(s): {ALL_CPUS}"
+    )
+    print(
+        "| workers | worker CPUs | tokens | tok/s in (median) | range | client CPU, cores (per worker) | tok/s per client core | firehose CPU | other jobs' CPU | lag max ms | err |"
+    )
     print("|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     base = None
     for n in counts:
         for layout in args.workers_layout:
             cpus = worker_cpus(n, layout, client_cpu, server_cpu)
-            rs = asyncio.run(_run_sharded(url, n, cpus, c, duration, tokens, args.repeat, fh.proc.pid if fh else None, layout))
+            rs = asyncio.run(
+                _run_sharded(
+                    url,
+                    n,
+                    cpus,
+                    c,
+                    duration,
+                    tokens,
+                    args.repeat,
+                    fh.proc.pid if fh else None,
+                    layout,
+                )
+            )
             med = statistics.median(r.tok_s for r in rs)
             per_core = statistics.median(r.tok_s / r.client_cores for r in rs if r.client_cores > 0)
             best = max(rs, key=lambda r: r.tok_s)
-            where = "unpinned" if cpus is None else "+".join(str(sorted(x)[0]) for x in (cpus * n)[:n])
+            where = (
+                "unpinned" if cpus is None else "+".join(str(sorted(x)[0]) for x in (cpus * n)[:n])
+            )
             base = base or med
-            print(f"| {n} | {where} ({layout}) | {best.tokens:,} | {med:,.0f} ({med / base:.2f}x) | "
-                  f"{min(r.tok_s for r in rs):,.0f}-{best.tok_s:,.0f} | {best.client_cores:.2f} "
-                  f"({'+'.join(f'{x:.2f}' for x in best.per_worker)}) | {per_core:,.0f} | "
-                  f"{best.server_cores:.2f} | {best.other_cores:.2f} | {1e3 * best.lag_max_s:.1f} | {sum(r.errors for r in rs)} |", flush=True)
+            print(
+                f"| {n} | {where} ({layout}) | {best.tokens:,} | {med:,.0f} ({med / base:.2f}x) | "
+                f"{min(r.tok_s for r in rs):,.0f}-{best.tok_s:,.0f} | {best.client_cores:.2f} "
+                f"({'+'.join(f'{x:.2f}' for x in best.per_worker)}) | {per_core:,.0f} | "
+                f"{best.server_cores:.2f} | {best.other_cores:.2f} | {1e3 * best.lag_max_s:.1f} | {sum(r.errors for r in rs)} |",
+                flush=True,
+            )
 
 
 # -------------------------------------------------------------------- open-loop accuracy
 async def _open_rates(url: str, rates: list[float], seconds: float, tokens: int) -> None:
     async with LoadClient() as client:
-        await client.run_trial(Target(url), TrialPlan(concurrency=8, bodies=[body(8)], requests=8, timeout_s=30))
+        await client.run_trial(
+            Target(url), TrialPlan(concurrency=8, bodies=[body(8)], requests=8, timeout_s=30)
+        )
         for rate in rates:
-            plan = OpenLoopPlan(rate=rate, bodies=[body(tokens)], requests=max(2, int(rate * seconds)), timeout_s=30)
+            plan = OpenLoopPlan(
+                rate=rate, bodies=[body(tokens)], requests=max(2, int(rate * seconds)), timeout_s=30
+            )
             tr = await client.run_open_loop(Target(url), plan)
             delays = sorted(r.sent - r.scheduled for r in tr.records)
             wall = tr.ended - tr.started
-            print(f"| {rate:>7,.0f} | {tr.achieved_rate or 0:>10,.1f} | {1e3 * statistics.median(delays):>6.2f} "
-                  f"| {1e3 * (tr.schedule_delay_p99_s or 0):>6.2f} | {1e3 * delays[-1]:>6.1f} | {tr.concurrency:>5} "
-                  f"| {100 * tr.client_cpu_s / wall:>4.0f}% | {1e3 * tr.loop_lag_p99_s:>6.1f} | {sum(not r.ok for r in tr.records):>3} |",
-                  flush=True)
+            print(
+                f"| {rate:>7,.0f} | {tr.achieved_rate or 0:>10,.1f} | {1e3 * statistics.median(delays):>6.2f} "
+                f"| {1e3 * (tr.schedule_delay_p99_s or 0):>6.2f} | {1e3 * delays[-1]:>6.1f} | {tr.concurrency:>5} "
+                f"| {100 * tr.client_cpu_s / wall:>4.0f}% | {1e3 * tr.loop_lag_p99_s:>6.1f} | {sum(not r.ok for r in tr.records):>3} |",
+                flush=True,
+            )
 
 
 def open_rates_mode(args: argparse.Namespace, url: str) -> None:
     """Open loop at each rate: achieved rate and the client's lateness against its schedule."""
     rates = [float(x) for x in args.open_rates.split(",")]
-    print(f"open loop, {args.open_seconds:g} s of Poisson arrivals per rate, {args.open_tokens}-token streams")
-    print("| req/s asked | achieved | delay p50 ms | p99 ms | max ms | peak in flight | client CPU | lag p99 ms | err |")
+    print(
+        f"open loop, {args.open_seconds:g} s of Poisson arrivals per rate, {args.open_tokens}-token streams"
+    )
+    print(
+        "| req/s asked | achieved | delay p50 ms | p99 ms | max ms | peak in flight | client CPU | lag p99 ms | err |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     asyncio.run(_open_rates(url, rates, args.open_seconds, args.open_tokens))
 
@@ -524,8 +672,26 @@ def profile_mode(args: argparse.Namespace, url: str) -> None:
         print("py-spy not installed: pip install py-spy (kept out of the project's dependencies)")
         return
     out = Path(args.profile)
-    cmd = [spy, "record", "--nonblocking", "--format", "raw", "-r", "250", "-o", str(out), "--",
-           sys.executable, __file__, "--url", url, "--framing", args.framing, "--levels-only", str(args.profile_concurrency)]
+    cmd = [
+        spy,
+        "record",
+        "--nonblocking",
+        "--format",
+        "raw",
+        "-r",
+        "250",
+        "-o",
+        str(out),
+        "--",
+        sys.executable,
+        __file__,
+        "--url",
+        url,
+        "--framing",
+        args.framing,
+        "--levels-only",
+        str(args.profile_concurrency),
+    ]
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     print(f"py-spy raw profile in {out}, C={args.profile_concurrency}, framing={args.framing}\n")
     print(summarize_profile(out))
@@ -533,17 +699,29 @@ def profile_mode(args: argparse.Namespace, url: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="client ingest capacity against bench/firehose.py")
-    ap.add_argument("--clients", nargs="+", default=["pytest-kimi", "json-every", "count-limit", "drain-limit", "vllm-bench"],
-                    choices=list(CLIENTS))
-    ap.add_argument("--framing", choices=["event", "batch"], default="event",
-                    help="firehose framing: one HTTP chunk per SSE event (uvicorn-like) or per 64-event batch")
+    ap.add_argument(
+        "--clients",
+        nargs="+",
+        default=["pytest-kimi", "json-every", "count-limit", "drain-limit", "vllm-bench"],
+        choices=list(CLIENTS),
+    )
+    ap.add_argument(
+        "--framing",
+        choices=["event", "batch"],
+        default="event",
+        help="firehose framing: one HTTP chunk per SSE event (uvicorn-like) or per 64-event batch",
+    )
     ap.add_argument("--quick", action="store_true", help="smaller runs")
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--url", help="use a running firehose instead of starting one")
     ap.add_argument("--ramp", action="store_true")
     ap.add_argument("--ramp-concurrency", type=int, default=64)
-    ap.add_argument("--tick", type=float, default=0.01,
-                    help="firehose pacing tick (s): each paced stream gets one write per tick, like a decode step")
+    ap.add_argument(
+        "--tick",
+        type=float,
+        default=0.01,
+        help="firehose pacing tick (s): each paced stream gets one write per tick, like a decode step",
+    )
     ap.add_argument("--ramp-start", type=float, default=10_000)
     ap.add_argument("--ramp-factor", type=float, default=1.4)
     ap.add_argument("--ramp-max", type=float, default=3_000_000)
@@ -551,14 +729,27 @@ def main() -> None:
     ap.add_argument("--profile", metavar="OUT", help="py-spy raw (collapsed) profile of our client")
     ap.add_argument("--profile-concurrency", type=int, default=64)
     ap.add_argument("--levels-only", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--workers", metavar="N,N,...", help="ShardedClient curve: aggregate tok/s at these worker counts")
-    ap.add_argument("--workers-layout", nargs="+", choices=["spread", "client-core", "none"], default=["spread"],
-                    help="worker pinning (see worker_cpus); several = one row each")
+    ap.add_argument(
+        "--workers",
+        metavar="N,N,...",
+        help="ShardedClient curve: aggregate tok/s at these worker counts",
+    )
+    ap.add_argument(
+        "--workers-layout",
+        nargs="+",
+        choices=["spread", "client-core", "none"],
+        default=["spread"],
+        help="worker pinning (see worker_cpus); several = one row each",
+    )
     ap.add_argument("--workers-concurrency", type=int, default=64)
-    ap.add_argument("--workers-duration", type=float, default=3.0, help="seconds per --workers trial")
+    ap.add_argument(
+        "--workers-duration", type=float, default=3.0, help="seconds per --workers trial"
+    )
     ap.add_argument("--workers-tokens", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=3, help="trials per --workers row")
-    ap.add_argument("--open-rates", metavar="R,R,...", help="open-loop accuracy at these request rates")
+    ap.add_argument(
+        "--open-rates", metavar="R,R,...", help="open-loop accuracy at these request rates"
+    )
     ap.add_argument("--open-seconds", type=float, default=3.0)
     ap.add_argument("--open-tokens", type=int, default=64)
     args = ap.parse_args()
@@ -573,7 +764,9 @@ def main() -> None:
             r = run_one("pytest-kimi", url, args.levels_only, max(16, 4 * args.levels_only), 2048)
             print(HEADER + "\n" + fmt_row(r) if r else "")
             return
-        print(f"# {note}; python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}; framing={FRAMING}")
+        print(
+            f"# {note}; python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}; framing={FRAMING}"
+        )
         if args.workers:
             workers_mode(args, url, fh, client_cpu, server_cpu)
         elif args.open_rates:

@@ -28,9 +28,40 @@ import os
 import signal
 import sys
 
-WORDS = [" the", " of", " and", " to", " in", " is", " that", " for", " it", " as", " was", " with",
-         " be", " by", " on", " not", " he", " this", " are", " or", " his", " from", " at", " which",
-         " but", " have", " an", " had", " they", " you", " were", " their"]
+WORDS = [
+    " the",
+    " of",
+    " and",
+    " to",
+    " in",
+    " is",
+    " that",
+    " for",
+    " it",
+    " as",
+    " was",
+    " with",
+    " be",
+    " by",
+    " on",
+    " not",
+    " he",
+    " this",
+    " are",
+    " or",
+    " his",
+    " from",
+    " at",
+    " which",
+    " but",
+    " have",
+    " an",
+    " had",
+    " they",
+    " you",
+    " were",
+    " their",
+]
 MODEL = "default"
 CHUNK_ID = "6f1c2b9a4e7d4c0b"
 BATCH = 64
@@ -55,16 +86,36 @@ def _http_chunk(payload: bytes) -> bytes:
 
 def _chunk_obj(delta: dict[str, object], finish: str | None = None) -> dict[str, object]:
     return {
-        "id": CHUNK_ID, "object": "chat.completion.chunk", "created": 1718000000, "model": MODEL,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}],
+        "id": CHUNK_ID,
+        "object": "chat.completion.chunk",
+        "created": 1718000000,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish,
+                "matched_stop": None,
+            }
+        ],
         "usage": None,
     }
 
 
-EVENTS = [_sse(_chunk_obj({"role": None, "content": w, "reasoning_content": None, "tool_calls": None})) for w in WORDS]
+EVENTS = [
+    _sse(_chunk_obj({"role": None, "content": w, "reasoning_content": None, "tool_calls": None}))
+    for w in WORDS
+]
 TOKENS = [_http_chunk(e) for e in EVENTS]
 """Precomputed HTTP chunks, one SSE token event each."""
-ROLE = _http_chunk(_sse(_chunk_obj({"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None})))
+ROLE = _http_chunk(
+    _sse(
+        _chunk_obj(
+            {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None}
+        )
+    )
+)
 _batch_cache: dict[tuple[int, int, bool], bytes] = {}
 
 
@@ -86,10 +137,27 @@ def batch(start: int, n: int, per_event: bool = True) -> bytes:
 
 
 def tail(n_tokens: int, prompt_tokens: int = 32) -> bytes:
-    fin = _chunk_obj({"role": None, "content": "", "reasoning_content": None, "tool_calls": None}, "length")
-    usage = {"id": CHUNK_ID, "object": "chat.completion.chunk", "created": 1718000000, "model": MODEL, "choices": [],
-             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n_tokens, "completion_tokens": n_tokens}}
-    return _http_chunk(_sse(fin)) + _http_chunk(_sse(usage)) + _http_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    fin = _chunk_obj(
+        {"role": None, "content": "", "reasoning_content": None, "tool_calls": None}, "length"
+    )
+    usage = {
+        "id": CHUNK_ID,
+        "object": "chat.completion.chunk",
+        "created": 1718000000,
+        "model": MODEL,
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + n_tokens,
+            "completion_tokens": n_tokens,
+        },
+    }
+    return (
+        _http_chunk(_sse(fin))
+        + _http_chunk(_sse(usage))
+        + _http_chunk(b"data: [DONE]\n\n")
+        + b"0\r\n\r\n"
+    )
 
 
 class Stream:
@@ -233,7 +301,9 @@ class FirehoseProtocol(asyncio.Protocol):
 async def serve(host: str, port: int, rate: float, tick_s: float, framing: str = "event") -> None:
     loop = asyncio.get_running_loop()
     pacer = Pacer(tick_s)
-    server = await loop.create_server(lambda: FirehoseProtocol(pacer, rate, framing), host, port, backlog=4096, reuse_address=True)
+    server = await loop.create_server(
+        lambda: FirehoseProtocol(pacer, rate, framing), host, port, backlog=4096, reuse_address=True
+    )
     actual = server.sockets[0].getsockname()[1]
     print(f"READY {actual}", flush=True)
     stop = asyncio.Event()
@@ -247,10 +317,16 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8765, help="0 = any free port (printed)")
-    ap.add_argument("--rate", type=float, default=0.0, help="default tokens/s per stream (0 = unpaced)")
+    ap.add_argument(
+        "--rate", type=float, default=0.0, help="default tokens/s per stream (0 = unpaced)"
+    )
     ap.add_argument("--tick", type=float, default=0.005, help="pacing tick in seconds")
-    ap.add_argument("--framing", choices=["event", "batch"], default="event",
-                    help="event: one HTTP chunk per SSE event (uvicorn); batch: one per write")
+    ap.add_argument(
+        "--framing",
+        choices=["event", "batch"],
+        default="event",
+        help="event: one HTTP chunk per SSE event (uvicorn); batch: one per write",
+    )
     ap.add_argument("--cpu", type=int, default=None, help="pin to this CPU")
     args = ap.parse_args(argv)
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):

@@ -82,13 +82,17 @@ class Cell:
         return self.verdicts.get(Verdict.REGRESSION.value, 0.0)
 
 
-def draw(rng: np.random.Generator, sims: int, n_b: int, n_c: int, drop: float,
-         noise: Noise) -> tuple[np.ndarray, np.ndarray]:
+def draw(
+    rng: np.random.Generator, sims: int, n_b: int, n_c: int, drop: float, noise: Noise
+) -> tuple[np.ndarray, np.ndarray]:
     """Baseline (sims, n_b) and current (sims, n_c) tok/s with session and trial noise."""
     base = noise.tok_s * np.exp(rng.normal(0.0, noise.within_sigma, (sims, n_b)))
     session = rng.normal(0.0, noise.session_sigma, (sims, 1))
-    cur = noise.tok_s * (1.0 - drop) * np.exp(
-        session + rng.normal(0.0, noise.within_sigma, (sims, n_c)))
+    cur = (
+        noise.tok_s
+        * (1.0 - drop)
+        * np.exp(session + rng.normal(0.0, noise.within_sigma, (sims, n_c)))
+    )
     return base, cur
 
 
@@ -97,17 +101,20 @@ def _shares(verdicts: np.ndarray) -> dict[str, float]:
     return {str(v): c / verdicts.size for v, c in zip(values, counts)}
 
 
-def run_fixed(rng: np.random.Generator, sims: int, n: int, drop: float, noise: Noise,
-              gate: Gate) -> Cell:
+def run_fixed(
+    rng: np.random.Generator, sims: int, n: int, drop: float, noise: Noise, gate: Gate
+) -> Cell:
     """``n`` trials on both sides, one look at the full alpha."""
     base, cur = draw(rng, sims, n, n, drop, noise)
-    res = compare_batch(base, cur, tolerance=gate.tolerance, alpha=gate.alpha,
-                        session_sigma=gate.session_sigma)
+    res = compare_batch(
+        base, cur, tolerance=gate.tolerance, alpha=gate.alpha, session_sigma=gate.session_sigma
+    )
     return Cell(sims=sims, verdicts=_shares(res.verdict), mean_trials=float(n))
 
 
-def run_adaptive(rng: np.random.Generator, sims: int, n_baseline: int, drop: float,
-                 noise: Noise, gate: Gate) -> Cell:
+def run_adaptive(
+    rng: np.random.Generator, sims: int, n_baseline: int, drop: float, noise: Noise, gate: Gate
+) -> Cell:
     """The plugin's protocol: decide() at each look, final verdict at the look it stopped."""
     looks = look_schedule(gate.min_trials, gate.max_trials)
     base, cur = draw(rng, sims, n_baseline, looks[-1], drop, noise)
@@ -116,14 +123,27 @@ def run_adaptive(rng: np.random.Generator, sims: int, n_baseline: int, drop: flo
     active = np.arange(sims)
     for look, n in enumerate(looks):
         b, c = base[active], cur[active, :n]
-        dec = decide_batch(b, c, look=look, tolerance=gate.tolerance, alpha=gate.alpha,
-                           session_sigma=gate.session_sigma, min_trials=gate.min_trials,
-                           max_trials=gate.max_trials, futility=gate.futility)
+        dec = decide_batch(
+            b,
+            c,
+            look=look,
+            tolerance=gate.tolerance,
+            alpha=gate.alpha,
+            session_sigma=gate.session_sigma,
+            min_trials=gate.min_trials,
+            max_trials=gate.max_trials,
+            futility=gate.futility,
+        )
         done = active[dec.stop]
         if done.size:
-            res = compare_batch(base[done], cur[done, :n], tolerance=gate.tolerance,
-                                alpha=gate.alpha, session_sigma=gate.session_sigma,
-                                alpha_weight=dec.alpha_weight)
+            res = compare_batch(
+                base[done],
+                cur[done, :n],
+                tolerance=gate.tolerance,
+                alpha=gate.alpha,
+                session_sigma=gate.session_sigma,
+                alpha_weight=dec.alpha_weight,
+            )
             verdicts[done] = res.verdict
             trials[done] = n
         active = active[~dec.stop]
@@ -132,9 +152,15 @@ def run_adaptive(rng: np.random.Generator, sims: int, n_baseline: int, drop: flo
     return Cell(sims=sims, verdicts=_shares(verdicts), mean_trials=float(trials.mean()))
 
 
-def run_table(sims: int, seed: int, *, noise: Noise = Noise(), gate: Gate = Gate(),
-              n_baseline: int | None = None,
-              drops: tuple[float, ...] = DROPS) -> dict[tuple[float, str], Cell]:
+def run_table(
+    sims: int,
+    seed: int,
+    *,
+    noise: Noise = Noise(),
+    gate: Gate = Gate(),
+    n_baseline: int | None = None,
+    drops: tuple[float, ...] = DROPS,
+) -> dict[tuple[float, str], Cell]:
     """All cells; each cell has its own child generator so cells are reproducible alone."""
     n_base = gate.max_trials if n_baseline is None else n_baseline
     schemes = [f"fixed {n}" for n in FIXED] + ["adaptive"]
@@ -146,13 +172,18 @@ def run_table(sims: int, seed: int, *, noise: Noise = Noise(), gate: Gate = Gate
             if scheme == "adaptive":
                 out[drop, scheme] = run_adaptive(rng, sims, n_base, drop, noise, gate)
             else:
-                out[drop, scheme] = run_fixed(rng, sims, int(scheme.split()[1]), drop, noise,
-                                              gate)
+                out[drop, scheme] = run_fixed(rng, sims, int(scheme.split()[1]), drop, noise, gate)
     return out
 
 
-def format_report(table: dict[tuple[float, str], Cell], sims: int, seed: int, noise: Noise,
-                  gate: Gate, n_baseline: int) -> str:
+def format_report(
+    table: dict[tuple[float, str], Cell],
+    sims: int,
+    seed: int,
+    noise: Noise,
+    gate: Gate,
+    n_baseline: int,
+) -> str:
     schemes = sorted({s for _, s in table}, key=lambda s: (s == "adaptive", len(s), s))
     drops = sorted({d for d, _ in table})
     looks = look_schedule(gate.min_trials, gate.max_trials)
@@ -168,14 +199,16 @@ def format_report(table: dict[tuple[float, str], Cell], sims: int, seed: int, no
         "|---:|" + "---:|" * len(schemes),
     ]
     for d in drops:
-        lines.append(f"| {d:.0%} | " + " | ".join(f"{table[d, s].flagged:.3f}"
-                                                   for s in schemes) + " |")
+        lines.append(
+            f"| {d:.0%} | " + " | ".join(f"{table[d, s].flagged:.3f}" for s in schemes) + " |"
+        )
     lines += ["", "adaptive scheme, mean current trials per level (fixed 10 uses 10):", ""]
     lines += ["| true drop | mean trials | verdicts |", "|---:|---:|---|"]
     for d in drops:
         cell = table[d, "adaptive"]
-        mix = ", ".join(f"{v} {s:.2f}" for v, s in sorted(cell.verdicts.items(),
-                                                           key=lambda kv: -kv[1]))
+        mix = ", ".join(
+            f"{v} {s:.2f}" for v, s in sorted(cell.verdicts.items(), key=lambda kv: -kv[1])
+        )
         lines.append(f"| {d:.0%} | {cell.mean_trials:.2f} | {mix} |")
     return "\n".join(lines)
 
@@ -184,8 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sims", type=int, default=10000, help="comparisons per cell")
     parser.add_argument("--seed", type=int, default=20240917)
-    parser.add_argument("--baseline-trials", type=int, default=None,
-                        help="baseline trials for the adaptive scheme (default max_trials)")
+    parser.add_argument(
+        "--baseline-trials",
+        type=int,
+        default=None,
+        help="baseline trials for the adaptive scheme (default max_trials)",
+    )
     parser.add_argument("--true-session-sigma", type=float, default=Noise().session_sigma)
     parser.add_argument("--within-sigma", type=float, default=Noise().within_sigma)
     parser.add_argument("--gate-session-sigma", type=float, default=DEFAULT_SESSION_SIGMA)
@@ -193,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--futility", type=float, default=DEFAULT_FUTILITY)
     args = parser.parse_args(argv)
     noise = Noise(session_sigma=args.true_session_sigma, within_sigma=args.within_sigma)
-    gate = Gate(tolerance=args.tolerance, session_sigma=args.gate_session_sigma,
-                futility=args.futility)
+    gate = Gate(
+        tolerance=args.tolerance, session_sigma=args.gate_session_sigma, futility=args.futility
+    )
     n_base = gate.max_trials if args.baseline_trials is None else args.baseline_trials
     t0 = time.perf_counter()
     table = run_table(args.sims, args.seed, noise=noise, gate=gate, n_baseline=n_base)

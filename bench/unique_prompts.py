@@ -37,19 +37,36 @@ def bodies(tokens: int, prompt_bytes: int, unique: bool) -> list[bytes]:
         text = f"prompt {k} " + "x" * prompt_bytes
         if unique:
             text = lead("bench123") + text
-        req = {"model": "default", "messages": [{"role": "user", "content": text}], "stream": True,
-               "max_tokens": tokens, "stream_options": {"include_usage": True}}
+        req = {
+            "model": "default",
+            "messages": [{"role": "user", "content": text}],
+            "stream": True,
+            "max_tokens": tokens,
+            "stream_options": {"include_usage": True},
+        }
         out.append(json.dumps(req, separators=(",", ":")).encode())
     return out
 
 
-async def one(url: str, c: int, requests: int, tokens: int, prompt_bytes: int, unique: bool) -> tuple[float, float, float]:
+async def one(
+    url: str, c: int, requests: int, tokens: int, prompt_bytes: int, unique: bool
+) -> tuple[float, float, float]:
     async with LoadClient() as client:
-        plan = TrialPlan(concurrency=c, bodies=bodies(8, prompt_bytes, unique), requests=c, timeout_s=30,
-                         unique_slot=UNIQUE_SLOT.encode() if unique else None)
+        plan = TrialPlan(
+            concurrency=c,
+            bodies=bodies(8, prompt_bytes, unique),
+            requests=c,
+            timeout_s=30,
+            unique_slot=UNIQUE_SLOT.encode() if unique else None,
+        )
         await client.run_trial(Target(url), plan)  # connections up first
-        plan = TrialPlan(concurrency=c, bodies=bodies(tokens, prompt_bytes, unique), requests=requests,
-                         timeout_s=30, unique_slot=UNIQUE_SLOT.encode() if unique else None)
+        plan = TrialPlan(
+            concurrency=c,
+            bodies=bodies(tokens, prompt_bytes, unique),
+            requests=requests,
+            timeout_s=30,
+            unique_slot=UNIQUE_SLOT.encode() if unique else None,
+        )
         tr = await client.run_trial(Target(url), plan)
     wall = tr.ended - tr.started
     toks = sum(r.completion_tokens for r in tr.records if r.ok)
@@ -58,7 +75,9 @@ async def one(url: str, c: int, requests: int, tokens: int, prompt_bytes: int, u
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-bytes", type=int, default=6000)
     ap.add_argument("--no-pin", action="store_true")
@@ -71,12 +90,17 @@ def main() -> None:
             got: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
             for _ in range(args.rounds):
                 for unique in (False, True):
-                    got[unique].append(asyncio.run(one(fire.url, c, requests, tokens, args.prompt_bytes, unique)))
+                    got[unique].append(
+                        asyncio.run(one(fire.url, c, requests, tokens, args.prompt_bytes, unique))
+                    )
             for unique in (False, True):
                 rs = got[unique]
-                print(f"{name:<6} C={c:<3} {tokens:>4} tok  {'unique' if unique else 'repeated':<8} "
-                      f"{statistics.median(r[0] for r in rs):>9,.0f} req/s {statistics.median(r[1] for r in rs):>10,.0f} tok/s "
-                      f"CPU {statistics.median(r[2] for r in rs):.0%}", flush=True)
+                print(
+                    f"{name:<6} C={c:<3} {tokens:>4} tok  {'unique' if unique else 'repeated':<8} "
+                    f"{statistics.median(r[0] for r in rs):>9,.0f} req/s {statistics.median(r[1] for r in rs):>10,.0f} tok/s "
+                    f"CPU {statistics.median(r[2] for r in rs):.0%}",
+                    flush=True,
+                )
     finally:
         fire.close()
 

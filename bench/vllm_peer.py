@@ -57,15 +57,26 @@ def generation_tokens(url: str) -> float:
     """The server's ``vllm:generation_tokens_total``, summed over label sets."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    return sum(float(m.group(1)) for m in
-               re.finditer(r"^vllm:generation_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(r"^vllm:generation_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    )
 
 
-def run_ours(session: PerfSession, info, c: int, max_tokens: int, requests: int,
-             trials: int) -> dict[str, float]:
-    workload, targets = parse_throughput((), dict(
-        concurrency=c, max_tokens=max_tokens, requests=requests, trials=trials, warmup=2,
-        api="completions"))
+def run_ours(
+    session: PerfSession, info, c: int, max_tokens: int, requests: int, trials: int
+) -> dict[str, float]:
+    workload, targets = parse_throughput(
+        (),
+        dict(
+            concurrency=c,
+            max_tokens=max_tokens,
+            requests=requests,
+            trials=trials,
+            warmup=2,
+            api="completions",
+        ),
+    )
     spec = build_spec(info, "bench/vllm_peer.py::ours", workload, targets, rootdir=ROOT)
     before, t0 = generation_tokens(info.url), time.perf_counter()
     result = session.measure(spec)
@@ -73,20 +84,50 @@ def run_ours(session: PerfSession, info, c: int, max_tokens: int, requests: int,
     (level,) = result.levels
     whole = [sum(r.completion_tokens for r in t.records) / t.wall_s for t in level.trials]
     client = sum(r.completion_tokens for t in level.trials for r in t.records)
-    return {"steady": level.figures.tok_s or float("nan"), "whole": statistics.median(whole),
-            "spread": level.figures.spread_pct or 0.0, "client_tokens": client,
-            "server_tokens": after - before, "server_wall_s": t1 - t0}
+    return {
+        "steady": level.figures.tok_s or float("nan"),
+        "whole": statistics.median(whole),
+        "spread": level.figures.spread_pct or 0.0,
+        "client_tokens": client,
+        "server_tokens": after - before,
+        "server_wall_s": t1 - t0,
+    }
 
 
 def run_vllm(url: str, tokenizer: str, c: int, max_tokens: int, requests: int) -> dict[str, float]:
-    args = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-            "--model", "tiny-llama", "--tokenizer", tokenizer, "--dataset-name", "random",
-            "--random-input-len", "32", "--random-output-len", str(max_tokens),
-            "--ignore-eos", "--num-prompts", str(requests), "--max-concurrency", str(c),
-            "--seed", "0", "--disable-tqdm"]
+    args = [
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "tiny-llama",
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        str(max_tokens),
+        "--ignore-eos",
+        "--num-prompts",
+        str(requests),
+        "--max-concurrency",
+        str(c),
+        "--seed",
+        "0",
+        "--disable-tqdm",
+    ]
     before = generation_tokens(url)
-    proc = subprocess.run([sys.executable, "-c", VLLM_BENCH, *args], capture_output=True,
-                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-c", VLLM_BENCH, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     after = generation_tokens(url)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
@@ -115,10 +156,14 @@ def main() -> int:
     try:
         assert server.url is not None
         info = session.discover(server.url, api_key=None, model=None)
-        print(f"# {info.model} at {server.url}, vLLM {info.server_info.get('version', '?')}; "
-              f"max_tokens={args.max_tokens}, {args.waves} requests per stream, ignore_eos")
-        print("| C | run | pytest-kimi steady tok/s | pytest-kimi whole-run tok/s | "
-              "vllm bench serve output tok/s | server counter minus reported tokens |")
+        print(
+            f"# {info.model} at {server.url}, vLLM {info.server_info.get('version', '?')}; "
+            f"max_tokens={args.max_tokens}, {args.waves} requests per stream, ignore_eos"
+        )
+        print(
+            "| C | run | pytest-kimi steady tok/s | pytest-kimi whole-run tok/s | "
+            "vllm bench serve output tok/s | server counter minus reported tokens |"
+        )
         print("|--:|--:|--:|--:|--:|:--|")
         for c in args.concurrency:
             requests = c * args.waves
@@ -129,10 +174,12 @@ def main() -> int:
                 # tokens, vLLM's one "initial test run" request at full length
                 ours_extra = ours["server_tokens"] - ours["client_tokens"]
                 peer_extra = peer["server_tokens"] - peer["total_output_tokens"]
-                print(f"| {c} | {i + 1} | {ours['steady']:.1f} (±{ours['spread']:.1f}%) | "
-                      f"{ours['whole']:.1f} | {peer['output_throughput']:.1f} | "
-                      f"ours +{ours_extra:.0f} (warm-up), vllm +{peer_extra:.0f} (test run) |",
-                      flush=True)
+                print(
+                    f"| {c} | {i + 1} | {ours['steady']:.1f} (±{ours['spread']:.1f}%) | "
+                    f"{ours['whole']:.1f} | {peer['output_throughput']:.1f} | "
+                    f"ours +{ours_extra:.0f} (warm-up), vllm +{peer_extra:.0f} (test run) |",
+                    flush=True,
+                )
     finally:
         session.close()
         server.stop()

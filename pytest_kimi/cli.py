@@ -54,19 +54,36 @@ def load_report(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise CliError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("tests"), list) or "schema" not in data:
-        raise CliError(f"{path}: not a pytest-kimi report (expected an object with 'schema' and a "
-                       "'tests' list, as written by --perf-json)")
+        raise CliError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("tests"), list)
+        or "schema" not in data
+    ):
+        raise CliError(
+            f"{path}: not a pytest-kimi report (expected an object with 'schema' and a "
+            "'tests' list, as written by --perf-json)"
+        )
     if data["schema"] != SCHEMA_VERSION:
-        raise CliError(f"{path}: report schema {data['schema']!r}; this kimi-perf reads schema "
-                       f"{SCHEMA_VERSION}")
+        raise CliError(
+            f"{path}: report schema {data['schema']!r}; this kimi-perf reads schema "
+            f"{SCHEMA_VERSION}"
+        )
     for i, test in enumerate(data["tests"]):
-        if not isinstance(test, dict) or not isinstance(test.get("nodeid"), str) \
-                or not isinstance(test.get("levels", []), list):
-            raise CliError(f"{path}: tests[{i}] is not a test entry (needs a 'nodeid' and a 'levels' list)")
+        if (
+            not isinstance(test, dict)
+            or not isinstance(test.get("nodeid"), str)
+            or not isinstance(test.get("levels", []), list)
+        ):
+            raise CliError(
+                f"{path}: tests[{i}] is not a test entry (needs a 'nodeid' and a 'levels' list)"
+            )
         for j, level in enumerate(test.get("levels", [])):
-            if not isinstance(level, dict) or (level.get("concurrency") is None and level.get("rate") is None):
+            if not isinstance(level, dict) or (
+                level.get("concurrency") is None and level.get("rate") is None
+            ):
                 raise CliError(f"{path}: tests[{i}].levels[{j}] has no 'concurrency' or 'rate'")
     return data
 
@@ -74,7 +91,9 @@ def load_report(path: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- compare
 
 
-def level_match_key(test: Mapping[str, Any], level: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+def level_match_key(
+    test: Mapping[str, Any], level: Mapping[str, Any]
+) -> tuple[tuple[str, str], ...]:
     """Identity of a level across reports: its test's workload, its own max_tokens and
     concurrency, and its deployment profile when it has one.
 
@@ -84,10 +103,12 @@ def level_match_key(test: Mapping[str, Any], level: Mapping[str, Any]) -> tuple[
     key = level_key(level, test.get("workload") or {})
     if level.get("profile") is not None:
         key["profile"] = level["profile"]
+
     def canon(v: Any) -> str:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return repr(float(v))
         return json.dumps(v, sort_keys=True)
+
     return tuple(sorted((k, canon(v)) for k, v in key.items()))
 
 
@@ -134,12 +155,21 @@ def compare_reports(
     from pytest_kimi.baseline import Provenance, provenance_diff
 
     old_ep, new_ep = old.get("endpoint") or {}, new.get("endpoint") or {}
-    changes = [str(c) for c in provenance_diff(
-        Provenance(model=old_ep.get("model"), server_info=old_ep.get("server_info") or {},
-                   plugin_version=old.get("plugin_version")),
-        Provenance(model=new_ep.get("model"), server_info=new_ep.get("server_info") or {},
-                   plugin_version=new.get("plugin_version")),
-    )]
+    changes = [
+        str(c)
+        for c in provenance_diff(
+            Provenance(
+                model=old_ep.get("model"),
+                server_info=old_ep.get("server_info") or {},
+                plugin_version=old.get("plugin_version"),
+            ),
+            Provenance(
+                model=new_ep.get("model"),
+                server_info=new_ep.get("server_info") or {},
+                plugin_version=new.get("plugin_version"),
+            ),
+        )
+    ]
     old_tests = {test_title(t): t for t in old.get("tests", [])}
     new_ids = {test_title(t) for t in new.get("tests", [])}
     result = Comparison(report={})
@@ -158,8 +188,15 @@ def compare_reports(
             key = level_match_key(test, lv)
             seen.add(key)
             row = {k: v for k, v in lv.items() if k not in _COMPARISON_FIELDS}
-            row.update(baseline_tok_s=None, baseline_trials=None, change_pct=None, ci90=None,
-                       p_value=None, reasons=[], errors=list(lv.get("errors") or []))
+            row.update(
+                baseline_tok_s=None,
+                baseline_trials=None,
+                change_pct=None,
+                ci90=None,
+                p_value=None,
+                reasons=[],
+                errors=list(lv.get("errors") or []),
+            )
             levels.append(row)
             match = old_levels.get(key)
             label = _label(lv, test)
@@ -168,9 +205,14 @@ def compare_reports(
                 row["reasons"].append(f"no level with this workload in {old_name}")
                 result.only_new.append(f"{nodeid} {label}")
                 continue
-            bad = next((f"{name} level is {side.get('verdict')}" for name, side in
-                        ((old_name, match), (new_name, lv))
-                        if not _comparable(side.get("verdict"))), None)
+            bad = next(
+                (
+                    f"{name} level is {side.get('verdict')}"
+                    for name, side in ((old_name, match), (new_name, lv))
+                    if not _comparable(side.get("verdict"))
+                ),
+                None,
+            )
             base, cur = _samples(match), _samples(lv)
             if bad is None and (not base or not cur):
                 bad = f"{old_name if not base else new_name} level has no trial samples"
@@ -184,33 +226,48 @@ def compare_reports(
                 result.only_old.append(f"{nodeid} {_label(lv, test)}")
         if pending:
             comparisons = stats.compare_test(
-                [(b, c) for _, b, c in pending], tolerance=tolerance, alpha=alpha,
-                session_sigma=session_sigma)
+                [(b, c) for _, b, c in pending],
+                tolerance=tolerance,
+                alpha=alpha,
+                session_sigma=session_sigma,
+            )
             for (row, base, _), cmp in zip(pending, comparisons):
                 # the gate's own fields and notes, so a compared level reads as a gated one
-                fields, note = compared_level(cmp, base, tolerance=tolerance, alpha=alpha,
-                                              changes=changes)
+                fields, note = compared_level(
+                    cmp, base, tolerance=tolerance, alpha=alpha, changes=changes
+                )
                 row.update(fields, verdict=cmp.verdict.value)
                 if note:
                     row["reasons"].append(note)
                 if row["verdict"] == Verdict.REGRESSION:
                     result.regressions.append(f"{nodeid} {_label(row, test)}")
         regressed = any(r["verdict"] == Verdict.REGRESSION for r in levels)
-        out = {k: v for k, v in test.items() if k not in ("levels", "baseline_note", "compared_with")}
+        out = {
+            k: v for k, v in test.items() if k not in ("levels", "baseline_note", "compared_with")
+        }
         # provenance changes are one list for the whole comparison: said once, in the notes
-        out.update(levels=levels, outcome="failed" if regressed else "passed",
-                   provenance_changes=[], baseline_profile=None, baseline_file=None)
+        out.update(
+            levels=levels,
+            outcome="failed" if regressed else "passed",
+            provenance_changes=[],
+            baseline_profile=None,
+            baseline_file=None,
+        )
         missing = [_label(lv, test) for k, lv in old_levels.items() if k not in seen]
         if missing:
             out["baseline_note"] = f"levels only in {old_name}: " + ", ".join(missing)
         out_tests.append(out)
     result.only_old[:0] = [t for t in old_tests if t not in new_ids]
-    notes = [f"Offline comparison: {new_name} against {old_name} as the baseline "
-             f"(tolerance {tolerance * 100:g}%, alpha {alpha:g}, session sigma {session_sigma:g})."]
+    notes = [
+        f"Offline comparison: {new_name} against {old_name} as the baseline "
+        f"(tolerance {tolerance * 100:g}%, alpha {alpha:g}, session sigma {session_sigma:g})."
+    ]
     if changes:
         notes.append("changed between the reports: " + "; ".join(changes))
     only_old_tests = [t for t in old_tests if t not in new_ids]
-    only_new_tests = [n for n in (test_title(t) for t in new.get("tests", [])) if n not in old_tests]
+    only_new_tests = [
+        n for n in (test_title(t) for t in new.get("tests", [])) if n not in old_tests
+    ]
     if only_old_tests:
         notes.append(f"tests only in {old_name}: " + ", ".join(only_old_tests))
     if only_new_tests:
@@ -226,10 +283,20 @@ def compare_reports(
     return result
 
 
-_COMPARISON_FIELDS = frozenset({
-    "baseline_tok_s", "baseline_trials", "baseline_trials_tok_s", "change_pct", "ci90", "p_value",
-    "min_detectable_drop_pct", "tolerance_pct", "reasons", "errors",
-})
+_COMPARISON_FIELDS = frozenset(
+    {
+        "baseline_tok_s",
+        "baseline_trials",
+        "baseline_trials_tok_s",
+        "change_pct",
+        "ci90",
+        "p_value",
+        "min_detectable_drop_pct",
+        "tolerance_pct",
+        "reasons",
+        "errors",
+    }
+)
 
 
 def _label(level: Mapping[str, Any], test: Mapping[str, Any] | None = None) -> str:
@@ -280,8 +347,10 @@ def _print_comparison(cmp: Comparison, old_path: Path, new_path: Path) -> None:
         print(f"only in {new_path}: {item}")
     print()
     if cmp.regressions:
-        print(f"{len(cmp.regressions)} regression{'s' if len(cmp.regressions) != 1 else ''}: "
-              + ", ".join(cmp.regressions))
+        print(
+            f"{len(cmp.regressions)} regression{'s' if len(cmp.regressions) != 1 else ''}: "
+            + ", ".join(cmp.regressions)
+        )
     else:
         print("no regressions")
 
@@ -289,9 +358,15 @@ def _print_comparison(cmp: Comparison, old_path: Path, new_path: Path) -> None:
 def cmd_compare(ns: argparse.Namespace) -> int:
     old, new = load_report(Path(ns.old)), load_report(Path(ns.new))
     try:
-        cmp = compare_reports(old, new, tolerance=ns.tolerance, alpha=ns.alpha,
-                              session_sigma=ns.session_sigma, old_name=Path(ns.old).name,
-                              new_name=Path(ns.new).name)
+        cmp = compare_reports(
+            old,
+            new,
+            tolerance=ns.tolerance,
+            alpha=ns.alpha,
+            session_sigma=ns.session_sigma,
+            old_name=Path(ns.old).name,
+            new_name=Path(ns.new).name,
+        )
     except ValueError as exc:  # bad tolerance / alpha / sigma, from stats
         raise CliError(str(exc)) from None
     _print_comparison(cmp, Path(ns.old), Path(ns.new))
@@ -324,8 +399,10 @@ def cmd_baselines(ns: argparse.Namespace) -> int:
 
     root = Path(ns.dir)
     if not root.is_dir():
-        raise CliError(f"{root}: no such baseline directory (record some with "
-                       "pytest --update-baselines, or pass the directory)")
+        raise CliError(
+            f"{root}: no such baseline directory (record some with "
+            "pytest --update-baselines, or pass the directory)"
+        )
     try:
         stores = [BaselineStore(root, name) for name in _profiles(root, ns.profile)]
     except ValueError as exc:
@@ -344,8 +421,11 @@ def cmd_baselines(ns: argparse.Namespace) -> int:
                     raise BaselineError(path, f"not UTF-8 text ({exc.reason})") from None
                 baseline = loads(text, source=path)
                 if baseline.profile != store.profile:
-                    raise BaselineError(path, f"profile is {baseline.profile!r} but the file is "
-                                              f"in profile {store.profile!r}")
+                    raise BaselineError(
+                        path,
+                        f"profile is {baseline.profile!r} but the file is "
+                        f"in profile {store.profile!r}",
+                    )
             except BaselineError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 broken += 1
@@ -353,18 +433,30 @@ def cmd_baselines(ns: argparse.Namespace) -> int:
             shown += 1
             print(f"[{baseline.profile}] {baseline.test}  ({path})")
             prov = baseline.provenance
-            print(f"  model {prov.model or '?'}, recorded {prov.recorded_at or '?'}, "
-                  f"commit {(prov.git_commit or '?')[:12]}, plugin {prov.plugin_version or '?'}")
+            print(
+                f"  model {prov.model or '?'}, recorded {prov.recorded_at or '?'}, "
+                f"commit {(prov.git_commit or '?')[:12]}, plugin {prov.plugin_version or '?'}"
+            )
             workloads = [lv.workload for lv in baseline.levels]
-            varying = sorted({k for w in workloads for k in w.keys()
-                              if len({json.dumps(x.get(k), default=str) for x in workloads}) > 1})
+            varying = sorted(
+                {
+                    k
+                    for w in workloads
+                    for k in w.keys()
+                    if len({json.dumps(x.get(k), default=str) for x in workloads}) > 1
+                }
+            )
             labels = [lv.workload.label(varying) for lv in baseline.levels]
             width = max((len(lb) for lb in labels), default=0)
             for label, lv in zip(labels, baseline.levels):
                 n = len(lv.trials_tok_s)
-                print(f"  {label.ljust(width)}  {lv.tok_s:>10.1f} tok/s  {n} trial{'s' if n != 1 else ''}")
-    print(f"{shown} baseline file{'s' if shown != 1 else ''} in {root}"
-          + (f", {broken} unreadable" if broken else ""))
+                print(
+                    f"  {label.ljust(width)}  {lv.tok_s:>10.1f} tok/s  {n} trial{'s' if n != 1 else ''}"
+                )
+    print(
+        f"{shown} baseline file{'s' if shown != 1 else ''} in {root}"
+        + (f", {broken} unreadable" if broken else "")
+    )
     return EXIT_BAD if broken else EXIT_OK
 
 
@@ -404,37 +496,63 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_kimi.gate.stats import DEFAULT_ALPHA, DEFAULT_SESSION_SIGMA, DEFAULT_TOLERANCE
 
     parser = argparse.ArgumentParser(
-        prog=PROG, description="pytest-kimi offline tools: simulator, baselines, report comparison, plots.")
+        prog=PROG,
+        description="pytest-kimi offline tools: simulator, baselines, report comparison, plots.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    sub.add_parser("sim", add_help=False,
-                   help="run the simulator in the foreground (flags: see 'kimi-perf sim --help')")
+    sub.add_parser(
+        "sim",
+        add_help=False,
+        help="run the simulator in the foreground (flags: see 'kimi-perf sim --help')",
+    )
 
     p = sub.add_parser("baselines", help="list stored baselines with their provenance")
-    p.add_argument("dir", nargs="?", default="baselines", metavar="DIR",
-                   help="baseline root directory (default: ./baselines)")
+    p.add_argument(
+        "dir",
+        nargs="?",
+        default="baselines",
+        metavar="DIR",
+        help="baseline root directory (default: ./baselines)",
+    )
     p.add_argument("--profile", default=None, help="only this profile (default: all)")
     p.set_defaults(func=cmd_baselines)
 
-    p = sub.add_parser("compare", help="regression statistics between two --perf-json reports",
-                       description="Compare NEW against OLD (OLD plays the baseline). "
-                                   "Exit 1 when any level regressed.")
+    p = sub.add_parser(
+        "compare",
+        help="regression statistics between two --perf-json reports",
+        description="Compare NEW against OLD (OLD plays the baseline). "
+        "Exit 1 when any level regressed.",
+    )
     p.add_argument("old", metavar="OLD.json")
     p.add_argument("new", metavar="NEW.json")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
-                   help=f"allowed drop as a fraction (default {DEFAULT_TOLERANCE})")
-    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                   help=f"false-alarm rate per test (default {DEFAULT_ALPHA})")
-    p.add_argument("--session-sigma", type=float, default=DEFAULT_SESSION_SIGMA,
-                   help="between-session noise, std of the log ratio (default "
-                        f"{DEFAULT_SESSION_SIGMA}; 0 for an interleaved A/B on one machine)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"allowed drop as a fraction (default {DEFAULT_TOLERANCE})",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=DEFAULT_ALPHA,
+        help=f"false-alarm rate per test (default {DEFAULT_ALPHA})",
+    )
+    p.add_argument(
+        "--session-sigma",
+        type=float,
+        default=DEFAULT_SESSION_SIGMA,
+        help="between-session noise, std of the log ratio (default "
+        f"{DEFAULT_SESSION_SIGMA}; 0 for an interleaved A/B on one machine)",
+    )
     p.add_argument("--markdown", metavar="PATH", help="also write the comparison as Markdown")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("plot", help="write the HTML report and PNG figures of a --perf-json report")
     p.add_argument("report", metavar="REPORT.json")
-    p.add_argument("--out", default="perf-html", metavar="DIR",
-                   help="output directory (default: ./perf-html)")
+    p.add_argument(
+        "--out", default="perf-html", metavar="DIR", help="output directory (default: ./perf-html)"
+    )
     p.set_defaults(func=cmd_plot)
     return parser
 

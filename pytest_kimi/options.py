@@ -100,96 +100,156 @@ OPTIONS: dict[str, Option[Any]] = {
     o.dest: o
     for o in (
         Option(
-            "--endpoint", "kimi_endpoint", "KIMI_ENDPOINT",
+            "--endpoint",
+            "kimi_endpoint",
+            "KIMI_ENDPOINT",
             "base URL of an OpenAI-compatible server (SGLang, vLLM), e.g. http://127.0.0.1:30000; "
             "'sim' (or 'sim:speed=20,slowdown=1.1') starts the built-in simulator for the session",
-            non_empty, metavar="URL",
+            non_empty,
+            metavar="URL",
         ),
         Option(
-            "--model", "kimi_model", "KIMI_MODEL",
-            "model name to request (default: the first id from /v1/models)", non_empty,
+            "--model",
+            "kimi_model",
+            "KIMI_MODEL",
+            "model name to request (default: the first id from /v1/models)",
+            non_empty,
         ),
         Option(
-            "--api-key", "kimi_api_key", "KIMI_API_KEY",
+            "--api-key",
+            "kimi_api_key",
+            "KIMI_API_KEY",
             "bearer token for the endpoint (default: env KIMI_API_KEY); never printed or written",
-            non_empty, secret=True,
+            non_empty,
+            secret=True,
         ),
         Option(
-            "--perf-json", "kimi_perf_json", "KIMI_PERF_JSON",
-            "write every perf test's levels, figures and verdicts to this JSON file", non_empty,
+            "--perf-json",
+            "kimi_perf_json",
+            "KIMI_PERF_JSON",
+            "write every perf test's levels, figures and verdicts to this JSON file",
+            non_empty,
             metavar="PATH",
         ),
         Option(
-            "--perf-markdown", "kimi_perf_markdown", "KIMI_PERF_MARKDOWN",
+            "--perf-markdown",
+            "kimi_perf_markdown",
+            "KIMI_PERF_MARKDOWN",
             "write a Markdown summary (tables, verdicts, provenance diff); it is also appended to "
-            "$GITHUB_STEP_SUMMARY when that is set", non_empty, metavar="PATH",
+            "$GITHUB_STEP_SUMMARY when that is set",
+            non_empty,
+            metavar="PATH",
         ),
         Option(
-            "--perf-html", "kimi_perf_html", "KIMI_PERF_HTML",
+            "--perf-html",
+            "kimi_perf_html",
+            "KIMI_PERF_HTML",
             "write a self-contained HTML report with plots (needs the 'plot' extra: matplotlib)",
-            non_empty, metavar="DIR",
+            non_empty,
+            metavar="DIR",
         ),
         Option(
-            "--perf-trials", "kimi_perf_trials", "KIMI_PERF_TRIALS",
-            "trials per level (default 3); the marker's trials= overrides it", positive_int,
+            "--perf-trials",
+            "kimi_perf_trials",
+            "KIMI_PERF_TRIALS",
+            "trials per level (default 3); the marker's trials= overrides it",
+            positive_int,
             metavar="N",
         ),
         Option(
-            "--perf-workers", "kimi_perf_workers", "KIMI_PERF_WORKERS",
+            "--perf-workers",
+            "kimi_perf_workers",
+            "KIMI_PERF_WORKERS",
             "load client processes: shard each level's load across N processes (default 1) "
-            "when one core cannot ingest the stream", positive_int, metavar="N",
+            "when one core cannot ingest the stream",
+            positive_int,
+            metavar="N",
         ),
         Option(
-            "--baseline-dir", "kimi_baseline_dir", "KIMI_BASELINE_DIR",
-            "where baselines live (default: baselines/ under the rootdir)", non_empty, metavar="DIR",
+            "--baseline-dir",
+            "kimi_baseline_dir",
+            "KIMI_BASELINE_DIR",
+            "where baselines live (default: baselines/ under the rootdir)",
+            non_empty,
+            metavar="DIR",
         ),
         Option(
-            "--baseline-profile", "kimi_baseline_profile", "KIMI_BASELINE_PROFILE",
+            "--baseline-profile",
+            "kimi_baseline_profile",
+            "KIMI_BASELINE_PROFILE",
             "baseline group, e.g. the deployment's name (default 'default'; 'sim' for the simulator)",
-            non_empty, metavar="NAME",
+            non_empty,
+            metavar="NAME",
         ),
         Option(
-            "--perf-tolerance", "kimi_perf_tolerance", "KIMI_PERF_TOLERANCE",
+            "--perf-tolerance",
+            "kimi_perf_tolerance",
+            "KIMI_PERF_TOLERANCE",
             "relative drop the gate tolerates before it may call a regression (default 0.05)",
-            fraction, metavar="FRACTION",
+            fraction,
+            metavar="FRACTION",
         ),
         Option(
-            "--perf-alpha", "kimi_perf_alpha", "KIMI_PERF_ALPHA",
-            "false-alarm rate of the regression test per test (default 0.05)", fraction,
+            "--perf-alpha",
+            "kimi_perf_alpha",
+            "KIMI_PERF_ALPHA",
+            "false-alarm rate of the regression test per test (default 0.05)",
+            fraction,
             metavar="ALPHA",
         ),
         Option(
-            "--perf-session-sigma", "kimi_perf_session_sigma", "KIMI_PERF_SESSION_SIGMA",
+            "--perf-session-sigma",
+            "kimi_perf_session_sigma",
+            "KIMI_PERF_SESSION_SIGMA",
             "session-to-session noise (log sd) of the deployment (default 0.03); 0 for a noiseless one",
-            non_negative_float, metavar="SIGMA",
+            non_negative_float,
+            metavar="SIGMA",
         ),
         Option(
-            "--perf-max-trials", "kimi_perf_max_trials", "KIMI_PERF_MAX_TRIALS",
+            "--perf-max-trials",
+            "kimi_perf_max_trials",
+            "KIMI_PERF_MAX_TRIALS",
             "adaptive trials: at most this many per level while the verdict is unclear (default 10)",
-            positive_int, metavar="N",
+            positive_int,
+            metavar="N",
         ),
         Option(
-            "--perf-require-baseline", "kimi_perf_require_baseline", "KIMI_PERF_REQUIRE_BASELINE",
-            "fail levels that have no baseline", boolean, switch=True,
+            "--perf-require-baseline",
+            "kimi_perf_require_baseline",
+            "KIMI_PERF_REQUIRE_BASELINE",
+            "fail levels that have no baseline",
+            boolean,
+            switch=True,
         ),
         Option(
-            "--perf-strict", "kimi_perf_strict", "KIMI_PERF_STRICT",
-            "fail inconclusive and underpowered levels too", boolean, switch=True,
+            "--perf-strict",
+            "kimi_perf_strict",
+            "KIMI_PERF_STRICT",
+            "fail inconclusive and underpowered levels too",
+            boolean,
+            switch=True,
         ),
         Option(
-            "--perf-server-metrics", "kimi_perf_server_metrics", "KIMI_PERF_SERVER_METRICS",
+            "--perf-server-metrics",
+            "kimi_perf_server_metrics",
+            "KIMI_PERF_SERVER_METRICS",
             "cross-check every trial against the server's Prometheus counters (GET /metrics): "
             "generated tokens must equal the client's count, and the counter's rate the "
             "client's over the same span of the steady-state window within 2%; a disagreement "
-            "makes the level invalid", boolean,
+            "makes the level invalid",
+            boolean,
             switch=True,
         ),
         Option(
             # Command line only: an ini key committed with the suite would rewrite the
             # baselines on every CI run and so bypass their review.
-            "--update-baselines", None, None,
+            "--update-baselines",
+            None,
+            None,
             "write the baselines of the tests that ran ('force': also from a run with failed or "
-            "invalid levels)", update_mode, metavar="force",
+            "invalid levels)",
+            update_mode,
+            metavar="force",
         ),
     )
 }
@@ -204,7 +264,11 @@ SERVER_PROFILE_HELP = (
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("kimi", "pytest-kimi: throughput targets for LLM endpoints")
     group.addoption(
-        "--server-profile", dest="server_profile", action="append", default=None, metavar="PATH",
+        "--server-profile",
+        dest="server_profile",
+        action="append",
+        default=None,
+        metavar="PATH",
         help=SERVER_PROFILE_HELP,
     )
     parser.addini("kimi_server_profile", SERVER_PROFILE_HELP, type="args", default=[])
@@ -214,11 +278,28 @@ def add_options(parser: pytest.Parser) -> None:
         # a bare "%" in the text crashed ``pytest --help`` for every user of the machine.
         cli_help = opt.help.replace("%", "%%")
         if opt.switch:
-            group.addoption(opt.flag, dest=opt.dest, action="store_const", const="true", default=None, help=cli_help + env)
+            group.addoption(
+                opt.flag,
+                dest=opt.dest,
+                action="store_const",
+                const="true",
+                default=None,
+                help=cli_help + env,
+            )
         elif opt.dest == "update_baselines":
-            group.addoption(opt.flag, dest=opt.dest, nargs="?", const="yes", default=None, metavar=opt.metavar, help=cli_help)
+            group.addoption(
+                opt.flag,
+                dest=opt.dest,
+                nargs="?",
+                const="yes",
+                default=None,
+                metavar=opt.metavar,
+                help=cli_help,
+            )
         else:
-            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=cli_help + env)
+            group.addoption(
+                opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=cli_help + env
+            )
         if opt.ini is not None:
             parser.addini(opt.ini, opt.help, default="")
 

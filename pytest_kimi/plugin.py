@@ -25,7 +25,14 @@ from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.gate.run import Comparison, GateProblem, MeasurementInterrupted, measure_gated
 from pytest_kimi.endpoint.discovery import EndpointError, EndpointInfo, normalize_url
-from pytest_kimi.spec.markers import MARKER_SIGNATURE, MarkerError, Targets, Workload, merge_marker_kwargs, parse_throughput
+from pytest_kimi.spec.markers import (
+    MARKER_SIGNATURE,
+    MarkerError,
+    Targets,
+    Workload,
+    merge_marker_kwargs,
+    parse_throughput,
+)
 from pytest_kimi.report.json_report import build_report, write_json, write_text
 from pytest_kimi.baseline.update import update_baselines
 from pytest_kimi.report.junit import junit_properties
@@ -88,7 +95,11 @@ class GateContext:
     """None, 'yes' or 'force' (--update-baselines)."""
 
     def store(self, deployment: ServerProfile | None = None) -> BaselineStore:
-        name = deployment.name if deployment is not None and not self.profile_explicit else self.profile
+        name = (
+            deployment.name
+            if deployment is not None and not self.profile_explicit
+            else self.profile
+        )
         return BaselineStore(self.root, name)
 
 
@@ -167,12 +178,15 @@ def _install_interrupts(config: pytest.Config) -> None:
     """SIGTERM (``timeout``, a cancelled CI job, a container stop) is handled like Ctrl-C:
     the measurement stops, servers are stopped gracefully, reports are written, exit 2.  A
     second SIGTERM or Ctrl-C kills the servers and exits at once.  See server/interrupts.py."""
+
     def say(text: str) -> None:  # past output capture, as the progress lines are
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         capman = config.pluginmanager.get_plugin("capturemanager")
         if reporter is None:
             raise RuntimeError("no terminal")
-        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+        with (
+            capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
+        ):
             reporter.ensure_newline()
             reporter.write_line(text, bold=True)
 
@@ -244,7 +258,10 @@ def _group_perf_tests_under_xdist(config: pytest.Config) -> None:
     told through ``workerinput`` (see ``pytest_configure_node``) since they parse the original
     command line, where the distribution mode is still ``load``.
     """
-    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") in ("load", "no"):
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") in (
+        "load",
+        "no",
+    ):
         config.option.dist = "loadgroup"
 
 
@@ -272,7 +289,7 @@ def _perf_nodeid(item: pytest.Item) -> str:
     if inner.endswith("-" + name):
         return f"{head}[{inner[: -len(name) - 1]}]"
     if inner.startswith(name + "-"):
-        return f"{head}[{inner[len(name) + 1:]}]"
+        return f"{head}[{inner[len(name) + 1 :]}]"
     return nodeid
 
 
@@ -319,7 +336,9 @@ def kimi_deployment() -> ServerProfile | None:
 
 
 @pytest.fixture(scope="session")
-def kimi_server(pytestconfig: pytest.Config, kimi_deployment: ServerProfile | None) -> Iterator[Any]:
+def kimi_server(
+    pytestconfig: pytest.Config, kimi_deployment: ServerProfile | None
+) -> Iterator[Any]:
     """The managed deployment (launched, ready, torn down at the end), or None without a profile."""
     if kimi_deployment is None:
         yield None
@@ -329,7 +348,11 @@ def kimi_server(pytestconfig: pytest.Config, kimi_deployment: ServerProfile | No
 
     def progress(message: str) -> None:
         if reporter is not None:  # past output capture (fd capture would swallow it)
-            with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+            with (
+                capman.global_and_fixture_disabled()
+                if capman is not None
+                else contextlib.nullcontext()
+            ):
                 reporter.ensure_newline()
                 reporter.write_line(scrub_text(f"[kimi {kimi_deployment.name}] {message}"))
 
@@ -340,9 +363,13 @@ def kimi_server(pytestconfig: pytest.Config, kimi_deployment: ServerProfile | No
     try:
         server.launch(progress=progress)
         pid = f" (pid {server.pid})" if server.pid is not None else ""
-        progress(f"ready at {server.url}{pid} after {time.monotonic() - started:.1f} s; log {server.log_path}")
+        progress(
+            f"ready at {server.url}{pid} after {time.monotonic() - started:.1f} s; log {server.log_path}"
+        )
     except ServerStartError as exc:
-        problem = f"server profile {kimi_deployment.name} ({kimi_deployment.source}) did not start: {exc}"
+        problem = (
+            f"server profile {kimi_deployment.name} ({kimi_deployment.source}) did not start: {exc}"
+        )
     if problem is not None:
         pytest.fail(scrub_text(problem), pytrace=False)
     try:
@@ -375,7 +402,8 @@ def kimi_endpoint(
         info = _kimi_session.discover(base, api_key=api_key, model=model)
         if kimi_server is not None:
             info.server_info = clean_server_info(
-                described_server_info(kimi_server.profile, info.server_info))
+                described_server_info(kimi_server.profile, info.server_info)
+            )
     except EndpointError as exc:
         problem = str(exc)
     if problem is not None:
@@ -417,13 +445,18 @@ def kimi_load(
 ) -> KimiLoad:
     """The load engine bound to the endpoint: ``await kimi_load.sweep(concurrency=[1, 8])``."""
     return KimiLoad(
-        _kimi_session, kimi_endpoint, _perf_nodeid(request.node), Path(request.config.rootpath),
+        _kimi_session,
+        kimi_endpoint,
+        _perf_nodeid(request.node),
+        Path(request.config.rootpath),
         _trials(request.config),
     )
 
 
 @pytest.fixture(autouse=True)
-def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile | None) -> ThroughputResult | None:
+def _kimi_measure(
+    request: pytest.FixtureRequest, kimi_deployment: ServerProfile | None
+) -> ThroughputResult | None:
     """Measure a ``@throughput`` test before its body runs and judge it against its baseline.
 
     Never raises on a bad level (verdicts say what went wrong); a corrupt or incomparable
@@ -448,10 +481,17 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
     try:
         with _one_measurement_at_a_time(config):
             result = measure_gated(
-                request.getfixturevalue("_kimi_session"), request.getfixturevalue("kimi_endpoint"), nodeid,
-                perf.workload, perf.targets, gate.settings, comparison,
-                rootdir=Path(config.rootpath), trials=_trials(config),
-                server=request.getfixturevalue("kimi_server"), progress=_progress_printer(config, nodeid),
+                request.getfixturevalue("_kimi_session"),
+                request.getfixturevalue("kimi_endpoint"),
+                nodeid,
+                perf.workload,
+                perf.targets,
+                gate.settings,
+                comparison,
+                rootdir=Path(config.rootpath),
+                trials=_trials(config),
+                server=request.getfixturevalue("kimi_server"),
+                progress=_progress_printer(config, nodeid),
                 server_metrics=bool(_setting(config, "perf_server_metrics").value),
             )
     except GateProblem as exc:
@@ -465,7 +505,8 @@ def _kimi_measure(request: pytest.FixtureRequest, kimi_deployment: ServerProfile
     item.stash[RESULT] = result
     item.user_properties.extend(
         (name, scrub_text(value) if isinstance(value, str) else value)
-        for name, value in junit_properties(result.to_dict()))
+        for name, value in junit_properties(result.to_dict())
+    )
     return result
 
 
@@ -539,7 +580,9 @@ def _progress_printer(config: pytest.Config, nodeid: str) -> ProgressPrinter | N
 
 
 @pytest.fixture
-def throughput_result(request: pytest.FixtureRequest, _kimi_measure: ThroughputResult | None) -> ThroughputResult:
+def throughput_result(
+    request: pytest.FixtureRequest, _kimi_measure: ThroughputResult | None
+) -> ThroughputResult:
     """All levels, trials and per-request records of this test's measurement."""
     if _kimi_measure is None:
         pytest.fail("throughput_result needs the test to carry @throughput(...)", pytrace=False)
@@ -565,13 +608,17 @@ def _headline(verdict: str) -> str:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, Any]:
     report = yield
     result = item.stash.get(RESULT, None)
     perf = item.stash.get(PERF_ITEM, None)
     data: dict[str, Any] | None = None
     # The call phase carries the figures; a setup that failed after measuring carries them too.
-    if result is not None and (report.when == "call" or report.when == "setup" and not report.passed):
+    if result is not None and (
+        report.when == "call" or report.when == "setup" and not report.passed
+    ):
         data = result.to_dict()
         data["outcome"] = report.outcome if report.when == "call" else "error"
     elif perf is not None and report.when == "setup" and report.failed:
@@ -682,7 +729,11 @@ class PerfReporter:
         gate = self.config.stash[GATE]
         if gate.update is not None and self.state.tests:
             self.updates, self.refused = update_baselines(
-                gate.root, gate.profile, gate.update, self.state.tests, self.state.endpoints,
+                gate.root,
+                gate.profile,
+                gate.update,
+                self.state.tests,
+                self.state.endpoints,
                 Path(self.config.rootpath),
             )
             if self.refused and session.exitstatus == pytest.ExitCode.OK:

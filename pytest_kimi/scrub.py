@@ -48,18 +48,36 @@ __all__ = [
 
 REDACTED = "<redacted>"
 
-_ALWAYS_SECRET_WORDS = frozenset({
-    "secret", "password", "passwd", "passphrase", "credential", "credentials",
-    "apikey", "authorization", "bearer", "cookie", "privatekey",
-})
+_ALWAYS_SECRET_WORDS = frozenset(
+    {
+        "secret",
+        "password",
+        "passwd",
+        "passphrase",
+        "credential",
+        "credentials",
+        "apikey",
+        "authorization",
+        "bearer",
+        "cookie",
+        "privatekey",
+    }
+)
 """A name containing one of these words (``client_secret``, ``db_password``) is secret."""
 _LAST_WORD_SECRET = frozenset({"key", "token", "auth"})
 """Secret only as the last word: ``api_key``, ``admin_api_key``, ``hf_token``,
 ``HF_TOKEN``; not ``token_aligner`` or ``enable_token_filter`` (SGLang config)."""
-_NOT_SECRET_KEYS = frozenset({
-    # names ending in "key" that are configuration, not credentials
-    "kv_cache_key", "routing_key", "prefix_key", "cache_key", "sort_key", "partition_key",
-})
+_NOT_SECRET_KEYS = frozenset(
+    {
+        # names ending in "key" that are configuration, not credentials
+        "kv_cache_key",
+        "routing_key",
+        "prefix_key",
+        "cache_key",
+        "sort_key",
+        "partition_key",
+    }
+)
 
 _MIN_LITERAL = 4
 """Shorter registered values are not replaced as literals (``1`` would garble everything);
@@ -106,9 +124,12 @@ def known_secrets() -> frozenset[str]:
 
 _FLAG_WORD = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 _VALUE = r"(?P<q>['\"])?(?P<value>(?(q)[^'\"\n]*|[^\s'\",;)\]}&]+))(?(q)(?P=q))"
-_FLAG_VALUE = re.compile(r"(?P<flag>(?<![\w-])--?(?P<name>" + _FLAG_WORD + r"))(?P<sep>=|[ \t]+)" + _VALUE)
+_FLAG_VALUE = re.compile(
+    r"(?P<flag>(?<![\w-])--?(?P<name>" + _FLAG_WORD + r"))(?P<sep>=|[ \t]+)" + _VALUE
+)
 _ENV_PAIR = re.compile(
-    r"(?P<name>(?<![\w-])[A-Za-z_][A-Za-z0-9_-]*)(?P<nq>['\"]?)(?P<sep>\s*=\s*|(?<=['\"]):\s*|:[ \t]+)" + _VALUE
+    r"(?P<name>(?<![\w-])[A-Za-z_][A-Za-z0-9_-]*)(?P<nq>['\"]?)(?P<sep>\s*=\s*|(?<=['\"]):\s*|:[ \t]+)"
+    + _VALUE
 )
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/\s@'\"]+)@")
 _BEARER = re.compile(r"(?P<word>\b(?:Bearer|Basic|Token)\s+)(?P<value>[A-Za-z0-9._~+/=-]{4,})")
@@ -127,8 +148,12 @@ def _flag_sub(m: re.Match[str]) -> str:
 
 def _pair_sub(m: re.Match[str]) -> str:
     value = m.group("value")
-    if not is_secret_name(m.group("name")) or value in ("", "None", "null", "true", "false") \
-            or value.startswith("<") or value in ("Bearer", "Basic", "Token"):
+    if (
+        not is_secret_name(m.group("name"))
+        or value in ("", "None", "null", "true", "false")
+        or value.startswith("<")
+        or value in ("Bearer", "Basic", "Token")
+    ):
         return m.group(0)
     q = m.group("q") or ""
     return f"{m.group('name')}{m.group('nq')}{m.group('sep')}{q}{REDACTED}{q}"
@@ -142,8 +167,11 @@ def scrub_text(text: str, secrets: Iterable[str] = ()) -> str:
     """
     if not text:
         return text
-    literals = sorted({s for s in (*known_secrets(), *secrets) if s and len(s) >= _MIN_LITERAL},
-                      key=len, reverse=True)
+    literals = sorted(
+        {s for s in (*known_secrets(), *secrets) if s and len(s) >= _MIN_LITERAL},
+        key=len,
+        reverse=True,
+    )
     for value in literals:
         if value in text:
             text = text.replace(value, REDACTED)
@@ -198,8 +226,11 @@ def scrub(value: Any, secrets: Iterable[str] = (), *, _name: str | None = None) 
                 out[key] = scrub(sub, secrets, _name=name)
         return out
     if isinstance(value, (list, tuple)):
-        if value and all(isinstance(v, str) for v in value) and any(
-                str(v).startswith("-") for v in value):
+        if (
+            value
+            and all(isinstance(v, str) for v in value)
+            and any(str(v).startswith("-") for v in value)
+        ):
             return scrub_argv(value, secrets)
         return [scrub(v, secrets) for v in value]
     if isinstance(value, str):

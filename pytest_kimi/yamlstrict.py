@@ -29,12 +29,15 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
     that word it themselves.
     """
 
-    def __init__(self, mapping: yaml.MappingNode, key: Any, key_node: yaml.Node, first: yaml.Node) -> None:
+    def __init__(
+        self, mapping: yaml.MappingNode, key: Any, key_node: yaml.Node, first: yaml.Node
+    ) -> None:
         self.key = key
         self.line = key_node.start_mark.line + 1
         self.first_line = first.start_mark.line + 1
         super().__init__(
-            "while constructing a mapping", mapping.start_mark,
+            "while constructing a mapping",
+            mapping.start_mark,
             f"found duplicate key {key!r} (first given on line {self.first_line})",
             key_node.start_mark,
         )

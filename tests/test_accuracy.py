@@ -32,9 +32,18 @@ def measured(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Conf
         for concurrency in (1, 8, 64, 256):
             # One request per worker: every trial is a single clean round, the purest steady state.
             workload, targets = parse_throughput(
-                (), dict(concurrency=concurrency, requests=concurrency, max_tokens=256, trials=2, warmup=2)
+                (),
+                dict(
+                    concurrency=concurrency,
+                    requests=concurrency,
+                    max_tokens=256,
+                    trials=2,
+                    warmup=2,
+                ),
             )
-            spec = build_spec(endpoint, "accuracy", workload, targets, rootdir=pytestconfig.rootpath)
+            spec = build_spec(
+                endpoint, "accuracy", workload, targets, rootdir=pytestconfig.rootpath
+            )
             levels[concurrency] = session.measure(spec).level(concurrency)
         yield levels
     finally:
@@ -81,7 +90,10 @@ def test_c8_tok_s_matches_the_truth_to_0_05_percent(c8_long) -> None:
     expected = PROFILE.true_tok_s(8)
     got = level.figures.tok_s
     assert got == pytest.approx(expected, rel=0.0005), (
-        got, expected, [f"{(t / expected - 1) * 100:+.3f}%" for t in level.figures.trials_tok_s])
+        got,
+        expected,
+        [f"{(t / expected - 1) * 100:+.3f}%" for t in level.figures.trials_tok_s],
+    )
 
 
 @pytest.mark.parametrize("concurrency", [1, 8, 64, 256])
@@ -120,7 +132,10 @@ def test_ttft_on_an_idle_server_matches_step_plus_prefill(ttft_records) -> None:
     for rec in ttft_records:
         expected = TTFT_PROFILE.expected_ttft_s(rec.prompt_tokens, 1)
         assert expected > 0.04, "prefill of a long prompt dominates"
-        assert expected * 0.98 <= rec.ttft <= expected * 1.02 + HTTP_ROUND_TRIP_S, (rec.ttft, expected)
+        assert expected * 0.98 <= rec.ttft <= expected * 1.02 + HTTP_ROUND_TRIP_S, (
+            rec.ttft,
+            expected,
+        )
 
 
 def test_token_counts_and_itl(measured) -> None:

@@ -85,7 +85,9 @@ def provenance(**overrides: Any) -> Provenance:
     return Provenance(**fields)
 
 
-def level(concurrency: int = 1, trials: tuple[float, ...] = (65.1, 64.9, 65.3), **wl: Any) -> LevelBaseline:
+def level(
+    concurrency: int = 1, trials: tuple[float, ...] = (65.1, 64.9, 65.3), **wl: Any
+) -> LevelBaseline:
     return LevelBaseline(
         workload=WorkloadKey.from_dict(workload(concurrency, **wl)),
         trials_tok_s=trials,
@@ -97,7 +99,9 @@ def level(concurrency: int = 1, trials: tuple[float, ...] = (65.1, 64.9, 65.3), 
 def make(levels: list[LevelBaseline] | None = None, test: str = NODE, **prov: Any) -> TestBaseline:
     if levels is None:
         levels = [level(1), level(8, (1520.3, 1510.0, 1525.9))]
-    return TestBaseline(test=test, profile="default", provenance=provenance(**prov), levels=tuple(levels))
+    return TestBaseline(
+        test=test, profile="default", provenance=provenance(**prov), levels=tuple(levels)
+    )
 
 
 @pytest.fixture
@@ -106,7 +110,9 @@ def store(tmp_path: Path) -> BaselineStore:
 
 
 def leftovers(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp")
+    return sorted(
+        p.name for p in directory.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"
+    )
 
 
 # ------------------------------------------------------------------------------ format, round trip
@@ -241,7 +247,11 @@ def test_file_permissions_follow_umask(store: BaselineStore) -> None:
 
 def test_partial_update_keeps_other_levels(store: BaselineStore) -> None:
     store.save(make(), overwrite=False)
-    rerun = make([level(8, (1498.0, 1497.5, 1499.1))], session_ids=("s-2",), recorded_at="2026-12-01T09:00:00Z")
+    rerun = make(
+        [level(8, (1498.0, 1497.5, 1499.1))],
+        session_ids=("s-2",),
+        recorded_at="2026-12-01T09:00:00Z",
+    )
     summary = store.update(rerun)
     stored = store.load(NODE)
     assert stored is not None
@@ -301,7 +311,9 @@ def test_lookup_other_workload_finds_nothing_and_says_why(store: BaselineStore) 
     store.save(make(), overwrite=False)
     miss = store.lookup(NODE, workload(1, max_tokens=256))
     assert miss.level is None and miss.baseline is not None
-    assert "baseline has concurrency 1, 8 at max_tokens 512; this run asks max_tokens 256" in str(miss.reason)
+    assert "baseline has concurrency 1, 8 at max_tokens 512; this run asks max_tokens 256" in str(
+        miss.reason
+    )
 
 
 def test_lookup_new_key_is_a_miss(store: BaselineStore) -> None:
@@ -368,16 +380,34 @@ CORRUPT_CASES = {
         _corrupt("concurrency: 8,", "concurrency: 1,"),
         "levels[0] and levels[1] have the same workload",
     ),
-    "duplicate-key": (_corrupt("    tok_s: 65.1\n", "    tok_s: 65.1\n    tok_s: 65.1\n"), "duplicate key 'tok_s'"),
-    "unknown-key": (_corrupt("    tok_s: 65.1\n", "    tok_s: 65.1\n    trails: 3\n"), "unknown key(s) trails"),
-    "missing-trials": (_corrupt("    trials_tok_s: [65.1, 64.9, 65.3]\n", ""), "has no 'trials_tok_s'"),
-    "ttft-negative": (_corrupt("ttft_s: {p50: 0.041,", "ttft_s: {p50: -0.041,"), "ttft_s.p50 must be a non-negative"),
-    "workload-list": (_corrupt("prompts: 'builtin:diverse'}", "prompts: [a, b]}"), "levels[0].workload"),
+    "duplicate-key": (
+        _corrupt("    tok_s: 65.1\n", "    tok_s: 65.1\n    tok_s: 65.1\n"),
+        "duplicate key 'tok_s'",
+    ),
+    "unknown-key": (
+        _corrupt("    tok_s: 65.1\n", "    tok_s: 65.1\n    trails: 3\n"),
+        "unknown key(s) trails",
+    ),
+    "missing-trials": (
+        _corrupt("    trials_tok_s: [65.1, 64.9, 65.3]\n", ""),
+        "has no 'trials_tok_s'",
+    ),
+    "ttft-negative": (
+        _corrupt("ttft_s: {p50: 0.041,", "ttft_s: {p50: -0.041,"),
+        "ttft_s.p50 must be a non-negative",
+    ),
+    "workload-list": (
+        _corrupt("prompts: 'builtin:diverse'}", "prompts: [a, b]}"),
+        "levels[0].workload",
+    ),
     "wrong-test": (_corrupt(f"test: {NODE}", "test: tests/other.py::test_x"), "belongs at"),
     "wrong-profile": (_corrupt("profile: default", "profile: h200"), "profile is 'h200'"),
     "empty": ("", "file is empty"),
     "not-a-mapping": ("- 1\n- 2\n", "must be a mapping"),
-    "session-ids": (_corrupt("session_ids: [s-1]", "session_ids: s-1"), "session_ids must be a list"),
+    "session-ids": (
+        _corrupt("session_ids: [s-1]", "session_ids: s-1"),
+        "session_ids must be a list",
+    ),
     "version-number": (_corrupt("plugin_version: 0.1.0", "plugin_version: 0.1"), "quote it"),
 }
 
@@ -477,8 +507,14 @@ def test_model_change_is_incomparable() -> None:
     ("nodeid", "expected"),
     [
         (NODE, "tests/perf/test_ep8/test_single_stream.yaml"),
-        ("tests/perf/test_ep8.py::TestSweep::test_peak", "tests/perf/test_ep8/TestSweep.test_peak.yaml"),
-        ("tests/perf/test_ep8.py::TestSweep::test_peak[c8-512]", "tests/perf/test_ep8/TestSweep.test_peak[c8-512].yaml"),
+        (
+            "tests/perf/test_ep8.py::TestSweep::test_peak",
+            "tests/perf/test_ep8/TestSweep.test_peak.yaml",
+        ),
+        (
+            "tests/perf/test_ep8.py::TestSweep::test_peak[c8-512]",
+            "tests/perf/test_ep8/TestSweep.test_peak[c8-512].yaml",
+        ),
         ("tests/test_a.py::test_b[chat-True-0.5]", "tests/test_a/test_b[chat-True-0.5].yaml"),
     ],
 )
@@ -494,7 +530,9 @@ def test_path_sanitises_unsafe_parts_deterministically() -> None:
     name = path.name
     assert name.startswith("TestX.test_b[a_b_c_d_e~") and name.endswith("].yaml")
     assert "/" not in name and " " not in name
-    assert baseline_relpath("tests/test_a.py::test_b[a b]") != baseline_relpath("tests/test_a.py::test_b[a_b]")
+    assert baseline_relpath("tests/test_a.py::test_b[a b]") != baseline_relpath(
+        "tests/test_a.py::test_b[a_b]"
+    )
     long_id = "x" * 300
     assert len(baseline_relpath(f"tests/test_a.py::test_b[{long_id}]").name) < 100
 
@@ -525,14 +563,22 @@ def test_package_is_pytest_free() -> None:
             alias.name.split(".")[0]
             for node in ast.walk(tree)
             if isinstance(node, (ast.Import, ast.ImportFrom))
-            for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+            for alias in (
+                node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")]
+            )
         }
         assert "pytest" not in imported, source.name
 
 
 def test_collect_fills_what_the_plugin_can_know(tmp_path: Path) -> None:
-    prov = Provenance.collect(model="kimi-k2.6", server_info={"tp_size": 8}, session_ids=["s-1"], suite_dir=tmp_path)
+    prov = Provenance.collect(
+        model="kimi-k2.6", server_info={"tp_size": 8}, session_ids=["s-1"], suite_dir=tmp_path
+    )
     assert prov.git_commit is None  # tmp_path is not a git checkout
-    assert prov.recorded_at is not None and prov.recorded_at.endswith("Z") and len(prov.recorded_at) == 20
+    assert (
+        prov.recorded_at is not None
+        and prov.recorded_at.endswith("Z")
+        and len(prov.recorded_at) == 20
+    )
     assert prov.client_host and prov.session_ids == ("s-1",)
     assert Provenance.VOLATILE >= {"recorded_at", "client_host", "session_ids"}

@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_kimi import yamlstrict
-from pytest_kimi.baseline import LevelBaseline, Provenance, TestBaseline, baseline_relpath, dumps, loads
+from pytest_kimi.baseline import (
+    LevelBaseline,
+    Provenance,
+    TestBaseline,
+    baseline_relpath,
+    dumps,
+    loads,
+)
 
 SETTINGS = settings(max_examples=100, deadline=None)
 
@@ -25,8 +32,11 @@ chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x85")
 text = st.text(chars, max_size=20)
 names = st.text(chars, min_size=1, max_size=12)
 # a class or function name in a nodeid holds no '[' (it opens the parameter id) and no '::'
-test_names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x85[:"),
-                     min_size=1, max_size=12)
+test_names = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x85[:"),
+    min_size=1,
+    max_size=12,
+)
 finite = st.floats(allow_nan=False, allow_infinity=False)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), finite, text)
 
@@ -41,7 +51,9 @@ summaries = st.dictionaries(
 levels = st.builds(
     LevelBaseline,
     workload=workloads,
-    trials_tok_s=st.lists(st.floats(min_value=0.1, max_value=1e7), min_size=1, max_size=8).map(tuple),
+    trials_tok_s=st.lists(st.floats(min_value=0.1, max_value=1e7), min_size=1, max_size=8).map(
+        tuple
+    ),
     request_tok_s=summaries,
     ttft_s=summaries,
 )
@@ -61,8 +73,12 @@ provenances = st.builds(
     session_ids=st.lists(text, max_size=3).map(tuple),
 )
 nodeids = st.builds(
-    lambda module, names_, param: f"{module}.py::{'::'.join(names_)}" + (f"[{param}]" if param is not None else ""),
-    text, st.lists(test_names, min_size=1, max_size=3), st.none() | text,
+    lambda module, names_, param: (
+        f"{module}.py::{'::'.join(names_)}" + (f"[{param}]" if param is not None else "")
+    ),
+    text,
+    st.lists(test_names, min_size=1, max_size=3),
+    st.none() | text,
 )
 
 
@@ -100,8 +116,12 @@ def test_relpath_stays_under_the_profile_directory(nodeid: str) -> None:
 
 
 @SETTINGS
-@given(st.lists(st.from_regex(r"[a-z][a-z_]{0,8}", fullmatch=True), min_size=1, max_size=6, unique=True),
-       st.data())
+@given(
+    st.lists(
+        st.from_regex(r"[a-z][a-z_]{0,8}", fullmatch=True), min_size=1, max_size=6, unique=True
+    ),
+    st.data(),
+)
 def test_a_repeated_key_is_named_with_both_lines(keys: list[str], data: st.DataObject) -> None:
     first = data.draw(st.integers(0, len(keys) - 1))
     lines = [f"{k}: {i}" for i, k in enumerate(keys)]

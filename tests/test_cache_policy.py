@@ -55,12 +55,28 @@ def runs(sim: SimProcess, pytestconfig: pytest.Config):
     session = PerfSession()
     try:
         endpoint = session.discover(sim.url, api_key=None, model=None)
-        workload, targets = parse_throughput((), dict(concurrency=1, requests=SYNTHETIC_VARIANTS + 6,
-                                                      max_tokens=2, input_tokens=2000, trials=1, warmup=0))
+        workload, targets = parse_throughput(
+            (),
+            dict(
+                concurrency=1,
+                requests=SYNTHETIC_VARIANTS + 6,
+                max_tokens=2,
+                input_tokens=2000,
+                trials=1,
+                warmup=0,
+            ),
+        )
         out = {}
         for unique in (False, True):
-            spec = build_spec(endpoint, "cache", workload, targets, rootdir=pytestconfig.rootpath,
-                              sizer=session.prompt_sizer, unique_prompts=unique)
+            spec = build_spec(
+                endpoint,
+                "cache",
+                workload,
+                targets,
+                rootdir=pytestconfig.rootpath,
+                sizer=session.prompt_sizer,
+                unique_prompts=unique,
+            )
             before = _stats(sim.url)["cached_prompt_tokens"]
             level = session.measure(spec).levels[0]
             out[unique] = (level, _stats(sim.url)["cached_prompt_tokens"] - before)
@@ -98,11 +114,16 @@ def test_ttft_drops_only_for_repeated_prompts(runs) -> None:
     hits skip most of it, so their median TTFT is lower by at least half a full prefill."""
     unique = [r for t in runs[True][0].trials for r in t.records]
     for r in unique:
-        assert r.ttft >= REAL_TIME.expected_ttft_s(r.prompt_tokens) - 0.001, (r.ttft, r.prompt_tokens)
+        assert r.ttft >= REAL_TIME.expected_ttft_s(r.prompt_tokens) - 0.001, (
+            r.ttft,
+            r.prompt_tokens,
+        )
     repeated = sorted((r for t in runs[False][0].trials for r in t.records), key=lambda r: r.index)
     hits = repeated[SYNTHETIC_VARIANTS:]
     for r in hits:
-        assert r.ttft >= REAL_TIME.expected_ttft_s(r.prompt_tokens - _cached(r.prompt_tokens)) - 0.001
+        assert (
+            r.ttft >= REAL_TIME.expected_ttft_s(r.prompt_tokens - _cached(r.prompt_tokens)) - 0.001
+        )
     drop = statistics.median(r.ttft for r in unique) - statistics.median(r.ttft for r in hits)
     assert drop > 0.5 * REAL_TIME.prefill_time(2000), drop
 
@@ -113,9 +134,12 @@ def test_estimated_lengths_are_reported_as_estimates(tmp_path: Path) -> None:
     session = PerfSession()
     try:
         endpoint = session.discover(sim.url, api_key=None, model=None)
-        workload, targets = parse_throughput((), dict(concurrency=2, requests=4, max_tokens=4, input_tokens=64,
-                                                      trials=1, warmup=0))
-        level = session.measure(build_spec(endpoint, "est", workload, targets, rootdir=tmp_path)).levels[0]
+        workload, targets = parse_throughput(
+            (), dict(concurrency=2, requests=4, max_tokens=4, input_tokens=64, trials=1, warmup=0)
+        )
+        level = session.measure(
+            build_spec(endpoint, "est", workload, targets, rootdir=tmp_path)
+        ).levels[0]
     finally:
         session.close()
         sim.stop()
@@ -123,8 +147,12 @@ def test_estimated_lengths_are_reported_as_estimates(tmp_path: Path) -> None:
     assert sizing.startswith("estimate at 1.3 tokens per word") and "/tokenize: HTTP 404" in sizing
     assert any(e.startswith("note: input_tokens=64 is an estimate") for e in level.errors)
     counts = [r.prompt_tokens for t in level.trials for r in t.records]
-    assert level.extra["prompt_tokens"] == {"mean": round(sum(counts) / len(counts), 1), "min": min(counts),
-                                            "max": max(counts), "requests": len(counts)}
+    assert level.extra["prompt_tokens"] == {
+        "mean": round(sum(counts) / len(counts), 1),
+        "min": min(counts),
+        "max": max(counts),
+        "requests": len(counts),
+    }
 
 
 def test_every_report_shows_the_prompt_tokens(pytester: pytest.Pytester, tmp_path: Path) -> None:
@@ -141,8 +169,12 @@ def test_every_report_shows_the_prompt_tokens(pytester: pytest.Pytester, tmp_pat
             """
         )
         out = tmp_path / "out"
-        result = pytester.runpytest(f"--endpoint={sim.url}", f"--perf-json={out / 'r.json'}",
-                                    f"--perf-markdown={out / 'r.md'}", f"--perf-html={out / 'html'}")
+        result = pytester.runpytest(
+            f"--endpoint={sim.url}",
+            f"--perf-json={out / 'r.json'}",
+            f"--perf-markdown={out / 'r.md'}",
+            f"--perf-html={out / 'html'}",
+        )
     finally:
         sim.stop()
     result.assert_outcomes(passed=1)
@@ -150,7 +182,9 @@ def test_every_report_shows_the_prompt_tokens(pytester: pytest.Pytester, tmp_pat
     pt = level["prompt_tokens"]
     assert pt["min"] <= pt["mean"] <= pt["max"] and pt["requests"] == 4
     cell = f"{pt['mean']:.0f}" + ("" if pt["min"] == pt["max"] else f" ({pt['min']}-{pt['max']})")
-    result.stdout.fnmatch_lines(["*prompt tok*", f"*{cell}*", "*note: input_tokens=64: estimate at 1.3 tokens per word*"])
+    result.stdout.fnmatch_lines(
+        ["*prompt tok*", f"*{cell}*", "*note: input_tokens=64: estimate at 1.3 tokens per word*"]
+    )
     markdown = (out / "r.md").read_text()
     assert "prompt tokens" in markdown and cell in markdown and "is an estimate" in markdown
     html = "".join(p.read_text() for p in (out / "html").rglob("*.html"))
@@ -159,11 +193,16 @@ def test_every_report_shows_the_prompt_tokens(pytester: pytest.Pytester, tmp_pat
 
 def test_managed_flush_sends_the_admin_key_and_reports_refusals(tmp_path: Path) -> None:
     """``flush_cache`` asks the server to wait for idle and sends the admin key, else the API key."""
-    sim = SimProcess(SimProfile(speed=50.0, api_key="user-k", admin_api_key="admin-k"), log_dir=tmp_path)
+    sim = SimProcess(
+        SimProfile(speed=50.0, api_key="user-k", admin_api_key="admin-k"), log_dir=tmp_path
+    )
     sim.start()
     try:
+
         def server(args: dict) -> ManagedServer:
-            srv = ManagedServer(ServerProfile(name="s", command=["true"], args=args), tmp_path / "logs")
+            srv = ManagedServer(
+                ServerProfile(name="s", command=["true"], args=args), tmp_path / "logs"
+            )
             srv.url = sim.url  # as if launched: only the flush is under test
             return srv
 
@@ -184,13 +223,18 @@ def test_a_refused_flush_is_a_note_on_the_test() -> None:
     from pytest_kimi.gate.run import flush_cache
 
     def server(path: str | None, ok: bool) -> SimpleNamespace:
-        return SimpleNamespace(engine=SimpleNamespace(flush_path=path), flush_error=None if ok else
-                               "POST /flush_cache answered HTTP 400: Cache not flushed: 2 running",
-                               flush_cache=lambda: ok)
+        return SimpleNamespace(
+            engine=SimpleNamespace(flush_path=path),
+            flush_error=None
+            if ok
+            else "POST /flush_cache answered HTTP 400: Cache not flushed: 2 running",
+            flush_cache=lambda: ok,
+        )
 
     assert flush_cache(None) is None  # an endpoint the plugin does not manage
     assert flush_cache(server(None, False)) is None  # vLLM: no flush endpoint, nothing failed
     assert flush_cache(server("/flush_cache", True)) is None
     assert flush_cache(server("/flush_cache", False)) == (
         "prefix cache not flushed before this test: POST /flush_cache answered HTTP 400: "
-        "Cache not flushed: 2 running")
+        "Cache not flushed: 2 running"
+    )

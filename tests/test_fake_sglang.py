@@ -18,15 +18,24 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fake_sglang"
-ENV = {**os.environ, "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}", "FAKE_SGLANG_STARTUP_S": "0",
-       "FAKE_SGLANG_SPEED": "20", "FAKE_SGLANG_REASONING_TOKENS": "5"}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}",
+    "FAKE_SGLANG_STARTUP_S": "0",
+    "FAKE_SGLANG_SPEED": "20",
+    "FAKE_SGLANG_REASONING_TOKENS": "5",
+}
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _launch(*flags: str, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *flags], env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=open(log, "wb"),
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sglang.launch_server", *flags],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),
+        start_new_session=True,
+    )
 
 
 def _get(url: str, key: str | None = None) -> tuple[int, bytes]:
@@ -44,9 +53,21 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
 
     log = tmp_path_factory.mktemp("fake") / "server.log"
     port = _free_port()
-    proc = _launch("--model-path", "/models/kimi", "--port", str(port), "--tp-size", "8",
-                   "--api-key", "sk-fake-0123456789abcdef", "--reasoning-parser", "kimi_k2",
-                   "--cuda-graph-max-bs-decode", "64", log=log)
+    proc = _launch(
+        "--model-path",
+        "/models/kimi",
+        "--port",
+        str(port),
+        "--tp-size",
+        "8",
+        "--api-key",
+        "sk-fake-0123456789abcdef",
+        "--reasoning-parser",
+        "kimi_k2",
+        "--cuda-graph-max-bs-decode",
+        "64",
+        log=log,
+    )
     try:
         deadline = time.monotonic() + 60
         while "ready to roll" not in log.read_text(errors="replace"):
@@ -58,8 +79,9 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
         proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("flag", ["--cuda-graph-max-bs", "--disable-cuda-graph",
-                                  "--enable-dp-attention"])
+@pytest.mark.parametrize(
+    "flag", ["--cuda-graph-max-bs", "--disable-cuda-graph", "--enable-dp-attention"]
+)
 def test_removed_spellings_are_rejected_like_0_5_23(flag: str, tmp_path: Path) -> None:
     words = [flag] if flag.startswith("--disable") or flag.startswith("--enable") else [flag, "8"]
     proc = _launch("--model-path", "/m", *words, log=tmp_path / "log")
@@ -93,11 +115,24 @@ def test_get_server_info_logs_a_deprecation_warning_on_every_call(fake: tuple[st
 
 
 def _stream(url: str, max_tokens: int) -> list[dict[str, object]]:
-    body = json.dumps({"model": "/models/kimi", "max_tokens": max_tokens, "stream": True,
-                       "ignore_eos": True, "messages": [{"role": "user", "content": "hi"}],
-                       "stream_options": {"include_usage": True}}).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers={
-        "Authorization": "Bearer sk-fake-0123456789abcdef", "Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "model": "/models/kimi",
+            "max_tokens": max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=body,
+        headers={
+            "Authorization": "Bearer sk-fake-0123456789abcdef",
+            "Content-Type": "application/json",
+        },
+    )
     events = []
     with _NO_PROXY.open(req, timeout=60) as resp:
         for raw in resp:
@@ -110,8 +145,10 @@ def _stream(url: str, max_tokens: int) -> list[dict[str, object]]:
 def test_reasoning_parser_streams_thinking_first(fake: tuple[str, Path]) -> None:
     url, _ = fake
     deltas = [c["delta"] for e in _stream(url, 12) for c in e.get("choices") or []]
-    kinds = ["reasoning" if d.get("reasoning_content") else "content" if d.get("content")
-             else None for d in deltas]
+    kinds = [
+        "reasoning" if d.get("reasoning_content") else "content" if d.get("content") else None
+        for d in deltas
+    ]
     kinds = [k for k in kinds if k]
     assert kinds[:5] == ["reasoning"] * 5 and set(kinds[5:]) == {"content"}
 
@@ -121,8 +158,11 @@ def test_generation_counter_rises_per_finished_request(fake: tuple[str, Path]) -
 
     def counter() -> float:
         text = _get(url + "/metrics")[1].decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("sglang:generation_tokens_total"))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("sglang:generation_tokens_total")
+        )
 
     before = counter()
     _stream(url, 40)

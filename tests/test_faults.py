@@ -20,13 +20,19 @@ def test_sweep():
 """
 
 
-def _run(pytester: pytest.Pytester, endpoint: str, timeout_s: float = 5.0) -> tuple[pytest.RunResult, list[dict], float]:
+def _run(
+    pytester: pytest.Pytester, endpoint: str, timeout_s: float = 5.0
+) -> tuple[pytest.RunResult, list[dict], float]:
     pytester.makepyfile(test_faulty=SWEEP.format(timeout_s=timeout_s))
     report = pytester.path / "perf.json"
     started = time.monotonic()
     result = pytester.runpytest(f"--endpoint={endpoint}", f"--perf-json={report}")
     elapsed = time.monotonic() - started
-    levels = json.loads(report.read_text())["tests"][0]["levels"] if report.exists() and json.loads(report.read_text())["tests"] else []
+    levels = (
+        json.loads(report.read_text())["tests"][0]["levels"]
+        if report.exists() and json.loads(report.read_text())["tests"]
+        else []
+    )
     return result, levels, elapsed
 
 
@@ -39,7 +45,9 @@ def _free_port() -> int:
 def test_server_down(pytester: pytest.Pytester) -> None:
     result, _, elapsed = _run(pytester, f"http://127.0.0.1:{_free_port()}")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*cannot connect to http://127.0.0.1:*is the server up and listening*"])
+    result.stdout.fnmatch_lines(
+        ["*cannot connect to http://127.0.0.1:*is the server up and listening*"]
+    )
     assert elapsed < 30
 
 
@@ -70,7 +78,9 @@ def garbage_url() -> Iterator[str]:
 def test_server_answering_garbage(pytester: pytest.Pytester, garbage_url: str) -> None:
     result, _, _ = _run(pytester, garbage_url)
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*/v1/models answered 200 but not JSON*is this an OpenAI-compatible server*"])
+    result.stdout.fnmatch_lines(
+        ["*/v1/models answered 200 but not JSON*is this an OpenAI-compatible server*"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -84,14 +94,18 @@ def test_server_answering_garbage(pytester: pytest.Pytester, garbage_url: str) -
 def test_every_request_failing(pytester: pytest.Pytester, knobs: str, message: str) -> None:
     result, levels, elapsed = _run(pytester, f"sim:speed=50,{knobs}")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*throughput requests failed:*", f"*C=1 error: * requests failed*{message}"])
+    result.stdout.fnmatch_lines(
+        ["*throughput requests failed:*", f"*C=1 error: * requests failed*{message}"]
+    )
     assert [lv["verdict"] for lv in levels] == ["error", "not-run", "not-run"]
     assert levels[1]["reasons"] == ["not run: C=1 ended in error"]
     assert elapsed < 30
 
 
 def test_stall_past_timeout_is_bounded(pytester: pytest.Pytester) -> None:
-    result, levels, elapsed = _run(pytester, "sim:speed=50,stall_after_tokens=5,stall_s=60", timeout_s=0.5)
+    result, levels, elapsed = _run(
+        pytester, "sim:speed=50,stall_after_tokens=5,stall_s=60", timeout_s=0.5
+    )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*C=1 error:*stalled: no data for 0.5*"])
     assert levels[0]["verdict"] == "error"
@@ -126,6 +140,8 @@ def test_max_error_rate_relaxes_and_completions_api(pytester: pytest.Pytester) -
     )
     result = pytester.runpytest("--endpoint=sim:speed=50,error_rate=0.25")
     result.assert_outcomes(passed=1, failed=1)  # completions at 25% errors with max_error_rate 0
-    result.stdout.fnmatch_lines(["*test_completions*", "*C=2 error: * requests failed (max_error_rate=0)*HTTP 500*"])
+    result.stdout.fnmatch_lines(
+        ["*test_completions*", "*C=2 error: * requests failed (max_error_rate=0)*HTTP 500*"]
+    )
     result = pytester.runpytest("--endpoint=sim:speed=50", "-k", "completions")
     result.assert_outcomes(passed=1)

@@ -29,9 +29,12 @@ def test_unreachable_endpoint_still_writes_every_report(pytester: pytest.Pyteste
     out = pytester.path / "out"
     port = _closed_port()
     result = pytester.runpytest(
-        f"--endpoint=http://127.0.0.1:{port}", f"--perf-json={out / 'perf.json'}",
-        f"--perf-markdown={out / 'perf.md'}", f"--perf-html={out / 'html'}",
-        f"--junitxml={out / 'junit.xml'}")
+        f"--endpoint=http://127.0.0.1:{port}",
+        f"--perf-json={out / 'perf.json'}",
+        f"--perf-markdown={out / 'perf.md'}",
+        f"--perf-html={out / 'html'}",
+        f"--junitxml={out / 'junit.xml'}",
+    )
     result.assert_outcomes(errors=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     (test,) = json.loads((out / "perf.json").read_text())["tests"]
@@ -41,18 +44,26 @@ def test_unreachable_endpoint_still_writes_every_report(pytester: pytest.Pyteste
     assert "Traceback" not in test["error"]
     for path in (out / "perf.md", out / "html" / "index.html"):
         assert "cannot connect to" in path.read_text(), path
-    result.stdout.fnmatch_lines(["*pytest-kimi throughput*", "*test_sweep*[[]error[]]*",
-                                 "*no levels measured*", "*cannot connect to*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*pytest-kimi throughput*",
+            "*test_sweep*[[]error[]]*",
+            "*no levels measured*",
+            "*cannot connect to*",
+        ]
+    )
 
 
 def test_misspelt_marker_argument_names_the_closest_valid_one(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_suite="""
+    pytester.makepyfile(
+        test_suite="""
 from pytest_kimi import throughput
 
 @throughput(concurrency=1, min_toks=60)
 def test_single():
     pass
-""")
+"""
+    )
     result = pytester.runpytest("--endpoint=sim")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_single*min_toks (did you mean min_tok_s?)*"])

@@ -57,7 +57,9 @@ def test_record_then_rerun_unchanged_passes(pytester: pytest.Pytester) -> None:
         assert 3 <= lv["trials"] <= 4
 
 
-def test_slowed_server_is_a_regression_with_the_deploy_change_named(pytester: pytest.Pytester) -> None:
+def test_slowed_server_is_a_regression_with_the_deploy_change_named(
+    pytester: pytest.Pytester,
+) -> None:
     _record(pytester)
     report = pytester.path / "perf.json"
     result = pytester.runpytest(f"--endpoint={SIM},slowdown=1.5", *GATE, f"--perf-json={report}")
@@ -83,7 +85,11 @@ def test_corrupt_baseline_is_named_and_left_untouched(pytester: pytest.Pytester)
     path.write_text(text)
     result = pytester.runpytest(f"--endpoint={SIM}", *GATE)
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([f"*{BASELINE}: levels[[]0[]]*trials_tok_s must be a list of positive numbers; item 0 is -5"])
+    result.stdout.fnmatch_lines(
+        [
+            f"*{BASELINE}: levels[[]0[]]*trials_tok_s must be a list of positive numbers; item 0 is -5"
+        ]
+    )
     assert "During handling" not in result.stdout.str()
     assert path.read_text() == text
     path.write_text("schema: 1\nlevels: [\n")

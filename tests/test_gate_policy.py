@@ -12,7 +12,13 @@ import pytest
 from pytest_kimi.baseline import LevelBaseline, Provenance, TestBaseline, WorkloadKey
 from pytest_kimi.cli import compare_reports
 from pytest_kimi.gate import stats
-from pytest_kimi.gate.policy import GateSettings, apply_gate, compared_level, merge_verdicts, result_level_key
+from pytest_kimi.gate.policy import (
+    GateSettings,
+    apply_gate,
+    compared_level,
+    merge_verdicts,
+    result_level_key,
+)
 from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.measure.metrics import LevelFigures
 from pytest_kimi.measure.results import LevelResult, ThroughputResult
@@ -27,35 +33,55 @@ QUIET = GateSettings(session_sigma=0.0)
 PROV = Provenance(model="kimi-k2.6-sim", server_info={"ep_size": 8})
 
 
-def _level(concurrency: int, verdict: str, samples: list[float], reasons: list[str] | None = None) -> LevelResult:
+def _level(
+    concurrency: int, verdict: str, samples: list[float], reasons: list[str] | None = None
+) -> LevelResult:
     figures = LevelFigures(
-        tok_s=sorted(samples)[len(samples) // 2] if samples else None, trials_tok_s=list(samples),
-        spread_pct=None, request_tok_s_p50=None, ttft_s_p50=None, ttft_s_p95=None, itl_s_p50=None,
-        requests_ok=len(samples), requests_failed=0,
+        tok_s=sorted(samples)[len(samples) // 2] if samples else None,
+        trials_tok_s=list(samples),
+        spread_pct=None,
+        request_tok_s_p50=None,
+        ttft_s_p50=None,
+        ttft_s_p95=None,
+        itl_s_p50=None,
+        requests_ok=len(samples),
+        requests_failed=0,
     )
-    return LevelResult(spec=LevelSpec(concurrency=concurrency, rate=None, max_tokens=64), label=f"C={concurrency}",
-                       prompts_key="builtin:diverse", trials=[], figures=figures, verdict=verdict,
-                       reasons=list(reasons or []))
+    return LevelResult(
+        spec=LevelSpec(concurrency=concurrency, rate=None, max_tokens=64),
+        label=f"C={concurrency}",
+        prompts_key="builtin:diverse",
+        trials=[],
+        figures=figures,
+        verdict=verdict,
+        reasons=list(reasons or []),
+    )
 
 
 def _result(*levels: LevelResult) -> ThroughputResult:
     workload = Workload(levels=tuple(lv.spec for lv in levels), prompts="builtin:diverse")
-    return ThroughputResult(nodeid="test_g.py::test_sweep", workload=workload, targets=Targets(),
-                            levels=list(levels))
+    return ThroughputResult(
+        nodeid="test_g.py::test_sweep", workload=workload, targets=Targets(), levels=list(levels)
+    )
 
 
-def _baseline(result: ThroughputResult, samples: dict[int, list[float]],
-              provenance: Provenance = PROV) -> TestBaseline:
+def _baseline(
+    result: ThroughputResult, samples: dict[int, list[float]], provenance: Provenance = PROV
+) -> TestBaseline:
     """A baseline with these samples at these concurrencies, keyed as the result's levels."""
     levels = []
     for lv in result.levels:
         if lv.spec.concurrency in samples:
             key = WorkloadKey.from_dict(result_level_key(result, lv))
             levels.append(LevelBaseline(key, tuple(samples[lv.spec.concurrency])))
-    return TestBaseline(test=result.nodeid, profile="sim", provenance=provenance, levels=tuple(levels))
+    return TestBaseline(
+        test=result.nodeid, profile="sim", provenance=provenance, levels=tuple(levels)
+    )
 
 
-def _gate(result: ThroughputResult, baseline: TestBaseline | None, current: Provenance = PROV) -> list[Any]:
+def _gate(
+    result: ThroughputResult, baseline: TestBaseline | None, current: Provenance = PROV
+) -> list[Any]:
     return apply_gate(result, baseline, "baselines/sim/test_g.yaml", current, QUIET)
 
 
@@ -64,9 +90,15 @@ def _gate(result: ThroughputResult, baseline: TestBaseline | None, current: Prov
 
 @pytest.mark.parametrize(
     ("samples", "verdict", "note"),
-    [(SLOWER, "regression", "regression -20.0%"), (FASTER, "improved", "improved +20.0%"), (SAME, "pass", None)],
+    [
+        (SLOWER, "regression", "regression -20.0%"),
+        (FASTER, "improved", "improved +20.0%"),
+        (SAME, "pass", None),
+    ],
 )
-def test_a_passing_level_takes_the_comparison_verdict(samples: list[float], verdict: str, note: str | None) -> None:
+def test_a_passing_level_takes_the_comparison_verdict(
+    samples: list[float], verdict: str, note: str | None
+) -> None:
     result = _result(_level(1, "pass", samples))
     _gate(result, _baseline(result, {1: BASE}))
     lv = result.levels[0]
@@ -82,12 +114,16 @@ def test_a_passing_level_takes_the_comparison_verdict(samples: list[float], verd
 
 def test_a_failing_level_stays_fail_with_the_regression_noted() -> None:
     """Missing the floor is the stronger, absolute claim; the regression is still said."""
-    result = _result(_level(1, "fail", SLOWER, ["aggregate 800.0 tok/s < min_tok_s 900"]),
-                     _level(4, "fail", FASTER, ["aggregate 1200.0 tok/s < min_tok_s 5000"]))
+    result = _result(
+        _level(1, "fail", SLOWER, ["aggregate 800.0 tok/s < min_tok_s 900"]),
+        _level(4, "fail", FASTER, ["aggregate 1200.0 tok/s < min_tok_s 5000"]),
+    )
     _gate(result, _baseline(result, {1: BASE, 4: BASE}))
     slow, fast = result.levels
     assert slow.verdict == "fail" and fast.verdict == "fail"
-    assert slow.reasons[0].startswith("aggregate") and slow.reasons[1].startswith("regression -20.0%")
+    assert slow.reasons[0].startswith("aggregate") and slow.reasons[1].startswith(
+        "regression -20.0%"
+    )
     assert fast.reasons[1].startswith("improved +20.0%")
     assert slow.extra["p_value"] is not None and slow.extra["p_value"] < 0.05
 
@@ -115,7 +151,12 @@ def test_no_baseline_file() -> None:
     assert ok.verdict == "no-baseline" and ok.reasons == []
     assert failed.verdict == "fail" and failed.reasons == ["floor"]
     for lv in result.levels:
-        assert lv.extra == {"baseline_tok_s": None, "change_pct": None, "ci90": None, "p_value": None}
+        assert lv.extra == {
+            "baseline_tok_s": None,
+            "change_pct": None,
+            "ci90": None,
+            "p_value": None,
+        }
 
 
 def test_no_baseline_level_in_the_file_says_why() -> None:
@@ -139,7 +180,10 @@ def test_strict_flags_only_change_which_verdicts_fail_not_the_verdicts() -> None
     result = _result(_level(1, "pass", BASE))
     apply_gate(result, None, "x", PROV, GateSettings(strict=True, require_baseline=True))
     assert result.levels[0].verdict == "no-baseline"
-    assert [lv.label for lv in result.failing_levels(GateSettings(require_baseline=True).failing_verdicts())] == ["C=1"]
+    assert [
+        lv.label
+        for lv in result.failing_levels(GateSettings(require_baseline=True).failing_verdicts())
+    ] == ["C=1"]
     assert result.failing_levels() == []
 
 
@@ -154,13 +198,32 @@ def test_merge_verdicts() -> None:
 
 def _report(samples: dict[int, list[float]]) -> dict[str, Any]:
     levels = [
-        {"label": f"C={c}", "concurrency": c, "rate": None, "max_tokens": 64, "prompts": "builtin:diverse",
-         "tok_s": s[2], "trials_tok_s": s, "verdict": "pass", "reasons": [], "errors": []}
+        {
+            "label": f"C={c}",
+            "concurrency": c,
+            "rate": None,
+            "max_tokens": 64,
+            "prompts": "builtin:diverse",
+            "tok_s": s[2],
+            "trials_tok_s": s,
+            "verdict": "pass",
+            "reasons": [],
+            "errors": [],
+        }
         for c, s in samples.items()
     ]
-    return {"schema": 1, "endpoint": {"model": "kimi-k2.6-sim", "server_info": {}},
-            "tests": [{"nodeid": "test_g.py::test_sweep", "workload": {"prompts": "builtin:diverse"},
-                       "outcome": "passed", "levels": levels}]}
+    return {
+        "schema": 1,
+        "endpoint": {"model": "kimi-k2.6-sim", "server_info": {}},
+        "tests": [
+            {
+                "nodeid": "test_g.py::test_sweep",
+                "workload": {"prompts": "builtin:diverse"},
+                "outcome": "passed",
+                "levels": levels,
+            }
+        ],
+    }
 
 
 def test_offline_compare_writes_what_the_gate_writes() -> None:
@@ -168,14 +231,20 @@ def test_offline_compare_writes_what_the_gate_writes() -> None:
     new = copy.deepcopy(old)
     for lv, samples in zip(new["tests"][0]["levels"], (SLOWER, FASTER, SAME)):
         lv["trials_tok_s"] = samples
-    cmp = compare_reports(old, new, tolerance=stats.DEFAULT_TOLERANCE, alpha=stats.DEFAULT_ALPHA,
-                          session_sigma=0.0)
+    cmp = compare_reports(
+        old, new, tolerance=stats.DEFAULT_TOLERANCE, alpha=stats.DEFAULT_ALPHA, session_sigma=0.0
+    )
     rows = cmp.report["tests"][0]["levels"]
-    comparisons = stats.compare_test([(BASE, s) for s in (SLOWER, FASTER, SAME)],
-                                     tolerance=stats.DEFAULT_TOLERANCE, alpha=stats.DEFAULT_ALPHA,
-                                     session_sigma=0.0)
+    comparisons = stats.compare_test(
+        [(BASE, s) for s in (SLOWER, FASTER, SAME)],
+        tolerance=stats.DEFAULT_TOLERANCE,
+        alpha=stats.DEFAULT_ALPHA,
+        session_sigma=0.0,
+    )
     for row, c in zip(rows, comparisons):
-        fields, note = compared_level(c, BASE, tolerance=stats.DEFAULT_TOLERANCE, alpha=stats.DEFAULT_ALPHA)
+        fields, note = compared_level(
+            c, BASE, tolerance=stats.DEFAULT_TOLERANCE, alpha=stats.DEFAULT_ALPHA
+        )
         assert {k: row[k] for k in fields} == fields
         assert row["verdict"] == c.verdict.value
         assert row["reasons"] == ([note] if note else [])
@@ -185,5 +254,12 @@ def test_offline_compare_writes_what_the_gate_writes() -> None:
     _gate(result, _baseline(result, {1: BASE, 4: BASE, 8: BASE}))
     for row, lv in zip(rows, result.levels):
         assert row["reasons"] == lv.reasons
-        for key in ("baseline_tok_s", "change_pct", "ci90", "p_value", "min_detectable_drop_pct", "tolerance_pct"):
+        for key in (
+            "baseline_tok_s",
+            "change_pct",
+            "ci90",
+            "p_value",
+            "min_detectable_drop_pct",
+            "tolerance_pct",
+        ):
             assert row[key] == lv.extra[key], key

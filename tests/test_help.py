@@ -26,7 +26,11 @@ GARBLING = ("{'option_strings'", "%%", "%(", "<argparse.")
 
 def _run(*args: str, cwd: Path = ROOT) -> str:
     proc = subprocess.run(
-        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, (args, proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.strip(), (args, "printed nothing")
@@ -40,7 +44,7 @@ def _assert_clean(text: str, what: str) -> None:
 
 def _around(text: str, needle: str) -> str:
     at = text.find(needle)
-    return text[max(0, at - 300): at + 300]
+    return text[max(0, at - 300) : at + 300]
 
 
 def _flat(text: str) -> str:
@@ -99,7 +103,9 @@ def test_kimi_perf_subcommand_help(command: str) -> None:
     if command == "sim":
         assert "--stream-interval" in out  # the simulator's own flags, not the stub's
         return
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    sub = next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices[command]
     for action in sub._actions:
         for flag in action.option_strings:
             assert flag in out, f"kimi-perf {command} --help lacks {flag}"

@@ -16,33 +16,39 @@ HEAVY = ("pytest", "aiohttp", "numpy", "scipy", "_pytest")
 
 
 def _loaded_after(statement: str) -> set[str]:
-    code = (f"import sys\n{statement}\nimport json\n"
-            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120).stdout
+    code = (
+        f"import sys\n{statement}\nimport json\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     return set(json.loads(out.splitlines()[-1]))
 
 
-@pytest.mark.parametrize("statement, allowed", [
-    ("import pytest_kimi", ()),
-    ("import pytest_kimi.baseline", ()),
-    ("import pytest_kimi.baseline.model", ()),
-    ("import pytest_kimi.baseline.paths", ()),
-    ("import pytest_kimi.baseline.provenance", ()),
-    ("import pytest_kimi.baseline.yaml_io", ()),
-    ("import pytest_kimi.baseline.merge", ()),
-    ("import pytest_kimi.baseline.review", ()),
-    ("import pytest_kimi.baseline.store", ()),
-    # the update flow reads measure.results, which brings the load engine (pytest-free still)
-    ("import pytest_kimi.baseline.update", ("aiohttp", "numpy")),
-    ("import pytest_kimi.yamlstrict", ()),
-    ("import pytest_kimi.scrub", ()),
-    ("import pytest_kimi.endpoint.serverinfo", ()),
-    ("import pytest_kimi.server", ()),
-    ("import pytest_kimi.gate.stats", ("numpy", "scipy")),
-    ("import pytest_kimi.sim.process", ()),
-    ("import pytest_kimi.sim.app", ("aiohttp",)),
-])
+@pytest.mark.parametrize(
+    "statement, allowed",
+    [
+        ("import pytest_kimi", ()),
+        ("import pytest_kimi.baseline", ()),
+        ("import pytest_kimi.baseline.model", ()),
+        ("import pytest_kimi.baseline.paths", ()),
+        ("import pytest_kimi.baseline.provenance", ()),
+        ("import pytest_kimi.baseline.yaml_io", ()),
+        ("import pytest_kimi.baseline.merge", ()),
+        ("import pytest_kimi.baseline.review", ()),
+        ("import pytest_kimi.baseline.store", ()),
+        # the update flow reads measure.results, which brings the load engine (pytest-free still)
+        ("import pytest_kimi.baseline.update", ("aiohttp", "numpy")),
+        ("import pytest_kimi.yamlstrict", ()),
+        ("import pytest_kimi.scrub", ()),
+        ("import pytest_kimi.endpoint.serverinfo", ()),
+        ("import pytest_kimi.server", ()),
+        ("import pytest_kimi.gate.stats", ("numpy", "scipy")),
+        ("import pytest_kimi.sim.process", ()),
+        ("import pytest_kimi.sim.app", ("aiohttp",)),
+    ],
+)
 def test_core_modules_import_no_heavy_dependency(statement: str, allowed: tuple[str, ...]) -> None:
     loaded = _loaded_after(statement)
     assert not (loaded & set(HEAVY)) - set(allowed), sorted(loaded & set(HEAVY))

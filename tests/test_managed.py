@@ -29,13 +29,24 @@ def test_sweep():
 """
 
 
-def _profile(pytester: pytest.Pytester, name: str, *, mode: str = "ok", timeout_s: float = 60,
-             extra_env: dict[str, str] | None = None, extra_args: str = "",
-             marker: str | None = None) -> tuple[Path, str]:
+def _profile(
+    pytester: pytest.Pytester,
+    name: str,
+    *,
+    mode: str = "ok",
+    timeout_s: float = 60,
+    extra_env: dict[str, str] | None = None,
+    extra_args: str = "",
+    marker: str | None = None,
+) -> tuple[Path, str]:
     """A profile whose model path is unique, so its processes can be found by command line."""
     marker = marker or f"/models/kimi-test-{uuid.uuid4().hex[:12]}"
-    env = {"PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}", "FAKE_SGLANG_MODE": mode,
-           "FAKE_SGLANG_STARTUP_S": "0.3", **(extra_env or {})}
+    env = {
+        "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}",
+        "FAKE_SGLANG_MODE": mode,
+        "FAKE_SGLANG_STARTUP_S": "0.3",
+        **(extra_env or {}),
+    }
     env_yaml = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in env.items())
     path = pytester.path / f"{name}.yaml"
     path.write_text(
@@ -61,14 +72,18 @@ def test_launched_measured_and_torn_down(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE.format(trials=2))
     profile, marker = _profile(pytester, "ep8-fake")
     report = pytester.path / "perf.json"
-    result = pytester.runpytest("-m", "perf", f"--server-profile={profile}", f"--perf-json={report}")
+    result = pytester.runpytest(
+        "-m", "perf", f"--server-profile={profile}", f"--perf-json={report}"
+    )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*[[]kimi ep8-fake[]]*"])
     data = json.loads(report.read_text())
     assert data["endpoint"]["server_info"]["tp_size"] == 8
     assert data["endpoint"]["server_info"]["model_path"] == marker
     (test,) = data["tests"]
-    assert test["nodeid"] == "test_suite.py::test_sweep", "baselines do not depend on the deployment id"
+    assert test["nodeid"] == "test_suite.py::test_sweep", (
+        "baselines do not depend on the deployment id"
+    )
     assert test["baseline_profile"] == "ep8-fake"
     assert all(lv["profile"] == "ep8-fake" and lv["tok_s"] > 0 for lv in test["levels"])
     _assert_reaped(marker)
@@ -101,9 +116,13 @@ def test_never_ready_is_reported_at_the_timeout(pytester: pytest.Pytester) -> No
 def test_crash_mid_sweep_keeps_measured_levels(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE.format(trials=2))
     # readiness probe + warm-up + C=1 (2 trials x 2 requests) = 6 requests, then it dies
-    profile, marker = _profile(pytester, "flaky", mode="crash-mid-sweep", extra_env={"FAKE_SGLANG_CRASH_AFTER": "7"})
+    profile, marker = _profile(
+        pytester, "flaky", mode="crash-mid-sweep", extra_env={"FAKE_SGLANG_CRASH_AFTER": "7"}
+    )
     report = pytester.path / "perf.json"
-    result = pytester.runpytest("-m", "perf", f"--server-profile={profile}", f"--perf-json={report}")
+    result = pytester.runpytest(
+        "-m", "perf", f"--server-profile={profile}", f"--perf-json={report}"
+    )
     result.assert_outcomes(failed=1)
     levels = json.loads(report.read_text())["tests"][0]["levels"]
     assert levels[0]["tok_s"] > 0 and levels[0]["verdict"] == "no-baseline"
@@ -124,8 +143,20 @@ def test_ctrl_c_during_a_sweep_leaves_no_process(pytester: pytest.Pytester) -> N
     )
     profile, marker = _profile(pytester, "long", extra_env={"FAKE_SGLANG_SPEED": "1"})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-m", "perf", f"--server-profile={profile}", "-p", "no:cacheprovider"],
-        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "perf",
+            f"--server-profile={profile}",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 30
@@ -145,15 +176,32 @@ def test_ctrl_c_during_a_sweep_leaves_no_process(pytester: pytest.Pytester) -> N
 def test_same_run_ab_flags_the_slowed_deployment(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE.format(trials=5))
     ref, ref_marker = _profile(pytester, "ep8-tuned")
-    slow, slow_marker = _profile(pytester, "ep8-eplb", extra_env={"FAKE_SGLANG_SLOWDOWN": "1.15"},
-                                 extra_args="  enable-eplb: true\n", marker=ref_marker)
+    slow, slow_marker = _profile(
+        pytester,
+        "ep8-eplb",
+        extra_env={"FAKE_SGLANG_SLOWDOWN": "1.15"},
+        extra_args="  enable-eplb: true\n",
+        marker=ref_marker,
+    )
     report = pytester.path / "perf.json"
     result = pytester.runpytest(
-        "-m", "perf", f"--server-profile={ref}", f"--server-profile={slow}", f"--perf-json={report}", "-v"
+        "-m",
+        "perf",
+        f"--server-profile={ref}",
+        f"--server-profile={slow}",
+        f"--perf-json={report}",
+        "-v",
     )
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*test_sweep[[]ep8-tuned[]] PASSED*", "*test_sweep[[]ep8-eplb[]] FAILED*"])
-    result.stdout.fnmatch_lines(["*regression -1?.?%*", "*changed vs deployment ep8-tuned (same run):*enable_eplb: false -> true*"])
+    result.stdout.fnmatch_lines(
+        ["*test_sweep[[]ep8-tuned[]] PASSED*", "*test_sweep[[]ep8-eplb[]] FAILED*"]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*regression -1?.?%*",
+            "*changed vs deployment ep8-tuned (same run):*enable_eplb: false -> true*",
+        ]
+    )
     tests = {t["profile"]: t for t in json.loads(report.read_text())["tests"]}
     assert set(tests) == {"ep8-tuned", "ep8-eplb"}
     slow = [lv["verdict"] for lv in tests["ep8-eplb"]["levels"]]

@@ -10,16 +10,37 @@ import pytest
 
 from pytest_kimi.load.runner import TrialRecords
 from pytest_kimi.spec.markers import LevelSpec
-from pytest_kimi.measure.metrics import ClientSignals, inter_token_latencies, steady_window, summarize_trial, tokens_in_window
+from pytest_kimi.measure.metrics import (
+    ClientSignals,
+    inter_token_latencies,
+    steady_window,
+    summarize_trial,
+    tokens_in_window,
+)
 from pytest_kimi.load.records import RequestRecord
 
 
-def _rec(worker: int, start: float, n: int, step: float, *, per_event: int = 1, index: int = 0,
-         tokens: int | None = None) -> RequestRecord:
+def _rec(
+    worker: int,
+    start: float,
+    n: int,
+    step: float,
+    *,
+    per_event: int = 1,
+    index: int = 0,
+    tokens: int | None = None,
+) -> RequestRecord:
     """A stream whose i-th read arrives at start + i*step, carrying ``per_event`` tokens each."""
     events = n // per_event
-    rec = RequestRecord(index=index, worker=worker, scheduled=start - 0.01, sent=start - 0.01,
-                        first_token=start, status=200, completion_tokens=tokens if tokens is not None else n)
+    rec = RequestRecord(
+        index=index,
+        worker=worker,
+        scheduled=start - 0.01,
+        sent=start - 0.01,
+        first_token=start,
+        status=200,
+        completion_tokens=tokens if tokens is not None else n,
+    )
     rec.chunk_times = array("d", [start + i * step for i in range(events)])
     rec.chunk_events = array("I", [1] * events)
     rec.end = start + events * step
@@ -57,7 +78,10 @@ def test_wrong_token_count_under_ignore_eos_is_invalid() -> None:
     recs = [_rec(0, 0.0, 64, 0.01, index=0), _rec(1, 0.0, 56, 0.01, index=1)]
     trial = _trial(recs, level)
     assert not trial.valid
-    assert "1 request(s) returned [56] tokens instead of max_tokens=64 under ignore_eos" in trial.invalid[0]
+    assert (
+        "1 request(s) returned [56] tokens instead of max_tokens=64 under ignore_eos"
+        in trial.invalid[0]
+    )
 
 
 def test_empty_200_is_invalid_not_a_failure() -> None:
@@ -71,10 +95,16 @@ def test_empty_200_is_invalid_not_a_failure() -> None:
 def test_saturated_client_inside_the_window_is_invalid_but_a_ramp_burst_is_not() -> None:
     level = LevelSpec(2, None, 101)
     recs = [_rec(0, 0.0, 101, 0.01), _rec(1, 0.0, 101, 0.01, index=1)]
-    burst = dict(loop_lag_p99_s=0.05, lag_times=array("d", [-0.1, 0.5]), lag_values=array("d", [0.05, 0.001]))
+    burst = dict(
+        loop_lag_p99_s=0.05, lag_times=array("d", [-0.1, 0.5]), lag_values=array("d", [0.05, 0.001])
+    )
     assert _trial(recs, level, **burst).valid
-    busy = dict(loop_lag_p99_s=0.05, lag_times=array("d", [0.3, 0.5]), lag_values=array("d", [0.05, 0.04]),
-                cpu_share=0.8)
+    busy = dict(
+        loop_lag_p99_s=0.05,
+        lag_times=array("d", [0.3, 0.5]),
+        lag_values=array("d", [0.05, 0.04]),
+        cpu_share=0.8,
+    )
     trial = _trial(recs, level, **busy)
     assert not trial.valid and "load client saturated" in trial.invalid[0]
 
@@ -84,21 +114,37 @@ def test_stalled_client_is_invalid_only_when_a_stall_touches_the_window_edges() 
     level = LevelSpec(2, None, 101)
     recs = [_rec(0, 0.0, 101, 0.01), _rec(1, 0.0, 101, 0.01, index=1)]
     start, end = steady_window(recs)
-    mid = dict(loop_lag_p99_s=0.3, lag_times=array("d", [0.5, 0.6]), lag_values=array("d", [0.3, 0.05]),
-               cpu_share=0.05)
+    mid = dict(
+        loop_lag_p99_s=0.3,
+        lag_times=array("d", [0.5, 0.6]),
+        lag_values=array("d", [0.3, 0.05]),
+        cpu_share=0.05,
+    )
     trial = _trial(recs, level, **mid)
     assert trial.valid, trial.invalid
-    assert any(e.startswith("note: load client stalled: its event loop waited up to 300 ms") and
-               "tok/s is off by at most 0.00%" in e for e in trial.errors), trial.errors
-    edge = dict(loop_lag_p99_s=0.3, lag_times=array("d", [end, 0.6]), lag_values=array("d", [0.3, 0.05]),
-                cpu_share=0.05)
+    assert any(
+        e.startswith("note: load client stalled: its event loop waited up to 300 ms")
+        and "tok/s is off by at most 0.00%" in e
+        for e in trial.errors
+    ), trial.errors
+    edge = dict(
+        loop_lag_p99_s=0.3,
+        lag_times=array("d", [end, 0.6]),
+        lag_values=array("d", [0.3, 0.05]),
+        cpu_share=0.05,
+    )
     trial = _trial(recs, level, **edge)
     assert not trial.valid and trial.invalid[0].startswith("load client stalled")
-    assert "could be off by up to 30.0% (more than 2%): give the client a quieter core" in trial.invalid[0]
+    assert (
+        "could be off by up to 30.0% (more than 2%): give the client a quieter core"
+        in trial.invalid[0]
+    )
 
 
 def test_no_window_when_a_worker_ends_before_another_starts() -> None:
-    trial = _trial([_rec(0, 0.0, 11, 0.01), _rec(1, 5.0, 11, 0.01, index=1)], LevelSpec(2, None, 11))
+    trial = _trial(
+        [_rec(0, 0.0, 11, 0.01), _rec(1, 5.0, 11, 0.01, index=1)], LevelSpec(2, None, 11)
+    )
     assert trial.tok_s is None and "no steady-state window" in trial.invalid[0]
 
 
@@ -124,13 +170,27 @@ def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
             recs = [_rec(0, 0.0, 101, 0.01), _rec(1, 0.0, 101, 0.01, index=1)]
             lag_at = steady_window(recs)[1] if self.calls <= self.stalls else 0.5
             value = 0.3 if self.calls <= self.stalls else 0.001
-            return TrialRecords(records=recs, started=0.0, ended=1.1, concurrency=2, client_cpu_s=0.05,
-                                loop_lag_p99_s=value, lag_times=array("d", [lag_at]), lag_values=array("d", [value]))
+            return TrialRecords(
+                records=recs,
+                started=0.0,
+                ended=1.1,
+                concurrency=2,
+                client_cpu_s=0.05,
+                loop_lag_p99_s=value,
+                lag_times=array("d", [lag_at]),
+                lag_values=array("d", [value]),
+            )
 
     def spec() -> MeasureSpec:
-        return MeasureSpec(nodeid="t", target=Target("http://127.0.0.1:9/v1/chat/completions"),
-                           workload=Workload(levels=(level,), warmup=0), targets=Targets(),
-                           bodies={None: [b'{"max_tokens":0}']}, prompts_keys={None: "k"}, trials=3)
+        return MeasureSpec(
+            nodeid="t",
+            target=Target("http://127.0.0.1:9/v1/chat/completions"),
+            workload=Workload(levels=(level,), warmup=0),
+            targets=Targets(),
+            bodies={None: [b'{"max_tokens":0}']},
+            prompts_keys={None: "k"},
+            trials=3,
+        )
 
     client = StallingClient(stalls=1)
     result = asyncio.run(measure_level(client, spec(), level))
@@ -147,9 +207,17 @@ def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
 # ------------------------------------------------------------------ window ends on step boundaries
 
 
-def _stepped(ends: list[float], streams: int, *, first: int = 1, last: int | None = None,
-             read_s: float = 20e-6, tail_s: float = 0.0, every: int = 1,
-             phase: list[int] | None = None) -> list[RequestRecord]:
+def _stepped(
+    ends: list[float],
+    streams: int,
+    *,
+    first: int = 1,
+    last: int | None = None,
+    read_s: float = 20e-6,
+    tail_s: float = 0.0,
+    every: int = 1,
+    phase: list[int] | None = None,
+) -> list[RequestRecord]:
     """C streams fed by one server: step ``k`` ends at ``ends[k]`` and hands every running
     stream a token; the client reads stream ``j`` ``j * read_s`` later (one burst per step).
 
@@ -161,16 +229,27 @@ def _stepped(ends: list[float], streams: int, *, first: int = 1, last: int | Non
     recs = []
     for j in range(streams):
         p = 0 if phase is None else phase[j]
-        steps = [k for k in range(first, last + 1) if (k - first - p) % every == every - 1 or k == last]
+        steps = [
+            k for k in range(first, last + 1) if (k - first - p) % every == every - 1 or k == last
+        ]
         times = [ends[k] + j * read_s + (j * tail_s if k == last else 0.0) for k in steps]
         counts, prev = [], first - 1
         for k in steps:
             counts.append(k - prev)
             prev = k
-        rec = RequestRecord(index=j, worker=j, scheduled=0.0, sent=0.0, first_token=times[0], status=200,
-                            completion_tokens=last - first + 1)
+        rec = RequestRecord(
+            index=j,
+            worker=j,
+            scheduled=0.0,
+            sent=0.0,
+            first_token=times[0],
+            status=200,
+            completion_tokens=last - first + 1,
+        )
         rec.chunk_times = array("d", times)
-        rec.chunk_events = array("I", [1] * len(times))  # one event per read, as a packed server sends
+        rec.chunk_events = array(
+            "I", [1] * len(times)
+        )  # one event per read, as a packed server sends
         rec.end = times[-1]
         recs.append(rec)
     return recs

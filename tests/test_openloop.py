@@ -17,7 +17,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from pytest_kimi.load import LiveTrial, LoadClient, OpenLoopPlan, Target, TrialPlan, poisson_arrivals
+from pytest_kimi.load import (
+    LiveTrial,
+    LoadClient,
+    OpenLoopPlan,
+    Target,
+    TrialPlan,
+    poisson_arrivals,
+)
 from pytest_kimi.load.openloop import deal
 from pytest_kimi.load.runner import peak_inflight
 from pytest_kimi.sim.process import SimProcess
@@ -27,10 +34,16 @@ CHAT = "/v1/chat/completions"
 
 
 def body(max_tokens: int = 8) -> bytes:
-    return json.dumps({
-        "model": "kimi-k2.6-sim", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-        "max_tokens": max_tokens, "ignore_eos": True, "stream_options": {"include_usage": True},
-    }).encode()
+    return json.dumps(
+        {
+            "model": "kimi-k2.6-sim",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +78,12 @@ def test_plain_poisson_and_seeds() -> None:
     a = poisson_arrivals(50.0, requests=20_000, seed=3, exact_rate=False)
     assert statistics.fmean(gaps(a)) == pytest.approx(1 / 50, rel=0.03)
     assert 0.97 < cv(gaps(a)) < 1.03
-    assert poisson_arrivals(50.0, requests=100, seed=3) == poisson_arrivals(50.0, requests=100, seed=3)
-    assert poisson_arrivals(50.0, requests=100, seed=3) != poisson_arrivals(50.0, requests=100, seed=4)
+    assert poisson_arrivals(50.0, requests=100, seed=3) == poisson_arrivals(
+        50.0, requests=100, seed=3
+    )
+    assert poisson_arrivals(50.0, requests=100, seed=3) != poisson_arrivals(
+        50.0, requests=100, seed=4
+    )
 
 
 def test_duration_and_count_limits() -> None:
@@ -124,7 +141,10 @@ async def test_rate_schedule_delay_and_records(sim: str) -> None:
     # the lag monitor sees too, not by the scheduler
     assert tr.schedule_delay_p99_s is not None
     assert tr.schedule_delay_p99_s < 0.02 or tr.schedule_delay_p99_s < tr.loop_lag_max_s + 0.01, (
-        tr.schedule_delay_p99_s, tr.loop_lag_max_s, tr.loop_lag_p99_s)
+        tr.schedule_delay_p99_s,
+        tr.loop_lag_max_s,
+        tr.loop_lag_p99_s,
+    )
     # the sends themselves are Poisson-ish: mean gap 1/rate, cv near 1
     sends = sorted(r.sent for r in recs)
     assert statistics.fmean(gaps(sends)) == pytest.approx(1 / rate, rel=0.05)
@@ -141,8 +161,12 @@ async def test_no_cap_on_in_flight_when_the_server_is_slow() -> None:
     with SimProcess(SimProfile(speed=20, max_running_requests=2)) as proc:
         target = Target(f"{proc.url}{CHAT}")
         async with LoadClient() as client:
-            opened = await client.run_open_loop(target, OpenLoopPlan(rate=100.0, bodies=[body(48)], requests=40, timeout_s=20))
-            closed = await client.run_trial(target, TrialPlan(concurrency=2, bodies=[body(48)], requests=8, timeout_s=20))
+            opened = await client.run_open_loop(
+                target, OpenLoopPlan(rate=100.0, bodies=[body(48)], requests=40, timeout_s=20)
+            )
+            closed = await client.run_trial(
+                target, TrialPlan(concurrency=2, bodies=[body(48)], requests=8, timeout_s=20)
+            )
     assert all(r.ok for r in opened.records)
     assert peak_inflight(closed.records) <= 2
     assert opened.concurrency >= 10, opened.concurrency
@@ -197,7 +221,11 @@ async def test_live_counters(sim: str) -> None:
     async with LoadClient() as client:
         sampler = asyncio.ensure_future(sample())
         try:
-            tr = await client.run_open_loop(Target(sim), OpenLoopPlan(rate=100.0, bodies=[body(16)], requests=n, timeout_s=10), live)
+            tr = await client.run_open_loop(
+                Target(sim),
+                OpenLoopPlan(rate=100.0, bodies=[body(16)], requests=n, timeout_s=10),
+                live,
+            )
         finally:
             sampler.cancel()
     assert live.started == tr.started

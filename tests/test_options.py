@@ -49,14 +49,22 @@ def test_marker_wins(throughput_result):
 """
 
 
-@pytest.mark.parametrize("cli, env, ini, expected", [
-    (None, None, "5", 5),
-    (None, "4", "5", 4),
-    ("3", "4", "5", 3),
-])
-def test_trials_precedence_marker_cli_env_ini(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
-                                             cli: str | None, env: str | None, ini: str,
-                                             expected: int) -> None:
+@pytest.mark.parametrize(
+    "cli, env, ini, expected",
+    [
+        (None, None, "5", 5),
+        (None, "4", "5", 4),
+        ("3", "4", "5", 3),
+    ],
+)
+def test_trials_precedence_marker_cli_env_ini(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    cli: str | None,
+    env: str | None,
+    ini: str,
+    expected: int,
+) -> None:
     """marker > command line > environment > ini, for one option end to end."""
     pytester.makepyfile(test_suite=PRECEDENCE.format(expected=expected))
     pytester.makeini(f"[pytest]\nkimi_perf_trials = {ini}\n")
@@ -68,7 +76,9 @@ def test_trials_precedence_marker_cli_env_ini(pytester: pytest.Pytester, monkeyp
     pytester.runpytest_subprocess(*args).assert_outcomes(passed=2)
 
 
-def test_bad_value_names_its_source(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_value_names_its_source(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytester.makepyfile(test_suite=SUITE)
     monkeypatch.setenv("KIMI_PERF_TRIALS", "lots")
     result = pytester.runpytest("--endpoint=sim")
@@ -76,17 +86,26 @@ def test_bad_value_names_its_source(pytester: pytest.Pytester, monkeypatch: pyte
     result.stderr.fnmatch_lines(["*env KIMI_PERF_TRIALS: bad value 'lots'*"])
 
 
-def test_relative_paths_resolve_against_the_rootdir(pytester: pytest.Pytester,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relative_paths_resolve_against_the_rootdir(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One base for command line, environment and ini: the same file wherever pytest starts."""
     pytester.makepyfile(test_suite=SUITE)
     pytester.makeini("[pytest]\nkimi_perf_markdown = reports/perf.md\n")
     sub = pytester.mkdir("sub")
     monkeypatch.chdir(sub)
-    result = pytester.run(sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                          f"--rootdir={pytester.path}", f"-c={pytester.path / 'tox.ini'}",
-                          "--endpoint=sim:speed=20", "--perf-json=reports/perf.json",
-                          str(pytester.path / "test_suite.py"))
+    result = pytester.run(
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        f"--rootdir={pytester.path}",
+        f"-c={pytester.path / 'tox.ini'}",
+        "--endpoint=sim:speed=20",
+        "--perf-json=reports/perf.json",
+        str(pytester.path / "test_suite.py"),
+    )
     assert result.ret == 0, result.outlines[-20:]
     assert (pytester.path / "reports" / "perf.json").is_file()
     assert (pytester.path / "reports" / "perf.md").is_file()

@@ -33,8 +33,9 @@ GONE_WITHIN_S = 60.0
 """Deadline for processes to disappear; generous for a busy 2-core CI machine (measured:
 about a second on an idle one)."""
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="checks processes through /proc")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="checks processes through /proc"
+)
 
 LONG_SUITE = """
 from pytest_kimi import throughput
@@ -61,8 +62,13 @@ class Run:
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-                cwd=path, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})}, start_new_session=True)
+                cwd=path,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
 
     def text(self) -> str:
         try:
@@ -80,8 +86,9 @@ class Run:
                 value = what()
                 if value:
                     return value
-                pytest.fail(f"pytest exited ({self.proc.returncode}) before {label}:\n"
-                            f"{self.text()[-4000:]}")
+                pytest.fail(
+                    f"pytest exited ({self.proc.returncode}) before {label}:\n{self.text()[-4000:]}"
+                )
             time.sleep(0.05)
         pytest.fail(f"timed out waiting for {label}:\n{self.text()[-4000:]}")
 
@@ -128,13 +135,19 @@ def _setup(path: Path, backend: str, max_tokens: int = 4096) -> tuple[list[str],
     marker = f"/models/kimi-orphan-{uuid.uuid4().hex[:12]}"
     if backend == "sim":
         return [f"--endpoint=sim:speed=1,model={marker}"], marker
-    env = {"PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}", "FAKE_SGLANG_STARTUP_S": "0.3",
-           "FAKE_SGLANG_SPEED": "1", "FAKE_SGLANG_SCHEDULERS": "2", "HF_TOKEN": "hf-" + KEY}
+    env = {
+        "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}",
+        "FAKE_SGLANG_STARTUP_S": "0.3",
+        "FAKE_SGLANG_SPEED": "1",
+        "FAKE_SGLANG_SCHEDULERS": "2",
+        "HF_TOKEN": "hf-" + KEY,
+    }
     env_yaml = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in env.items())
     (path / "fake.yaml").write_text(
         f"args:\n  model-path: {marker}\n  tp-size: 8\n  max-running-requests: 256\n"
         f"  api-key: {KEY}\nenv:\n{env_yaml}\nstartup_timeout_s: 60\nstop_grace_s: 10\n"
-        f"stop_timeout_s: 5\n")
+        f"stop_timeout_s: 5\n"
+    )
     return ["--server-profile=fake.yaml"], marker
 
 
@@ -193,8 +206,10 @@ def test_sigkill_of_pytest_leaves_no_server(tmp_path: Path, reaper: Any, backend
     elapsed = _wait_gone(rec, children)
     assert not run.records(), "the supervisor removes its record once the group is gone"
     log = Path(rec["log"]).read_text(errors="replace")
-    assert f"the process that started this server (pid {rec['owner_pid']}) is gone" in log \
+    assert (
+        f"the process that started this server (pid {rec['owner_pid']}) is gone" in log
         or backend == "sim"
+    )
     if backend == "sglang":
         _no_key_anywhere(tmp_path)
         assert "<redacted>" in log  # the ServerArgs line the fake logs carried the key
@@ -205,21 +220,39 @@ def test_sigkill_of_pytest_leaves_no_server(tmp_path: Path, reaper: Any, backend
 
 
 @pytest.mark.parametrize("backend", ["sglang", "sim"])
-def test_sigterm_of_pytest_is_handled_like_ctrl_c(tmp_path: Path, reaper: Any,
-                                                   backend: str) -> None:
+def test_sigterm_of_pytest_is_handled_like_ctrl_c(
+    tmp_path: Path, reaper: Any, backend: str
+) -> None:
     args, _ = _setup(tmp_path, backend, max_tokens=256)
     report = tmp_path / "perf.json"
     markdown = tmp_path / "perf.md"
     junit = tmp_path / "junit.xml"
-    run = Run(tmp_path, ["-m", "perf", *args, f"--perf-json={report}",
-                         f"--perf-markdown={markdown}", f"--junitxml={junit}"])
+    run = Run(
+        tmp_path,
+        [
+            "-m",
+            "perf",
+            *args,
+            f"--perf-json={report}",
+            f"--perf-markdown={markdown}",
+            f"--junitxml={junit}",
+        ],
+    )
     reaper(pgid=run.proc.pid)
     rec = _server(run, reaper)
     children = _children(tmp_path) if backend == "sglang" else []
     # C=1 of the long test done, C=2 (several seconds) under way
-    run.wait_for(lambda: re.search(r"\[kimi\] C=1: .*tok/s", run.text().split(
-        "measuring test_suite.py::test_b_long", 1)[-1]) if "test_b_long" in run.text()
-        else None, "the first level of the long test")
+    run.wait_for(
+        lambda: (
+            re.search(
+                r"\[kimi\] C=1: .*tok/s",
+                run.text().split("measuring test_suite.py::test_b_long", 1)[-1],
+            )
+            if "test_b_long" in run.text()
+            else None
+        ),
+        "the first level of the long test",
+    )
 
     run.proc.send_signal(signal.SIGTERM)
     code = run.proc.wait(timeout=120)
@@ -248,9 +281,12 @@ def test_sigterm_of_pytest_is_handled_like_ctrl_c(tmp_path: Path, reaper: Any,
 def test_second_sigterm_stops_at_once_and_still_reaps(tmp_path: Path, reaper: Any) -> None:
     args, _ = _setup(tmp_path, "sglang")
     # a server that ignores SIGTERM: the first signal's graceful stop would take its grace
-    (tmp_path / "fake.yaml").write_text((tmp_path / "fake.yaml").read_text().replace(
-        "env:\n", 'env:\n  FAKE_SGLANG_MODE: "ignore-sigterm"\n').replace(
-        "stop_grace_s: 10", "stop_grace_s: 300"))
+    (tmp_path / "fake.yaml").write_text(
+        (tmp_path / "fake.yaml")
+        .read_text()
+        .replace("env:\n", 'env:\n  FAKE_SGLANG_MODE: "ignore-sigterm"\n')
+        .replace("stop_grace_s: 10", "stop_grace_s: 300")
+    )
     run = Run(tmp_path, ["-m", "perf", *args])
     reaper(pgid=run.proc.pid)
     rec = _server(run, reaper)
@@ -258,8 +294,10 @@ def test_second_sigterm_stops_at_once_and_still_reaps(tmp_path: Path, reaper: An
     children = _children(tmp_path)
     run.proc.send_signal(signal.SIGTERM)
     log = Path(rec["log"])
-    run.wait_for(lambda: "sent SIGTERM to the main process" in log.read_text(errors="replace"),
-                 "the graceful stop")
+    run.wait_for(
+        lambda: "sent SIGTERM to the main process" in log.read_text(errors="replace"),
+        "the graceful stop",
+    )
     t0 = time.monotonic()
     run.proc.send_signal(signal.SIGTERM)
     code = run.proc.wait(timeout=60)
@@ -298,15 +336,33 @@ def test_killed_xdist_worker_leaves_no_server(tmp_path: Path, reaper: Any) -> No
 # ---------------------------------------------------------------------- leftovers
 
 
-def _leftover(tmp_path: Path, reaper: Any, owner: int, owner_starttime: int | None
-              ) -> tuple[subprocess.Popen[bytes], Path]:
+def _leftover(
+    tmp_path: Path, reaper: Any, owner: int, owner_starttime: int | None
+) -> tuple[subprocess.Popen[bytes], Path]:
     """A running fake server recorded as a previous run's supervisor would have."""
-    port_env = {**os.environ, "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}",
-                "FAKE_SGLANG_STARTUP_S": "0.1"}
+    port_env = {
+        **os.environ,
+        "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}",
+        "FAKE_SGLANG_STARTUP_S": "0.1",
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/leftover",
-         "--port", "0", "--api-key", KEY], env=port_env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "/models/leftover",
+            "--port",
+            "0",
+            "--api-key",
+            KEY,
+        ],
+        env=port_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     reaper(pgid=proc.pid)
     deadline = time.monotonic() + 30
     while process_starttime(proc.pid) is None and time.monotonic() < deadline:
@@ -314,12 +370,25 @@ def _leftover(tmp_path: Path, reaper: Any, owner: int, owner_starttime: int | No
     records = tmp_path / ".kimi" / "servers"
     records.mkdir(parents=True)
     path = records / "ep8-12345-abc.json"
-    path.write_text(json.dumps({
-        "kind": "managed", "name": "ep8", "pid": proc.pid, "pgid": proc.pid,
-        "starttime": process_starttime(proc.pid), "supervisor_pid": 999999999,
-        "owner_pid": owner, "owner_starttime": owner_starttime, "port": 30000,
-        "started_at": "2026-01-01T00:00:00+0000", "leader_grace_s": 5, "group_grace_s": 2,
-        "command": ["python", "-m", "sglang.launch_server", "--api-key", "<redacted>"]}))
+    path.write_text(
+        json.dumps(
+            {
+                "kind": "managed",
+                "name": "ep8",
+                "pid": proc.pid,
+                "pgid": proc.pid,
+                "starttime": process_starttime(proc.pid),
+                "supervisor_pid": 999999999,
+                "owner_pid": owner,
+                "owner_starttime": owner_starttime,
+                "port": 30000,
+                "started_at": "2026-01-01T00:00:00+0000",
+                "leader_grace_s": 5,
+                "group_grace_s": 2,
+                "command": ["python", "-m", "sglang.launch_server", "--api-key", "<redacted>"],
+            }
+        )
+    )
     return proc, path
 
 

@@ -42,11 +42,15 @@ SMALL = "max_tokens=64, trials=2, warmup=1"
 
 def test_marker_is_registered_with_its_signature(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None*"])
+    result.stdout.fnmatch_lines(
+        ["@pytest.mark.throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None*"]
+    )
     result.stdout.fnmatch_lines(["@pytest.mark.perf:*"])
 
 
-def test_perf_tests_skip_with_one_clear_reason_without_endpoint(pytester: pytest.Pytester, monkeypatch) -> None:
+def test_perf_tests_skip_with_one_clear_reason_without_endpoint(
+    pytester: pytest.Pytester, monkeypatch
+) -> None:
     monkeypatch.delenv("KIMI_ENDPOINT", raising=False)
     pytester.makepyfile(
         f"""
@@ -104,7 +108,10 @@ def test_m_perf_selects_exactly_the_throughput_tests(pytester: pytest.Pytester) 
         ("concurrency=0", "concurrency=0: expected an integer >= 1"),
         ("concurrency=[1, 'x']", "concurrency='x': expected an integer >= 1"),
         ("concurency=4", "unknown argument concurency (did you mean concurrency?); allowed: *"),
-        ("min_tok_s={8: 100}", "min_tok_s={8: 100}: level 8 is not one of the concurrency levels [[]1[]]"),
+        (
+            "min_tok_s={8: 100}",
+            "min_tok_s={8: 100}: level 8 is not one of the concurrency levels [[]1[]]",
+        ),
         ("api='grpc'", "api='grpc': expected one of 'chat', 'completions'"),
         ("prompts='diverse', input_tokens=100", "prompts and input_tokens are exclusive*"),
         ("ignore_eos='yes'", "ignore_eos='yes': expected True or False"),
@@ -151,7 +158,9 @@ def test_bad_option_value_names_its_source(pytester: pytest.Pytester, monkeypatc
     result.stdout.fnmatch_lines(["*ini kimi_endpoint: 'ftp://nowhere' is not an http(s) URL*"])
 
 
-def test_floor_met_passes_and_missed_fails_with_table(pytester: pytest.Pytester, sim_url: str) -> None:
+def test_floor_met_passes_and_missed_fails_with_table(
+    pytester: pytest.Pytester, sim_url: str
+) -> None:
     pytester.makepyfile(
         f"""
         from pytest_kimi import throughput
@@ -231,8 +240,17 @@ def test_json_report_fields(pytester: pytest.Pytester, sim_url: str, tmp_path: P
     assert [lv["concurrency"] for lv in test["levels"]] == [1, 4]
     for lv in test["levels"]:
         for key in (
-            "concurrency", "max_tokens", "tok_s", "trials_tok_s", "request_tok_s_p50", "ttft_s_p50",
-            "ttft_s_p95", "itl_s_p50", "requests_ok", "requests_failed", "verdict",
+            "concurrency",
+            "max_tokens",
+            "tok_s",
+            "trials_tok_s",
+            "request_tok_s_p50",
+            "ttft_s_p50",
+            "ttft_s_p95",
+            "itl_s_p50",
+            "requests_ok",
+            "requests_failed",
+            "verdict",
         ):
             assert key in lv, key
         assert lv["verdict"] == "no-baseline"
@@ -285,7 +303,9 @@ def test_kimi_load_from_an_async_test(pytester: pytest.Pytester, sim_url: str) -
     result.assert_outcomes(passed=1)
 
 
-def test_endpoint_sim_starts_and_reaps_a_simulator(pytester: pytest.Pytester, tmp_path: Path) -> None:
+def test_endpoint_sim_starts_and_reaps_a_simulator(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
     pytester.makepyfile(
         f"""
         import os
@@ -319,7 +339,9 @@ def test_endpoint_sim_starts_and_reaps_a_simulator(pytester: pytest.Pytester, tm
         pytest.fail(f"simulator {pid} still alive after the session")
 
 
-def test_perf_tests_never_measure_in_parallel_under_xdist(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+def test_perf_tests_never_measure_in_parallel_under_xdist(
+    pytester: pytest.Pytester, sim_url: str, tmp_path: Path
+) -> None:
     pytest.importorskip("xdist")
     pytester.makepyfile(
         f"""
@@ -339,7 +361,9 @@ def test_perf_tests_never_measure_in_parallel_under_xdist(pytester: pytest.Pytes
         """
     )
     out = tmp_path / "perf.json"
-    result = pytester.runpytest_subprocess("-n", "2", f"--endpoint={sim_url}", f"--perf-json={out}", "-v")
+    result = pytester.runpytest_subprocess(
+        "-n", "2", f"--endpoint={sim_url}", f"--perf-json={out}", "-v"
+    )
     result.assert_outcomes(passed=3)
     report = json.loads(out.read_text())
     assert sorted(t["nodeid"].split("::")[-1] for t in report["tests"]) == ["test_a", "test_b"]
@@ -347,7 +371,9 @@ def test_perf_tests_never_measure_in_parallel_under_xdist(pytester: pytest.Pytes
     assert spans[0][1] <= spans[1][0], f"measurements overlapped: {spans}"
 
 
-def test_junit_properties_carry_levels_also_under_xdist(pytester: pytest.Pytester, sim_url: str) -> None:
+def test_junit_properties_carry_levels_also_under_xdist(
+    pytester: pytest.Pytester, sim_url: str
+) -> None:
     import xml.etree.ElementTree as ET
 
     pytester.makepyfile(
@@ -361,7 +387,9 @@ def test_junit_properties_carry_levels_also_under_xdist(pytester: pytest.Pyteste
     )
     for extra in (["-n", "2"],):  # through xdist: the properties travel with the reports
         junit = pytester.path / "junit.xml"
-        result = pytester.runpytest_subprocess(f"--endpoint={sim_url}", f"--junitxml={junit}", *extra)
+        result = pytester.runpytest_subprocess(
+            f"--endpoint={sim_url}", f"--junitxml={junit}", *extra
+        )
         result.assert_outcomes(passed=1)
         props = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
         assert float(props["kimi.C1.tok_s"]) > 0 and float(props["kimi.C2.tok_s"]) > 0
@@ -386,7 +414,9 @@ def test_markdown_step_summary_and_html_reports(
     summary.write_text("previous step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     md, html_dir = tmp_path / "perf.md", tmp_path / "html"
-    result = pytester.runpytest(f"--endpoint={sim_url}", f"--perf-markdown={md}", f"--perf-html={html_dir}")
+    result = pytester.runpytest(
+        f"--endpoint={sim_url}", f"--perf-markdown={md}", f"--perf-html={html_dir}"
+    )
     result.assert_outcomes(failed=1)
     text = md.read_text()
     assert "## pytest-kimi throughput: FAILED" in text
@@ -400,7 +430,9 @@ def test_markdown_step_summary_and_html_reports(
     assert page.count("data:image/png;base64,") == 2
 
 
-def test_perf_html_without_matplotlib_says_how_to_install(pytester: pytest.Pytester, monkeypatch) -> None:
+def test_perf_html_without_matplotlib_says_how_to_install(
+    pytester: pytest.Pytester, monkeypatch
+) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
@@ -410,7 +442,9 @@ def test_perf_html_without_matplotlib_says_how_to_install(pytester: pytest.Pytes
     result.stderr.fnmatch_lines(["*--perf-html*pip install 'pytest-kimi[[]plot[]]'*"])
 
 
-def test_latency_targets_and_goodput(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+def test_latency_targets_and_goodput(
+    pytester: pytest.Pytester, sim_url: str, tmp_path: Path
+) -> None:
     pytester.makepyfile(
         f"""
         from pytest_kimi import throughput
@@ -439,7 +473,9 @@ def test_latency_targets_and_goodput(pytester: pytest.Pytester, sim_url: str, tm
     assert 0 < met["ttft_s_pct"] < 5 and 0 < met["itl_s_pct"] < 1 and 0 < met["e2e_s_pct"] < 10
 
 
-def test_open_loop_rates_and_length_sweeps(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+def test_open_loop_rates_and_length_sweeps(
+    pytester: pytest.Pytester, sim_url: str, tmp_path: Path
+) -> None:
     pytester.makepyfile(
         """
         from pytest_kimi import throughput
@@ -462,19 +498,26 @@ def test_open_loop_rates_and_length_sweeps(pytester: pytest.Pytester, sim_url: s
     result.assert_outcomes(passed=2)
     tests = {t["nodeid"].split("::")[1]: t for t in json.loads(report.read_text())["tests"]}
     rates = tests["test_rates"]["levels"]
-    assert [lv["rate"] for lv in rates] == [20, 40] and [lv["label"] for lv in rates] == ["rate=20/s", "rate=40/s"]
+    assert [lv["rate"] for lv in rates] == [20, 40] and [lv["label"] for lv in rates] == [
+        "rate=20/s",
+        "rate=40/s",
+    ]
     for lv in rates:
         assert lv["achieved_rate"] == pytest.approx(lv["rate"], rel=0.05)
         assert lv["concurrency"] is None and lv["tok_s"] > 0
     labels = [lv["label"] for lv in tests["test_lengths"]["levels"]]
     assert labels == [
-        "C=4 max_tokens=16 input_tokens=50", "C=4 max_tokens=16 input_tokens=400",
-        "C=4 max_tokens=64 input_tokens=50", "C=4 max_tokens=64 input_tokens=400",
+        "C=4 max_tokens=16 input_tokens=50",
+        "C=4 max_tokens=16 input_tokens=400",
+        "C=4 max_tokens=64 input_tokens=50",
+        "C=4 max_tokens=64 input_tokens=400",
     ]
     result.stdout.fnmatch_lines(["*rate=40/s*", "*C=4 max_tokens=64 input_tokens=400*"])
 
 
-def test_load_workers_shard_the_client(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+def test_load_workers_shard_the_client(
+    pytester: pytest.Pytester, sim_url: str, tmp_path: Path
+) -> None:
     pytester.makepyfile(
         f"""
         from pytest_kimi import throughput
@@ -486,7 +529,9 @@ def test_load_workers_shard_the_client(pytester: pytest.Pytester, sim_url: str, 
         """
     )
     report = tmp_path / "perf.json"
-    result = pytester.runpytest_subprocess(f"--endpoint={sim_url}", "--perf-workers=2", f"--perf-json={report}")
+    result = pytester.runpytest_subprocess(
+        f"--endpoint={sim_url}", "--perf-workers=2", f"--perf-json={report}"
+    )
     result.assert_outcomes(passed=1)
     levels = json.loads(report.read_text())["tests"][0]["levels"]
     assert all(lv["tok_s"] > 0 for lv in levels)

@@ -27,9 +27,17 @@ def _tick(elapsed: float, kind: str = "tick") -> Progress:
 
 
 def test_format() -> None:
-    assert format_progress(_tick(2.0)) == "C=8 trial 1/3: 5/16 requests, ~1,234.5 tok/s, 1 errors, 2.0 s"
-    assert format_progress(_tick(2.0, "trial")).startswith("C=8 trial 1/3: 5/16 requests, 1,234.5 tok/s")
-    assert format_progress(_tick(9.0, "level")) == "C=8: 1,234.5 tok/s (median of 3 trials), 5 requests, 1 failed, 9.0 s"
+    assert (
+        format_progress(_tick(2.0))
+        == "C=8 trial 1/3: 5/16 requests, ~1,234.5 tok/s, 1 errors, 2.0 s"
+    )
+    assert format_progress(_tick(2.0, "trial")).startswith(
+        "C=8 trial 1/3: 5/16 requests, 1,234.5 tok/s"
+    )
+    assert (
+        format_progress(_tick(9.0, "level"))
+        == "C=8: 1,234.5 tok/s (median of 3 trials), 5 requests, 1 failed, 9.0 s"
+    )
 
 
 def test_plain_mode_prints_trial_ends_and_a_heartbeat_only() -> None:
@@ -45,7 +53,9 @@ def test_plain_mode_prints_trial_ends_and_a_heartbeat_only() -> None:
 
 def test_tty_mode_rewrites_one_line_per_level() -> None:
     written: list[tuple[str, str]] = []
-    printer = ProgressPrinter(lambda s: written.append(("line", s)), lambda s: written.append(("rewrite", s)))
+    printer = ProgressPrinter(
+        lambda s: written.append(("line", s)), lambda s: written.append(("rewrite", s))
+    )
     for t in range(3):
         printer(_tick(float(t)))
     printer(_tick(3.0, "level"))
@@ -73,7 +83,10 @@ def test_tty_session_rewrites_the_line(pytester: pytest.Pytester) -> None:
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "--endpoint=sim:speed=50", "-p", "no:cacheprovider"],
-        cwd=pytester.path, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL,
+        cwd=pytester.path,
+        stdout=slave,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
         env={**os.environ, "COLUMNS": "120"},
     )
     os.close(slave)

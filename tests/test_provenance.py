@@ -34,14 +34,24 @@ def test_sweep():
 
 
 def _info(*flags: str, startup_s: float = 600.0) -> dict[str, Any]:
-    argv = ["--model-path", "/models/kimi", "--tp-size", "8", "--ep-size", "8",
-            "--host", "127.0.0.1", *flags]
+    argv = [
+        "--model-path",
+        "/models/kimi",
+        "--tp-size",
+        "8",
+        "--ep-size",
+        "8",
+        "--host",
+        "127.0.0.1",
+        *flags,
+    ]
     return fake.server_info_of(fake.build_parser().parse_args(argv), argv, startup_s)
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    return [str(c) for c in provenance_diff(Provenance(server_info=old),
-                                            Provenance(server_info=new))]
+    return [
+        str(c) for c in provenance_diff(Provenance(server_info=old), Provenance(server_info=new))
+    ]
 
 
 def test_relaunch_on_another_port_is_no_change() -> None:
@@ -51,11 +61,17 @@ def test_relaunch_on_another_port_is_no_change() -> None:
     assert _diff(a, b) == []
 
 
-@pytest.mark.parametrize("old, new, named", [
-    (["--max-running-requests", "64"], ["--max-running-requests", "128"],
-     "max_running_requests: 64 -> 128"),
-    ([], ["--enable-eplb"], "enable_eplb: false -> true"),
-])
+@pytest.mark.parametrize(
+    "old, new, named",
+    [
+        (
+            ["--max-running-requests", "64"],
+            ["--max-running-requests", "128"],
+            "max_running_requests: 64 -> 128",
+        ),
+        ([], ["--enable-eplb"], "enable_eplb: false -> true"),
+    ],
+)
 def test_a_changed_flag_is_named_once(old: list[str], new: list[str], named: str) -> None:
     changes = _diff(_info("--port", "31001", *old), _info("--port", "31002", *new))
     assert changes == [named]
@@ -70,10 +86,18 @@ def test_a_flag_only_the_command_line_shows_is_named() -> None:
 def test_launch_command_parsed_into_args() -> None:
     parsed = parse_launch_command(
         "python3 -m sglang.launch_server --model-path /m --cuda-graph-bs-decode 1 2 4 --enable-eplb "
-        "--api-key=sk-abc --port 30001")
-    assert parsed == {"program": "python3 -m sglang.launch_server", "args": {
-        "api_key": "sk-abc", "cuda_graph_bs_decode": ["1", "2", "4"], "enable_eplb": True,
-        "model_path": "/m", "port": "30001"}}
+        "--api-key=sk-abc --port 30001"
+    )
+    assert parsed == {
+        "program": "python3 -m sglang.launch_server",
+        "args": {
+            "api_key": "sk-abc",
+            "cuda_graph_bs_decode": ["1", "2", "4"],
+            "enable_eplb": True,
+            "model_path": "/m",
+            "port": "30001",
+        },
+    }
 
 
 def test_clean_server_info_is_idempotent_and_keeps_stable_fields() -> None:
@@ -93,14 +117,16 @@ def _profile(pytester: pytest.Pytester, marker: str, max_running: int) -> Path:
     path.write_text(
         f"args:\n  model-path: {marker}\n  tp-size: 8\n  ep-size: 8\n"
         f"  max-running-requests: {max_running}\nenv:\n{env_yaml}\n"
-        f"startup_timeout_s: 60\nstop_timeout_s: 3\n")
+        f"startup_timeout_s: 60\nstop_timeout_s: 3\n"
+    )
     return path
 
 
 def _changes(pytester: pytest.Pytester, profile: Path, *extra: str) -> list[str]:
     report = pytester.path / f"perf-{uuid.uuid4().hex[:6]}.json"
-    run = pytester.runpytest_subprocess("-m", "perf", f"--server-profile={profile}",
-                                        f"--perf-json={report}", *extra, timeout=300)
+    run = pytester.runpytest_subprocess(
+        "-m", "perf", f"--server-profile={profile}", f"--perf-json={report}", *extra, timeout=300
+    )
     assert run.ret in (0, 1), run.outlines[-20:]
     (test,) = json.loads(report.read_text())["tests"]
     return list(test.get("provenance_changes") or [])

@@ -32,27 +32,60 @@ from pytest_kimi.sim.app import start_server
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimConfigError, SimProfile, parse_sim_spec
 
-REASONING_KEYS = {"reasoning_requests", "reasoning_tokens_mean", "content_tokens_mean", "ttfc_s_p50",
-                  "ttfc_s_p95", "ttfc_s_pct", "reasoning_no_content"}
+REASONING_KEYS = {
+    "reasoning_requests",
+    "reasoning_tokens_mean",
+    "content_tokens_mean",
+    "ttfc_s_p50",
+    "ttfc_s_p95",
+    "ttfc_s_pct",
+    "reasoning_no_content",
+}
 
 
 # ------------------------------------------------------------------ figures from records
-def _record(sent: float, first: float, first_content: float | None, tokens: int, reasoning: int) -> RequestRecord:
-    rec = RequestRecord(index=0, worker=0, scheduled=sent, sent=sent, first_token=first, end=first + 1.0,
-                        completion_tokens=tokens, status=200, reasoning_tokens=reasoning,
-                        first_content=first_content)
+def _record(
+    sent: float, first: float, first_content: float | None, tokens: int, reasoning: int
+) -> RequestRecord:
+    rec = RequestRecord(
+        index=0,
+        worker=0,
+        scheduled=sent,
+        sent=sent,
+        first_token=first,
+        end=first + 1.0,
+        completion_tokens=tokens,
+        status=200,
+        reasoning_tokens=reasoning,
+        first_content=first_content,
+    )
     rec.chunk_times.extend([first, first + 1.0])
     rec.chunk_events.extend([1, tokens - 1])
     return rec
 
 
 def _level(records: list[RequestRecord]) -> LevelResult:
-    trial = TrialResult(index=0, label="C=1", tok_s=100.0, window_s=1.0, window_tokens=100.0,
-                        requests_ok=len(records), requests_failed=0, wall_s=1.0, client=ClientSignals(),
-                        records=records)
+    trial = TrialResult(
+        index=0,
+        label="C=1",
+        tok_s=100.0,
+        window_s=1.0,
+        window_tokens=100.0,
+        requests_ok=len(records),
+        requests_failed=0,
+        wall_s=1.0,
+        client=ClientSignals(),
+        records=records,
+    )
     figures = level_figures([trial], 90.0)
-    return LevelResult(spec=LevelSpec(concurrency=1, rate=None, max_tokens=10), label="C=1", prompts_key="k",
-                       trials=[trial], figures=figures, verdict="pass")
+    return LevelResult(
+        spec=LevelSpec(concurrency=1, rate=None, max_tokens=10),
+        label="C=1",
+        prompts_key="k",
+        trials=[trial],
+        figures=figures,
+        verdict="pass",
+    )
 
 
 def test_level_without_reasoning_shows_nothing_new() -> None:
@@ -69,16 +102,35 @@ def test_reasoning_figures_from_records() -> None:
     """Means over successful requests; TTFC percentiles over the requests that reached their
     answer, the one that ended while thinking counted apart."""
     recs = [
-        _record(0.0, 0.1, 0.5, 10, 6),   # TTFC 0.5
-        _record(1.0, 1.1, 1.3, 10, 4),   # TTFC 0.3
-        _record(2.0, 2.1, 2.1, 10, 0),   # thinking off for this one: TTFC == TTFT
+        _record(0.0, 0.1, 0.5, 10, 6),  # TTFC 0.5
+        _record(1.0, 1.1, 1.3, 10, 4),  # TTFC 0.3
+        _record(2.0, 2.1, 2.1, 10, 0),  # thinking off for this one: TTFC == TTFT
         _record(3.0, 3.1, None, 10, 10),  # max_tokens reached while thinking
     ]
-    r = level_figures([TrialResult(index=0, label="C=1", tok_s=1.0, window_s=1.0, window_tokens=1.0,
-                                   requests_ok=4, requests_failed=0, wall_s=1.0, client=ClientSignals(),
-                                   records=recs)], 90.0).reasoning
+    r = level_figures(
+        [
+            TrialResult(
+                index=0,
+                label="C=1",
+                tok_s=1.0,
+                window_s=1.0,
+                window_tokens=1.0,
+                requests_ok=4,
+                requests_failed=0,
+                wall_s=1.0,
+                client=ClientSignals(),
+                records=recs,
+            )
+        ],
+        90.0,
+    ).reasoning
     assert r is not None
-    assert (r.requests, r.reasoning_tokens_mean, r.content_tokens_mean, r.no_content) == (3, 5.0, 5.0, 1)
+    assert (r.requests, r.reasoning_tokens_mean, r.content_tokens_mean, r.no_content) == (
+        3,
+        5.0,
+        5.0,
+        1,
+    )
     assert r.ttfc_s_p50 == pytest.approx(0.3)
     assert r.ttfc_s_pct == pytest.approx(0.46)  # numpy's linear p90 of 0.1, 0.3, 0.5
     out = _level(recs).to_dict()
@@ -104,8 +156,15 @@ async def _post(url: str, body: dict[str, Any]) -> bytes:
 
 
 def _chat(max_tokens: int, **extra: Any) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": "why?"}], "max_tokens": max_tokens,
-            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}, **extra}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "why?"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
 
 
 def test_sim_streams_reasoning_like_sglang_and_honours_per_request_fields() -> None:
@@ -122,7 +181,9 @@ def test_sim_streams_reasoning_like_sglang_and_honours_per_request_fields() -> N
             out["off"] = await _post(srv.url, _chat(12, chat_template_kwargs={"thinking": False}))
             out["short"] = await _post(srv.url, _chat(3))
             out["whole"] = json.loads(await _post(srv.url, _chat(12, stream=False)))
-        async with await start_server(SimProfile(speed=50, reasoning_tokens=5, stream_interval=4)) as srv:
+        async with await start_server(
+            SimProfile(speed=50, reasoning_tokens=5, stream_interval=4)
+        ) as srv:
             out["packed"] = await _post(srv.url, _chat(12))
         return out
 
@@ -134,7 +195,11 @@ def test_sim_streams_reasoning_like_sglang_and_honours_per_request_fields() -> N
     rec = parse_blocks([(0.0, got["plain"])])
     assert (rec.completion_tokens, rec.reasoning_tokens, rec.content_tokens) == (12, 5, 7)
     rec = parse_blocks([(0.0, got["joined"])])
-    assert b'"reasoning_tokens":5' in got["joined"] and rec.reasoning_tokens == 0 and rec.content_tokens == 12
+    assert (
+        b'"reasoning_tokens":5' in got["joined"]
+        and rec.reasoning_tokens == 0
+        and rec.content_tokens == 12
+    )
     rec = parse_blocks([(0.0, got["off"])])
     assert b"reasoning_tokens" not in got["off"] and rec.reasoning_tokens == 0
     rec = parse_blocks([(0.0, got["short"])])
@@ -164,9 +229,18 @@ def measured(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Conf
         levels = {}
         for concurrency in (1, 8):
             workload, targets = parse_throughput(
-                (), dict(concurrency=concurrency, requests=concurrency * 2, max_tokens=MAX_TOKENS, trials=2, warmup=1)
+                (),
+                dict(
+                    concurrency=concurrency,
+                    requests=concurrency * 2,
+                    max_tokens=MAX_TOKENS,
+                    trials=2,
+                    warmup=1,
+                ),
             )
-            spec = build_spec(endpoint, "reasoning", workload, targets, rootdir=pytestconfig.rootpath)
+            spec = build_spec(
+                endpoint, "reasoning", workload, targets, rootdir=pytestconfig.rootpath
+            )
             levels[concurrency] = session.measure(spec).level(concurrency)
         yield levels
     finally:
@@ -181,7 +255,10 @@ def test_counts_are_exact(measured, concurrency: int) -> None:
         for rec in trial.records:
             assert rec.ok and not rec.tokens_approx
             assert (rec.completion_tokens, rec.reasoning_tokens, rec.content_tokens) == (
-                MAX_TOKENS, REASONING, MAX_TOKENS - REASONING)
+                MAX_TOKENS,
+                REASONING,
+                MAX_TOKENS - REASONING,
+            )
     r = level.figures.reasoning
     assert r is not None and r.requests == level.figures.requests_ok and r.no_content == 0
     assert (r.reasoning_tokens_mean, r.content_tokens_mean) == (REASONING, MAX_TOKENS - REASONING)
@@ -202,11 +279,16 @@ def test_ttfc_follows_ttft_by_the_thinking_phase(measured, concurrency: int) -> 
     for rec in records:
         assert rec.ttft is not None and rec.ttfc is not None and rec.ttfc >= rec.ttft
         if concurrency == 1:
-            assert rec.ttfc >= PROFILE.expected_ttfc_s(rec.prompt_tokens, 1) - 0.001, (rec.ttfc, rec.ttft)
+            assert rec.ttfc >= PROFILE.expected_ttfc_s(rec.prompt_tokens, 1) - 0.001, (
+                rec.ttfc,
+                rec.ttft,
+            )
     gap = median(r.ttfc - r.ttft for r in records)
     assert 0.5 * REASONING * fastest <= gap <= 1.5 * REASONING * slowest + 0.25, gap
     f = level.figures
-    assert f.reasoning is not None and f.ttft_s_p50 is not None and f.reasoning.ttfc_s_p50 is not None
+    assert (
+        f.reasoning is not None and f.ttft_s_p50 is not None and f.reasoning.ttfc_s_p50 is not None
+    )
     assert f.reasoning.ttfc_s_p50 - f.ttft_s_p50 >= 0.5 * REASONING * fastest
 
 
@@ -215,11 +297,16 @@ def test_throughput_counts_reasoning_tokens(measured, concurrency: int) -> None:
     """tok/s is every output token: content alone would be 160/256 = 62% of the sim's rate."""
     level = measured[concurrency]
     expected = PROFILE.true_tok_s(concurrency)
-    assert level.figures.tok_s == pytest.approx(expected, rel=0.2), (level.figures.trials_tok_s, expected)
+    assert level.figures.tok_s == pytest.approx(expected, rel=0.2), (
+        level.figures.trials_tok_s,
+        expected,
+    )
 
 
 # ------------------------------------------------------------------ through the plugin
-def test_plugin_reports_both_counts_and_both_latencies(pytester: pytest.Pytester, tmp_path: Path) -> None:
+def test_plugin_reports_both_counts_and_both_latencies(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
     profile = SimProfile(speed=10.0, reasoning_tokens=48)
     pytester.makepyfile(
         """
@@ -234,10 +321,15 @@ def test_plugin_reports_both_counts_and_both_latencies(pytester: pytest.Pytester
     )
     report = tmp_path / "perf.json"
     md = tmp_path / "perf.md"
-    result = pytester.runpytest("--endpoint=sim:speed=10,reasoning_tokens=48", f"--perf-json={report}",
-                                f"--perf-markdown={md}")
+    result = pytester.runpytest(
+        "--endpoint=sim:speed=10,reasoning_tokens=48",
+        f"--perf-json={report}",
+        f"--perf-markdown={md}",
+    )
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*TTFT p50/p95 s*reason/content tok*TTFC p50/p95 s*", "*C=1*48/16*"])
+    result.stdout.fnmatch_lines(
+        ["*TTFT p50/p95 s*reason/content tok*TTFC p50/p95 s*", "*C=1*48/16*"]
+    )
     data = json.loads(report.read_text())
     for lv in data["tests"][0]["levels"]:
         assert lv["verdict"] in ("pass", "no-baseline"), lv["reasons"]
@@ -256,7 +348,13 @@ def test_junit_properties_carry_reasoning_only_when_present() -> None:
     from pytest_kimi.report.junit import junit_properties
 
     plain = {"label": "C=1", "tok_s": 10.0, "verdict": "pass"}
-    thinking = {**plain, "label": "C=2", "ttfc_s_p95": 0.5, "reasoning_tokens_mean": 24.0, "content_tokens_mean": 40.0}
+    thinking = {
+        **plain,
+        "label": "C=2",
+        "ttfc_s_p95": 0.5,
+        "reasoning_tokens_mean": 24.0,
+        "content_tokens_mean": 40.0,
+    }
     props = dict(junit_properties({"levels": [plain, thinking]}))
     assert not any(k.startswith("kimi.C1.") and ("ttfc" in k or "reasoning" in k) for k in props)
     assert (props["kimi.C2.ttfc_s_p95"], props["kimi.C2.reasoning_tokens_mean"]) == (0.5, 24.0)

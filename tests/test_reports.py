@@ -79,9 +79,14 @@ def test_markdown_regression_report(regression: dict[str, Any]) -> None:
     assert "### `test_s.py::test_single` **FAILED**" in md
     header = "| level | baseline tok/s | current tok/s | change (90% CI) | p | trials | target tok/s | verdict |"
     assert header in md
-    assert ("| C=1 | 1276.3 | 1065.2 ±0.3% | -16.6% (-20.6% .. -12.4%) | 0.000241 | 3 (base 4) | - "
-            "| **REGRESSION** |") in md
-    assert "| C=16 | 10102.0 | 8533.7 ±0.6% | -15.7% (-19.9% .. -11.3%) | 0.00126 | 3 (base 4) | 1000 |" in md
+    assert (
+        "| C=1 | 1276.3 | 1065.2 ±0.3% | -16.6% (-20.6% .. -12.4%) | 0.000241 | 3 (base 4) | - "
+        "| **REGRESSION** |"
+    ) in md
+    assert (
+        "| C=16 | 10102.0 | 8533.7 ±0.6% | -15.7% (-19.9% .. -11.3%) | 0.00126 | 3 (base 4) | 1000 |"
+        in md
+    )
     assert md.count("| **REGRESSION** |") == 4
     assert "changed since baseline: sim.slowdown: 1.0 -> 1.2" in md
     assert "- C=4 **REGRESSION**: regression -14.9%" in md
@@ -116,7 +121,9 @@ def test_markdown_no_baseline_and_strict(baseline_run: dict[str, Any]) -> None:
             for key in ("baseline_tok_s", "baseline_trials", "change_pct", "ci90", "p_value"):
                 lv.pop(key, None)
             lv["verdict"], lv["reasons"] = "no-baseline", []
-        test["baseline_note"] = "no baseline yet: baselines/sim/x.yaml (record it with --update-baselines)"
+        test["baseline_note"] = (
+            "no baseline yet: baselines/sim/x.yaml (record it with --update-baselines)"
+        )
     md = render_markdown(report)
     assert "| C=1 | - | 1273.2 ±2.4% | - | - | 3 | - | *no-baseline* |" in md
     assert "no baseline yet: baselines/sim/x.yaml" in md
@@ -135,7 +142,11 @@ def test_markdown_escapes_pipes_and_tags(regression: dict[str, Any]) -> None:
     assert "| ep\\|8 | C=1 |" in md
     assert "weird\\|verdict |" in md
     assert "&lt;absent>" in md and "<absent>" not in md
-    table = [line for line in md.split("### `test_s.py::test_single`")[1].splitlines() if line.startswith("|")]
+    table = [
+        line
+        for line in md.split("### `test_s.py::test_single`")[1].splitlines()
+        if line.startswith("|")
+    ]
     assert len({len(re.split(r"(?<!\\)\|", row)) for row in table}) == 1
 
 
@@ -157,8 +168,9 @@ def test_markdown_empty_report() -> None:
 # -------------------------------------------------------------------------------- plots, HTML
 
 
-def test_plot_unavailable_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                             regression: dict[str, Any]) -> None:
+def test_plot_unavailable_without_matplotlib(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, regression: dict[str, Any]
+) -> None:
     from pytest_kimi.report import html, plots
 
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
@@ -185,7 +197,9 @@ def _read_png(path: Path) -> Any:
 
 @pytest.mark.parametrize("sample", ["report-regression.json", "report-baseline-run.json"])
 def test_write_html_and_pngs(tmp_path: Path, sample: str) -> None:
-    pytest.importorskip("matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'")
+    pytest.importorskip(
+        "matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'"
+    )
     from pytest_kimi.report.html import write_html
 
     report = _load(sample)
@@ -193,8 +207,10 @@ def test_write_html_and_pngs(tmp_path: Path, sample: str) -> None:
     assert index == tmp_path / "html" / "index.html"
     names = sorted(p.name for p in index.parent.glob("*.png"))
     assert names == [
-        "test_s-test_single-latency.png", "test_s-test_single-throughput.png",
-        "test_s-test_sweep-latency.png", "test_s-test_sweep-throughput.png",
+        "test_s-test_single-latency.png",
+        "test_s-test_single-throughput.png",
+        "test_s-test_sweep-latency.png",
+        "test_s-test_sweep-throughput.png",
     ]
     page = index.read_text(encoding="utf-8")
     embedded = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
@@ -231,7 +247,9 @@ def test_html_escapes_content(tmp_path: Path, regression: dict[str, Any]) -> Non
 
 
 def test_plots_with_profiles_and_odd_names(tmp_path: Path, regression: dict[str, Any]) -> None:
-    pytest.importorskip("matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'")
+    pytest.importorskip(
+        "matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'"
+    )
     from pytest_kimi.report.html import write_html
     from pytest_kimi.report.plots import safe_name
 
@@ -251,7 +269,9 @@ def test_plots_with_profiles_and_odd_names(tmp_path: Path, regression: dict[str,
 
 def test_plots_tolerate_missing_figures(tmp_path: Path, regression: dict[str, Any]) -> None:
     """An errored level has no tok_s / latency: it is left out, not a crash."""
-    pytest.importorskip("matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'")
+    pytest.importorskip(
+        "matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'"
+    )
     from pytest_kimi.report.plots import render_test
 
     test = copy.deepcopy(regression["tests"][0])
@@ -293,7 +313,9 @@ def test_markdown_same_run_ab(regression: dict[str, Any]) -> None:
 
 
 def test_html_same_run_ab_one_figure_pair(tmp_path: Path, regression: dict[str, Any]) -> None:
-    pytest.importorskip("matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'")
+    pytest.importorskip(
+        "matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'"
+    )
     from pytest_kimi.report.html import plot_tests, write_html
 
     report = _same_run_ab(regression)
@@ -301,9 +323,12 @@ def test_html_same_run_ab_one_figure_pair(tmp_path: Path, regression: dict[str, 
     assert len(merged) == 1 and {lv["profile"] for lv in merged[0]["levels"]} == {"ep8", "tp8"}
     index = write_html(report, tmp_path)
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
-        "test_s-test_sweep-latency.png", "test_s-test_sweep-throughput.png"]
+        "test_s-test_sweep-latency.png",
+        "test_s-test_sweep-throughput.png",
+    ]
     page = index.read_text(encoding="utf-8")
     assert page.count("data:image/png;base64,") == 2
     assert 'id="test_s-test_sweep-on-ep8"' in page and 'id="test_s-test_sweep-on-tp8"' in page
-    assert page.index('id="test_s-test_sweep-on-tp8"') < page.index("data:image/png"), \
+    assert page.index('id="test_s-test_sweep-on-tp8"') < page.index("data:image/png"), (
         "figures follow the last entry of the nodeid"
+    )

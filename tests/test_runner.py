@@ -25,11 +25,21 @@ from pytest_kimi.load.runner import raise_nofile_limit
 SECRET = "sk-test-SECRET-0123456789"
 
 
-def chunk(text: str | None, finish: str | None = None, usage: dict[str, int] | None = None) -> bytes:
+def chunk(
+    text: str | None, finish: str | None = None, usage: dict[str, int] | None = None
+) -> bytes:
     obj: dict[str, Any] = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
-    obj["choices"] = [] if text is None and finish is None else [
-        {"index": 0, "delta": {"content": text} if text is not None else {}, "finish_reason": finish}
-    ]
+    obj["choices"] = (
+        []
+        if text is None and finish is None
+        else [
+            {
+                "index": 0,
+                "delta": {"content": text} if text is not None else {},
+                "finish_reason": finish,
+            }
+        ]
+    )
     if usage is not None:
         obj["usage"] = usage
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
@@ -66,7 +76,9 @@ async def handler(request: web.Request) -> web.StreamResponse:
         if mode == "500":
             return web.Response(status=500, text="internal boom " + "y" * 500)
         if mode == "401_echo":
-            return web.Response(status=401, text=f"invalid key {request.headers.get('Authorization')}")
+            return web.Response(
+                status=401, text=f"invalid key {request.headers.get('Authorization')}"
+            )
         if body.get("barrier"):
             # hold every request until `barrier` are in flight at once (proves concurrency)
             if stats.inflight >= body["barrier"]:
@@ -82,7 +94,9 @@ async def handler(request: web.Request) -> web.StreamResponse:
             if mode == "malformed" and i == 2:
                 await resp.write(b"data: <<garbage>>\n\n")
             elif mode == "error_event" and i == 2:
-                await resp.write(b'data: {"error": {"message": "out of KV cache", "code": 503}}\n\n')
+                await resp.write(
+                    b'data: {"error": {"message": "out of KV cache", "code": 503}}\n\n'
+                )
             if mode == "disconnect" and i == 3:
                 assert request.transport is not None
                 request.transport.close()
@@ -96,7 +110,11 @@ async def handler(request: web.Request) -> web.StreamResponse:
                 await asyncio.sleep(delay)
         await resp.write(chunk("", finish="length"))
         if mode != "nousage":
-            await resp.write(chunk(None, usage={"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}))
+            await resp.write(
+                chunk(
+                    None, usage={"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}
+                )
+            )
         if mode != "nodone":
             await resp.write(b"data: [DONE]\n\n")
         if mode == "linger":
@@ -145,31 +163,58 @@ def free_port() -> int:
 async def test_ok_stream_fields(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
     rec = await stream_request(
-        client.session, Target(url), body(max_tokens=6, first_delay=0.05, delay=0.005),
-        index=3, worker=1, scheduled=time.perf_counter(), timeout_s=5,
+        client.session,
+        Target(url),
+        body(max_tokens=6, first_delay=0.05, delay=0.005),
+        index=3,
+        worker=1,
+        scheduled=time.perf_counter(),
+        timeout_s=5,
     )
     assert rec.ok, rec.error
     assert (rec.index, rec.worker, rec.status) == (3, 1, 200)
-    assert rec.events == 6 and rec.completion_tokens == 6 and rec.prompt_tokens == 5 and not rec.tokens_approx
+    assert (
+        rec.events == 6
+        and rec.completion_tokens == 6
+        and rec.prompt_tokens == 5
+        and not rec.tokens_approx
+    )
     assert rec.finish_reason == "length"
     assert rec.ttft is not None and 0.05 <= rec.ttft < 1.0
-    assert rec.first_token == rec.chunk_times[0] and rec.sent <= rec.first_token <= rec.chunk_times[-1] <= rec.end
+    assert (
+        rec.first_token == rec.chunk_times[0]
+        and rec.sent <= rec.first_token <= rec.chunk_times[-1] <= rec.end
+    )
     assert len(rec.chunk_times) >= 3  # paced tokens arrive in separate blocks
 
 
 @pytest.mark.asyncio
 async def test_no_usage_means_approx_tokens(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
-    rec = await stream_request(client.session, Target(url), body(mode="nousage", max_tokens=7), index=0, worker=0, scheduled=0, timeout_s=5)
+    rec = await stream_request(
+        client.session,
+        Target(url),
+        body(mode="nousage", max_tokens=7),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=5,
+    )
     assert rec.ok and rec.tokens_approx and rec.completion_tokens == 7
 
 
 @pytest.mark.asyncio
 async def test_http_500(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
-    rec = await stream_request(client.session, Target(url), body(mode="500"), index=0, worker=0, scheduled=0, timeout_s=5)
+    rec = await stream_request(
+        client.session, Target(url), body(mode="500"), index=0, worker=0, scheduled=0, timeout_s=5
+    )
     assert rec.status == 500 and not rec.ok
-    assert rec.error is not None and rec.error.startswith("HTTP 500: internal boom") and len(rec.error) <= 220
+    assert (
+        rec.error is not None
+        and rec.error.startswith("HTTP 500: internal boom")
+        and len(rec.error) <= 220
+    )
     assert rec.end >= rec.sent > 0
 
 
@@ -177,7 +222,15 @@ async def test_http_500(server: tuple[str, Stats], client: LoadClient) -> None:
 async def test_stall_mid_stream_is_bounded(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
     t0 = time.perf_counter()
-    rec = await stream_request(client.session, Target(url), body(mode="stall"), index=0, worker=0, scheduled=0, timeout_s=0.3)
+    rec = await stream_request(
+        client.session,
+        Target(url),
+        body(mode="stall"),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=0.3,
+    )
     took = time.perf_counter() - t0
     assert rec.error == "stalled: no data for 0.3s" and rec.status == 200 and rec.events == 1
     assert 0.25 < took < 3.0
@@ -189,7 +242,13 @@ async def test_stall_after_steady_tokens(server: tuple[str, Stats], client: Load
     url, _ = server
     t0 = time.perf_counter()
     rec = await stream_request(
-        client.session, Target(url), body(mode="stall_late", max_tokens=8, delay=0.05), index=0, worker=0, scheduled=0, timeout_s=0.4
+        client.session,
+        Target(url),
+        body(mode="stall_late", max_tokens=8, delay=0.05),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=0.4,
     )
     silent = time.perf_counter() - rec.chunk_times[-1]
     assert rec.error == "stalled: no data for 0.4s" and rec.events == 4
@@ -200,26 +259,58 @@ async def test_stall_after_steady_tokens(server: tuple[str, Stats], client: Load
 async def test_stall_before_headers(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
     t0 = time.perf_counter()
-    rec = await stream_request(client.session, Target(url), body(mode="stall_headers"), index=0, worker=0, scheduled=0, timeout_s=0.3)
-    assert rec.error is not None and rec.error.startswith("stalled: no data for 0.3s") and rec.status == 0
+    rec = await stream_request(
+        client.session,
+        Target(url),
+        body(mode="stall_headers"),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=0.3,
+    )
+    assert (
+        rec.error is not None
+        and rec.error.startswith("stalled: no data for 0.3s")
+        and rec.status == 0
+    )
     assert time.perf_counter() - t0 < 3.0
 
 
 @pytest.mark.asyncio
-async def test_slow_but_steady_stream_is_not_a_stall(server: tuple[str, Stats], client: LoadClient) -> None:
+async def test_slow_but_steady_stream_is_not_a_stall(
+    server: tuple[str, Stats], client: LoadClient
+) -> None:
     """timeout_s bounds silence, not total time."""
     url, _ = server
-    rec = await stream_request(client.session, Target(url), body(max_tokens=8, delay=0.1), index=0, worker=0, scheduled=0, timeout_s=0.3)
+    rec = await stream_request(
+        client.session,
+        Target(url),
+        body(max_tokens=8, delay=0.1),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=0.3,
+    )
     assert rec.ok, rec.error
     assert rec.end - rec.sent > 0.6
 
 
 @pytest.mark.asyncio
-async def test_done_without_end_of_body_is_ok(server: tuple[str, Stats], client: LoadClient) -> None:
+async def test_done_without_end_of_body_is_ok(
+    server: tuple[str, Stats], client: LoadClient
+) -> None:
     """A server that never finishes the HTTP body after [DONE] costs at most the grace time."""
     url, _ = server
     t0 = time.perf_counter()
-    rec = await stream_request(client.session, Target(url), body(mode="linger"), index=0, worker=0, scheduled=0, timeout_s=5)
+    rec = await stream_request(
+        client.session,
+        Target(url),
+        body(mode="linger"),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=5,
+    )
     took = time.perf_counter() - t0
     assert rec.ok, rec.error
     assert took < 2.5 and rec.end - rec.chunk_times[-1] < 0.5
@@ -228,7 +319,15 @@ async def test_done_without_end_of_body_is_ok(server: tuple[str, Stats], client:
 @pytest.mark.asyncio
 async def test_disconnect_mid_stream(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
-    rec = await stream_request(client.session, Target(url), body(mode="disconnect", max_tokens=8), index=0, worker=0, scheduled=0, timeout_s=5)
+    rec = await stream_request(
+        client.session,
+        Target(url),
+        body(mode="disconnect", max_tokens=8),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=5,
+    )
     assert rec.error == "stream ended without [DONE] after 3 tokens"
     assert rec.events == 3 and rec.tokens_approx
 
@@ -236,23 +335,49 @@ async def test_disconnect_mid_stream(server: tuple[str, Stats], client: LoadClie
 @pytest.mark.asyncio
 async def test_eof_without_done(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
-    rec = await stream_request(client.session, Target(url), body(mode="nodone", max_tokens=4), index=0, worker=0, scheduled=0, timeout_s=5)
+    rec = await stream_request(
+        client.session,
+        Target(url),
+        body(mode="nodone", max_tokens=4),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=5,
+    )
     assert rec.error == "stream ended without [DONE] after 4 tokens"
 
 
 @pytest.mark.asyncio
 async def test_malformed_and_error_events(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
-    rec = await stream_request(client.session, Target(url), body(mode="malformed", max_tokens=6), index=0, worker=0, scheduled=0, timeout_s=5)
+    rec = await stream_request(
+        client.session,
+        Target(url),
+        body(mode="malformed", max_tokens=6),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=5,
+    )
     assert rec.error == "malformed SSE event: <<garbage>>" and rec.events == 2
-    rec = await stream_request(client.session, Target(url), body(mode="error_event", max_tokens=6), index=0, worker=0, scheduled=0, timeout_s=5)
+    rec = await stream_request(
+        client.session,
+        Target(url),
+        body(mode="error_event", max_tokens=6),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=5,
+    )
     assert rec.error == "server error event: out of KV cache (503)"
 
 
 @pytest.mark.asyncio
 async def test_zero_tokens_is_an_error(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
-    rec = await stream_request(client.session, Target(url), body(max_tokens=0), index=0, worker=0, scheduled=0, timeout_s=5)
+    rec = await stream_request(
+        client.session, Target(url), body(max_tokens=0), index=0, worker=0, scheduled=0, timeout_s=5
+    )
     assert rec.status == 200 and rec.error == "200 response with no tokens"
 
 
@@ -261,23 +386,37 @@ async def test_server_down(client: LoadClient) -> None:
     url = f"http://127.0.0.1:{free_port()}/v1/chat/completions"
     target = Target(url, headers={"Authorization": f"Bearer {SECRET}"})
     t0 = time.perf_counter()
-    tr = await client.run_trial(target, TrialPlan(concurrency=8, bodies=[body()], requests=10_000, timeout_s=5, max_failures=20))
+    tr = await client.run_trial(
+        target,
+        TrialPlan(concurrency=8, bodies=[body()], requests=10_000, timeout_s=5, max_failures=20),
+    )
     assert time.perf_counter() - t0 < 5.0
     assert 20 <= len(tr.records) < 20 + 8  # stopped; at most one extra per worker
     assert tr.stopped_early is not None and tr.stopped_early.startswith("max_failures reached")
     err = tr.records[0].error
-    assert err is not None and url in err and "server looks down" in err and tr.records[0].status == 0
+    assert (
+        err is not None and url in err and "server looks down" in err and tr.records[0].status == 0
+    )
     assert all(SECRET not in (r.error or "") for r in tr.records)
     assert SECRET not in tr.stopped_early and SECRET not in repr(target)
 
 
 @pytest.mark.asyncio
-async def test_api_key_sent_but_never_in_errors(server: tuple[str, Stats], client: LoadClient) -> None:
+async def test_api_key_sent_but_never_in_errors(
+    server: tuple[str, Stats], client: LoadClient
+) -> None:
     url, stats = server
     target = Target(url, headers={"Authorization": f"Bearer {SECRET}"})
-    rec = await stream_request(client.session, target, body(mode="401_echo"), index=0, worker=0, scheduled=0, timeout_s=5)
+    rec = await stream_request(
+        client.session, target, body(mode="401_echo"), index=0, worker=0, scheduled=0, timeout_s=5
+    )
     assert stats.auth[-1] == f"Bearer {SECRET}"
-    assert rec.status == 401 and rec.error is not None and SECRET not in rec.error and "***" in rec.error
+    assert (
+        rec.status == 401
+        and rec.error is not None
+        and SECRET not in rec.error
+        and "***" in rec.error
+    )
     assert SECRET not in repr(target)
 
 
@@ -286,7 +425,13 @@ async def test_api_key_sent_but_never_in_errors(server: tuple[str, Stats], clien
 async def test_closed_loop_keeps_c_in_flight(server: tuple[str, Stats], client: LoadClient) -> None:
     url, stats = server
     C = 16
-    plan = TrialPlan(concurrency=C, bodies=[body(max_tokens=5, delay=0.02, eof_delay=0.005), body(max_tokens=4, delay=0.02)], requests=96, timeout_s=5, warmup=5)
+    plan = TrialPlan(
+        concurrency=C,
+        bodies=[body(max_tokens=5, delay=0.02, eof_delay=0.005), body(max_tokens=4, delay=0.02)],
+        requests=96,
+        timeout_s=5,
+        warmup=5,
+    )
     tr = await client.run_trial(Target(url), plan)
     assert len(tr.records) == 96 and [r.index for r in tr.records] == list(range(96))
     assert all(r.ok for r in tr.records), {r.error for r in tr.records}
@@ -308,7 +453,9 @@ async def test_closed_loop_keeps_c_in_flight(server: tuple[str, Stats], client: 
         rs.sort(key=lambda r: r.sent)
         for a, b in zip(rs, rs[1:]):
             assert a.end <= b.scheduled <= b.sent
-    assert tr.started <= min(r.sent for r in tr.records) and tr.ended >= max(r.end for r in tr.records)
+    assert tr.started <= min(r.sent for r in tr.records) and tr.ended >= max(
+        r.end for r in tr.records
+    )
     assert tr.loop_lag_max_s >= tr.loop_lag_p99_s >= 0 and tr.lag_samples > 0
     assert tr.client_cpu_s > 0 and tr.stopped_early is None
     # closed loop: a free worker sends at once; the staggered start is reported on its own
@@ -319,7 +466,9 @@ async def test_closed_loop_keeps_c_in_flight(server: tuple[str, Stats], client: 
 async def test_c512(server: tuple[str, Stats], client: LoadClient) -> None:
     url, stats = server
     raise_nofile_limit(4096)
-    plan = TrialPlan(concurrency=512, bodies=[body(max_tokens=2, barrier=512)], requests=1024, timeout_s=20)
+    plan = TrialPlan(
+        concurrency=512, bodies=[body(max_tokens=2, barrier=512)], requests=1024, timeout_s=20
+    )
     tr = await client.run_trial(Target(url), plan)
     assert len(tr.records) == 1024
     assert all(r.ok for r in tr.records), {r.error for r in tr.records}
@@ -331,7 +480,12 @@ async def test_c512(server: tuple[str, Stats], client: LoadClient) -> None:
 async def test_duration_stops_new_requests(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
     t0 = time.perf_counter()
-    tr = await client.run_trial(Target(url), TrialPlan(concurrency=4, bodies=[body(max_tokens=2, delay=0.02)], duration_s=0.3, timeout_s=5))
+    tr = await client.run_trial(
+        Target(url),
+        TrialPlan(
+            concurrency=4, bodies=[body(max_tokens=2, delay=0.02)], duration_s=0.3, timeout_s=5
+        ),
+    )
     took = time.perf_counter() - t0
     assert 0.3 <= took < 2.0 and 8 <= len(tr.records) and all(r.ok for r in tr.records)
     assert max(r.sent for r in tr.records) < tr.started + 0.3 + 0.05
@@ -340,7 +494,12 @@ async def test_duration_stops_new_requests(server: tuple[str, Stats], client: Lo
 @pytest.mark.asyncio
 async def test_failures_stop_the_trial(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
-    tr = await client.run_trial(Target(url), TrialPlan(concurrency=2, bodies=[body(mode="500")], requests=1000, timeout_s=5, max_failures=5))
+    tr = await client.run_trial(
+        Target(url),
+        TrialPlan(
+            concurrency=2, bodies=[body(mode="500")], requests=1000, timeout_s=5, max_failures=5
+        ),
+    )
     assert 5 <= len(tr.records) <= 6 and all(r.status == 500 for r in tr.records)
     assert tr.stopped_early is not None and "HTTP 500" in tr.stopped_early
 
@@ -349,7 +508,10 @@ async def test_failures_stop_the_trial(server: tuple[str, Stats], client: LoadCl
 async def test_stalls_in_a_trial_are_bounded(server: tuple[str, Stats], client: LoadClient) -> None:
     url, _ = server
     t0 = time.perf_counter()
-    tr = await client.run_trial(Target(url), TrialPlan(concurrency=4, bodies=[body(mode="stall")], requests=8, timeout_s=0.25))
+    tr = await client.run_trial(
+        Target(url),
+        TrialPlan(concurrency=4, bodies=[body(mode="stall")], requests=8, timeout_s=0.25),
+    )
     assert time.perf_counter() - t0 < 3.0
     assert len(tr.records) == 8 and all(r.error == "stalled: no data for 0.25s" for r in tr.records)
 

@@ -45,14 +45,21 @@ def _all_text(root: Path) -> dict[Path, str]:
 
 
 def _leaks(texts: dict[Path, str], *secrets: str) -> list[str]:
-    return [f"{path}: {secret[:6]}..." for path, text in texts.items() for secret in secrets
-            if secret in text]
+    return [
+        f"{path}: {secret[:6]}..."
+        for path, text in texts.items()
+        for secret in secrets
+        if secret in text
+    ]
 
 
 def _managed_profile(pytester: pytest.Pytester) -> tuple[Path, str]:
     marker = f"/models/kimi-secret-{uuid.uuid4().hex[:12]}"
-    env = {"PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}", "FAKE_SGLANG_STARTUP_S": "0.3",
-           "HF_TOKEN": HF_TOKEN}
+    env = {
+        "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}",
+        "FAKE_SGLANG_STARTUP_S": "0.3",
+        "HF_TOKEN": HF_TOKEN,
+    }
     env_yaml = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in env.items())
     path = pytester.path / "ep8-keyed.yaml"
     path.write_text(
@@ -65,16 +72,26 @@ def _managed_profile(pytester: pytest.Pytester) -> tuple[Path, str]:
 
 def _every_output(pytester: pytest.Pytester) -> list[str]:
     out = pytester.path / "out"
-    return [f"--perf-json={out / 'perf.json'}", f"--perf-markdown={out / 'perf.md'}",
-            f"--perf-html={out / 'html'}", f"--junitxml={out / 'junit.xml'}", "-rA"]
+    return [
+        f"--perf-json={out / 'perf.json'}",
+        f"--perf-markdown={out / 'perf.md'}",
+        f"--perf-html={out / 'html'}",
+        f"--junitxml={out / 'junit.xml'}",
+        "-rA",
+    ]
 
 
 def test_managed_sglang_key_reaches_no_file_and_no_terminal(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     profile, _ = _managed_profile(pytester)
     run = pytester.runpytest_subprocess(
-        "-m", "perf", f"--server-profile={profile}", "--update-baselines", *_every_output(pytester),
-        timeout=300)
+        "-m",
+        "perf",
+        f"--server-profile={profile}",
+        "--update-baselines",
+        *_every_output(pytester),
+        timeout=300,
+    )
     run.assert_outcomes(passed=1)
     texts = _all_text(pytester.path)
     baseline = next(p for p in texts if p.suffix == ".yaml" and "baselines" in p.parts)
@@ -89,8 +106,9 @@ def test_managed_sglang_key_reaches_no_file_and_no_terminal(pytester: pytest.Pyt
     assert not _leaks({**texts, Path("<terminal>"): terminal}, API_KEY, ADMIN_KEY, HF_TOKEN)
 
 
-def test_external_endpoint_key_reaches_no_file_and_no_terminal(pytester: pytest.Pytester,
-                                                               tmp_path: Path) -> None:
+def test_external_endpoint_key_reaches_no_file_and_no_terminal(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
     """``--endpoint=URL --api-key=KEY`` against a server that reports the key back."""
     port_file = tmp_path / "log"
     env = {**os.environ, "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}", "FAKE_SGLANG_STARTUP_S": "0"}
@@ -98,9 +116,24 @@ def test_external_endpoint_key_reaches_no_file_and_no_terminal(pytester: pytest.
 
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/kimi-ext",
-         "--port", str(port), "--api-key", API_KEY, "--admin-api-key", ADMIN_KEY],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(port_file, "wb"), start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "/models/kimi-ext",
+            "--port",
+            str(port),
+            "--api-key",
+            API_KEY,
+            "--admin-api-key",
+            ADMIN_KEY,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(port_file, "wb"),
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while "ready to roll" not in port_file.read_text() and time.monotonic() < deadline:
@@ -108,8 +141,14 @@ def test_external_endpoint_key_reaches_no_file_and_no_terminal(pytester: pytest.
             time.sleep(0.05)
         pytester.makepyfile(test_suite=SUITE)
         run = pytester.runpytest_subprocess(
-            "-m", "perf", f"--endpoint=http://127.0.0.1:{port}", f"--api-key={API_KEY}",
-            "--update-baselines", *_every_output(pytester), timeout=300)
+            "-m",
+            "perf",
+            f"--endpoint=http://127.0.0.1:{port}",
+            f"--api-key={API_KEY}",
+            "--update-baselines",
+            *_every_output(pytester),
+            timeout=300,
+        )
         run.assert_outcomes(passed=1)
     finally:
         proc.terminate()
@@ -123,35 +162,62 @@ def test_external_endpoint_key_reaches_no_file_and_no_terminal(pytester: pytest.
 # ------------------------------------------------------------------ the scrubber itself
 
 
-@pytest.mark.parametrize("name", [
-    "api_key", "admin_api_key", "hf_token", "HF_TOKEN", "OPENAI_API_KEY", "watermark_key",
-    "db_password", "client_secret", "authorization", "api-key", "apiKey",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "api_key",
+        "admin_api_key",
+        "hf_token",
+        "HF_TOKEN",
+        "OPENAI_API_KEY",
+        "watermark_key",
+        "db_password",
+        "client_secret",
+        "authorization",
+        "api-key",
+        "apiKey",
+    ],
+)
 def test_secret_names(name: str) -> None:
     assert is_secret_name(name)
 
 
-@pytest.mark.parametrize("name", [
-    # SGLang configuration that a substring rule on "token"/"key" would wrongly hide
-    "max_total_tokens", "tokenizer_path", "skip_tokenizer_init", "max_prefill_tokens",
-    "token_aligner", "enable_token_filter", "kv_cache_dtype", "num_continuous_decode_steps",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        # SGLang configuration that a substring rule on "token"/"key" would wrongly hide
+        "max_total_tokens",
+        "tokenizer_path",
+        "skip_tokenizer_init",
+        "max_prefill_tokens",
+        "token_aligner",
+        "enable_token_filter",
+        "kv_cache_dtype",
+        "num_continuous_decode_steps",
+    ],
+)
 def test_configuration_names_are_not_secret(name: str) -> None:
     assert not is_secret_name(name)
 
 
-@pytest.mark.parametrize("text, kept", [
-    (f"python -m sglang.launch_server --api-key {API_KEY} --port 30001", "--port 30001"),
-    (f"--api-key={API_KEY} --tp-size 8", "--tp-size 8"),
-    (f"--admin-api-key '{ADMIN_KEY}'", "--admin-api-key"),
-    (f"ServerArgs(model_path='/m', api_key='{API_KEY}', max_total_tokens=5)", "max_total_tokens=5"),
-    (f'{{"api_key": "{API_KEY}", "max_tokens": 5}}', '"max_tokens": 5'),
-    (f"HF_TOKEN={HF_TOKEN} NCCL_IB_DISABLE=1", "NCCL_IB_DISABLE=1"),
-    (f"https://user:{API_KEY}@gw.example/v1", "@gw.example/v1"),
-    (f"https://gw.example/v1?api_key={API_KEY}&x=1", "&x=1"),
-    (f"Authorization: Bearer {API_KEY}", "Authorization: Bearer"),
-    (f"failed: {HF_TOKEN} rejected", "rejected"),
-])
+@pytest.mark.parametrize(
+    "text, kept",
+    [
+        (f"python -m sglang.launch_server --api-key {API_KEY} --port 30001", "--port 30001"),
+        (f"--api-key={API_KEY} --tp-size 8", "--tp-size 8"),
+        (f"--admin-api-key '{ADMIN_KEY}'", "--admin-api-key"),
+        (
+            f"ServerArgs(model_path='/m', api_key='{API_KEY}', max_total_tokens=5)",
+            "max_total_tokens=5",
+        ),
+        (f'{{"api_key": "{API_KEY}", "max_tokens": 5}}', '"max_tokens": 5'),
+        (f"HF_TOKEN={HF_TOKEN} NCCL_IB_DISABLE=1", "NCCL_IB_DISABLE=1"),
+        (f"https://user:{API_KEY}@gw.example/v1", "@gw.example/v1"),
+        (f"https://gw.example/v1?api_key={API_KEY}&x=1", "&x=1"),
+        (f"Authorization: Bearer {API_KEY}", "Authorization: Bearer"),
+        (f"failed: {HF_TOKEN} rejected", "rejected"),
+    ],
+)
 def test_scrub_text_removes_the_secret_and_keeps_the_rest(text: str, kept: str) -> None:
     out = scrub_text(text)
     assert API_KEY not in out and ADMIN_KEY not in out and HF_TOKEN not in out
@@ -160,13 +226,22 @@ def test_scrub_text_removes_the_secret_and_keeps_the_rest(text: str, kept: str) 
 
 
 def test_scrub_keeps_unset_keys_visible_and_numbers_whole() -> None:
-    info = {"api_key": API_KEY, "admin_api_key": None, "enable_token_filter": True,
-            "max_total_tokens": 5, "nested": [{"hf_token": HF_TOKEN}],
-            "argv": ["--api-key", API_KEY, "--port", "1"]}
-    assert scrub(info) == {"api_key": REDACTED, "admin_api_key": None,
-                           "enable_token_filter": True, "max_total_tokens": 5,
-                           "nested": [{"hf_token": REDACTED}],
-                           "argv": ["--api-key", REDACTED, "--port", "1"]}
+    info = {
+        "api_key": API_KEY,
+        "admin_api_key": None,
+        "enable_token_filter": True,
+        "max_total_tokens": 5,
+        "nested": [{"hf_token": HF_TOKEN}],
+        "argv": ["--api-key", API_KEY, "--port", "1"],
+    }
+    assert scrub(info) == {
+        "api_key": REDACTED,
+        "admin_api_key": None,
+        "enable_token_filter": True,
+        "max_total_tokens": 5,
+        "nested": [{"hf_token": REDACTED}],
+        "argv": ["--api-key", REDACTED, "--port", "1"],
+    }
     assert scrub_argv(["x", f"--hf-token={HF_TOKEN}"]) == ["x", f"--hf-token={REDACTED}"]
 
 

@@ -58,16 +58,31 @@ def write_profile(tmp_path: Path, text: str, name: str = "prof") -> Path:
     return path
 
 
-def fake_profile(tmp_path: Path, mode: str = "ok", *, args: dict[str, Any] | None = None,
-                 startup_s: float = 0.3, env: dict[str, str] | None = None,
-                 name: str = "fake", **top: Any) -> Path:
+def fake_profile(
+    tmp_path: Path,
+    mode: str = "ok",
+    *,
+    args: dict[str, Any] | None = None,
+    startup_s: float = 0.3,
+    env: dict[str, str] | None = None,
+    name: str = "fake",
+    **top: Any,
+) -> Path:
     """A managed profile running the fake sglang in ``mode``, written as YAML and loaded
     back, so the lifecycle tests also go through the file format."""
     data: dict[str, Any] = {
-        "args": {"model-path": "/root/models/Kimi-K2.6", "tp-size": 8, "ep-size": 8,
-                 **(args or {})},
-        "env": {"PYTHONPATH": PYTHONPATH, "FAKE_SGLANG_MODE": mode,
-                "FAKE_SGLANG_STARTUP_S": str(startup_s), **(env or {})},
+        "args": {
+            "model-path": "/root/models/Kimi-K2.6",
+            "tp-size": 8,
+            "ep-size": 8,
+            **(args or {}),
+        },
+        "env": {
+            "PYTHONPATH": PYTHONPATH,
+            "FAKE_SGLANG_MODE": mode,
+            "FAKE_SGLANG_STARTUP_S": str(startup_s),
+            **(env or {}),
+        },
         "startup_timeout_s": 30,
         "stop_timeout_s": 5,
         **top,
@@ -107,10 +122,20 @@ def get(url: str, timeout: float = 5.0) -> int:
 
 
 def chat(url: str) -> int:
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                       "max_tokens": 4, "ignore_eos": True}).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "ignore_eos": True,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     with NO_PROXY.open(req, timeout=10) as resp:
         return int(resp.status)
 
@@ -144,7 +169,9 @@ def test_minimal_profile_defaults(tmp_path: Path) -> None:
 
 
 def test_profile_fields_are_converted(tmp_path: Path) -> None:
-    path = write_profile(tmp_path, """
+    path = write_profile(
+        tmp_path,
+        """
 name: kimi-ep8
 command: python3 -m sglang.launch_server --log-level "warning"
 args:
@@ -157,27 +184,33 @@ env:
   CUDA_VISIBLE_DEVICES: null
 startup_timeout_s: 60
 stop_timeout_s: 2.5
-""")
+""",
+    )
     p = load_profile(path)
     assert p.name == "kimi-ep8"
     assert p.command == ["python3", "-m", "sglang.launch_server", "--log-level", "warning"]
     assert list(p.args) == ["tp-size", "ep-size", "model-path"]
-    assert p.env == {"NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "5",
-                     "CUDA_VISIBLE_DEVICES": None}
+    assert p.env == {"NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "5", "CUDA_VISIBLE_DEVICES": None}
     assert (p.startup_timeout_s, p.stop_timeout_s) == (60.0, 2.5)
 
-    listed = write_profile(tmp_path, "command: [/opt/venv/bin/python, -m, sglang.launch_server]"
-                                     "\nargs: {}\n", name="listed")
+    listed = write_profile(
+        tmp_path,
+        "command: [/opt/venv/bin/python, -m, sglang.launch_server]\nargs: {}\n",
+        name="listed",
+    )
     assert load_profile(listed).command[0] == "/opt/venv/bin/python"
 
 
 def test_external_profile(tmp_path: Path) -> None:
-    path = write_profile(tmp_path, """
+    path = write_profile(
+        tmp_path,
+        """
 start: ssh gpu-host systemctl start sglang-k26-ep8
 stop: ssh gpu-host systemctl stop sglang-k26-ep8
 url: http://127.0.0.1:30000/v1/
 startup_timeout_s: 1200
-""")
+""",
+    )
     p = load_profile(path)
     assert p.external
     assert p.url == "http://127.0.0.1:30000"
@@ -192,34 +225,56 @@ startup_timeout_s: 1200
 
 PROFILE_ERRORS = [
     ("args: [1, 2\n", ["invalid YAML at line 2", "expected ',' or ']'"]),
-    ("args:\n  tp-size: 8\n  tp-size: 4\n", ["invalid YAML at line 3",
-                                             "duplicate key 'tp-size' (first given on line 2)"]),
+    (
+        "args:\n  tp-size: 8\n  tp-size: 4\n",
+        ["invalid YAML at line 3", "duplicate key 'tp-size' (first given on line 2)"],
+    ),
     ("- a\n- b\n", ["must be a mapping of keys", "got list"]),
     ("", ["the file is empty", "'args:'", "'url:'"]),
-    ("argz:\n  tp-size: 8\n", ["unknown key 'argz' (did you mean 'args'?)",
-                               "allowed keys: name, engine, command, args, env"]),
+    (
+        "argz:\n  tp-size: 8\n",
+        [
+            "unknown key 'argz' (did you mean 'args'?)",
+            "allowed keys: name, engine, command, args, env",
+        ],
+    ),
     ("args: 5\n", ["'args' must be a mapping of flag -> value", "got a number"]),
-    ("args:\n  tp-size: 8\n  tp_size: 4\n", ["'tp-size' is given twice",
-                                             "'tp-size' and 'tp_size'"]),
+    (
+        "args:\n  tp-size: 8\n  tp_size: 4\n",
+        ["'tp-size' is given twice", "'tp-size' and 'tp_size'"],
+    ),
     ("args:\n  on: true\n", ["args key True is not a flag name", "quote the key"]),
     ("args:\n  cuda-graph-bs: []\n", ["args 'cuda-graph-bs' is a list", "non-empty list"]),
     ("args:\n  port: http\n", ["args 'port' must be an integer in [1, 65535]", "'http'"]),
-    ("args: {}\nstartup_timeout_s: soon\n", ["'startup_timeout_s' must be a number of "
-                                            "seconds > 0", "'soon'"]),
+    (
+        "args: {}\nstartup_timeout_s: soon\n",
+        ["'startup_timeout_s' must be a number of seconds > 0", "'soon'"],
+    ),
     ("args: {}\nstartup_timeout_s: -1\n", ["'startup_timeout_s' must be", "-1"]),
     ("args: {}\nstop_timeout_s: true\n", ["'stop_timeout_s' must be", "True"]),
-    ("command: python -m x\nargs: {}\nurl: http://127.0.0.1:1\n",
-     ["'command' and 'args' cannot be combined with 'url'", "(command/args)",
-      "(start/stop/url)"]),
-    ("start: systemctl start sglang\nstop: systemctl stop sglang\n",
-     ["'start' and 'stop' need 'url:'"]),
+    (
+        "command: python -m x\nargs: {}\nurl: http://127.0.0.1:1\n",
+        [
+            "'command' and 'args' cannot be combined with 'url'",
+            "(command/args)",
+            "(start/stop/url)",
+        ],
+    ),
+    (
+        "start: systemctl start sglang\nstop: systemctl stop sglang\n",
+        ["'start' and 'stop' need 'url:'"],
+    ),
     ("url: ftp://127.0.0.1/\n", ["'url' must be an http(s) base URL", "'ftp://127.0.0.1/'"]),
     ("engine: trtllm\nargs: {}\n", ["unknown engine 'trtllm'", "known engines: sglang, vllm"]),
-    ("command: \"python -m 'x\"\nargs: {}\n", ["'command' cannot be split into words",
-                                               "No closing quotation"]),
+    (
+        'command: "python -m \'x"\nargs: {}\n',
+        ["'command' cannot be split into words", "No closing quotation"],
+    ),
     ("command: 5\nargs: {}\n", ["'command' must be a string", "or a list of strings"]),
-    ("args: {}\nenv:\n  NCCL_IB_DISABLE: yes\n", ["env NCCL_IB_DISABLE is a YAML boolean",
-                                                   "quote it"]),
+    (
+        "args: {}\nenv:\n  NCCL_IB_DISABLE: yes\n",
+        ["env NCCL_IB_DISABLE is a YAML boolean", "quote it"],
+    ),
     ("args: {}\nenv: [1]\n", ["'env' must be a mapping", "got a list"]),
     ("args: {}\nenv:\n  A: [1]\n", ["env A must be a string or a number"]),
     ("name: ''\nargs: {}\n", ["'name' must be a non-empty string"]),
@@ -230,8 +285,9 @@ PROFILE_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("text", "expected"), PROFILE_ERRORS,
-                         ids=[f"e{i}" for i in range(len(PROFILE_ERRORS))])
+@pytest.mark.parametrize(
+    ("text", "expected"), PROFILE_ERRORS, ids=[f"e{i}" for i in range(len(PROFILE_ERRORS))]
+)
 def test_profile_errors(tmp_path: Path, text: str, expected: list[str]) -> None:
     path = write_profile(tmp_path, text)
     with pytest.raises(ProfileError) as info:
@@ -248,8 +304,9 @@ def test_missing_profile_file(tmp_path: Path) -> None:
 
 
 def test_parse_profile_from_mapping() -> None:
-    p = parse_profile({"args": {"model-path": "/m"}}, source="--server-profile",
-                      default_name="inline")
+    p = parse_profile(
+        {"args": {"model-path": "/m"}}, source="--server-profile", default_name="inline"
+    )
     assert p.name == "inline" and p.path is None
     with pytest.raises(ProfileError, match=r"^--server-profile: unknown key 'x'"):
         parse_profile({"x": 1}, source="--server-profile", default_name="inline")
@@ -259,7 +316,10 @@ def test_parse_profile_from_mapping() -> None:
 
 
 def test_argv_flags_and_free_port(tmp_path: Path) -> None:
-    p = load_profile(write_profile(tmp_path, """
+    p = load_profile(
+        write_profile(
+            tmp_path,
+            """
 command: python -m sglang.launch_server
 args:
   model-path: /root/models/Kimi-K2.6
@@ -270,23 +330,46 @@ args:
   chunked-prefill-size: null
   cuda-graph-bs: [1, 2, 4]
   json-model-override-args: {rope_scaling: {factor: 2}}
-"""))
+""",
+        )
+    )
     assert argv(p, "127.0.0.1", 31234) == [
-        "python", "-m", "sglang.launch_server",
-        "--model-path", "/root/models/Kimi-K2.6", "--tp-size", "8",
-        "--mem-fraction-static", "0.88", "--trust-remote-code",
-        "--cuda-graph-bs", "1", "2", "4",
-        "--json-model-override-args", '{"rope_scaling":{"factor":2}}',
-        "--host", "127.0.0.1", "--port", "31234"]
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/root/models/Kimi-K2.6",
+        "--tp-size",
+        "8",
+        "--mem-fraction-static",
+        "0.88",
+        "--trust-remote-code",
+        "--cuda-graph-bs",
+        "1",
+        "2",
+        "4",
+        "--json-model-override-args",
+        '{"rope_scaling":{"factor":2}}',
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31234",
+    ]
     assert server_args(p) == {
-        "model_path": "/root/models/Kimi-K2.6", "tp_size": 8, "mem_fraction_static": 0.88,
-        "trust_remote_code": True, "enable_eplb": False, "cuda_graph_bs": [1, 2, 4],
-        "json_model_override_args": {"rope_scaling": {"factor": 2}}}
+        "model_path": "/root/models/Kimi-K2.6",
+        "tp_size": 8,
+        "mem_fraction_static": 0.88,
+        "trust_remote_code": True,
+        "enable_eplb": False,
+        "cuda_graph_bs": [1, 2, 4],
+        "json_model_override_args": {"rope_scaling": {"factor": 2}},
+    }
 
 
 def test_argv_keeps_host_and_port_from_profile(tmp_path: Path) -> None:
-    p = load_profile(write_profile(tmp_path, "args:\n  model-path: /m\n  host: 0.0.0.0\n"
-                                             "  port: 30000\n"))
+    p = load_profile(
+        write_profile(tmp_path, "args:\n  model-path: /m\n  host: 0.0.0.0\n  port: 30000\n")
+    )
     words = argv(p, "127.0.0.1", 31234)
     assert words[3:] == ["--model-path", "/m", "--host", "0.0.0.0", "--port", "30000"]
     assert ManagedServer(p, tmp_path).host == "0.0.0.0"
@@ -296,8 +379,13 @@ def test_argv_keeps_host_and_port_from_profile(tmp_path: Path) -> None:
 
 
 def test_engine_render_args() -> None:
-    assert SGLANG.render_args({"a": True, "b": False, "c": None, "d": "x y", "e": 1.5}) == \
-        ["--a", "--d", "x y", "--e", "1.5"]
+    assert SGLANG.render_args({"a": True, "b": False, "c": None, "d": "x y", "e": 1.5}) == [
+        "--a",
+        "--d",
+        "x y",
+        "--e",
+        "1.5",
+    ]
     assert SGLANG.default_command("/py") == ["/py", "-m", "sglang.launch_server"]
 
 
@@ -306,7 +394,9 @@ def test_example_profiles_load() -> None:
     assert {f.stem for f in files} >= {"ep8", "ep8-tuned", "ep4", "tp8-tuned", "ep8-eplb"}
     profiles = {f.stem: load_profile(f) for f in files}
     remote = profiles.pop("remote-ep8")
-    assert remote.external and remote.url == "http://gpu-host:30001" and remote.start and remote.stop
+    assert (
+        remote.external and remote.url == "http://gpu-host:30001" and remote.start and remote.stop
+    )
     tiny, no_batching = profiles.pop("vllm-cpu-tiny"), profiles.pop("vllm-cpu-tiny-no-batching")
     assert tiny.engine == no_batching.engine == "vllm"
     assert tiny.env["VLLM_HOST_IP"] == "127.0.0.1", "vLLM's queues must stay on loopback"
@@ -328,17 +418,23 @@ def test_example_profiles_load() -> None:
         assert profiles[name].stop_grace_s >= 60, name
     eplb = server_args(profiles["ep8-eplb"])
     assert eplb["enable_eplb"] is True
-    assert {k: v for k, v in eplb.items() if k != "enable_eplb"} == \
-        server_args(profiles["ep8-tuned"])
+    assert {k: v for k, v in eplb.items() if k != "enable_eplb"} == server_args(
+        profiles["ep8-tuned"]
+    )
 
 
 # ---------------------------------------------------------------------- lifecycle
 
 
 def test_ready_health_and_server_info(tmp_path: Path, servers: list[Any]) -> None:
-    profile = load_profile(fake_profile(
-        tmp_path, args={"enable-eplb": True, "max-running-requests": 64,
-                        "disable-cuda-graph": False}, startup_s=1.0, name="ep8-eplb"))
+    profile = load_profile(
+        fake_profile(
+            tmp_path,
+            args={"enable-eplb": True, "max-running-requests": 64, "disable-cuda-graph": False},
+            startup_s=1.0,
+            name="ep8-eplb",
+        )
+    )
     server = open_server(profile, tmp_path / "logs", progress_every_s=0.2)
     assert isinstance(server, ManagedServer)
     servers.append(server)
@@ -371,9 +467,11 @@ def test_ready_health_and_server_info(tmp_path: Path, servers: list[Any]) -> Non
 
 
 def test_crash_at_start_reports_traceback_quickly(tmp_path: Path, servers: list[Any]) -> None:
-    profile = load_profile(fake_profile(tmp_path, "crash-at-start", args={"tp-size": 2,
-                                                                          "ep-size": 4},
-                                        startup_timeout_s=120))
+    profile = load_profile(
+        fake_profile(
+            tmp_path, "crash-at-start", args={"tp-size": 2, "ep-size": 4}, startup_timeout_s=120
+        )
+    )
     server = open_server(profile, tmp_path / "logs")
     servers.append(server)
     t0 = time.monotonic()
@@ -421,8 +519,9 @@ def test_never_ready_times_out_and_is_stopped(tmp_path: Path, servers: list[Any]
 
 
 def test_crash_mid_sweep_is_detected(tmp_path: Path, servers: list[Any]) -> None:
-    profile = load_profile(fake_profile(tmp_path, "crash-mid-sweep",
-                                        env={"FAKE_SGLANG_CRASH_AFTER": "3"}))
+    profile = load_profile(
+        fake_profile(tmp_path, "crash-mid-sweep", env={"FAKE_SGLANG_CRASH_AFTER": "3"})
+    )
     server = open_server(profile, tmp_path / "logs")
     servers.append(server)
     server.launch()
@@ -447,8 +546,9 @@ def test_crash_mid_sweep_is_detected(tmp_path: Path, servers: list[Any]) -> None
 
 
 def test_ignore_sigterm_group_is_killed(tmp_path: Path, servers: list[Any]) -> None:
-    profile = load_profile(fake_profile(tmp_path, "ignore-sigterm", stop_grace_s=0.5,
-                                        stop_timeout_s=1))
+    profile = load_profile(
+        fake_profile(tmp_path, "ignore-sigterm", stop_grace_s=0.5, stop_timeout_s=1)
+    )
     server = open_server(profile, tmp_path / "logs")
     servers.append(server)
     server.launch()
@@ -505,8 +605,9 @@ def test_stop_before_start_and_single_use(tmp_path: Path) -> None:
 
 
 def test_spawn_failure_is_reported(tmp_path: Path) -> None:
-    profile = load_profile(write_profile(
-        tmp_path, "command: /nonexistent/python -m sglang.launch_server\nargs: {}\n"))
+    profile = load_profile(
+        write_profile(tmp_path, "command: /nonexistent/python -m sglang.launch_server\nargs: {}\n")
+    )
     server = open_server(profile, tmp_path / "logs")
     with pytest.raises(ServerStartError, match="cannot run '/nonexistent/python'") as info:
         server.launch()
@@ -521,15 +622,21 @@ def test_external_start_stop(tmp_path: Path, servers: list[Any]) -> None:
     pidfile = tmp_path / "sim.pid"
     # The sim answers /v1/models at once but /health_generate only after 1.5 s: the
     # launcher must wait for the latter.
-    path = write_profile(tmp_path, yaml.safe_dump({
-        "start": f"{sys.executable} -m pytest_kimi.sim --port {port} --slow-start-s 1.5 "
-                 f"& echo $! > {pidfile}",
-        "stop": f"kill $(cat {pidfile})",
-        "url": f"http://127.0.0.1:{port}",
-        "env": {"PYTHONPATH": str(REPO)},
-        "startup_timeout_s": 30,
-        "stop_timeout_s": 5,
-    }), name="remote-ep8")
+    path = write_profile(
+        tmp_path,
+        yaml.safe_dump(
+            {
+                "start": f"{sys.executable} -m pytest_kimi.sim --port {port} --slow-start-s 1.5 "
+                f"& echo $! > {pidfile}",
+                "stop": f"kill $(cat {pidfile})",
+                "url": f"http://127.0.0.1:{port}",
+                "env": {"PYTHONPATH": str(REPO)},
+                "startup_timeout_s": 30,
+                "stop_timeout_s": 5,
+            }
+        ),
+        name="remote-ep8",
+    )
     server = open_server(load_profile(path), tmp_path / "logs")
     assert isinstance(server, ExternalServer)
     servers.append(server)
@@ -551,11 +658,16 @@ def test_external_start_stop(tmp_path: Path, servers: list[Any]) -> None:
 
 
 def test_external_start_failure_is_fast(tmp_path: Path, servers: list[Any]) -> None:
-    path = write_profile(tmp_path, yaml.safe_dump({
-        "start": "echo 'ssh: connect to host gpu-7 port 22: No route to host' >&2; exit 255",
-        "url": f"http://127.0.0.1:{free_port()}",
-        "startup_timeout_s": 120,
-    }))
+    path = write_profile(
+        tmp_path,
+        yaml.safe_dump(
+            {
+                "start": "echo 'ssh: connect to host gpu-7 port 22: No route to host' >&2; exit 255",
+                "url": f"http://127.0.0.1:{free_port()}",
+                "startup_timeout_s": 120,
+            }
+        ),
+    )
     server = open_server(load_profile(path), tmp_path / "logs")
     servers.append(server)
     t0 = time.monotonic()
@@ -568,8 +680,9 @@ def test_external_start_failure_is_fast(tmp_path: Path, servers: list[Any]) -> N
 
 
 def test_external_url_only_times_out(tmp_path: Path, servers: list[Any]) -> None:
-    path = write_profile(tmp_path, yaml.safe_dump({
-        "url": f"http://127.0.0.1:{free_port()}", "startup_timeout_s": 1}))
+    path = write_profile(
+        tmp_path, yaml.safe_dump({"url": f"http://127.0.0.1:{free_port()}", "startup_timeout_s": 1})
+    )
     server = open_server(load_profile(path), tmp_path / "logs")
     servers.append(server)
     with pytest.raises(ServerStartError, match="not ready after 1 s") as info:
@@ -580,38 +693,52 @@ def test_external_url_only_times_out(tmp_path: Path, servers: list[Any]) -> None
 # ---------------------------------------------------------------------- engines
 
 
-def test_profile_values_expand_environment_variables(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_profile_values_expand_environment_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("KIMI_TEST_MODELS", "/data/models")
     monkeypatch.delenv("KIMI_TEST_UNSET", raising=False)
-    path = write_profile(tmp_path, "args:\n  model-path: ${KIMI_TEST_MODELS}/kimi\n"
-                         "  tokenizer: ${KIMI_TEST_UNSET:-/fallback}\n"
-                         "  cuda-graph-bs: [\"${KIMI_TEST_UNSET:-1}\", 2]\n"
-                         "env:\n  CACHE: ${KIMI_TEST_MODELS}/cache\n")
+    path = write_profile(
+        tmp_path,
+        "args:\n  model-path: ${KIMI_TEST_MODELS}/kimi\n"
+        "  tokenizer: ${KIMI_TEST_UNSET:-/fallback}\n"
+        '  cuda-graph-bs: ["${KIMI_TEST_UNSET:-1}", 2]\n'
+        "env:\n  CACHE: ${KIMI_TEST_MODELS}/cache\n",
+    )
     profile = load_profile(path)
     assert profile.args["model-path"] == "/data/models/kimi"
     assert profile.args["tokenizer"] == "/fallback"
     assert profile.args["cuda-graph-bs"] == ["1", 2]
     assert profile.env["CACHE"] == "/data/models/cache"
     bad = write_profile(tmp_path, "args:\n  model-path: ${KIMI_TEST_UNSET}/kimi\n", "bad")
-    with pytest.raises(ProfileError, match=r"bad.yaml: args 'model-path' uses \$\{KIMI_TEST_UNSET\}, "
-                       r"which is not set; export it or give a default"):
+    with pytest.raises(
+        ProfileError,
+        match=r"bad.yaml: args 'model-path' uses \$\{KIMI_TEST_UNSET\}, "
+        r"which is not set; export it or give a default",
+    ):
         load_profile(bad)
 
 
 def _fake_vllm_profile(tmp_path: Path, warm_s: float) -> Path:
-    return write_profile(tmp_path, (
-        f"engine: vllm\ncommand: {sys.executable} {FAKE_VLLM}\n"
-        "args:\n  model: /models/tiny\n  served-model-name: tiny\n  max-num-seqs: 4\n"
-        f"env:\n  FAKE_VLLM_WARM_S: \"{warm_s}\"\nnice: 5\nstartup_timeout_s: 30\n"
-        "stop_timeout_s: 3\n"),
-        "fake-vllm")
+    return write_profile(
+        tmp_path,
+        (
+            f"engine: vllm\ncommand: {sys.executable} {FAKE_VLLM}\n"
+            "args:\n  model: /models/tiny\n  served-model-name: tiny\n  max-num-seqs: 4\n"
+            f'env:\n  FAKE_VLLM_WARM_S: "{warm_s}"\nnice: 5\nstartup_timeout_s: 30\n'
+            "stop_timeout_s: 3\n"
+        ),
+        "fake-vllm",
+    )
 
 
 def test_vllm_ready_only_once_a_token_is_generated(tmp_path: Path, servers: list[Any]) -> None:
     """vLLM's /health answers before generation works; readiness waits for a real token."""
-    server = open_server(load_profile(_fake_vllm_profile(tmp_path, warm_s=1.5)), tmp_path / "logs",
-                         progress_every_s=0.3)
+    server = open_server(
+        load_profile(_fake_vllm_profile(tmp_path, warm_s=1.5)),
+        tmp_path / "logs",
+        progress_every_s=0.3,
+    )
     servers.append(server)
     messages: list[str] = []
     started = time.monotonic()
@@ -631,8 +758,13 @@ def test_vllm_ready_only_once_a_token_is_generated(tmp_path: Path, servers: list
     info = asyncio.run(discover(server.url, api_key=None, model=None))
     assert info.model == "tiny" and info.server_info == {"version": "0.0-fake"}
     described = described_server_info(server.profile, info.server_info)
-    assert described == {"engine": "vllm", "model": "/models/tiny", "served_model_name": "tiny",
-                         "max_num_seqs": 4, "version": "0.0-fake"}
+    assert described == {
+        "engine": "vllm",
+        "model": "/models/tiny",
+        "served_model_name": "tiny",
+        "max_num_seqs": 4,
+        "version": "0.0-fake",
+    }
     pid = server.pid
     server.stop()
     assert pid is not None and not pid_alive(pid)
@@ -651,14 +783,18 @@ def test_reported_server_info_wins_over_the_profile(tmp_path: Path) -> None:
 def test_stop_is_staged_leader_first_then_group(tmp_path: Path, servers: list[Any]) -> None:
     """SIGTERM to the main process alone first (SGLang shuts its schedulers down itself);
     children it leaves get the group SIGTERM; nothing survives."""
-    profile = load_profile(fake_profile(tmp_path, env={"FAKE_SGLANG_SCHEDULERS": "2"},
-                                        stop_grace_s=20, stop_timeout_s=20))
+    profile = load_profile(
+        fake_profile(
+            tmp_path, env={"FAKE_SGLANG_SCHEDULERS": "2"}, stop_grace_s=20, stop_timeout_s=20
+        )
+    )
     server = open_server(profile, tmp_path / "logs")
     servers.append(server)
     server.launch()
     assert server.log_path is not None
-    children = [int(p) for p in re.findall(r"scheduler child pid (\d+)",
-                                           server.log_path.read_text())]
+    children = [
+        int(p) for p in re.findall(r"scheduler child pid (\d+)", server.log_path.read_text())
+    ]
     assert len(children) == 2 and all(pid_alive(p) for p in children)
     assert server.stop() == 0
     assert not any(pid_alive(p) for p in [server.pid or 0, *children])
@@ -670,12 +806,21 @@ def test_stop_is_staged_leader_first_then_group(tmp_path: Path, servers: list[An
 
 
 def test_secrets_stay_out_of_log_record_and_errors(tmp_path: Path, servers: list[Any]) -> None:
-    key, admin, token, custom = ("sk-test-" + "a" * 20, "admin-" + "b" * 20,
-                                 "hf_" + "c" * 24, "custom-" + "d" * 16)
-    profile = load_profile(fake_profile(
-        tmp_path, "crash-mid-sweep", args={"api-key": key},
-        env={"HF_TOKEN": token, "MY_CREDS": custom, "FAKE_SGLANG_CRASH_AFTER": "1"},
-        secret_env=["MY_CREDS"]))
+    key, admin, token, custom = (
+        "sk-test-" + "a" * 20,
+        "admin-" + "b" * 20,
+        "hf_" + "c" * 24,
+        "custom-" + "d" * 16,
+    )
+    profile = load_profile(
+        fake_profile(
+            tmp_path,
+            "crash-mid-sweep",
+            args={"api-key": key},
+            env={"HF_TOKEN": token, "MY_CREDS": custom, "FAKE_SGLANG_CRASH_AFTER": "1"},
+            secret_env=["MY_CREDS"],
+        )
+    )
     assert profile.secret_env == {"MY_CREDS"}
     server = open_server(profile, tmp_path / "logs", record_dir=tmp_path / "servers")
     servers.append(server)
@@ -694,8 +839,9 @@ def test_secrets_stay_out_of_log_record_and_errors(tmp_path: Path, servers: list
     for secret in (key, token, custom):
         assert secret not in log
 
-    crash = load_profile(fake_profile(tmp_path, "crash-at-start", args={"api-key": key},
-                                      name="crash"))
+    crash = load_profile(
+        fake_profile(tmp_path, "crash-at-start", args={"api-key": key}, name="crash")
+    )
     server = open_server(crash, tmp_path / "logs")
     servers.append(server)
     with pytest.raises(ServerStartError) as info:
@@ -725,8 +871,11 @@ def test_leftover_record_of_a_gone_process_is_dropped(tmp_path: Path) -> None:
     records = tmp_path / "servers"
     records.mkdir()
     stale = records / "old.json"
-    stale.write_text(json.dumps({"pid": 2 ** 22 + 12345, "pgid": 2 ** 22 + 12345,
-                                 "starttime": 1, "owner_pid": 2 ** 22 + 1}))
+    stale.write_text(
+        json.dumps(
+            {"pid": 2**22 + 12345, "pgid": 2**22 + 12345, "starttime": 1, "owner_pid": 2**22 + 1}
+        )
+    )
     (records / "junk.json").write_text("not json")
     assert leftovers.clear(records) == []
     assert not list(records.glob("*.json"))

@@ -73,7 +73,17 @@ def test_sample_lines_with_labels_escapes_timestamps_and_special_values() -> Non
     assert parse_sample("x -Inf").value == float("-inf")
     assert parse_sample('x { a = "1" } 2').value == 2.0
     # (prometheus_client's parser, which decides, reads "x 1 2 3" as value 1 at time 2)
-    for bad in ("# HELP x y", "", 'x{a="1" 2', 'x{a=1} 2', "x", "x one", "9x 1", 'x{a="1"}} 2', "xy{"):
+    for bad in (
+        "# HELP x y",
+        "",
+        'x{a="1" 2',
+        "x{a=1} 2",
+        "x",
+        "x one",
+        "9x 1",
+        'x{a="1"}} 2',
+        "xy{",
+    ):
         assert parse_sample(bad) is None, bad
 
 
@@ -128,15 +138,25 @@ def test_missing_counter_names_what_was_found() -> None:
 
 
 def _stream(worker: int, index: int, start: float, tokens: int, dt: float) -> RequestRecord:
-    rec = RequestRecord(index=index, worker=worker, scheduled=start - 0.005, sent=start - 0.005,
-                        first_token=start, status=200, completion_tokens=tokens, prompt_tokens=10)
+    rec = RequestRecord(
+        index=index,
+        worker=worker,
+        scheduled=start - 0.005,
+        sent=start - 0.005,
+        first_token=start,
+        status=200,
+        completion_tokens=tokens,
+        prompt_tokens=10,
+    )
     rec.chunk_times = array("d", [start + i * dt for i in range(tokens)])
     rec.chunk_events = array("I", [1] * tokens)
     rec.end = start + tokens * dt
     return rec
 
 
-def _closed_loop(workers: int = 2, per_worker: int = 3, tokens: int = 200, dt: float = 0.005) -> TrialResult:
+def _closed_loop(
+    workers: int = 2, per_worker: int = 3, tokens: int = 200, dt: float = 0.005
+) -> TrialResult:
     """``workers`` streams back to back, each ``per_worker`` requests of 1 s: 400 tok/s."""
     records = []
     for w in range(workers):
@@ -145,7 +165,9 @@ def _closed_loop(workers: int = 2, per_worker: int = 3, tokens: int = 200, dt: f
             records.append(_stream(w, len(records), t, tokens, dt))
             t += tokens * dt + 0.002
     level = LevelSpec(workers, None, tokens)
-    tr = TrialRecords(records=records, started=0.0, ended=max(r.end for r in records), concurrency=workers)
+    tr = TrialRecords(
+        records=records, started=0.0, ended=max(r.end for r in records), concurrency=workers
+    )
     return summarize_trial(0, level, tr, client=ClientSignals(), ignore_eos=True)
 
 
@@ -157,22 +179,31 @@ def _finished(trial: TrialResult, t: float) -> float:
     return float(sum(r.completion_tokens for r in trial.records if r.last_token <= t))
 
 
-def _scrapes(trial: TrialResult, counter: Any, *, extra_per_s: float = 0.0, every: float = 0.25) -> tuple:
+def _scrapes(
+    trial: TrialResult, counter: Any, *, extra_per_s: float = 0.0, every: float = 0.25
+) -> tuple:
     end = max(r.end for r in trial.records)
     before = Scrape(t=-0.05, half_rtt_s=0.001, generation=1000.0)
     during = [
-        Scrape(t=t, half_rtt_s=0.001, generation=1000.0 + counter(trial, t) + extra_per_s * (t + 0.05))
+        Scrape(
+            t=t, half_rtt_s=0.001, generation=1000.0 + counter(trial, t) + extra_per_s * (t + 0.05)
+        )
         for t in np.arange(every, end, every)
     ]
-    after = Scrape(t=end + 0.01, half_rtt_s=0.001,
-                   generation=1000.0 + counter(trial, end + 1) + extra_per_s * (end + 0.06))
+    after = Scrape(
+        t=end + 0.01,
+        half_rtt_s=0.001,
+        generation=1000.0 + counter(trial, end + 1) + extra_per_s * (end + 0.06),
+    )
     return before, [*during, after], after
 
 
 def test_a_counter_that_follows_the_tokens_agrees_exactly_and_on_the_rate() -> None:
     trial = _closed_loop()
     before, during, after = _scrapes(trial, _received)
-    check, reasons = check_trial(trial, before, during, after, metric="vllm:generation_tokens_total")
+    check, reasons = check_trial(
+        trial, before, during, after, metric="vllm:generation_tokens_total"
+    )
     assert reasons == []
     assert check.exact is True and check.tokens == check.client_tokens == 1200
     assert check.counting == "per-token"
@@ -184,10 +215,17 @@ def test_a_counter_that_follows_the_tokens_agrees_exactly_and_on_the_rate() -> N
 def test_another_clients_tokens_fail_both_checks() -> None:
     trial = _closed_loop()
     before, during, after = _scrapes(trial, _received, extra_per_s=50.0)  # +12% of 400 tok/s
-    check, reasons = check_trial(trial, before, during, after, metric="vllm:generation_tokens_total")
+    check, reasons = check_trial(
+        trial, before, during, after, metric="vllm:generation_tokens_total"
+    )
     assert check.exact is False and check.tokens > check.client_tokens
-    assert reasons[0].startswith(f"server counted {check.tokens:,} generation tokens (vllm:generation_tokens_total)")
-    assert "the client 1,200: another client is using this server, or the server counts differently" in reasons[0]
+    assert reasons[0].startswith(
+        f"server counted {check.tokens:,} generation tokens (vllm:generation_tokens_total)"
+    )
+    assert (
+        "the client 1,200: another client is using this server, or the server counts differently"
+        in reasons[0]
+    )
     assert "of the steady-state window, the client received" in reasons[1] and "(+12." in reasons[1]
 
 
@@ -195,7 +233,9 @@ def test_a_per_request_counter_gets_the_exact_check_only() -> None:
     trial = _closed_loop()
     before, during, after = _scrapes(trial, _finished)
     assert counting_mode(during, before, trial.records) == "per-request"
-    check, reasons = check_trial(trial, before, during, after, metric="sglang:generation_tokens_total")
+    check, reasons = check_trial(
+        trial, before, during, after, metric="sglang:generation_tokens_total"
+    )
     assert reasons == [] and check.exact is True
     assert check.tok_s is None and check.deviation_pct is None
     assert "counts a request's tokens when the request ends" in check.notes[0]
@@ -206,7 +246,10 @@ def test_a_short_window_gets_the_exact_check_only_and_says_so() -> None:
     before, during, after = _scrapes(trial, _received)
     check, reasons = check_trial(trial, before, during, after, metric="m")
     assert reasons == [] and check.exact is True and check.tok_s is None
-    assert "held 1 counter sample(s) (one every 0.25 s; a rate needs 2): exact check only" in check.notes[0]
+    assert (
+        "held 1 counter sample(s) (one every 0.25 s; a rate needs 2): exact check only"
+        in check.notes[0]
+    )
 
 
 def test_failed_requests_make_the_count_inexact_not_invalid() -> None:
@@ -235,8 +278,15 @@ def test_level_summary_keys() -> None:
 
 def test_reports_show_server_columns_only_when_present() -> None:
     level = {"label": "C=4", "concurrency": 4, "tok_s": 1000.0, "verdict": "pass", "reasons": []}
-    test = {"nodeid": "t.py::t", "outcome": "passed", "workload": {"api": "chat"}, "levels": [level]}
-    assert "server" not in "\n".join(format_test(test)) and "server" not in render_markdown({"tests": [test]})
+    test = {
+        "nodeid": "t.py::t",
+        "outcome": "passed",
+        "workload": {"api": "chat"},
+        "levels": [level],
+    }
+    assert "server" not in "\n".join(format_test(test)) and "server" not in render_markdown(
+        {"tests": [test]}
+    )
     level["server"] = {"tokens": 4096, "client_tokens": 4096, "tok_s": 997.5}
     lines = format_test(test)
     assert "server tok/s" in lines[1] and "997.5" in lines[2] and "4096 (exact)" in lines[2]
@@ -252,6 +302,7 @@ def test_reports_show_server_columns_only_when_present() -> None:
 async def _serve(routes: dict[str, tuple[int, str]]) -> web.AppRunner:
     app = web.Application()
     for path, (status, body) in routes.items():
+
         async def handler(request: web.Request, s: int = status, b: str = body) -> web.Response:
             return web.Response(status=s, text=b)
 
@@ -266,7 +317,9 @@ async def _serve(routes: dict[str, tuple[int, str]]) -> web.AppRunner:
 async def test_scraper_reads_counters_with_timestamps() -> None:
     runner = await _serve({"/metrics": (200, SGLANG)})
     port = runner.addresses[0][1]
-    scraper = MetricsScraper(f"http://127.0.0.1:{port}/", {"Authorization": "Bearer k", "Content-Type": "x"})
+    scraper = MetricsScraper(
+        f"http://127.0.0.1:{port}/", {"Authorization": "Bearer k", "Content-Type": "x"}
+    )
     try:
         names = await scraper.open()
         assert names.generation == "sglang:generation_tokens_total"
@@ -283,10 +336,15 @@ async def test_scraper_reads_counters_with_timestamps() -> None:
 @pytest.mark.parametrize(
     "routes, expected",
     [
-        ({}, "/metrics answered 404: the server exposes no /metrics: launch SGLang with --enable-metrics "
-             "(vLLM serves it by default) or drop --perf-server-metrics"),
-        ({"/metrics": (200, "python_gc_objects_collected_total 5\n")},
-         "/metrics has no generation-token counter"),
+        (
+            {},
+            "/metrics answered 404: the server exposes no /metrics: launch SGLang with --enable-metrics "
+            "(vLLM serves it by default) or drop --perf-server-metrics",
+        ),
+        (
+            {"/metrics": (200, "python_gc_objects_collected_total 5\n")},
+            "/metrics has no generation-token counter",
+        ),
         ({"/metrics": (500, "boom")}, "/metrics answered HTTP 500 ('boom')"),
     ],
 )
@@ -312,7 +370,10 @@ async def test_scraper_connection_error_names_the_url() -> None:
         port = s.getsockname()[1]
     scraper = MetricsScraper(f"http://127.0.0.1:{port}")
     try:
-        with pytest.raises(ServerMetricsError, match=f"cannot read the server's counters at http://127.0.0.1:{port}/metrics"):
+        with pytest.raises(
+            ServerMetricsError,
+            match=f"cannot read the server's counters at http://127.0.0.1:{port}/metrics",
+        ):
             await scraper.open()
     finally:
         await scraper.close()
@@ -357,7 +418,9 @@ def test_simulator_counts_agree_with_the_client(
         result = pytester.runpytest(*args)
     result.assert_outcomes(passed=1)
     tokens = trials * 12 * 512
-    result.stdout.fnmatch_lines(["*level*tok/s*server tok/s*server tokens*", f"*C=4*{tokens} (exact)*"])
+    result.stdout.fnmatch_lines(
+        ["*level*tok/s*server tok/s*server tokens*", f"*C=4*{tokens} (exact)*"]
+    )
     (level,) = json.loads(out.read_text())["tests"][0]["levels"]
     server = level["server"]
     assert server["metric"] == "sglang:generation_tokens_total"
@@ -400,20 +463,29 @@ def test_shared():
 """
 
 
-def test_a_second_client_makes_the_level_invalid(pytester: pytest.Pytester, sim_url: str, tmp_path: Path) -> None:
+def test_a_second_client_makes_the_level_invalid(
+    pytester: pytest.Pytester, sim_url: str, tmp_path: Path
+) -> None:
     pytester.makepyfile(test_shared=DISAGREE)
     out = tmp_path / "perf.json"
-    result = pytester.runpytest(f"--endpoint={sim_url}", "--perf-server-metrics", f"--perf-json={out}")
+    result = pytester.runpytest(
+        f"--endpoint={sim_url}", "--perf-server-metrics", f"--perf-json={out}"
+    )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*throughput measurement invalid:*",
-        "*C=2 invalid: server counted * generation tokens (sglang:generation_tokens_total) during the "
-        "trial, the client 256: another client is using this server, or the server counts differently*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*throughput measurement invalid:*",
+            "*C=2 invalid: server counted * generation tokens (sglang:generation_tokens_total) during the "
+            "trial, the client 256: another client is using this server, or the server counts differently*",
+        ]
+    )
     assert "the body must not run" not in result.stdout.str()
     (level,) = json.loads(out.read_text())["tests"][0]["levels"]
     assert level["verdict"] == "invalid" and level["trials_tok_s"] == []
-    assert level["server"]["exact"] is False and level["server"]["tokens"] > level["server"]["client_tokens"] == 256
+    assert (
+        level["server"]["exact"] is False
+        and level["server"]["tokens"] > level["server"]["client_tokens"] == 256
+    )
 
 
 class _NoMetrics(BaseHTTPRequestHandler):
@@ -462,10 +534,12 @@ def test_a_server_without_metrics_fails_before_any_load(pytester: pytest.Pyteste
         )
         result = pytester.runpytest(f"--endpoint={url}")
         result.assert_outcomes(errors=1)
-        result.stdout.fnmatch_lines([
-            f"*--perf-server-metrics: {url}/metrics answered 404: the server exposes no /metrics: launch "
-            "SGLang with --enable-metrics (vLLM serves it by default) or drop --perf-server-metrics*"
-        ])
+        result.stdout.fnmatch_lines(
+            [
+                f"*--perf-server-metrics: {url}/metrics answered 404: the server exposes no /metrics: launch "
+                "SGLang with --enable-metrics (vLLM serves it by default) or drop --perf-server-metrics*"
+            ]
+        )
         assert _NoMetrics.posts == 0
     finally:
         server.shutdown()

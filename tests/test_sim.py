@@ -41,12 +41,21 @@ COMPLETIONS = "/v1/completions"
 # ---------------------------------------------------------------------- helpers
 
 
-def chat_body(max_tokens: int = 8, *, stream: bool = True, usage: bool = True,
-              ignore_eos: bool = True, content: str = "What is 2+2?") -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "kimi-k2.6-sim",
-                            "messages": [{"role": "user", "content": content}],
-                            "max_tokens": max_tokens, "stream": stream,
-                            "ignore_eos": ignore_eos}
+def chat_body(
+    max_tokens: int = 8,
+    *,
+    stream: bool = True,
+    usage: bool = True,
+    ignore_eos: bool = True,
+    content: str = "What is 2+2?",
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "kimi-k2.6-sim",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "ignore_eos": ignore_eos,
+    }
     if stream and usage:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -59,7 +68,7 @@ async def read_sse(resp: aiohttp.ClientResponse) -> list[str]:
     assert text.endswith("\n\n")
     events = [block for block in text.split("\n\n") if block]
     assert all(e.startswith("data: ") for e in events), events
-    return [e[len("data: "):] for e in events]
+    return [e[len("data: ") :] for e in events]
 
 
 async def sse_lines_timed(resp: aiohttp.ClientResponse) -> list[tuple[float, bytes]]:
@@ -109,7 +118,8 @@ def test_speed_slowdown_and_ttft() -> None:
     assert slow.true_tok_s(64) == pytest.approx(base.true_tok_s(64) / 1.15)
     assert base.expected_ttft_s(100) == pytest.approx(base.step_time(1) + 100 * 2e-5)
     assert base.expected_ttft_s(100, c=8) == pytest.approx(
-        base.step_time(7) + base.step_time(8) + 100 * 2e-5)
+        base.step_time(7) + base.step_time(8) + 100 * 2e-5
+    )
     assert fast.prefill_time(1000) == pytest.approx(1000 * 2e-5 / 20)
     # closed-loop refinement: below the ideal, approaching it for long requests
     assert base.closed_loop_tok_s(8, 32) < base.true_tok_s(8)
@@ -119,8 +129,11 @@ def test_speed_slowdown_and_ttft() -> None:
 
 def test_noise_factor_is_deterministic_per_seed() -> None:
     assert SimProfile().noise_factor == 1.0
-    a, b, c = SimProfile(noise=0.05, seed=1), SimProfile(noise=0.05, seed=1), \
-        SimProfile(noise=0.05, seed=2)
+    a, b, c = (
+        SimProfile(noise=0.05, seed=1),
+        SimProfile(noise=0.05, seed=1),
+        SimProfile(noise=0.05, seed=2),
+    )
     assert a.noise_factor == b.noise_factor != c.noise_factor
     assert a.noise_factor == pytest.approx(1.0, abs=0.3)
     assert a.true_tok_s(8, include_noise=True) == pytest.approx(a.true_tok_s(8) / a.noise_factor)
@@ -130,11 +143,23 @@ def test_noise_factor_is_deterministic_per_seed() -> None:
 
 
 def test_from_options_converts_and_validates() -> None:
-    p = SimProfile.from_options({"speed": "20", "slowdown": "1.15", "no-usage": "yes",
-                                 "stall_after_tokens": "none", "max_running_requests": "64"},
-                                "ini kimi_sim")
-    assert (p.speed, p.slowdown, p.no_usage, p.stall_after_tokens,
-            p.max_running_requests) == (20.0, 1.15, True, None, 64)
+    p = SimProfile.from_options(
+        {
+            "speed": "20",
+            "slowdown": "1.15",
+            "no-usage": "yes",
+            "stall_after_tokens": "none",
+            "max_running_requests": "64",
+        },
+        "ini kimi_sim",
+    )
+    assert (p.speed, p.slowdown, p.no_usage, p.stall_after_tokens, p.max_running_requests) == (
+        20.0,
+        1.15,
+        True,
+        None,
+        64,
+    )
 
     with pytest.raises(SimConfigError) as err:
         SimProfile.from_options({"sped": "2"}, "ini kimi_sim")
@@ -147,9 +172,16 @@ def test_from_options_converts_and_validates() -> None:
     assert "marker on test_x" in msg and "'error_rate'" in msg and "'1.5'" in msg
     assert "[0, 1]" in msg
 
-    for key, value in [("speed", "0"), ("speed", "fast"), ("max_running_requests", "2.5"),
-                       ("no_usage", "maybe"), ("noise", "nan"), ("server_args", "[1]"),
-                       ("model", " "), ("seed", "-1")]:
+    for key, value in [
+        ("speed", "0"),
+        ("speed", "fast"),
+        ("max_running_requests", "2.5"),
+        ("no_usage", "maybe"),
+        ("noise", "nan"),
+        ("server_args", "[1]"),
+        ("model", " "),
+        ("seed", "-1"),
+    ]:
         with pytest.raises(SimConfigError, match=rf"src: .*{key}"):
             SimProfile.from_options({key: value}, "src")
     with pytest.raises(SimConfigError, match="both 0"):
@@ -162,8 +194,10 @@ def test_from_options_converts_and_validates() -> None:
 def test_parse_sim_spec() -> None:
     assert parse_sim_spec("sim", "cli") == SimProfile()
     assert parse_sim_spec(" sim: ", "cli") == SimProfile()
-    p = parse_sim_spec('sim:speed=20,slowdown=1.15,no_usage,'
-                       'server_args={"tp_size":16,"ep_size":16}', "--kimi-endpoint")
+    p = parse_sim_spec(
+        'sim:speed=20,slowdown=1.15,no_usage,server_args={"tp_size":16,"ep_size":16}',
+        "--kimi-endpoint",
+    )
     assert p.speed == 20 and p.slowdown == 1.15 and p.no_usage
     assert p.server_args == {"tp_size": 16, "ep_size": 16}
     with pytest.raises(SimConfigError, match="--kimi-endpoint: 'vllm:x' is not a simulator"):
@@ -177,9 +211,18 @@ def test_parse_sim_spec() -> None:
 
 
 def test_cli_args_round_trip() -> None:
-    p = SimProfile(speed=20.0, slowdown=1.15, noise=0.02, stall_after_tokens=3, stall_s=0.5,
-                   model="-odd-name", api_key="secret", no_usage=True, seed=7,
-                   server_args={"tp_size": 16})
+    p = SimProfile(
+        speed=20.0,
+        slowdown=1.15,
+        noise=0.02,
+        stall_after_tokens=3,
+        stall_s=0.5,
+        model="-odd-name",
+        api_key="secret",
+        no_usage=True,
+        seed=7,
+        server_args={"tp_size": 16},
+    )
     args = p.to_cli_args()
     assert "--no-usage" in args and "--speed=20.0" in args
     assert profile_from_args(build_parser().parse_args(args)) == p
@@ -230,8 +273,9 @@ async def test_chat_stream_format(fast_sim: SimServer, http: aiohttp.ClientSessi
 
 
 @pytest.mark.asyncio
-async def test_completions_stream_and_non_stream(fast_sim: SimServer,
-                                                 http: aiohttp.ClientSession) -> None:
+async def test_completions_stream_and_non_stream(
+    fast_sim: SimServer, http: aiohttp.ClientSession
+) -> None:
     body = {"prompt": "x" * 40, "max_tokens": 5, "stream": True, "ignore_eos": True}
     async with http.post(fast_sim.url + COMPLETIONS, json=body) as resp:
         payloads = await read_sse(resp)
@@ -261,8 +305,7 @@ async def test_completions_stream_and_non_stream(fast_sim: SimServer,
 
 
 @pytest.mark.asyncio
-async def test_default_max_tokens_and_eos(fast_sim: SimServer,
-                                          http: aiohttp.ClientSession) -> None:
+async def test_default_max_tokens_and_eos(fast_sim: SimServer, http: aiohttp.ClientSession) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
     async with http.post(fast_sim.url + CHAT, json=body) as resp:
         assert (await resp.json())["usage"]["completion_tokens"] == 16
@@ -270,8 +313,9 @@ async def test_default_max_tokens_and_eos(fast_sim: SimServer,
     lengths: list[int] = []
     reasons: set[str] = set()
     for _ in range(12):
-        async with http.post(fast_sim.url + CHAT,
-                             json=chat_body(400, stream=False, ignore_eos=False)) as resp:
+        async with http.post(
+            fast_sim.url + CHAT, json=chat_body(400, stream=False, ignore_eos=False)
+        ) as resp:
             data = await resp.json()
         lengths.append(data["usage"]["completion_tokens"])
         reasons.add(data["choices"][0]["finish_reason"])
@@ -341,8 +385,7 @@ async def test_metrics_and_stats(fast_sim: SimServer, http: aiohttp.ClientSessio
 
 @pytest.mark.asyncio
 async def test_slow_start_and_api_key(http: aiohttp.ClientSession) -> None:
-    async with await start_server(SimProfile(speed=50.0, slow_start_s=0.4,
-                                             api_key="k3y")) as sim:
+    async with await start_server(SimProfile(speed=50.0, slow_start_s=0.4, api_key="k3y")) as sim:
         auth = {"Authorization": "Bearer k3y"}
         for path in ("/health", "/health_generate"):
             async with http.get(sim.url + path) as resp:
@@ -355,8 +398,9 @@ async def test_slow_start_and_api_key(http: aiohttp.ClientSession) -> None:
         async with http.get(sim.url + "/v1/models") as resp:
             assert resp.status == 401
             assert await resp.json() == {"error": "Unauthorized"}
-        async with http.post(sim.url + CHAT, json=chat_body(),
-                             headers={"Authorization": "Bearer wrong"}) as resp:
+        async with http.post(
+            sim.url + CHAT, json=chat_body(), headers={"Authorization": "Bearer wrong"}
+        ) as resp:
             assert resp.status == 401
         async with http.post(sim.url + CHAT, json=chat_body(2), headers=auth) as resp:
             assert resp.status == 200
@@ -385,8 +429,7 @@ async def test_error_rate_is_deterministic(http: aiohttp.ClientSession) -> None:
 
 @pytest.mark.asyncio
 async def test_stall(http: aiohttp.ClientSession) -> None:
-    async with await start_server(SimProfile(speed=50.0, stall_after_tokens=3,
-                                             stall_s=0.3)) as sim:
+    async with await start_server(SimProfile(speed=50.0, stall_after_tokens=3, stall_s=0.3)) as sim:
         async with http.post(sim.url + CHAT, json=chat_body(6, usage=False)) as resp:
             lines = await sse_lines_timed(resp)
     times = [t for t, _ in lines[:6]]
@@ -459,6 +502,7 @@ async def test_engine_rate_matches_true_tok_s(http: aiohttp.ClientSession) -> No
     """speed=10, C=8 long streams: the engine's own counters vs. the closed-form rate."""
     profile = SimProfile(speed=10.0)
     async with await start_server(profile) as sim:
+
         async def client() -> None:
             async with http.post(sim.url + CHAT, json=chat_body(100_000)) as resp:
                 async for _ in resp.content.iter_any():
@@ -546,6 +590,7 @@ def _get(url: str) -> int:
         async with aiohttp.ClientSession() as s:
             async with s.get(url) as resp:
                 return resp.status
+
     return asyncio.run(go())
 
 
@@ -561,9 +606,11 @@ def test_sim_process_start_stop(tmp_path: Any) -> None:
         # an open, endless stream must not hold up the shutdown
         body = json.dumps(chat_body(1_000_000)).encode()
         stream = socket.create_connection(("127.0.0.1", sim.port))
-        stream.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                       b"Authorization: Bearer abc\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        stream.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer abc\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         assert stream.recv(4096).startswith(b"HTTP/1.1 200")
         t0 = time.monotonic()
     stream.close()
@@ -613,12 +660,17 @@ def test_cli_refuses_other_hosts() -> None:
 
 
 @pytest.mark.asyncio
-async def test_tokenize_counts_what_usage_reports(http: aiohttp.ClientSession, fast_sim: SimServer) -> None:
+async def test_tokenize_counts_what_usage_reports(
+    http: aiohttp.ClientSession, fast_sim: SimServer
+) -> None:
     """SGLang's shape (``prompt`` or ``messages`` in; ``tokens``, ``count``, ``max_model_len``
     out), and the count is the one a generation request's usage then reports."""
     text = "Request 3: naïve café " * 17
     for path in ("/tokenize", "/v1/tokenize"):
-        async with http.post(fast_sim.url + path, json={"model": "m", "messages": [{"role": "user", "content": text}]}) as resp:
+        async with http.post(
+            fast_sim.url + path,
+            json={"model": "m", "messages": [{"role": "user", "content": text}]},
+        ) as resp:
             assert resp.status == 200
             chat = await resp.json()
         assert set(chat) == {"tokens", "count", "max_model_len"}
@@ -628,7 +680,9 @@ async def test_tokenize_counts_what_usage_reports(http: aiohttp.ClientSession, f
     assert batch["count"] == [count_prompt_tokens(text), 1]
     async with http.post(fast_sim.url + CHAT, json=chat_body(2, content=text)) as resp:
         events = await read_sse(resp)
-    usage = next(json.loads(e)["usage"] for e in events if e != "[DONE]" and json.loads(e).get("usage"))
+    usage = next(
+        json.loads(e)["usage"] for e in events if e != "[DONE]" and json.loads(e).get("usage")
+    )
     assert usage["prompt_tokens"] == chat["count"]
     async with http.post(fast_sim.url + "/tokenize", json={"prompt": 5}) as resp:
         assert resp.status == 400 and "prompt" in (await resp.json())["message"]
@@ -642,7 +696,9 @@ async def test_tokenize_can_be_turned_off(http: aiohttp.ClientSession) -> None:
 
 
 @pytest.mark.asyncio
-async def test_flush_cache_only_when_idle_and_waits_with_timeout(http: aiohttp.ClientSession) -> None:
+async def test_flush_cache_only_when_idle_and_waits_with_timeout(
+    http: aiohttp.ClientSession,
+) -> None:
     """SGLang 0.5.23: 400 while a request runs or waits; ``?timeout=S`` waits up to S seconds
     for the scheduler to become idle, then flushes."""
     profile = SimProfile(speed=1.0)  # a step is ~15 ms: 20 tokens keep it busy for ~0.3 s
@@ -671,19 +727,31 @@ async def test_flush_cache_only_when_idle_and_waits_with_timeout(http: aiohttp.C
 @pytest.mark.asyncio
 async def test_flush_cache_takes_the_admin_key(http: aiohttp.ClientSession) -> None:
     """``ADMIN_OPTIONAL``: the admin key when set (the API key is then refused), else the API key."""
-    async with await start_server(SimProfile(speed=50.0, api_key="user-k", admin_api_key="admin-k")) as sim:
+    async with await start_server(
+        SimProfile(speed=50.0, api_key="user-k", admin_api_key="admin-k")
+    ) as sim:
+
         async def flush(key: str) -> int:
-            async with http.post(sim.url + "/flush_cache", headers={"Authorization": f"Bearer {key}"}) as resp:
+            async with http.post(
+                sim.url + "/flush_cache", headers={"Authorization": f"Bearer {key}"}
+            ) as resp:
                 return resp.status
+
         assert await flush("user-k") == 401
         assert await flush("admin-k") == 200
-        async with http.post(sim.url + CHAT, json=chat_body(1), headers={"Authorization": "Bearer admin-k"}) as resp:
+        async with http.post(
+            sim.url + CHAT, json=chat_body(1), headers={"Authorization": "Bearer admin-k"}
+        ) as resp:
             assert resp.status == 401  # generation takes the API key only
-        async with http.get(sim.url + "/server_info", headers={"Authorization": "Bearer user-k"}) as resp:
+        async with http.get(
+            sim.url + "/server_info", headers={"Authorization": "Bearer user-k"}
+        ) as resp:
             info = await resp.json()
         assert info["admin_api_key"] == "***" and info["sim"]["admin_api_key"] == "***"
     async with await start_server(SimProfile(speed=50.0, api_key="user-k")) as sim:
-        async with http.post(sim.url + "/flush_cache", headers={"Authorization": "Bearer user-k"}) as resp:
+        async with http.post(
+            sim.url + "/flush_cache", headers={"Authorization": "Bearer user-k"}
+        ) as resp:
             assert resp.status == 200
 
 
@@ -700,14 +768,20 @@ async def test_prefix_cache_serves_a_repeated_prompt() -> None:
         engine = SimEngine(SimProfile(speed=50.0, disable_radix_cache=disabled))
         await engine.start()
         try:
+
             async def run(text: str, engine: SimEngine = engine) -> int:
-                seq = engine.submit(count_prompt_tokens(text), 1, prefix_keys=prefix_pages(text.encode()))
+                seq = engine.submit(
+                    count_prompt_tokens(text), 1, prefix_keys=prefix_pages(text.encode())
+                )
                 await seq.wait_done()
                 return seq.cached_tokens
+
             assert await run(prompt) == 0
             hit = await run(prompt)
             assert await run(other) == 0
-            expected = 0 if disabled else min(tokens // RADIX_PAGE_TOKENS * RADIX_PAGE_TOKENS, tokens - 1)
+            expected = (
+                0 if disabled else min(tokens // RADIX_PAGE_TOKENS * RADIX_PAGE_TOKENS, tokens - 1)
+            )
             assert hit == expected and engine.stats().cached_prompt_tokens == expected
             assert engine.flush_cache() and await run(prompt) == 0
         finally:

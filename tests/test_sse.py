@@ -34,7 +34,9 @@ class RefResult:
     first_content: float | None = None
 
 
-def _ref_interpret(payload: bytes, api: str, res: RefResult, usage: list[Any], reasoning: list[int]) -> int:
+def _ref_interpret(
+    payload: bytes, api: str, res: RefResult, usage: list[Any], reasoning: list[int]
+) -> int:
     """1 token event, 0 other, -1 stream ended with an error; ``reasoning[0]`` counts the
     token events without any answer text (reasoning only)."""
     try:
@@ -54,7 +56,11 @@ def _ref_interpret(payload: bytes, api: str, res: RefResult, usage: list[Any], r
             continue
         if api == "chat":
             delta = ch.get("delta") or {}
-            texts = [delta.get(k) for k in ("content", "reasoning_content", "reasoning")] if isinstance(delta, dict) else []
+            texts = (
+                [delta.get(k) for k in ("content", "reasoning_content", "reasoning")]
+                if isinstance(delta, dict)
+                else []
+            )
         else:
             texts = [ch.get("text")]
         if any(isinstance(x, str) and x != "" for x in texts):
@@ -143,8 +149,10 @@ def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> Ref
         told = 0
         if usage:
             details = usage[0].get("completion_tokens_details") or {}
-            for cand in (details.get("reasoning_tokens") if isinstance(details, dict) else None,
-                         usage[0].get("reasoning_tokens")):
+            for cand in (
+                details.get("reasoning_tokens") if isinstance(details, dict) else None,
+                usage[0].get("reasoning_tokens"),
+            ):
                 if type(cand) is int:
                     told = cand
                     break
@@ -155,7 +163,9 @@ def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> Ref
     return res
 
 
-def fast_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> tuple[RefResult, StreamParser]:
+def fast_parse(
+    blocks: list[tuple[float, bytes]], api: str = "chat"
+) -> tuple[RefResult, StreamParser]:
     rec = RequestRecord(index=0, worker=0, scheduled=0.0)
     p = StreamParser(rec, api)  # type: ignore[arg-type]
     for t, b in blocks:
@@ -179,8 +189,29 @@ def fast_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> tuple[Re
 
 # --------------------------------------------------------------------------- stream generator
 WORDS = [
-    " the", " a", "Hello", ",", ".", " 世界", " 🚀", "é", "\n", " \"quoted\"", '"content":"', "data: [DONE]\n\n",
-    "\\", " {\"x\": 1}", " ø", "\t", " token", " ", "Ω", " 𝔘𝔫𝔦", '"finish_reason":"stop"', ": ping", "\r\n",
+    " the",
+    " a",
+    "Hello",
+    ",",
+    ".",
+    " 世界",
+    " 🚀",
+    "é",
+    "\n",
+    ' "quoted"',
+    '"content":"',
+    "data: [DONE]\n\n",
+    "\\",
+    ' {"x": 1}',
+    " ø",
+    "\t",
+    " token",
+    " ",
+    "Ω",
+    " 𝔘𝔫𝔦",
+    '"finish_reason":"stop"',
+    ": ping",
+    "\r\n",
 ]
 
 
@@ -215,22 +246,36 @@ STYLES = [
     Style("reasoning_content", reasoning_key="reasoning_content", null_fields=True),
     Style("reasoning_vllm_new", reasoning_key="reasoning"),
     Style("deepseek", reasoning_key="reasoning_content", empty_content_with_reasoning=True),
-    Style("sglang_0523_reasoning", reasoning_key="reasoning_content", msgspec=True, usage_reasoning=True),
+    Style(
+        "sglang_0523_reasoning",
+        reasoning_key="reasoning_content",
+        msgspec=True,
+        usage_reasoning=True,
+    ),
     Style("spaced", spaced=True),
     Style("crlf", crlf=True),
     Style("completions", api="completions", role_chunk=False),
-    Style("completions_usage_finish", api="completions", role_chunk=False, usage="finish", spaced=True),
+    Style(
+        "completions_usage_finish", api="completions", role_chunk=False, usage="finish", spaced=True
+    ),
 ]
 
 
 def gen_stream(style: Style, rng: random.Random, n_tokens: int, *, extras: bool = True) -> bytes:
     """One server response body in ``style`` with optional comments, empty deltas, errors."""
-    head = {"id": "chatcmpl-" + "%08x" % rng.getrandbits(32), "object": "chat.completion.chunk", "created": 1700000000, "model": "m"}
+    head = {
+        "id": "chatcmpl-" + "%08x" % rng.getrandbits(32),
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "m",
+    }
     if style.api == "completions":
         head["object"] = "text_completion"
     events: list[str] = []
 
-    def choice(delta: dict[str, Any] | None = None, text: str | None = None, finish: str | None = None) -> dict[str, Any]:
+    def choice(
+        delta: dict[str, Any] | None = None, text: str | None = None, finish: str | None = None
+    ) -> dict[str, Any]:
         c: dict[str, Any] = {"index": 0}
         if style.api == "chat":
             c["delta"] = delta if delta is not None else {}
@@ -268,7 +313,11 @@ def gen_stream(style: Style, rng: random.Random, n_tokens: int, *, extras: bool 
         return d
 
     if style.role_chunk and style.api == "chat":
-        d = {"reasoning_content": None, "role": "assistant", "content": ""} if style.msgspec else {"role": "assistant", "content": ""}
+        d = (
+            {"reasoning_content": None, "role": "assistant", "content": ""}
+            if style.msgspec
+            else {"role": "assistant", "content": ""}
+        )
         if style.null_fields:
             d.update(reasoning_content=None, tool_calls=None)
         events.append(chunk(choice(d)))
@@ -282,7 +331,10 @@ def gen_stream(style: Style, rng: random.Random, n_tokens: int, *, extras: bool 
         if extras and rng.random() < 0.04 and style.api == "chat":
             events.append(chunk(choice(delta("content", ""))))  # empty delta: not a token
         if extras and rng.random() < 0.03:
-            events.append("event: message\nid: %d\n" % i + chunk(choice(delta("content", w) if style.api == "chat" else None, text=w)))
+            events.append(
+                "event: message\nid: %d\n" % i
+                + chunk(choice(delta("content", w) if style.api == "chat" else None, text=w))
+            )
             continue
         if style.api == "completions":
             events.append(chunk(choice(text=w)))
@@ -290,7 +342,11 @@ def gen_stream(style: Style, rng: random.Random, n_tokens: int, *, extras: bool 
             events.append(chunk(choice(delta(style.reasoning_key or "content", w))))
         else:
             events.append(chunk(choice(delta("content", w))))
-    usage: dict[str, Any] = {"prompt_tokens": 17, "total_tokens": 17 + n_tokens, "completion_tokens": n_tokens}
+    usage: dict[str, Any] = {
+        "prompt_tokens": 17,
+        "total_tokens": 17 + n_tokens,
+        "completion_tokens": n_tokens,
+    }
     if style.usage_reasoning:
         usage["reasoning_tokens"] = n_reason
         usage["completion_tokens_details"] = {"reasoning_tokens": n_reason} if n_reason else None
@@ -298,7 +354,9 @@ def gen_stream(style: Style, rng: random.Random, n_tokens: int, *, extras: bool 
     if last_token_in_finish:
         fin = choice(delta("content", "!"), text="!", finish="length")
     else:
-        fin = choice(delta("content", "") if style.usage != "finish" else {}, text="", finish="stop")
+        fin = choice(
+            delta("content", "") if style.usage != "finish" else {}, text="", finish="stop"
+        )
     events.append(chunk(fin, fin_usage))
     if style.usage == "last":
         events.append(chunk(None, usage))
@@ -335,7 +393,12 @@ def test_every_split_point(style: Style) -> None:
     rng = random.Random(len(style.name))
     stream = gen_stream(style, rng, 8)
     # every byte for the main server shapes; every 5th for the variants (keeps the run short)
-    step = 1 if style.name in ("vllm", "crlf", "reasoning_content", "sglang_0523_reasoning", "completions") else 5
+    step = (
+        1
+        if style.name
+        in ("vllm", "crlf", "reasoning_content", "sglang_0523_reasoning", "completions")
+        else 5
+    )
     for cut in range(0, len(stream) + 1, step):
         assert_same(split_at(stream, [cut]), style.api)
 
@@ -395,10 +458,16 @@ TOK = 'data: {"choices":[{"index":0,"delta":{"content":"%s"},"finish_reason":nul
 @pytest.mark.parametrize(
     "bad, expect",
     [
-        ('data: {"error": {"message": "KV cache exhausted", "code": 503}}', "server error event: KV cache exhausted (503)"),
-        ('data: {"object":"error","message":"too long","type":"BadRequestError","code":400}', "server error event: too long (400)"),
+        (
+            'data: {"error": {"message": "KV cache exhausted", "code": 503}}',
+            "server error event: KV cache exhausted (503)",
+        ),
+        (
+            'data: {"object":"error","message":"too long","type":"BadRequestError","code":400}',
+            "server error event: too long (400)",
+        ),
         ("data: this is not json", "malformed SSE event: this is not json"),
-        ('data: {"choices":[{"delta":{},"finish_reason":"stop"', "malformed SSE event: {\"choices"),
+        ('data: {"choices":[{"delta":{},"finish_reason":"stop"', 'malformed SSE event: {"choices'),
         ("<html><body>502 Bad Gateway</body></html>", "malformed SSE event: <html>"),
         ("data: [1, 2]", "malformed SSE event: [1, 2]"),
         ("garbage line\n" + TOK % "z", "malformed SSE event: garbage line"),
@@ -423,14 +492,17 @@ def test_split_inside_multibyte_utf8() -> None:
     for cut in range(len(stream) + 1):
         for cut2 in range(cut, len(stream) + 1, 3):
             assert_same(split_at(stream, [cut, cut2]))
-    assert parse_blocks([(0.0, stream[:i]) if i == 9 else (1.0, stream[9:]) for i in (9, 10)]).events == 2
+    assert (
+        parse_blocks([(0.0, stream[:i]) if i == 9 else (1.0, stream[9:]) for i in (9, 10)]).events
+        == 2
+    )
 
 
 def test_escaped_quotes_cannot_fake_tokens() -> None:
     tricky = json.dumps('"content":"x", "finish_reason":"stop" data: [DONE]\n\n "text":"')
     stream = _events(
         'data: {"choices":[{"delta":{"content":%s},"finish_reason":null}]}' % tricky,
-        TOK % "\\\"",
+        TOK % '\\"',
         "data: [DONE]",
     )
     assert b'\\"content\\":\\"' in stream
@@ -458,7 +530,12 @@ def test_crlf_split_between_cr_and_lf() -> None:
 
 
 def test_keepalive_only_blocks_and_done_without_blank_line() -> None:
-    blocks = [(0.0, b": ping\n\n"), (1.0, _events(TOK % "a")), (2.0, b":\n\n: keep-alive\n\n"), (3.0, b"data: [DONE]\n")]
+    blocks = [
+        (0.0, b": ping\n\n"),
+        (1.0, _events(TOK % "a")),
+        (2.0, b":\n\n: keep-alive\n\n"),
+        (3.0, b"data: [DONE]\n"),
+    ]
     p = assert_same(blocks)
     assert p.done and list(p.record.chunk_times) == [1.0]
 
@@ -466,7 +543,9 @@ def test_keepalive_only_blocks_and_done_without_blank_line() -> None:
 def test_truncated_token_shaped_event_is_malformed() -> None:
     """An event that carries the token pattern but does not end as a JSON object (a truncated
     write) fails the fast path's ``}\n\n`` count and is decoded, hence reported."""
-    rec = parse_blocks([(0.0, _events(TOK % "a", 'data: {"choices":[{"delta":{"content":"x"', TOK % "b"))])
+    rec = parse_blocks(
+        [(0.0, _events(TOK % "a", 'data: {"choices":[{"delta":{"content":"x"', TOK % "b"))]
+    )
     assert rec.error is not None and "malformed SSE event" in rec.error
 
 
@@ -496,7 +575,11 @@ def test_multi_choice_events_count_once() -> None:
 def test_block_timestamps() -> None:
     a, b = _events(TOK % "a", TOK % "b"), _events(TOK % "c", "data: [DONE]")
     rec = parse_blocks([(5.0, a[:10]), (6.0, a[10:] + b[:5]), (7.0, b[5:])])
-    assert list(rec.chunk_times) == [6.0, 7.0] and list(rec.chunk_events) == [2, 1] and rec.first_token == 6.0
+    assert (
+        list(rec.chunk_times) == [6.0, 7.0]
+        and list(rec.chunk_events) == [2, 1]
+        and rec.first_token == 6.0
+    )
 
 
 def test_bad_api_rejected() -> None:
@@ -532,8 +615,19 @@ def _soup_event(rng: random.Random, api: str, spaced: bool) -> str:
         lambda: ch(delta={"role": "assistant", "content": w}),
         lambda: ch(delta={}),
         lambda: ch(delta={"content": w}, text=w, finish="length"),
-        lambda: ch(delta={"content": ""}, text="", finish="stop", usage={"prompt_tokens": 3, "completion_tokens": 9}),
-        lambda: "data: " + _dumps({"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}}, spaced),
+        lambda: ch(
+            delta={"content": ""},
+            text="",
+            finish="stop",
+            usage={"prompt_tokens": 3, "completion_tokens": 9},
+        ),
+        lambda: (
+            "data: "
+            + _dumps(
+                {"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}},
+                spaced,
+            )
+        ),
         lambda: ": ping",
         lambda: ":",
         lambda: "event: delta\n" + ch(delta={"content": w}, text=w),
@@ -554,7 +648,10 @@ def test_random_event_soup() -> None:
     for _ in range(200):
         api = rng.choice(["chat", "chat", "completions"])
         spaced = rng.random() < 0.2
-        events = [_soup_event(rng, api, spaced if rng.random() < 0.95 else not spaced) for _ in range(rng.randint(1, 60))]
+        events = [
+            _soup_event(rng, api, spaced if rng.random() < 0.95 else not spaced)
+            for _ in range(rng.randint(1, 60))
+        ]
         if rng.random() < 0.7:
             events.append("data: [DONE]")
         sep = "\r\n" if rng.random() < 0.2 else "\n"
@@ -602,24 +699,57 @@ def _sglang_event(kind: str, text: str = "", finish: str | None = None) -> str:
         delta = {"reasoning_content": None, "role": "assistant", "content": ""}
     else:
         delta = {"reasoning_content": None}
-    obj = {"id": "c0ffee", "object": "chat.completion.chunk", "created": 1, "model": "kimi-k2",
-           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}]}
+    obj = {
+        "id": "c0ffee",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "kimi-k2",
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish,
+                "matched_stop": None,
+            }
+        ],
+    }
     return "data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
-def _sglang_stream(n_reason: int, n_content: int, *, usage_reasoning: int | None, per_event: int = 1) -> bytes:
+def _sglang_stream(
+    n_reason: int, n_content: int, *, usage_reasoning: int | None, per_event: int = 1
+) -> bytes:
     body = [_sglang_event("role")]
     body += [_sglang_event("reasoning", " hm" * per_event)] * n_reason
     body += [_sglang_event("content", " ok" * per_event)] * n_content
     body.append(_sglang_event("finish", finish="length"))
     total = (n_reason + n_content) * per_event
-    usage: dict[str, Any] = {"prompt_tokens": 9, "total_tokens": 9 + total, "completion_tokens": total,
-                             "prompt_tokens_details": None}
+    usage: dict[str, Any] = {
+        "prompt_tokens": 9,
+        "total_tokens": 9 + total,
+        "completion_tokens": total,
+        "prompt_tokens_details": None,
+    }
     if usage_reasoning is not None:
         usage["reasoning_tokens"] = usage_reasoning
-        usage["completion_tokens_details"] = {"reasoning_tokens": usage_reasoning} if usage_reasoning else None
-    body.append("data: " + json.dumps({"id": "c0ffee", "object": "chat.completion.chunk", "created": 1,
-                                       "model": "kimi-k2", "choices": [], "usage": usage}, separators=(",", ":")))
+        usage["completion_tokens_details"] = (
+            {"reasoning_tokens": usage_reasoning} if usage_reasoning else None
+        )
+    body.append(
+        "data: "
+        + json.dumps(
+            {
+                "id": "c0ffee",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "kimi-k2",
+                "choices": [],
+                "usage": usage,
+            },
+            separators=(",", ":"),
+        )
+    )
     body.append("data: [DONE]")
     return _events(*body)
 
@@ -647,7 +777,9 @@ def test_reasoning_tokens_without_usage_count_or_packed_events() -> None:
     assert (rec.completion_tokens, rec.reasoning_tokens, rec.content_tokens) == (32, 20, 12)
     zero = _sglang_stream(5, 3, usage_reasoning=0, per_event=4)
     assert parse_blocks([(0.0, zero)]).reasoning_tokens == 20
-    no_usage = b"".join(e + b"\n\n" for e in packed.split(b"\n\n") if b'"choices":[]' not in e and e)
+    no_usage = b"".join(
+        e + b"\n\n" for e in packed.split(b"\n\n") if b'"choices":[]' not in e and e
+    )
     rec = parse_blocks([(0.0, no_usage)])
     assert rec.tokens_approx and (rec.completion_tokens, rec.reasoning_tokens) == (8, 5)
 
@@ -657,7 +789,11 @@ def test_usage_reasoning_without_separated_stream_is_not_reported() -> None:
     usage; the stream did not separate them, so nothing is reported."""
     stream = _sglang_stream(0, 6, usage_reasoning=4)
     rec = parse_blocks([(0.0, stream[:400]), (1.0, stream[400:])])
-    assert rec.reasoning_tokens == 0 and rec.content_tokens == 6 and rec.first_content == rec.first_token
+    assert (
+        rec.reasoning_tokens == 0
+        and rec.content_tokens == 6
+        and rec.first_content == rec.first_token
+    )
 
 
 def test_mixed_and_packed_reasoning_events() -> None:
@@ -665,7 +801,9 @@ def test_mixed_and_packed_reasoning_events() -> None:
     and content events packed into one read count exactly; the read that brings the first
     content event is the first content time."""
     both = 'data: {"choices":[{"index":0,"delta":{"reasoning_content":"r","content":"c"},"finish_reason":null}]}'
-    reason = 'data: {"choices":[{"index":0,"delta":{"reasoning_content":"r"},"finish_reason":null}]}'
+    reason = (
+        'data: {"choices":[{"index":0,"delta":{"reasoning_content":"r"},"finish_reason":null}]}'
+    )
     reason_vllm = 'data: {"choices":[{"index":0,"delta":{"reasoning":"r"},"finish_reason":null}]}'
     blocks = [
         (1.0, _events(reason, reason, reason_vllm)),
@@ -683,7 +821,12 @@ def test_mixed_and_packed_reasoning_events() -> None:
 def test_reasoning_only_stream_has_no_first_content() -> None:
     """max_tokens reached while still thinking: all tokens are reasoning, no content time."""
     rec = parse_blocks([(0.0, _sglang_stream(6, 0, usage_reasoning=6))])
-    assert (rec.reasoning_tokens, rec.content_tokens, rec.first_content, rec.ttfc) == (6, 0, None, None)
+    assert (rec.reasoning_tokens, rec.content_tokens, rec.first_content, rec.ttfc) == (
+        6,
+        0,
+        None,
+        None,
+    )
 
 
 def test_reasoning_ranges_stay_on_the_fast_path() -> None:

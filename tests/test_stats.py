@@ -87,12 +87,14 @@ def test_matches_scipy_welch_without_session_noise() -> None:
         b = 1000 * np.exp(rng.normal(0, 0.02, int(rng.integers(2, 11))))
         c = 960 * np.exp(rng.normal(0, 0.03, int(rng.integers(2, 11))))
         r = compare_level(b, c, session_sigma=0.0, tolerance=0.05)
-        ref = st.ttest_ind(np.log(c) - math.log(0.95), np.log(b), equal_var=False,
-                           alternative="less")
+        ref = st.ttest_ind(
+            np.log(c) - math.log(0.95), np.log(b), equal_var=False, alternative="less"
+        )
         assert r.p_regression_raw == pytest.approx(ref.pvalue, rel=1e-9)
         assert r.df == pytest.approx(ref.df, rel=1e-9)
-        up = st.ttest_ind(np.log(c) - math.log(1.05), np.log(b), equal_var=False,
-                          alternative="greater")
+        up = st.ttest_ind(
+            np.log(c) - math.log(1.05), np.log(b), equal_var=False, alternative="greater"
+        )
         assert r.p_improved_raw == pytest.approx(up.pvalue, rel=1e-9)
         assert r.p_pass_raw == pytest.approx(1 - r.p_regression_raw)
 
@@ -121,8 +123,11 @@ def test_ci90_covers_true_ratio_at_nominal_rate(session: float) -> None:
     rng = np.random.default_rng(2024)
     sims, true_ratio = 4000, 0.9
     b = 1000 * np.exp(rng.normal(0, 0.02, (sims, 4)))
-    c = 1000 * true_ratio * np.exp(rng.normal(0, session, (sims, 1))
-                                   + rng.normal(0, 0.02, (sims, 6)))
+    c = (
+        1000
+        * true_ratio
+        * np.exp(rng.normal(0, session, (sims, 1)) + rng.normal(0, 0.02, (sims, 6)))
+    )
     res = compare_batch(b, c, session_sigma=session)
     cover = np.mean((res.ci_lo <= true_ratio) & (true_ratio <= res.ci_hi))
     assert 0.88 <= cover <= 0.92, cover
@@ -131,8 +136,9 @@ def test_ci90_covers_true_ratio_at_nominal_rate(session: float) -> None:
 def test_estimate_session_sigma_recovers_the_simulated_value() -> None:
     rng = np.random.default_rng(8)
     per_session = 0.03 / math.sqrt(2)  # ratio of two sessions has sd 3%
-    sessions = [1000 * np.exp(rng.normal(0, per_session) + rng.normal(0, 0.02, 5))
-                for _ in range(400)]
+    sessions = [
+        1000 * np.exp(rng.normal(0, per_session) + rng.normal(0, 0.02, 5)) for _ in range(400)
+    ]
     assert estimate_session_sigma(sessions) == pytest.approx(0.03, rel=0.1)
     assert estimate_session_sigma([[1000, 1001], [1000, 1001]]) == 0.0
     with pytest.raises(ValueError):
@@ -250,9 +256,18 @@ def test_identical_samples_do_not_divide_by_zero(session: float) -> None:
         assert dec.stop and dec.reason is StopReason.PASS
 
 
-@pytest.mark.parametrize("kwargs", [dict(tolerance=0.0), dict(tolerance=1.0),
-                                    dict(alpha=0.5), dict(alpha=0.0), dict(session_sigma=-0.1),
-                                    dict(alpha_weight=0.0), dict(power=1.0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(tolerance=0.0),
+        dict(tolerance=1.0),
+        dict(alpha=0.5),
+        dict(alpha=0.0),
+        dict(session_sigma=-0.1),
+        dict(alpha_weight=0.0),
+        dict(power=1.0),
+    ],
+)
 def test_bad_parameters_raise(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         compare_level(BASE, BASE, **kwargs)
@@ -362,8 +377,9 @@ def test_acceptance_detects_15_percent_drop(bench: ModuleType, scheme: str) -> N
 
 def test_adaptive_saves_trials(bench: ModuleType) -> None:
     for drop, most in ((0.0, 7.0), (0.15, 6.0)):
-        cell = _run(bench, np.random.default_rng(bench_seed("adaptive", drop)), "adaptive",
-                    1000, drop)
+        cell = _run(
+            bench, np.random.default_rng(bench_seed("adaptive", drop)), "adaptive", 1000, drop
+        )
         assert cell.mean_trials <= most, (drop, cell.mean_trials)
 
 
@@ -376,8 +392,12 @@ def test_naive_welch_raises_false_alarms(bench: ModuleType) -> None:
 
 
 def bench_seed(scheme: str, drop: float) -> list[int]:
-    return [314159, len(scheme), int(scheme.split()[-1]) if scheme[0] == "f" else 0,
-            round(drop * 100)]
+    return [
+        314159,
+        len(scheme),
+        int(scheme.split()[-1]) if scheme[0] == "f" else 0,
+        round(drop * 100),
+    ]
 
 
 def _run(bench: ModuleType, rng: np.random.Generator, scheme: str, sims: int, drop: float):

@@ -41,7 +41,9 @@ async def _handler(request: web.Request) -> web.StreamResponse:
     await resp.prepare(request)
     n = int(body.get("max_tokens", 2))
     for _ in range(n):
-        await resp.write(_event({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}))
+        await resp.write(
+            _event({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]})
+        )
     await resp.write(_event({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}}))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
@@ -63,7 +65,9 @@ async def server() -> AsyncIterator[tuple[str, list[str]]]:
 
 def _bodies(n: int = 3) -> list[bytes]:
     source = PromptSource(tuple(f"prompt {k}" for k in range(n)), "list")
-    return encode_bodies(source, model="m", api="chat", max_tokens=2, ignore_eos=True, unique="run12345")
+    return encode_bodies(
+        source, model="m", api="chat", max_tokens=2, ignore_eos=True, unique="run12345"
+    )
 
 
 def _ids(seen: list[str]) -> list[str]:
@@ -82,11 +86,19 @@ def test_bodies_hold_the_slot_once_at_the_start_of_the_content() -> None:
         assert raw.count(SLOT) == 1
         content = json.loads(raw)["messages"][0]["content"]
         assert content.startswith(UNIQUE_SLOT + "-run12345 ")
-    plain = encode_bodies(PromptSource(("p",), "list"), model="m", api="chat", max_tokens=2, ignore_eos=True)
+    plain = encode_bodies(
+        PromptSource(("p",), "list"), model="m", api="chat", max_tokens=2, ignore_eos=True
+    )
     assert SLOT not in plain[0]  # the old behaviour: bodies as given
     with pytest.raises(WorkloadError, match="remove it from the prompt"):
-        encode_bodies(PromptSource((UNIQUE_SLOT,), "list"), model="m", api="chat", max_tokens=2,
-                      ignore_eos=True, unique="run12345")
+        encode_bodies(
+            PromptSource((UNIQUE_SLOT,), "list"),
+            model="m",
+            api="chat",
+            max_tokens=2,
+            ignore_eos=True,
+            unique="run12345",
+        )
     with pytest.raises(ValueError, match="holds the unique_slot .* 0 times"):
         split_at_slot([b'{"a":1}'], SLOT)
 
@@ -96,8 +108,15 @@ async def test_closed_loop_fills_one_id_per_request(server: tuple[str, list[str]
     url, seen = server
     base = 7 << 28
     async with LoadClient() as client:
-        plan = TrialPlan(concurrency=4, bodies=_bodies(), requests=20, warmup=3, timeout_s=10,
-                         unique_slot=SLOT, unique_base=base)
+        plan = TrialPlan(
+            concurrency=4,
+            bodies=_bodies(),
+            requests=20,
+            warmup=3,
+            timeout_s=10,
+            unique_slot=SLOT,
+            unique_base=base,
+        )
         tr = await client.run_trial(Target(url + "/v1/chat/completions"), plan)
     assert all(r.ok for r in tr.records) and len(tr.records) == 20
     ids = _ids(seen)
@@ -112,7 +131,9 @@ async def test_closed_loop_fills_one_id_per_request(server: tuple[str, list[str]
 async def test_open_loop_fills_the_arrival_index(server: tuple[str, list[str]]) -> None:
     url, seen = server
     async with LoadClient() as client:
-        plan = OpenLoopPlan(rate=200, bodies=_bodies(), requests=15, timeout_s=10, unique_slot=SLOT, unique_base=5)
+        plan = OpenLoopPlan(
+            rate=200, bodies=_bodies(), requests=15, timeout_s=10, unique_slot=SLOT, unique_base=5
+        )
         await client.run_open_loop(Target(url + "/v1/chat/completions"), plan)
     assert sorted(_ids(seen)) == sorted(unique_id(5 + g).decode() for g in range(15))
 
@@ -123,21 +144,51 @@ async def test_worker_processes_keep_ids_global(server: tuple[str, list[str]]) -
     url, seen = server
     target = Target(url + "/v1/chat/completions")
     async with ShardedClient(2) as client:
-        await client.run_trial(target, TrialPlan(concurrency=5, bodies=_bodies(), requests=13, warmup=4,
-                                                 timeout_s=10, unique_slot=SLOT, unique_base=1 << 28))
+        await client.run_trial(
+            target,
+            TrialPlan(
+                concurrency=5,
+                bodies=_bodies(),
+                requests=13,
+                warmup=4,
+                timeout_s=10,
+                unique_slot=SLOT,
+                unique_base=1 << 28,
+            ),
+        )
         ids = _ids(seen)
         trial = {unique_id((1 << 28) + g).decode() for g in range(13)}
         assert len(ids) == 17 and len(set(ids)) == 17 and trial <= set(ids)
-        assert all(i in trial or i in {unique_id((1 << 28) + WARMUP_IDS + g).decode() for g in range(8)}
-                   for i in ids)
+        assert all(
+            i in trial or i in {unique_id((1 << 28) + WARMUP_IDS + g).decode() for g in range(8)}
+            for i in ids
+        )
         seen.clear()
-        await client.run_trial(target, TrialPlan(concurrency=3, bodies=_bodies(), duration_s=0.3,
-                                                 timeout_s=10, unique_slot=SLOT, unique_base=2 << 28))
+        await client.run_trial(
+            target,
+            TrialPlan(
+                concurrency=3,
+                bodies=_bodies(),
+                duration_s=0.3,
+                timeout_s=10,
+                unique_slot=SLOT,
+                unique_base=2 << 28,
+            ),
+        )
         ids = _ids(seen)
         assert len(ids) >= 3 and len(set(ids)) == len(ids)
         seen.clear()
-        await client.run_open_loop(target, OpenLoopPlan(rate=300, bodies=_bodies(), requests=11, timeout_s=10,
-                                                        unique_slot=SLOT, unique_base=3 << 28))
+        await client.run_open_loop(
+            target,
+            OpenLoopPlan(
+                rate=300,
+                bodies=_bodies(),
+                requests=11,
+                timeout_s=10,
+                unique_slot=SLOT,
+                unique_base=3 << 28,
+            ),
+        )
         assert sorted(_ids(seen)) == sorted(unique_id((3 << 28) + g).decode() for g in range(11))
 
 
@@ -161,11 +212,17 @@ def test_a_measurement_never_repeats_a_prompt(tmp_path: Path) -> None:
     session = PerfSession()
     try:
         endpoint = EndpointInfo(url=str(srv.make_url("")).rstrip("/"), model="m")
-        workload, targets = parse_throughput((), dict(concurrency=[2, 3], max_tokens=2, requests=6, trials=2,
-                                                      warmup=2, prompts=["a", "b"]))
+        workload, targets = parse_throughput(
+            (),
+            dict(
+                concurrency=[2, 3], max_tokens=2, requests=6, trials=2, warmup=2, prompts=["a", "b"]
+            ),
+        )
         leads = []
         for _ in range(2):
-            spec = build_spec(endpoint, "t", workload, targets, rootdir=tmp_path, sizer=session.prompt_sizer)
+            spec = build_spec(
+                endpoint, "t", workload, targets, rootdir=tmp_path, sizer=session.prompt_sizer
+            )
             result = session.measure(spec)
             assert all(lv.verdict in ("pass", "invalid") for lv in result.levels)
             ids = _ids(seen)

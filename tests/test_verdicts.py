@@ -17,8 +17,16 @@ UNTRUSTWORTHY = {"error", "invalid", "not-run"}
 
 def test_values_are_the_report_strings() -> None:
     assert {v.value for v in Verdict} == {
-        "pass", "fail", "invalid", "error", "not-run",
-        "regression", "improved", "inconclusive", "underpowered", "no-baseline",
+        "pass",
+        "fail",
+        "invalid",
+        "error",
+        "not-run",
+        "regression",
+        "improved",
+        "inconclusive",
+        "underpowered",
+        "no-baseline",
     }
     assert str.__eq__(Verdict.NOT_RUN, "not-run") and str(Verdict.NO_BASELINE) == "no-baseline"
     assert f"{Verdict.REGRESSION}" == "regression"
@@ -73,7 +81,9 @@ def test_recordable_and_comparable_exclude_untrustworthy_samples() -> None:
     assert {v.value for v in Verdict if not v.recordable} == UNTRUSTWORTHY
     assert {v.value for v in Verdict if not v.comparable} == UNTRUSTWORTHY
     # a level that missed its floor or regressed still measured something worth keeping
-    assert Verdict.FAIL.recordable and Verdict.REGRESSION.recordable and Verdict.NO_BASELINE.comparable
+    assert (
+        Verdict.FAIL.recordable and Verdict.REGRESSION.recordable and Verdict.NO_BASELINE.comparable
+    )
 
 
 def test_headlines() -> None:

@@ -35,7 +35,13 @@ from pytest_kimi.load import (
     WorkerError,
 )
 from pytest_kimi.load.runner import peak_inflight
-from pytest_kimi.load.workers import interleave, shard_closed, shard_open, split_even, split_proportional
+from pytest_kimi.load.workers import (
+    interleave,
+    shard_closed,
+    shard_open,
+    split_even,
+    split_proportional,
+)
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimProfile
@@ -46,10 +52,16 @@ T = Target("http://127.0.0.1:9/v1/chat/completions")
 
 
 def body(max_tokens: int = 8, tag: int = 0) -> bytes:
-    return json.dumps({
-        "model": "kimi-k2.6-sim", "messages": [{"role": "user", "content": f"hi {tag}"}], "stream": True,
-        "max_tokens": max_tokens, "ignore_eos": True, "stream_options": {"include_usage": True},
-    }).encode()
+    return json.dumps(
+        {
+            "model": "kimi-k2.6-sim",
+            "messages": [{"role": "user", "content": f"hi {tag}"}],
+            "stream": True,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
 
 
 def alive(pid: int) -> bool:
@@ -109,12 +121,18 @@ def test_shard_closed_keeps_global_indices_and_bodies() -> None:
         for i in range(s.job.plan.requests):  # type: ignore[arg-type]
             g = s.global_index(i)
             seen.append(g)
-            assert s.job.plan.bodies[i % len(s.job.plan.bodies)] == bodies[g % 3]  # the body g would get
+            assert (
+                s.job.plan.bodies[i % len(s.job.plan.bodies)] == bodies[g % 3]
+            )  # the body g would get
     assert sorted(seen) == list(range(10))
     # duration only: unique indices, each with its single-client body
     dplan = TrialPlan(concurrency=4, bodies=bodies, duration_s=1.0)
     dsh = shard_closed(T, dplan, 2)
-    got = {s.global_index(i): s.job.plan.bodies[i % len(s.job.plan.bodies)] for s in dsh for i in range(50)}
+    got = {
+        s.global_index(i): s.job.plan.bodies[i % len(s.job.plan.bodies)]
+        for s in dsh
+        for i in range(50)
+    }
     assert len(got) == 100 and all(b == bodies[g % 3] for g, b in got.items())
     # a worker with no slots gets nothing; nothing at all still runs one (empty) shard
     assert len(shard_closed(T, TrialPlan(concurrency=1, bodies=bodies, requests=5), 2)) == 1
@@ -128,17 +146,36 @@ def test_shard_open_deals_one_schedule() -> None:
     assert [s.job.indices for s in shards] == [[0, 2, 4, 6, 8], [1, 3, 5, 7]]
     offs = sorted(o for s in shards for o in (s.job.offsets or []))
     assert offs == plan.arrivals()
-    assert [getattr(s.job.plan, "rate", None) for s in shards] == [20.0, 20.0] and [s.job.plan.max_failures for s in shards] == [2, 2]
+    assert [getattr(s.job.plan, "rate", None) for s in shards] == [20.0, 20.0] and [
+        s.job.plan.max_failures for s in shards
+    ] == [2, 2]
 
 
 def test_records_pickle_with_arrays() -> None:
-    rec = RequestRecord(index=3, worker=1, scheduled=1.5, sent=1.6, first_token=1.7, end=2.0,
-                        chunk_times=array("d", [1.7, 1.8]), chunk_events=array("I", [1, 2]),
-                        completion_tokens=3, status=200, finish_reason="length")
+    rec = RequestRecord(
+        index=3,
+        worker=1,
+        scheduled=1.5,
+        sent=1.6,
+        first_token=1.7,
+        end=2.0,
+        chunk_times=array("d", [1.7, 1.8]),
+        chunk_events=array("I", [1, 2]),
+        completion_tokens=3,
+        status=200,
+        finish_reason="length",
+    )
     tr = TrialRecords(records=[rec], started=1.0, ended=2.0, concurrency=1)
     back = pickle.loads(pickle.dumps(tr, protocol=pickle.HIGHEST_PROTOCOL))
     r = back.records[0]
-    assert (r.index, r.sent, r.ttft, list(r.chunk_times), list(r.chunk_events), r.ok) == (3, 1.6, rec.ttft, [1.7, 1.8], [1, 2], True)
+    assert (r.index, r.sent, r.ttft, list(r.chunk_times), list(r.chunk_events), r.ok) == (
+        3,
+        1.6,
+        rec.ttft,
+        [1.7, 1.8],
+        [1, 2],
+        True,
+    )
 
 
 # --------------------------------------------------------------------- trials (shared client)
@@ -164,16 +201,26 @@ async def test_two_workers_give_one_clients_records(sharded: ShardedClient, sim:
         assert all(r.ok for r in x.records), [r.error for r in x.records if r.error][:3]
         assert [r.completion_tokens for r in x.records] == [24 + (i % 2) for i in range(32)]
         assert x.concurrency == 8 and x.stopped_early is None
-    assert (live.done, live.failed, live.tokens, live.remote_inflight_tokens) == (32, 0, sum(24 + i % 2 for i in range(32)), 0)
+    assert (live.done, live.failed, live.tokens, live.remote_inflight_tokens) == (
+        32,
+        0,
+        sum(24 + i % 2 for i in range(32)),
+        0,
+    )
     assert live.started == tr.started
     # concurrency really split: each process held its 4 slots, together 8
-    assert [(s.concurrency, s.requests, s.first_slot, s.records) for s in tr.shards] == [(4, 16, 0, 16), (4, 16, 4, 16)]
+    assert [(s.concurrency, s.requests, s.first_slot, s.records) for s in tr.shards] == [
+        (4, 16, 0, 16),
+        (4, 16, 4, 16),
+    ]
     assert [s.pid for s in tr.shards] == sharded.pids
     for s in tr.shards:
         mine = [r for r in tr.records if s.first_slot <= r.worker < s.first_slot + s.concurrency]
         assert peak_inflight(mine) == 4
     assert peak_inflight(tr.records) == 8
-    assert tr.started <= min(r.sent for r in tr.records) and tr.ended >= max(r.end for r in tr.records)
+    assert tr.started <= min(r.sent for r in tr.records) and tr.ended >= max(
+        r.end for r in tr.records
+    )
     assert tr.client_cpu_s == pytest.approx(sum(s.client_cpu_s for s in tr.shards))
     assert tr.loop_lag_max_s == max(s.loop_lag_max_s for s in tr.shards)
     assert 0 <= tr.start_spread_s < 0.5
@@ -181,12 +228,16 @@ async def test_two_workers_give_one_clients_records(sharded: ShardedClient, sim:
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_uneven_split_and_warmup(sharded: ShardedClient, sim: Target) -> None:
-    tr = await sharded.run_trial(sim, TrialPlan(concurrency=5, bodies=[body(16)], requests=10, warmup=3, timeout_s=20))
+    tr = await sharded.run_trial(
+        sim, TrialPlan(concurrency=5, bodies=[body(16)], requests=10, warmup=3, timeout_s=20)
+    )
     assert [(s.concurrency, s.requests) for s in tr.shards] == [(3, 6), (2, 4)]
     assert [r.index for r in tr.records] == list(range(10)) and all(r.ok for r in tr.records)
     assert sorted({r.worker for r in tr.records}) == [0, 1, 2, 3, 4]
     assert sorted(r.index for r in tr.warmup_records) == [0, 1, 2]
-    assert all(r.end <= tr.started for r in tr.warmup_records)  # warm-up is over before the agreed start
+    assert all(
+        r.end <= tr.started for r in tr.warmup_records
+    )  # warm-up is over before the agreed start
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -197,9 +248,17 @@ async def test_open_loop_over_workers(sharded: ShardedClient, sim: Target) -> No
     assert [r.index for r in tr.records] == list(range(100)) and all(r.ok for r in tr.records)
     assert [r.worker for r in tr.records] == list(range(100))
     # the same schedule one client would send, to the float, shared over two processes
-    assert [r.scheduled - tr.started for r in tr.records] == pytest.approx(plan.arrivals(), abs=1e-9)
-    assert tr.offered_rate == 50.0 and tr.achieved_rate is not None and abs(tr.achieved_rate / 50 - 1) < 0.05
-    assert tr.schedule_delay_p99_s is not None and tr.schedule_delay_p99_s < max(0.05, tr.loop_lag_max_s + 0.01)
+    assert [r.scheduled - tr.started for r in tr.records] == pytest.approx(
+        plan.arrivals(), abs=1e-9
+    )
+    assert (
+        tr.offered_rate == 50.0
+        and tr.achieved_rate is not None
+        and abs(tr.achieved_rate / 50 - 1) < 0.05
+    )
+    assert tr.schedule_delay_p99_s is not None and tr.schedule_delay_p99_s < max(
+        0.05, tr.loop_lag_max_s + 0.01
+    )
     assert [s.requests for s in tr.shards] == [50, 50] and (live.done, live.failed) == (100, 0)
 
 
@@ -215,7 +274,9 @@ async def test_live_updates_during_a_sharded_trial(sharded: ShardedClient, sim: 
 
     sampler = asyncio.ensure_future(sample())
     try:
-        tr = await sharded.run_trial(sim, TrialPlan(concurrency=4, bodies=[body(64)], duration_s=1.2, timeout_s=20), live)
+        tr = await sharded.run_trial(
+            sim, TrialPlan(concurrency=4, bodies=[body(64)], duration_s=1.2, timeout_s=20), live
+        )
     finally:
         sampler.cancel()
     assert any(0 < d < len(tr.records) for d, _ in seen)
@@ -232,8 +293,10 @@ async def test_dead_server_stops_every_worker(sharded: ShardedClient) -> None:
     port = s.getsockname()[1]
     s.close()
     t0 = time.perf_counter()
-    tr = await sharded.run_trial(Target(f"http://127.0.0.1:{port}{CHAT}"),
-                                 TrialPlan(concurrency=4, bodies=[body()], requests=10_000, max_failures=6, timeout_s=5))
+    tr = await sharded.run_trial(
+        Target(f"http://127.0.0.1:{port}{CHAT}"),
+        TrialPlan(concurrency=4, bodies=[body()], requests=10_000, max_failures=6, timeout_s=5),
+    )
     assert time.perf_counter() - t0 < 5
     assert tr.stopped_early is not None and "max_failures" in tr.stopped_early
     assert all(s.stopped_early for s in tr.shards) and len(tr.records) < 100
@@ -246,7 +309,9 @@ async def test_no_process_left_after_close(sim: Target) -> None:
     async with client:
         pids = client.pids
         assert len(pids) == 2 and all(alive(p) for p in pids)
-        await client.run_trial(sim, TrialPlan(concurrency=2, bodies=[body(4)], requests=4, timeout_s=20))
+        await client.run_trial(
+            sim, TrialPlan(concurrency=2, bodies=[body(4)], requests=4, timeout_s=20)
+        )
     assert not any(alive(p) for p in pids)
     with pytest.raises(RuntimeError, match="not open"):
         await client.run_trial(sim, TrialPlan(concurrency=2, bodies=[body(4)], requests=4))
@@ -257,11 +322,16 @@ async def test_killed_worker_is_a_clear_error(sim: Target) -> None:
     async with ShardedClient(2) as client:
         pids = client.pids
         trial = asyncio.ensure_future(
-            client.run_trial(sim, TrialPlan(concurrency=4, bodies=[body(400)], requests=40, timeout_s=20)))
+            client.run_trial(
+                sim, TrialPlan(concurrency=4, bodies=[body(400)], requests=40, timeout_s=20)
+            )
+        )
         await asyncio.sleep(0.5)
         os.kill(pids[1], signal.SIGKILL)
         t0 = time.perf_counter()
-        with pytest.raises(WorkerError, match=rf"load worker 1 \(pid {pids[1]}\) was killed by SIGKILL"):
+        with pytest.raises(
+            WorkerError, match=rf"load worker 1 \(pid {pids[1]}\) was killed by SIGKILL"
+        ):
             await asyncio.wait_for(trial, 20)
         assert time.perf_counter() - t0 < 5
         with pytest.raises(WorkerError, match="unusable: load worker 1"):
@@ -271,7 +341,9 @@ async def test_killed_worker_is_a_clear_error(sim: Target) -> None:
 
 def _child(script: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE, text=True, env=env
+    )
 
 
 CHILD = """

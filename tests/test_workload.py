@@ -14,8 +14,12 @@ def test_builtin_list_and_synthetic(tmp_path: Path) -> None:
     assert len(resolve_prompts("diverse", None, tmp_path).prompts) == 5
     assert resolve_prompts(["a", "b"], None, tmp_path).key == "list:2"
     synthetic = resolve_prompts(None, 1000, tmp_path)
-    assert synthetic.key == "synthetic:1000" and len(set(synthetic.prompts)) == len(synthetic.prompts)
-    assert {p.split()[1] for p in synthetic.prompts} == {f"{i}:" for i in range(len(synthetic.prompts))}
+    assert synthetic.key == "synthetic:1000" and len(set(synthetic.prompts)) == len(
+        synthetic.prompts
+    )
+    assert {p.split()[1] for p in synthetic.prompts} == {
+        f"{i}:" for i in range(len(synthetic.prompts))
+    }
 
 
 def test_jsonl_relative_to_rootdir_and_its_errors(tmp_path: Path) -> None:
@@ -33,9 +37,15 @@ def test_jsonl_relative_to_rootdir_and_its_errors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("api, field", [("chat", "messages"), ("completions", "prompt")])
 def test_bodies_stream_with_usage_and_ignore_eos(tmp_path: Path, api: str, field: str) -> None:
-    (body,) = encode_bodies(resolve_prompts(["hi"], None, tmp_path), model="m", api=api, max_tokens=7, ignore_eos=True)
+    (body,) = encode_bodies(
+        resolve_prompts(["hi"], None, tmp_path), model="m", api=api, max_tokens=7, ignore_eos=True
+    )
     data = json.loads(body)
-    assert field in data and data["stream"] is True and data["stream_options"] == {"include_usage": True}
+    assert (
+        field in data
+        and data["stream"] is True
+        and data["stream_options"] == {"include_usage": True}
+    )
     assert data["ignore_eos"] is True and data["max_tokens"] == 7 and data["temperature"] == 0
 
 
@@ -91,14 +101,18 @@ def test_prompt_sizer_sizes_every_variant_once_per_run() -> None:
     sizer = PromptSizer()
     fake = _FakeTokenizer()
     sizer._tokenizers[("http://s", "m", "chat")] = fake  # type: ignore[assignment]
-    kwargs = dict(base_url="http://s", headers={}, model="m", api="chat", lead_text=lead("abcd1234"))
+    kwargs = dict(
+        base_url="http://s", headers={}, model="m", api="chat", lead_text=lead("abcd1234")
+    )
     texts, how = sizer.synthetic(300, **kwargs)
     assert len(set(texts)) == SYNTHETIC_VARIANTS
     sample = lead("abcd1234").replace("@" * 12, "9e3779b97f4b")
     assert all(abs(fake.count(sample + t) - 300) <= SIZE_TOLERANCE for t in texts)
     assert how.startswith("server tokenizer (/tokenize)")
     calls = fake.calls
-    again, _ = sizer.synthetic(300, **{**kwargs, "lead_text": lead("ffff0000")})  # another test, same run
+    again, _ = sizer.synthetic(
+        300, **{**kwargs, "lead_text": lead("ffff0000")}
+    )  # another test, same run
     assert fake.calls == calls and again == texts
 
 
@@ -106,7 +120,10 @@ def test_no_tokenizer_means_an_estimate_that_says_so(tmp_path: Path) -> None:
     from pytest_kimi.spec.workload import PromptSizer
 
     sizer = PromptSizer()
-    texts, how = sizer.synthetic(64, base_url="http://127.0.0.1:9", headers={}, model="m", api="chat",
-                                 lead_text="")
-    assert how.startswith("estimate at 1.3 tokens per word: the server has no usable tokenizer endpoint")
+    texts, how = sizer.synthetic(
+        64, base_url="http://127.0.0.1:9", headers={}, model="m", api="chat", lead_text=""
+    )
+    assert how.startswith(
+        "estimate at 1.3 tokens per word: the server has no usable tokenizer endpoint"
+    )
     assert texts == resolve_prompts(None, 64, tmp_path).prompts

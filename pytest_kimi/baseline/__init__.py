@@ -39,7 +39,12 @@ from pytest_kimi.baseline.provenance import (
     incomparable,
     provenance_diff,
 )
-from pytest_kimi.baseline.review import LevelChange, UpdateSummary, git_review_commands, summarize_update
+from pytest_kimi.baseline.review import (
+    LevelChange,
+    UpdateSummary,
+    git_review_commands,
+    summarize_update,
+)
 from pytest_kimi.baseline.store import BaselineLookup, BaselineStore, profile_names
 from pytest_kimi.baseline.yaml_io import SCHEMA_VERSION, dumps, loads
 

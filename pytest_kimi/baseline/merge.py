@@ -17,7 +17,6 @@ from pytest_kimi.baseline.provenance import provenance_diff
 __all__ = ["merge"]
 
 
-
 def merge(old: TestBaseline | None, new: TestBaseline, *, drop_stale: bool = False) -> TestBaseline:
     """The file content after recording ``new`` on top of ``old``.
 

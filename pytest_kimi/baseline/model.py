@@ -259,7 +259,9 @@ def _summary_order(key: str) -> tuple[int, float, str]:
     return (1, 0.0, key)
 
 
-def _normalise_summary(name: str, values: Mapping[str, Any] | None, rounder: Any) -> dict[str, float]:
+def _normalise_summary(
+    name: str, values: Mapping[str, Any] | None, rounder: Any
+) -> dict[str, float]:
     if values is None:
         return {}
     if not isinstance(values, Mapping):
@@ -311,7 +313,9 @@ class LevelBaseline:
             rounded.append(r)
         object.__setattr__(self, "trials_tok_s", tuple(rounded))
         object.__setattr__(
-            self, "request_tok_s", _normalise_summary("request_tok_s", self.request_tok_s, round_tok_s)
+            self,
+            "request_tok_s",
+            _normalise_summary("request_tok_s", self.request_tok_s, round_tok_s),
         )
         object.__setattr__(self, "ttft_s", _normalise_summary("ttft_s", self.ttft_s, round_seconds))
 
@@ -339,7 +343,9 @@ class TestBaseline:
 
     def __post_init__(self) -> None:
         if not isinstance(self.test, str) or "::" not in self.test:
-            raise ValueError(f"test must be a pytest nodeid like 'tests/x.py::test_y', got {self.test!r}")
+            raise ValueError(
+                f"test must be a pytest nodeid like 'tests/x.py::test_y', got {self.test!r}"
+            )
         check_profile(self.profile)
         levels = tuple(self.levels)
         seen: dict[WorkloadKey, int] = {}
@@ -352,7 +358,9 @@ class TestBaseline:
                     f"{level.workload}"
                 )
             seen[level.workload] = i
-        object.__setattr__(self, "levels", tuple(sorted(levels, key=lambda level: level.workload.sort_key())))
+        object.__setattr__(
+            self, "levels", tuple(sorted(levels, key=lambda level: level.workload.sort_key()))
+        )
 
     @property
     def workloads(self) -> list[WorkloadKey]:
@@ -383,7 +391,9 @@ class TestBaseline:
                 v = w.get(key, _ABSENT)
                 if not any(_same(v, d) for d in distinct):
                     distinct.append(v)
-            values[key] = sorted(distinct, key=lambda v: (-1, 0) if v is _ABSENT else _value_rank(v))
+            values[key] = sorted(
+                distinct, key=lambda v: (-1, 0) if v is _ABSENT else _value_rank(v)
+            )
         outside = [k for k in keys if not any(_same(want.get(k, _ABSENT), v) for v in values[k])]
 
         def show(key: str, vals: Sequence[Any]) -> str:

@@ -132,11 +132,19 @@ def _git_commit(suite_dir: Path | None) -> str | None:
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=cwd, capture_output=True, text=True, timeout=5, check=True,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd, capture_output=True, text=True, timeout=5, check=True,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -207,8 +215,11 @@ def provenance_diff(
     # A flag changed on the command line shows twice: as asked (launch_command.args.X) and as
     # resolved (X).  Name it once, as resolved; a launch arg stays when only it changed.
     resolved = {c.field for c in changes}
-    return [c for c in changes
-            if not (c.field.startswith(_LAUNCH_ARGS) and c.field[len(_LAUNCH_ARGS):] in resolved)]
+    return [
+        c
+        for c in changes
+        if not (c.field.startswith(_LAUNCH_ARGS) and c.field[len(_LAUNCH_ARGS) :] in resolved)
+    ]
 
 
 _LAUNCH_ARGS = "launch_command.args."

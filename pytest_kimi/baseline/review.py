@@ -21,7 +21,6 @@ from pytest_kimi.baseline.provenance import FieldChange, provenance_diff
 __all__ = ["LevelChange", "UpdateSummary", "git_review_commands", "summarize_update"]
 
 
-
 @dataclass(frozen=True)
 class LevelChange:
     """One line of an update summary."""
@@ -62,7 +61,9 @@ class UpdateSummary:
     """Review then commit, e.g. ``git diff -- <path>`` and ``git add <path> && git commit ...``."""
 
     def lines(self) -> list[str]:
-        out = [f"{self.test} [{self.profile}] -> {self.path}{' (new file)' if self.created else ''}"]
+        out = [
+            f"{self.test} [{self.profile}] -> {self.path}{' (new file)' if self.created else ''}"
+        ]
         out += [f"  {change}" for change in self.levels]
         out += [f"  provenance: {change}" for change in self.provenance_changes]
         return out
@@ -105,9 +106,16 @@ def summarize_update(
     """Per-level lines (``C=8 max_tokens=512: 1520.3 -> 1498.0 tok/s (-1.5%)``), provenance
     changes, and the git commands; ``new`` is the content written (after :func:`merge`)."""
     old_levels = {level.workload: level for level in (old.levels if old else ())}
-    all_keys = [lvl.workload for lvl in new.levels] + [w for w in old_levels if new.level_for(w) is None]
+    all_keys = [lvl.workload for lvl in new.levels] + [
+        w for w in old_levels if new.level_for(w) is None
+    ]
     varying = sorted(
-        {k for w in all_keys for k in w.keys() if len({_scalar_text(x.get(k, _ABSENT)) for x in all_keys}) > 1}
+        {
+            k
+            for w in all_keys
+            for k in w.keys()
+            if len({_scalar_text(x.get(k, _ABSENT)) for x in all_keys}) > 1
+        }
     )
     changes: list[LevelChange] = []
     for level in new.levels:
@@ -116,12 +124,16 @@ def summarize_update(
         if before is None:
             changes.append(LevelChange(level.workload, None, level.tok_s, "new", label))
         elif before == level:
-            changes.append(LevelChange(level.workload, before.tok_s, level.tok_s, "unchanged", label))
+            changes.append(
+                LevelChange(level.workload, before.tok_s, level.tok_s, "unchanged", label)
+            )
         else:
             changes.append(LevelChange(level.workload, before.tok_s, level.tok_s, "changed", label))
     for workload, before in old_levels.items():
         if new.level_for(workload) is None:
-            changes.append(LevelChange(workload, before.tok_s, None, "removed", workload.label(varying)))
+            changes.append(
+                LevelChange(workload, before.tok_s, None, "removed", workload.label(varying))
+            )
     prov = tuple(provenance_diff(old.provenance, new.provenance)) if old else ()
     created = old is None
     verb = "add" if created else "update"

@@ -20,14 +20,17 @@ from pathlib import Path
 
 from pytest_kimi.baseline.merge import merge
 from pytest_kimi.baseline.model import (
-    BaselineError, BaselineExistsError, LevelBaseline, TestBaseline, WorkloadLike,
+    BaselineError,
+    BaselineExistsError,
+    LevelBaseline,
+    TestBaseline,
+    WorkloadLike,
 )
 from pytest_kimi.baseline.paths import DEFAULT_PROFILE, baseline_relpath, check_profile
 from pytest_kimi.baseline.review import UpdateSummary, summarize_update
 from pytest_kimi.baseline.yaml_io import dumps, loads
 
 __all__ = ["BaselineLookup", "BaselineStore", "profile_names"]
-
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,9 @@ class BaselineStore:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
-            raise BaselineError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            raise BaselineError(
+                path, f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
         baseline = loads(text, source=path)
         if baseline.profile != self.profile:
             raise BaselineError(
@@ -91,7 +96,12 @@ class BaselineStore:
         path = self.path_for(nodeid)
         baseline = self.load(nodeid)
         if baseline is None:
-            return BaselineLookup(path, None, None, f"no baseline for {nodeid} (profile {self.profile}): {path} does not exist")
+            return BaselineLookup(
+                path,
+                None,
+                None,
+                f"no baseline for {nodeid} (profile {self.profile}): {path} does not exist",
+            )
         level = baseline.level_for(workload)
         reason = None if level is not None else baseline.explain_miss(workload)
         return BaselineLookup(path, baseline, level, reason)
@@ -99,12 +109,16 @@ class BaselineStore:
     def save(self, baseline: TestBaseline, *, overwrite: bool = False) -> Path:
         """Write the file atomically; an existing file is replaced only with ``overwrite``."""
         if baseline.profile != self.profile:
-            raise ValueError(f"baseline is for profile {baseline.profile!r}, store is {self.profile!r}")
+            raise ValueError(
+                f"baseline is for profile {baseline.profile!r}, store is {self.profile!r}"
+            )
         path = self.path_for(baseline.test)
         _atomic_write(path, dumps(baseline), overwrite=overwrite)
         return path
 
-    def update(self, new: TestBaseline, *, drop_stale: bool = False, cwd: Path | None = None) -> UpdateSummary:
+    def update(
+        self, new: TestBaseline, *, drop_stale: bool = False, cwd: Path | None = None
+    ) -> UpdateSummary:
         """Merge ``new`` into the stored file (see :func:`merge`), write it, and summarise.
 
         A corrupt existing file raises :class:`BaselineError` before anything is written.
@@ -159,7 +173,7 @@ def _atomic_write(path: Path, text: str, *, overwrite: bool) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

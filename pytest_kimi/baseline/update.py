@@ -10,7 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kimi.baseline.model import (
-    BaselineError, LevelBaseline, ProvenanceConflict, TestBaseline, WorkloadKey,
+    BaselineError,
+    LevelBaseline,
+    ProvenanceConflict,
+    TestBaseline,
+    WorkloadKey,
 )
 from pytest_kimi.baseline.provenance import Provenance
 from pytest_kimi.baseline.store import BaselineStore
@@ -19,8 +23,12 @@ from pytest_kimi.measure.results import ThroughputResult, level_key, workload_di
 
 
 def update_baselines(
-    root: Path, default_profile: str, mode: str, tests: list[dict[str, Any]],
-    endpoints: dict[str, dict[str, Any]], rootdir: Path
+    root: Path,
+    default_profile: str,
+    mode: str,
+    tests: list[dict[str, Any]],
+    endpoints: dict[str, dict[str, Any]],
+    rootdir: Path,
 ) -> tuple[list[str], list[str]]:
     """Write the baselines of the tests that ran; refuse untrustworthy ones unless forced.
 
@@ -52,11 +60,15 @@ def update_baselines(
             continue
         endpoint = endpoints.get(test.get("profile") or "", {})
         provenance = Provenance.collect(
-            model=endpoint.get("model"), server_info=endpoint.get("server_info"),
-            session_ids=[test["session_id"]] if test.get("session_id") else [], suite_dir=rootdir,
+            model=endpoint.get("model"),
+            server_info=endpoint.get("server_info"),
+            session_ids=[test["session_id"]] if test.get("session_id") else [],
+            suite_dir=rootdir,
         )
         store = BaselineStore(root, test.get("baseline_profile") or default_profile)
-        new = TestBaseline(test=test["nodeid"], profile=store.profile, provenance=provenance, levels=tuple(levels))
+        new = TestBaseline(
+            test=test["nodeid"], profile=store.profile, provenance=provenance, levels=tuple(levels)
+        )
         try:
             summary = store.update(new, cwd=rootdir)
         except (BaselineError, ProvenanceConflict, OSError) as exc:
@@ -80,4 +92,6 @@ def reference_baseline(result: ThroughputResult, provenance: Provenance, name: s
         for lv in result.levels
         if lv.figures.trials_tok_s
     ]
-    return TestBaseline(test=result.nodeid, profile=name, provenance=provenance, levels=tuple(levels))
+    return TestBaseline(
+        test=result.nodeid, profile=name, provenance=provenance, levels=tuple(levels)
+    )

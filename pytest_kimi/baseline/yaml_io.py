@@ -24,7 +24,12 @@ import yaml
 
 from pytest_kimi import yamlstrict
 from pytest_kimi.baseline.model import (
-    BaselineError, LevelBaseline, TestBaseline, WorkloadKey, _is_number, utc_timestamp,
+    BaselineError,
+    LevelBaseline,
+    TestBaseline,
+    WorkloadKey,
+    _is_number,
+    utc_timestamp,
 )
 from pytest_kimi.baseline.provenance import Provenance
 
@@ -126,7 +131,13 @@ def dumps(baseline: TestBaseline) -> str:
 _TOP_KEYS = ("schema", "test", "profile", "levels", "provenance")
 _LEVEL_KEYS = ("workload", "tok_s", "trials_tok_s", "request_tok_s", "ttft_s")
 _PROVENANCE_KEYS = (
-    "model", "plugin_version", "git_commit", "recorded_at", "client_host", "session_ids", "server_info",
+    "model",
+    "plugin_version",
+    "git_commit",
+    "recorded_at",
+    "client_host",
+    "session_ids",
+    "server_info",
 )
 
 
@@ -161,7 +172,9 @@ def _require_mapping(value: Any, what: str) -> Mapping[str, Any]:
 def _reject_unknown(mapping: Mapping[str, Any], allowed: Sequence[str], what: str) -> None:
     unknown = [str(k) for k in mapping if k not in allowed]
     if unknown:
-        raise _Invalid(f"{what} has unknown key(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})")
+        raise _Invalid(
+            f"{what} has unknown key(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})"
+        )
 
 
 def _optional_str(mapping: Mapping[str, Any], key: str, what: str) -> str | None:

@@ -115,8 +115,11 @@ class MetricTotals:
 
 def _parse(text: str) -> list[Sample]:
     """Every sample of ``text`` (no comment lines); ValueError when any line is malformed."""
-    return [Sample(s.name, tuple(sorted(s.labels.items())), float(s.value))
-            for family in text_string_to_metric_families(text) for s in family.samples]
+    return [
+        Sample(s.name, tuple(sorted(s.labels.items())), float(s.value))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
 
 
 def parse_sample(line: str) -> Sample | None:
@@ -210,7 +213,8 @@ class CounterNames:
         more = len(tokenish or names) - len(shown)
         raise ServerMetricsError(
             f"{url} has no generation-token counter ({wanted}); it has {len(names)} metric(s), "
-            f"among them {', '.join(shown)}" + (f" and {more} more" if more > 0 else "")
+            f"among them {', '.join(shown)}"
+            + (f" and {more} more" if more > 0 else "")
             + ": --perf-server-metrics knows SGLang's and vLLM's counters only (vLLM drops them "
             "under --disable-log-stats)"
         )
@@ -241,8 +245,12 @@ class MetricsScraper:
     processes of ``--perf-workers``).
     """
 
-    def __init__(self, base_url: str, headers: dict[str, str] | None = None,
-                 timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = SCRAPE_TIMEOUT_S,
+    ) -> None:
         self.url = base_url.rstrip("/") + "/metrics"
         self.headers = {k: v for k, v in (headers or {}).items() if k.lower() == "authorization"}
         self.timeout_s = timeout_s
@@ -275,7 +283,9 @@ class MetricsScraper:
                 text = await resp.text(errors="replace")
                 status = resp.status
         except asyncio.TimeoutError:
-            raise ServerMetricsError(f"{self.url} did not answer within {self.timeout_s:g} s") from None
+            raise ServerMetricsError(
+                f"{self.url} did not answer within {self.timeout_s:g} s"
+            ) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise ServerMetricsError(
                 f"cannot read the server's counters at {self.url} ({exc.__class__.__name__}: {exc})"
@@ -324,7 +334,9 @@ async def settle_before(scraper: MetricsScraper) -> Scrape:
         prev = cur
 
 
-async def settle_after(scraper: MetricsScraper, before: Scrape, expected: int | None) -> list[Scrape]:
+async def settle_after(
+    scraper: MetricsScraper, before: Scrape, expected: int | None
+) -> list[Scrape]:
     """Scrapes after a trial until the counter's rise reaches ``expected`` (the client's count),
     or stays unchanged for :data:`SETTLE_QUIET_S`, or :data:`SETTLE_TIMEOUT_S` has passed.
 
@@ -378,12 +390,20 @@ def _cumulative_at(times: np.ndarray, cum: np.ndarray, at: np.ndarray) -> np.nda
 
 def _active_streams(records: Sequence[RequestRecord], at: float) -> float:
     """Tokens one engine step adds at ``at``: streams decoding then, times tokens per event."""
-    return float(sum(rec.tokens_per_event for rec in records
-                     if rec.first_token is not None and rec.last_token is not None
-                     and rec.first_token <= at <= rec.last_token))
+    return float(
+        sum(
+            rec.tokens_per_event
+            for rec in records
+            if rec.first_token is not None
+            and rec.last_token is not None
+            and rec.first_token <= at <= rec.last_token
+        )
+    )
 
 
-def counting_mode(samples: Sequence[Scrape], before: Scrape, records: Sequence[RequestRecord]) -> str:
+def counting_mode(
+    samples: Sequence[Scrape], before: Scrape, records: Sequence[RequestRecord]
+) -> str:
     """``per-token`` (vLLM: the counter rises with every engine step), ``per-request`` (SGLang:
     it rises by a request's tokens when the request ends), or ``unknown`` (no sample was taken
     while a stream was mid-way, so the two cannot be told apart).
@@ -399,7 +419,9 @@ def counting_mode(samples: Sequence[Scrape], before: Scrape, records: Sequence[R
     rise = np.array([s.generation - before.generation for s in samples])
     a_times, a_cum = _arrivals(records)
     received = _cumulative_at(a_times, a_cum, at) if a_times.size else np.zeros(len(at))
-    ends = [(r.last_token if r.last_token is not None else r.end, r.completion_tokens) for r in records]
+    ends = [
+        (r.last_token if r.last_token is not None else r.end, r.completion_tokens) for r in records
+    ]
     ends.sort()
     e_times = np.array([e for e, _ in ends], dtype=np.float64)
     e_cum = np.cumsum(np.array([n for _, n in ends], dtype=np.float64))
@@ -527,7 +549,8 @@ def check_trial(
         notes.append(
             "the server counts a request's tokens when the request ends (SGLang does): its "
             "counter has no rate inside the window, exact check only"
-            if counting == "per-request" else "counting mode unknown: exact check only"
+            if counting == "per-request"
+            else "counting mode unknown: exact check only"
         )
     else:
         first, last = inside[0], inside[-1]
@@ -545,8 +568,11 @@ def check_trial(
         # (half a round trip each), plus one engine step's tokens at each end of the span
         # (the counter and the arrivals move in steps of one token per running stream).
         step_tokens = _active_streams(records, first.t) + _active_streams(records, last.t)
-        allowed = (rate_tolerance + (first.half_rtt_s + last.half_rtt_s) / span
-                   + step_tokens / max(span_tokens, 1.0)) * 100
+        allowed = (
+            rate_tolerance
+            + (first.half_rtt_s + last.half_rtt_s) / span
+            + step_tokens / max(span_tokens, 1.0)
+        ) * 100
         if abs(deviation) > allowed:
             reasons.append(
                 f"server generated {tok_s:,.1f} tok/s by its counter ({metric}) over "
@@ -605,9 +631,13 @@ def level_summary(checks: Sequence[TrialCheck], metric: str) -> dict[str, Any]:
         "max_deviation_pct": _round(max(deviations), 3) if deviations else None,
         "tolerance_pct": RATE_TOLERANCE * 100,
         "counting": max(set(modes), key=modes.count) if modes else "unknown",
-        "prompt_tokens": sum(p for p in prompts if p is not None) if prompts and None not in prompts else None,
+        "prompt_tokens": sum(p for p in prompts if p is not None)
+        if prompts and None not in prompts
+        else None,
         "client_prompt_tokens": sum(c.client_prompt_tokens for c in checks),
-        "requests": sum(r for r in requests if r is not None) if requests and None not in requests else None,
+        "requests": sum(r for r in requests if r is not None)
+        if requests and None not in requests
+        else None,
         "client_requests": sum(c.client_requests for c in checks),
         "trials": [c.to_dict() for c in checks],
     }
@@ -625,8 +655,14 @@ class ServerMetricsObserver:
     returns the level's ``{"server": {...}}`` and starts afresh for the next level.
     """
 
-    def __init__(self, base_url: str, headers: dict[str, str] | None = None, *,
-                 interval_s: float = SAMPLE_INTERVAL_S, rate_tolerance: float = RATE_TOLERANCE) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str] | None = None,
+        *,
+        interval_s: float = SAMPLE_INTERVAL_S,
+        rate_tolerance: float = RATE_TOLERANCE,
+    ) -> None:
         self.scraper = MetricsScraper(base_url, headers)
         self.interval_s = interval_s
         self.rate_tolerance = rate_tolerance
@@ -696,11 +732,19 @@ class ServerMetricsObserver:
             return
         during = sorted([*self._samples, *settled], key=lambda s: s.t)
         check, reasons = check_trial(
-            trial, before, during, settled[-1], metric=self.metric, settle_s=perf_counter() - t0,
-            interval_s=self.interval_s, rate_tolerance=self.rate_tolerance,
+            trial,
+            before,
+            during,
+            settled[-1],
+            metric=self.metric,
+            settle_s=perf_counter() - t0,
+            interval_s=self.interval_s,
+            rate_tolerance=self.rate_tolerance,
         )
         if self._sample_errors:
-            check.notes.append(f"{len(self._sample_errors)} scrape(s) failed: {self._sample_errors[0]}")
+            check.notes.append(
+                f"{len(self._sample_errors)} scrape(s) failed: {self._sample_errors[0]}"
+            )
         trial.invalid.extend(reasons)
         self._checks.append(check)
 
@@ -709,4 +753,3 @@ class ServerMetricsObserver:
         if not checks:
             return {}
         return {"server": level_summary(checks, self.metric)}
-

@@ -142,7 +142,9 @@ async def discover(
     # The edge where server info enters: SGLang returns api_key, admin_api_key and a
     # launch_command with --api-key VALUE in clear; nothing after this point sees them.
     return EndpointInfo(
-        url=base_url, model=chosen, models=models,
+        url=base_url,
+        model=chosen,
+        models=models,
         server_info=clean_server_info(server_info, [api_key] if api_key else []),
         api_key=api_key,
     )

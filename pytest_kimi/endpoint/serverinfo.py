@@ -100,8 +100,11 @@ def parse_launch_command(command: str | Sequence[str]) -> dict[str, Any]:
     pending: list[str] = []
     for word in words:
         # the program (``python -m sglang.launch_server``) ends at the first long option
-        is_flag = (word.startswith("--") or (args or flag is not None) and word.startswith("-")) \
-            and len(word) > 1 and not _is_number(word)
+        is_flag = (
+            (word.startswith("--") or (args or flag is not None) and word.startswith("-"))
+            and len(word) > 1
+            and not _is_number(word)
+        )
         if is_flag:
             if flag is not None:
                 args[flag] = _value(pending)
@@ -141,9 +144,13 @@ def clean_server_info(raw: Mapping[str, Any] | None, secrets: Iterable[str] = ()
     info = dict(raw)
     command = info.get("launch_command")
     if isinstance(command, str) or (
-            isinstance(command, (list, tuple)) and all(isinstance(w, str) for w in command)):
-        words = shlex.split(command) if isinstance(command, str) and _balanced(command) else (
-            command.split() if isinstance(command, str) else list(command))
+        isinstance(command, (list, tuple)) and all(isinstance(w, str) for w in command)
+    ):
+        words = (
+            shlex.split(command)
+            if isinstance(command, str) and _balanced(command)
+            else (command.split() if isinstance(command, str) else list(command))
+        )
         info["launch_command"] = parse_launch_command(scrub_argv(words, secrets))
     cleaned = scrub(info, secrets)
     assert isinstance(cleaned, dict)

@@ -13,10 +13,15 @@ from typing import Any, Sequence
 
 from pytest_kimi.gate import stats
 from pytest_kimi.gate.verdicts import Verdict
-from pytest_kimi.baseline import FieldChange, Provenance, TestBaseline, incomparable, provenance_diff
+from pytest_kimi.baseline import (
+    FieldChange,
+    Provenance,
+    TestBaseline,
+    incomparable,
+    provenance_diff,
+)
 from pytest_kimi.spec.markers import LevelSpec
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, level_key, workload_dict
-
 
 
 class IncomparableBaseline(RuntimeError):
@@ -67,8 +72,9 @@ class AdaptiveTrials:
             # not at all when no trial gave a figure: a failing server (every request an
             # error) would otherwise be asked for ten more trials forever.
             run = self.planned.get(level, self.first_trials)
-            extra = max(0, min(s.max_trials - len(samples), 2 * s.max_trials - run)) \
-                if samples else 0
+            extra = (
+                max(0, min(s.max_trials - len(samples), 2 * s.max_trials - run)) if samples else 0
+            )
             self.planned[level] = run + extra
             return extra
         base = self.baseline_samples.get(level)
@@ -76,9 +82,15 @@ class AdaptiveTrials:
             return 0
         look = self.looks.get(level, 0)
         decision = stats.decide(
-            base, samples, look=look, tolerance=s.tolerance, alpha=s.alpha,
-            session_sigma=s.session_sigma, min_trials=min(self.first_trials, s.max_trials),
-            max_trials=s.max_trials, n_levels=self.n_levels,
+            base,
+            samples,
+            look=look,
+            tolerance=s.tolerance,
+            alpha=s.alpha,
+            session_sigma=s.session_sigma,
+            min_trials=min(self.first_trials, s.max_trials),
+            max_trials=s.max_trials,
+            n_levels=self.n_levels,
         )
         self.looks[level] = look + 1
         # The look a level stops at fixes its share of alpha for the final comparison.
@@ -147,7 +159,9 @@ def apply_gate(
         return changes
     weights = alpha_weights or {}
     comparisons = stats.compare_test(
-        [(b, c) for _, b, c in eligible], tolerance=tol, alpha=alp,
+        [(b, c) for _, b, c in eligible],
+        tolerance=tol,
+        alpha=alp,
         session_sigma=settings.session_sigma,
         alpha_weights=[weights.get(lv.spec, 1.0) for lv, _, _ in eligible],
     )

@@ -13,7 +13,14 @@ from typing import Any
 
 from pytest_kimi.baseline import BaselineError, BaselineStore, Provenance, TestBaseline
 from pytest_kimi.endpoint.discovery import EndpointInfo
-from pytest_kimi.gate.policy import AdaptiveTrials, GateSettings, IncomparableBaseline, apply_gate, baseline_samples, check_comparable
+from pytest_kimi.gate.policy import (
+    AdaptiveTrials,
+    GateSettings,
+    IncomparableBaseline,
+    apply_gate,
+    baseline_samples,
+    check_comparable,
+)
 from pytest_kimi.spec.markers import Targets, Workload
 from pytest_kimi.measure.trials import ProgressFn
 from pytest_kimi.baseline.update import reference_baseline
@@ -73,12 +80,21 @@ def measure_gated(
     """
     path = comparison.store.path_for(nodeid)
     current = Provenance.collect(
-        model=endpoint.model, server_info=endpoint.server_info,
-        session_ids=[session.session_id], suite_dir=rootdir,
+        model=endpoint.model,
+        server_info=endpoint.server_info,
+        session_ids=[session.session_id],
+        suite_dir=rootdir,
     )
     try:
-        spec = build_spec(endpoint, nodeid, workload, targets, rootdir=rootdir, trials=trials,
-                          sizer=session.prompt_sizer)
+        spec = build_spec(
+            endpoint,
+            nodeid,
+            workload,
+            targets,
+            rootdir=rootdir,
+            trials=trials,
+            sizer=session.prompt_sizer,
+        )
         if comparison.is_candidate:
             baseline = (comparison.references or {}).get(nodeid)
             compared_with = f"deployment {comparison.reference} (same run)"
@@ -92,7 +108,9 @@ def measure_gated(
         raise GateProblem(str(exc)) from None
     flush_note = flush_cache(server)
     keys = {lv: spec_key(lv, spec.prompts_key(lv), workload) for lv in workload.levels}
-    policy = AdaptiveTrials(baseline_samples(baseline, keys), settings, len(keys), first_trials=spec.trials)
+    policy = AdaptiveTrials(
+        baseline_samples(baseline, keys), settings, len(keys), first_trials=spec.trials
+    )
     spec.policy = policy
     if server_metrics:
         spec.observer = ServerMetricsObserver(endpoint.url, endpoint.headers())
@@ -104,17 +122,26 @@ def measure_gated(
         if spec.partial is None:
             raise
         partial = spec.partial
-        partial.extra.update(baseline_file=str(path), baseline_profile=comparison.store.profile,
-                             session_id=session.session_id,
-                             interrupted="measurement interrupted (Ctrl-C or SIGTERM); "
-                                         "only the levels it finished are reported")
+        partial.extra.update(
+            baseline_file=str(path),
+            baseline_profile=comparison.store.profile,
+            session_id=session.session_id,
+            interrupted="measurement interrupted (Ctrl-C or SIGTERM); "
+            "only the levels it finished are reported",
+        )
         if comparison.deployment is not None:
             partial.extra["profile"] = comparison.deployment
         note_server_crash(partial, server)
         raise MeasurementInterrupted(partial) from None
     changes = apply_gate(
-        result, baseline, compared_with, current, settings,
-        tolerance=targets.tolerance, alpha=targets.alpha, alpha_weights=policy.alpha_weights,
+        result,
+        baseline,
+        compared_with,
+        current,
+        settings,
+        tolerance=targets.tolerance,
+        alpha=targets.alpha,
+        alpha_weights=policy.alpha_weights,
     )
     result.extra.update(
         baseline_file=str(path),
@@ -123,7 +150,9 @@ def measure_gated(
         session_id=session.session_id,
     )
     if baseline is None:
-        result.extra["baseline_note"] = f"no baseline yet: {path} (record it with --update-baselines)"
+        result.extra["baseline_note"] = (
+            f"no baseline yet: {path} (record it with --update-baselines)"
+        )
     if comparison.deployment is not None:
         result.extra["profile"] = comparison.deployment
         for level in result.levels:
@@ -131,7 +160,9 @@ def measure_gated(
         if comparison.reference is not None:
             result.extra["compared_with"] = compared_with
         if comparison.deployment == comparison.reference and comparison.references is not None:
-            comparison.references[nodeid] = reference_baseline(result, current, comparison.reference)
+            comparison.references[nodeid] = reference_baseline(
+                result, current, comparison.reference
+            )
     if flush_note is not None:
         result.extra["cache_flush"] = flush_note
         for level in result.levels:
@@ -160,7 +191,11 @@ def note_server_crash(result: ThroughputResult, server: Any) -> None:
     code = server.crashed() if server is not None else None
     if code is None:
         return
-    result.extra["server_exit"] = {"returncode": code, "log": str(server.log_path), "log_tail": server.log_tail(40)}
+    result.extra["server_exit"] = {
+        "returncode": code,
+        "log": str(server.log_path),
+        "log_tail": server.log_tail(40),
+    }
     for level in result.levels:
         if level.verdict in ("error", "not-run"):
             level.reasons.append(f"the server exited with code {code} (log {server.log_path})")

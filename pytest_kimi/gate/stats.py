@@ -246,7 +246,10 @@ def _within_var(log_x: NDArray[np.float64]) -> NDArray[np.float64] | None:
 
 
 def _within_terms(
-    var_b: NDArray[np.float64] | None, n_b: int, var_c: NDArray[np.float64] | None, n_c: int,
+    var_b: NDArray[np.float64] | None,
+    n_b: int,
+    var_c: NDArray[np.float64] | None,
+    n_c: int,
     rows: int,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Within-session variance of the difference of means and its Satterthwaite denominator.
@@ -327,8 +330,12 @@ def _tests(core: _Core, tolerance: float, alpha_eff: ArrayLike, power: float) ->
 
 
 def _verdicts(
-    p_reg: NDArray[np.float64], p_imp: NDArray[np.float64], p_pass: NDArray[np.float64],
-    mdd: NDArray[np.float64], tolerance: float, alpha: float,
+    p_reg: NDArray[np.float64],
+    p_imp: NDArray[np.float64],
+    p_pass: NDArray[np.float64],
+    mdd: NDArray[np.float64],
+    tolerance: float,
+    alpha: float,
 ) -> NDArray[np.str_]:
     """Apply the verdict order of the module docstring (later assignments win)."""
     out = np.full(p_reg.shape, Verdict.INCONCLUSIVE.value, dtype="<U12")
@@ -444,8 +451,13 @@ def compare_batch(
     t = _tests(core, tolerance, alpha * alpha_weight, power)
     p_reg, p_imp, p_pass = (_look_adjust(p, alpha_weight) for p in (t.p_reg, t.p_imp, t.p_pass))
     return BatchComparison(
-        ratio=np.exp(core.d), ci_lo=t.ci_lo, ci_hi=t.ci_hi, p_regression=p_reg,
-        p_improved=p_imp, p_pass=p_pass, min_detectable_drop=t.mdd,
+        ratio=np.exp(core.d),
+        ci_lo=t.ci_lo,
+        ci_hi=t.ci_hi,
+        p_regression=p_reg,
+        p_improved=p_imp,
+        p_pass=p_pass,
+        min_detectable_drop=t.mdd,
         verdict=_verdicts(p_reg, p_imp, p_pass, t.mdd, tolerance, alpha),
     )
 
@@ -485,13 +497,22 @@ def compare_test(
             continue
         core = _core(log_b, log_c, session_sigma)
         t = _tests(core, tolerance, alpha * weights[i], power)
-        raw.append((core, t, log_b.shape[1], log_c.shape[1],
-                    float(np.median(np.asarray(base, dtype=np.float64))),
-                    float(np.median(np.asarray(cur, dtype=np.float64)))))
+        raw.append(
+            (
+                core,
+                t,
+                log_b.shape[1],
+                log_c.shape[1],
+                float(np.median(np.asarray(base, dtype=np.float64))),
+                float(np.median(np.asarray(cur, dtype=np.float64))),
+            )
+        )
 
     def family(pick: str) -> list[float]:
-        return [math.nan if r is None else float(_look_adjust(getattr(r[1], pick), w)[0])
-                for r, w in zip(raw, weights)]
+        return [
+            math.nan if r is None else float(_look_adjust(getattr(r[1], pick), w)[0])
+            for r, w in zip(raw, weights)
+        ]
 
     p_reg_adj, p_imp_adj = holm(family("p_reg")), holm(family("p_imp"))
     p_pass_adj = family("p_pass")
@@ -500,25 +521,54 @@ def compare_test(
     for i, r in enumerate(raw):
         if r is None:
             only = np.asarray(levels[i][1], dtype=np.float64)
-            out.append(LevelComparison(
-                baseline_median=math.nan, current_median=float(np.median(only)),
-                ratio=math.nan, ci90=(math.nan, math.nan), p_regression=math.nan,
-                p_improved=math.nan, p_pass=math.nan, min_detectable_drop=math.nan,
-                verdict=Verdict.NO_BASELINE, n_baseline=0, n_current=int(only.size),
-                alpha_weight=weights[i]))
+            out.append(
+                LevelComparison(
+                    baseline_median=math.nan,
+                    current_median=float(np.median(only)),
+                    ratio=math.nan,
+                    ci90=(math.nan, math.nan),
+                    p_regression=math.nan,
+                    p_improved=math.nan,
+                    p_pass=math.nan,
+                    min_detectable_drop=math.nan,
+                    verdict=Verdict.NO_BASELINE,
+                    n_baseline=0,
+                    n_current=int(only.size),
+                    alpha_weight=weights[i],
+                )
+            )
             continue
         core, t, n_b, n_c, med_b, med_c = r
-        verdict = _verdicts(np.array([p_reg_adj[i]]), np.array([p_imp_adj[i]]),
-                            np.array([p_pass_adj[i]]), t.mdd, tolerance, alpha)[0]
+        verdict = _verdicts(
+            np.array([p_reg_adj[i]]),
+            np.array([p_imp_adj[i]]),
+            np.array([p_pass_adj[i]]),
+            t.mdd,
+            tolerance,
+            alpha,
+        )[0]
         valid = bool(t.valid[0])
-        out.append(LevelComparison(
-            baseline_median=med_b, current_median=med_c, ratio=float(np.exp(core.d[0])),
-            ci90=(float(t.ci_lo[0]), float(t.ci_hi[0])), p_regression=p_reg_adj[i],
-            p_improved=p_imp_adj[i], p_pass=p_pass_adj[i],
-            min_detectable_drop=float(t.mdd[0]), verdict=Verdict(verdict), n_baseline=n_b,
-            n_current=n_c, p_regression_raw=float(t.p_reg[0]), p_improved_raw=float(t.p_imp[0]),
-            p_pass_raw=float(t.p_pass[0]), se_log=float(core.se[0]) if valid else math.nan,
-            df=float(core.df[0]) if valid else math.nan, alpha_weight=weights[i]))
+        out.append(
+            LevelComparison(
+                baseline_median=med_b,
+                current_median=med_c,
+                ratio=float(np.exp(core.d[0])),
+                ci90=(float(t.ci_lo[0]), float(t.ci_hi[0])),
+                p_regression=p_reg_adj[i],
+                p_improved=p_imp_adj[i],
+                p_pass=p_pass_adj[i],
+                min_detectable_drop=float(t.mdd[0]),
+                verdict=Verdict(verdict),
+                n_baseline=n_b,
+                n_current=n_c,
+                p_regression_raw=float(t.p_reg[0]),
+                p_improved_raw=float(t.p_imp[0]),
+                p_pass_raw=float(t.p_pass[0]),
+                se_log=float(core.se[0]) if valid else math.nan,
+                df=float(core.df[0]) if valid else math.nan,
+                alpha_weight=weights[i],
+            )
+        )
     return out
 
 
@@ -533,9 +583,14 @@ def compare_level(
     power: float = DEFAULT_POWER,
 ) -> LevelComparison:
     """Verdict for a single level (a one-level :func:`compare_test`: Holm is the identity)."""
-    return compare_test([(baseline, current)], tolerance=tolerance, alpha=alpha,
-                        session_sigma=session_sigma, alpha_weights=[alpha_weight],
-                        power=power)[0]
+    return compare_test(
+        [(baseline, current)],
+        tolerance=tolerance,
+        alpha=alpha,
+        session_sigma=session_sigma,
+        alpha_weights=[alpha_weight],
+        power=power,
+    )[0]
 
 
 def decide_batch(
@@ -570,9 +625,12 @@ def decide_batch(
     final = look == len(looks) - 1 or n_c >= looks[-1]
     nxt = 0 if final else max(1, looks[look + 1] - n_c)
     if log_b.shape[1] == 0:
-        return BatchDecision(stop=np.full(rows, final), reason=np.full(
-            rows, StopReason.NO_BASELINE.value, dtype="<U12"),
-            next_trials=np.full(rows, nxt, dtype=np.int64), alpha_weight=w)
+        return BatchDecision(
+            stop=np.full(rows, final),
+            reason=np.full(rows, StopReason.NO_BASELINE.value, dtype="<U12"),
+            next_trials=np.full(rows, nxt, dtype=np.int64),
+            alpha_weight=w,
+        )
 
     core = _core(log_b, log_c, session_sigma)
     t = _tests(core, tolerance, alpha * w, power)
@@ -584,18 +642,38 @@ def decide_batch(
     if final:
         reason[:] = StopReason.FINAL_LOOK.value
     elif futility > 0.0:
-        reason[_futile(core, log_b.shape[1], n_c, looks[-1], tolerance,
-                       alpha * weights[-1], n_levels, futility)] = StopReason.FUTILITY.value
+        reason[
+            _futile(
+                core,
+                log_b.shape[1],
+                n_c,
+                looks[-1],
+                tolerance,
+                alpha * weights[-1],
+                n_levels,
+                futility,
+            )
+        ] = StopReason.FUTILITY.value
     reason[clear_pass] = StopReason.PASS.value
     reason[clear_reg] = StopReason.REGRESSION.value
     stop = reason != StopReason.CONTINUE.value
-    return BatchDecision(stop=stop, reason=reason,
-                         next_trials=np.where(stop, 0, nxt).astype(np.int64), alpha_weight=w)
+    return BatchDecision(
+        stop=stop,
+        reason=reason,
+        next_trials=np.where(stop, 0, nxt).astype(np.int64),
+        alpha_weight=w,
+    )
 
 
 def _futile(
-    core: _Core, n_b: int, n_c: int, n_final: int, tolerance: float, alpha_final: float,
-    n_levels: int, futility: float,
+    core: _Core,
+    n_b: int,
+    n_c: int,
+    n_final: int,
+    tolerance: float,
+    alpha_final: float,
+    n_levels: int,
+    futility: float,
 ) -> NDArray[np.bool_]:
     """Conditional power, under the current trend, of a clear verdict at the final look.
 
@@ -647,15 +725,36 @@ def decide(
     look.  ``n_levels`` is the number of levels in the test (see :func:`decide_batch`).  For an
     A/B run the caller may add the same number of trials to both sides.
     """
-    dec = decide_batch([list(baseline)], [list(current)], look=look, tolerance=tolerance,
-                       alpha=alpha, session_sigma=session_sigma, min_trials=min_trials,
-                       max_trials=max_trials, n_levels=n_levels, futility=futility, power=power)
-    comparison = compare_level(baseline, current, tolerance=tolerance, alpha=alpha,
-                               session_sigma=session_sigma, alpha_weight=dec.alpha_weight,
-                               power=power)
-    return Decision(stop=bool(dec.stop[0]), next_trials=int(dec.next_trials[0]),
-                    reason=StopReason(str(dec.reason[0])), look=look,
-                    alpha_weight=dec.alpha_weight, comparison=comparison)
+    dec = decide_batch(
+        [list(baseline)],
+        [list(current)],
+        look=look,
+        tolerance=tolerance,
+        alpha=alpha,
+        session_sigma=session_sigma,
+        min_trials=min_trials,
+        max_trials=max_trials,
+        n_levels=n_levels,
+        futility=futility,
+        power=power,
+    )
+    comparison = compare_level(
+        baseline,
+        current,
+        tolerance=tolerance,
+        alpha=alpha,
+        session_sigma=session_sigma,
+        alpha_weight=dec.alpha_weight,
+        power=power,
+    )
+    return Decision(
+        stop=bool(dec.stop[0]),
+        next_trials=int(dec.next_trials[0]),
+        reason=StopReason(str(dec.reason[0])),
+        look=look,
+        alpha_weight=dec.alpha_weight,
+        comparison=comparison,
+    )
 
 
 def estimate_session_sigma(sessions: Sequence[Sequence[float]]) -> float:
@@ -682,9 +781,29 @@ def estimate_session_sigma(sessions: Sequence[Sequence[float]]) -> float:
 
 
 __all__ = [
-    "BatchComparison", "BatchDecision", "CI_LEVEL", "DEFAULT_ALPHA", "DEFAULT_FUTILITY",
-    "DEFAULT_MAX_TRIALS", "DEFAULT_MIN_TRIALS", "DEFAULT_POWER", "DEFAULT_SESSION_SIGMA",
-    "DEFAULT_TOLERANCE", "Decision", "FINAL_LOOK_SHARE", "LevelComparison", "MIN_LOG_SD",
-    "StopReason", "Verdict", "compare_batch", "compare_level", "compare_test", "decide",
-    "decide_batch", "estimate_session_sigma", "holm", "look_schedule", "look_weights",
+    "BatchComparison",
+    "BatchDecision",
+    "CI_LEVEL",
+    "DEFAULT_ALPHA",
+    "DEFAULT_FUTILITY",
+    "DEFAULT_MAX_TRIALS",
+    "DEFAULT_MIN_TRIALS",
+    "DEFAULT_POWER",
+    "DEFAULT_SESSION_SIGMA",
+    "DEFAULT_TOLERANCE",
+    "Decision",
+    "FINAL_LOOK_SHARE",
+    "LevelComparison",
+    "MIN_LOG_SD",
+    "StopReason",
+    "Verdict",
+    "compare_batch",
+    "compare_level",
+    "compare_test",
+    "decide",
+    "decide_batch",
+    "estimate_session_sigma",
+    "holm",
+    "look_schedule",
+    "look_weights",
 ]

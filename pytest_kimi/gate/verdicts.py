@@ -74,7 +74,9 @@ class Verdict(str, Enum):
     @classmethod
     def failing(cls, *, strict: bool = False, require_baseline: bool = False) -> frozenset[str]:
         """The values of the verdicts that fail a test under these flags (for report lookups)."""
-        return frozenset(v.value for v in cls if v.fails(strict=strict, require_baseline=require_baseline))
+        return frozenset(
+            v.value for v in cls if v.fails(strict=strict, require_baseline=require_baseline)
+        )
 
     @property
     def warning(self) -> bool:

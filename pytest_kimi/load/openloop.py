@@ -74,8 +74,11 @@ class OpenLoopPlan:
     def arrivals(self) -> list[float]:
         """Planned send instants, seconds after the trial start (first one at 0)."""
         return poisson_arrivals(
-            self.rate, requests=self.requests, duration_s=self.duration_s,
-            seed=self.seed, exact_rate=self.exact_rate,
+            self.rate,
+            requests=self.requests,
+            duration_s=self.duration_s,
+            seed=self.seed,
+            exact_rate=self.exact_rate,
         )
 
 
@@ -104,7 +107,9 @@ def poisson_arrivals(
         # Without exact_rate the count is random; this is an upper bound for allocation checks.
         n = math.ceil(rate * duration_s) if exact_rate else None  # type: ignore[assignment]
     if n is not None and n > MAX_ARRIVALS:
-        raise ValueError(f"{n} arrivals planned (more than {MAX_ARRIVALS}): check rate and duration_s")
+        raise ValueError(
+            f"{n} arrivals planned (more than {MAX_ARRIVALS}): check rate and duration_s"
+        )
     rng = random.Random(seed)
     expo = rng.expovariate
     offsets: list[float] = []
@@ -129,7 +134,9 @@ def poisson_arrivals(
     while t < duration_s:
         offsets.append(t)
         if len(offsets) > MAX_ARRIVALS:
-            raise ValueError(f"more than {MAX_ARRIVALS} arrivals planned: check rate and duration_s")
+            raise ValueError(
+                f"more than {MAX_ARRIVALS} arrivals planned: check rate and duration_s"
+            )
         t += expo(rate)
     return offsets
 

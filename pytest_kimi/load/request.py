@@ -36,8 +36,17 @@ _SECRET_HEADERS = ("authorization", "api-key", "x-api-key", "proxy-authorization
 # per response: ``EmptyStreamReader`` falls back) and can be switched off with
 # ``PYTEST_KIMI_READANY=1``.
 _DRAIN_ATTRS = (
-    "_buffer", "_buffer_offset", "_size", "_cursor", "_eof", "_exception", "_http_chunk_splits",
-    "_low_water", "_low_water_chunks", "_protocol", "_wait",
+    "_buffer",
+    "_buffer_offset",
+    "_size",
+    "_cursor",
+    "_eof",
+    "_exception",
+    "_http_chunk_splits",
+    "_low_water",
+    "_low_water_chunks",
+    "_protocol",
+    "_wait",
 )
 
 
@@ -72,8 +81,10 @@ def take(content: StreamReader) -> bytes:
     proto = content._protocol
     # readany() calls resume_reading() for every chunk, which re-feeds the parser and pokes
     # the transport even when nothing was paused; only a paused reader needs it.
-    if getattr(proto, "_reading_paused", True) and content._size < content._low_water and (
-        splits is None or len(splits) < content._low_water_chunks
+    if (
+        getattr(proto, "_reading_paused", True)
+        and content._size < content._low_water
+        and (splits is None or len(splits) < content._low_water_chunks)
     ):
         proto.resume_reading()
     return data
@@ -172,9 +183,15 @@ class _SilenceWatchdog:
     def start(cls, resp: aiohttp.ClientResponse, timeout_s: float) -> _SilenceWatchdog | None:
         conn = resp.connection
         proto = getattr(conn, "protocol", None)
-        if proto is None or not hasattr(type(proto), "read_timeout") or not hasattr(resp.content, "total_bytes"):
+        if (
+            proto is None
+            or not hasattr(type(proto), "read_timeout")
+            or not hasattr(resp.content, "total_bytes")
+        ):
             return None
-        proto.read_timeout = None  # takes effect at the next read; until then aiohttp's timer stands
+        proto.read_timeout = (
+            None  # takes effect at the next read; until then aiohttp's timer stands
+        )
         return cls(resp.content, timeout_s)
 
     def _check(self) -> None:
@@ -184,7 +201,9 @@ class _SilenceWatchdog:
             self.seen, self.last = tb, now
         elif now - self.last >= self.timeout_s:
             self.handle = None
-            self.content.set_exception(aiohttp.ServerTimeoutError("no data for the silence timeout"))
+            self.content.set_exception(
+                aiohttp.ServerTimeoutError("no data for the silence timeout")
+            )
             return
         self.handle = self.loop.call_later(self.period, self._check)
 
@@ -216,7 +235,9 @@ def silence_timeout(timeout_s: float) -> aiohttp.ClientTimeout:
 
     No total limit: a long generation that keeps streaming is legitimate.
     """
-    return aiohttp.ClientTimeout(total=None, connect=None, sock_connect=timeout_s, sock_read=timeout_s)
+    return aiohttp.ClientTimeout(
+        total=None, connect=None, sock_connect=timeout_s, sock_read=timeout_s
+    )
 
 
 def _fmt_s(x: float) -> str:
@@ -241,21 +262,32 @@ async def stream_request(
     ``timeout`` may be passed pre-built by a caller that sends many requests; ``record`` lets
     the caller see the request while it streams (progress display).
     """
-    rec = record if record is not None else RequestRecord(index=index, worker=worker, scheduled=scheduled)
+    rec = (
+        record
+        if record is not None
+        else RequestRecord(index=index, worker=worker, scheduled=scheduled)
+    )
     parser = StreamParser(rec, target.api)
     connected = False
     ctype = ""
     try:
         rec.sent = perf_counter()
         async with session.post(
-            target.url, data=body, headers=target.headers, timeout=timeout or silence_timeout(timeout_s)
+            target.url,
+            data=body,
+            headers=target.headers,
+            timeout=timeout or silence_timeout(timeout_s),
         ) as resp:
             connected = True
             rec.status = resp.status
             if resp.status != 200:
                 raw = await resp.content.read(4096)
                 text = raw.decode("utf-8", "replace").strip()[:200]
-                rec.error = f"HTTP {resp.status}: {text}" if text else f"HTTP {resp.status} {resp.reason or ''}".rstrip()
+                rec.error = (
+                    f"HTTP {resp.status}: {text}"
+                    if text
+                    else f"HTTP {resp.status} {resp.reason or ''}".rstrip()
+                )
             else:
                 ctype = resp.headers.get("Content-Type", "")
                 content = resp.content
@@ -290,12 +322,20 @@ async def stream_request(
         rec.error = f"stalled: no data for {_fmt_s(timeout_s)}s{where}"
     except aiohttp.ClientConnectorError as exc:
         err = exc.os_error
-        if isinstance(err, ConnectionRefusedError) or getattr(err, "errno", None) == errno.ECONNREFUSED:
+        if (
+            isinstance(err, ConnectionRefusedError)
+            or getattr(err, "errno", None) == errno.ECONNREFUSED
+        ):
             reason = "connection refused"
         else:
             reason = (err.strerror if err is not None and err.strerror else None) or str(exc)
         rec.error = f"cannot connect to {target.url}: {reason} (server looks down)"
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError, ConnectionError):
+    except (
+        aiohttp.ServerDisconnectedError,
+        aiohttp.ClientPayloadError,
+        aiohttp.ClientOSError,
+        ConnectionError,
+    ):
         # With a 200 stream this is reported below as a stream that ended without [DONE].
         if rec.status == 0:
             rec.error = f"connection to {target.url} dropped before a response (server crashed or closed it)"

@@ -74,8 +74,10 @@ def split_at_slot(bodies: Sequence[bytes], slot: bytes) -> list[tuple[bytes, byt
     out = []
     for k, body in enumerate(bodies):
         if body.count(slot) != 1:
-            raise ValueError(f"body {k} holds the unique_slot {slot!r} {body.count(slot)} times, "
-                             "not once: encode the bodies with the slot in the prompt")
+            raise ValueError(
+                f"body {k} holds the unique_slot {slot!r} {body.count(slot)} times, "
+                "not once: encode the bodies with the slot in the prompt"
+            )
         head, _, tail = body.partition(slot)
         out.append((head, tail))
     return out
@@ -221,7 +223,10 @@ class LiveTrial:
 
 
 def _request_done(
-    rec: RequestRecord, live: LiveTrial | None, state: dict[str, int], stop: list[str],
+    rec: RequestRecord,
+    live: LiveTrial | None,
+    state: dict[str, int],
+    stop: list[str],
     max_failures: int | None,
 ) -> bool:
     """Book-keeping when a request ends (closed and open loop alike): live counters, failures.
@@ -238,7 +243,9 @@ def _request_done(
         return False
     state["failures"] += 1
     if max_failures is not None and state["failures"] >= max_failures and not stop:
-        stop.append(f"max_failures reached: {state['failures']} requests failed (last: {rec.error[:160]})")
+        stop.append(
+            f"max_failures reached: {state['failures']} requests failed (last: {rec.error[:160]})"
+        )
         return True
     return False
 
@@ -357,9 +364,13 @@ class TrialClient(Protocol):
     """What the measurement code needs from a client: :class:`LoadClient` (one event loop)
     and :class:`~pytest_kimi.load.workers.ShardedClient` (N processes) both provide it."""
 
-    async def run_trial(self, target: Target, plan: TrialPlan, live: LiveTrial | None = None) -> TrialRecords: ...
+    async def run_trial(
+        self, target: Target, plan: TrialPlan, live: LiveTrial | None = None
+    ) -> TrialRecords: ...
 
-    async def run_open_loop(self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None) -> TrialRecords: ...
+    async def run_open_loop(
+        self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None
+    ) -> TrialRecords: ...
 
 
 class LoadClient:
@@ -369,7 +380,9 @@ class LoadClient:
     session binds to the loop that enters the context manager.
     """
 
-    def __init__(self, *, read_bufsize: int = 2**20, lag_interval_s: float = LAG_INTERVAL_S) -> None:
+    def __init__(
+        self, *, read_bufsize: int = 2**20, lag_interval_s: float = LAG_INTERVAL_S
+    ) -> None:
         self.read_bufsize = read_bufsize
         """Per-response buffer: a client that falls behind reads large blocks, so the
         per-block parsing cost shrinks exactly when it matters."""
@@ -464,8 +477,14 @@ class LoadClient:
                     g = table[i] if table is not None else i * stride + offset
                     body = b"".join((head, unique_id(base + g), tail))
                 await stream_request(
-                    session, target, body,
-                    index=i, worker=w, scheduled=scheduled, timeout_s=timeout_s, timeout=timeout,
+                    session,
+                    target,
+                    body,
+                    index=i,
+                    worker=w,
+                    scheduled=scheduled,
+                    timeout_s=timeout_s,
+                    timeout=timeout,
                     record=rec,
                 )
                 append(rec)
@@ -483,7 +502,9 @@ class LoadClient:
                 await asyncio.gather(*tasks, return_exceptions=True)
         return started, (stop[0] if stop else None)
 
-    async def run_trial(self, target: Target, plan: TrialPlan, live: LiveTrial | None = None) -> TrialRecords:
+    async def run_trial(
+        self, target: Target, plan: TrialPlan, live: LiveTrial | None = None
+    ) -> TrialRecords:
         """Closed-loop trial: ``plan.concurrency`` requests in flight until the plan ends.
 
         ``live``, when given, is kept up to date for a progress display.
@@ -502,15 +523,25 @@ class LoadClient:
         raise_nofile_limit(plan.concurrency + 256)
         warm: list[RequestRecord] = []
         await self._closed_loop(
-            target, plan,
-            concurrency=min(plan.concurrency, plan.warmup), requests=plan.warmup,
-            deadline_after=None, max_failures=None, records=warm, warmup=True,
+            target,
+            plan,
+            concurrency=min(plan.concurrency, plan.warmup),
+            requests=plan.warmup,
+            deadline_after=None,
+            max_failures=None,
+            records=warm,
+            warmup=True,
         )
         return warm
 
     async def measure_closed(
-        self, target: Target, plan: TrialPlan, live: LiveTrial | None = None, *,
-        warm: list[RequestRecord] | None = None, start_at: float | None = None,
+        self,
+        target: Target,
+        plan: TrialPlan,
+        live: LiveTrial | None = None,
+        *,
+        warm: list[RequestRecord] | None = None,
+        start_at: float | None = None,
     ) -> TrialRecords:
         """The measured part of a closed-loop trial (``plan.warmup`` is not sent here).
 
@@ -526,10 +557,15 @@ class LoadClient:
         try:
             gc.freeze()
             started, stopped = await self._closed_loop(
-                target, plan,
-                concurrency=plan.concurrency, requests=plan.requests,
-                deadline_after=plan.duration_s, max_failures=plan.max_failures, records=records,
-                live=live, start_at=start_at,
+                target,
+                plan,
+                concurrency=plan.concurrency,
+                requests=plan.requests,
+                deadline_after=plan.duration_s,
+                max_failures=plan.max_failures,
+                records=records,
+                live=live,
+                start_at=start_at,
             )
         finally:
             ended = perf_counter()
@@ -556,7 +592,9 @@ class LoadClient:
         )
 
     # ------------------------------------------------------------------------ open loop
-    async def run_open_loop(self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None) -> TrialRecords:
+    async def run_open_loop(
+        self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None
+    ) -> TrialRecords:
         """Open-loop trial: each request is sent at its planned Poisson arrival, with no cap
         on how many are in flight; then all of them are awaited.
 
@@ -567,8 +605,13 @@ class LoadClient:
         return await self.measure_open(target, plan, live)
 
     async def measure_open(
-        self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None, *,
-        offsets: Sequence[float] | None = None, indices: Sequence[int] | None = None,
+        self,
+        target: Target,
+        plan: OpenLoopPlan,
+        live: LiveTrial | None = None,
+        *,
+        offsets: Sequence[float] | None = None,
+        indices: Sequence[int] | None = None,
         start_at: float | None = None,
     ) -> TrialRecords:
         """:meth:`run_open_loop` with an explicit schedule (a shard of a bigger one).
@@ -591,7 +634,13 @@ class LoadClient:
         try:
             gc.freeze()
             started, stopped, peak = await self._open_loop(
-                target, plan, offsets, indices, records=records, live=live, start_at=start_at,
+                target,
+                plan,
+                offsets,
+                indices,
+                records=records,
+                live=live,
+                start_at=start_at,
             )
         finally:
             ended = perf_counter()
@@ -661,9 +710,15 @@ class LoadClient:
                 body = b"".join((head, unique_id(base + i), tail))
             try:
                 await stream_request(
-                    session, target, body,
-                    index=i, worker=rec.worker, scheduled=rec.scheduled, timeout_s=timeout_s,
-                    timeout=timeout, record=rec,
+                    session,
+                    target,
+                    body,
+                    index=i,
+                    worker=rec.worker,
+                    scheduled=rec.scheduled,
+                    timeout_s=timeout_s,
+                    timeout=timeout,
+                    record=rec,
                 )
             finally:
                 state["inflight"] -= 1

@@ -272,11 +272,17 @@ class StreamParser:
         ``newlines == 2 * events``; any other event (comment, ``[DONE]``, usage-only, error,
         garbage, multi-line) breaks ``pattern count == events`` and goes to the slow path.
         """
-        if self._multi or buf.endswith(b"[DONE]\n\n", start, end) or not buf.startswith(b"data:", start):
+        if (
+            self._multi
+            or buf.endswith(b"[DONE]\n\n", start, end)
+            or not buf.startswith(b"data:", start)
+        ):
             return None  # O(1) guards: the stream's end, and ranges that open with a non-data line
         p = self._pat
         if end - start >= _NUMPY_ABOVE and _np_frombuffer is not None:
-            events = int(_np_count_nonzero(_np_frombuffer(buf, _np_uint8, end - start, start) == 10))
+            events = int(
+                _np_count_nonzero(_np_frombuffer(buf, _np_uint8, end - start, start) == 10)
+            )
         else:
             events = buf.count(b"\n", start, end)
         if events & 1:
@@ -433,7 +439,10 @@ class StreamParser:
             rec.tokens_approx = False
         if self.reasoning_events:
             rec.reasoning_tokens = reasoning_tokens(
-                self.reasoning_events, self._usage_reasoning, rec.completion_tokens, rec.tokens_per_event
+                self.reasoning_events,
+                self._usage_reasoning,
+                rec.completion_tokens,
+                rec.tokens_per_event,
             )
 
 
@@ -451,7 +460,9 @@ def usage_reasoning_tokens(usage: dict[str, Any]) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
-def reasoning_tokens(events: int, from_usage: int, completion_tokens: int, tokens_per_event: float) -> int:
+def reasoning_tokens(
+    events: int, from_usage: int, completion_tokens: int, tokens_per_event: float
+) -> int:
     """A request's reasoning tokens, given that ``events`` (> 0) reasoning events arrived.
 
     The server's count when it gave one (it may include the end-of-thinking marker, which is

@@ -209,14 +209,34 @@ def shard_closed(target: Target, plan: TrialPlan, n: int) -> list[Shard]:
             stride = len(active)
             # local i must use bodies[(i * stride + pos) % nb]; that repeats every nb requests
             wbodies = [bodies[(i * stride + pos) % nb] for i in range(nb)]
-        mf = None if plan.max_failures is None else max(1, math.ceil(plan.max_failures * c / total_w))
+        mf = (
+            None
+            if plan.max_failures is None
+            else max(1, math.ceil(plan.max_failures * c / total_w))
+        )
         # unique prompt ids follow the global index: table[i], or i * stride + pos
-        wplan = replace(plan, concurrency=c, bodies=wbodies, requests=reqs[pos], max_failures=mf, warmup=warm[pos],
-                        id_table=table, id_stride=len(active), id_offset=pos)
-        shards.append(Shard(
-            worker=k, job=Job("closed", target, wplan), first_slot=slots[k], table=table,
-            stride=len(active), pos=pos, warm_offset=sum(warm[:pos]),
-        ))
+        wplan = replace(
+            plan,
+            concurrency=c,
+            bodies=wbodies,
+            requests=reqs[pos],
+            max_failures=mf,
+            warmup=warm[pos],
+            id_table=table,
+            id_stride=len(active),
+            id_offset=pos,
+        )
+        shards.append(
+            Shard(
+                worker=k,
+                job=Job("closed", target, wplan),
+                first_slot=slots[k],
+                table=table,
+                stride=len(active),
+                pos=pos,
+                warm_offset=sum(warm[:pos]),
+            )
+        )
     return shards
 
 
@@ -228,13 +248,21 @@ def shard_open(target: Target, plan: OpenLoopPlan, n: int) -> list[Shard]:
     shards = []
     for k in active:
         idx, offs = dealt[k]
-        mf = None if plan.max_failures is None else max(1, math.ceil(plan.max_failures / len(active)))
-        wplan = replace(plan, rate=plan.rate / n, requests=len(offs), max_failures=mf, seed=plan.seed + k)
+        mf = (
+            None
+            if plan.max_failures is None
+            else max(1, math.ceil(plan.max_failures / len(active)))
+        )
+        wplan = replace(
+            plan, rate=plan.rate / n, requests=len(offs), max_failures=mf, seed=plan.seed + k
+        )
         shards.append(Shard(worker=k, job=Job("open", target, wplan, offs, idx)))
     return shards
 
 
-def merge(kind: Kind, plan: TrialPlan | OpenLoopPlan, parts: Sequence[tuple[Shard, int, TrialRecords]]) -> TrialRecords:
+def merge(
+    kind: Kind, plan: TrialPlan | OpenLoopPlan, parts: Sequence[tuple[Shard, int, TrialRecords]]
+) -> TrialRecords:
     """One :class:`TrialRecords` from the workers' parts (``(shard, pid, records)``)."""
     records: list[RequestRecord] = []
     warm: list[RequestRecord] = []
@@ -249,11 +277,20 @@ def merge(kind: Kind, plan: TrialPlan | OpenLoopPlan, parts: Sequence[tuple[Shar
             r.worker += shard.first_slot
         records.extend(tr.records)
         warm.extend(tr.warmup_records)
-        summaries.append(ShardSummary(
-            shard=shard.worker, pid=pid, concurrency=tr.concurrency, requests=shard.job.plan.requests,
-            first_slot=shard.first_slot, records=len(tr.records), client_cpu_s=tr.client_cpu_s,
-            loop_lag_max_s=tr.loop_lag_max_s, loop_lag_p99_s=tr.loop_lag_p99_s, stopped_early=tr.stopped_early,
-        ))
+        summaries.append(
+            ShardSummary(
+                shard=shard.worker,
+                pid=pid,
+                concurrency=tr.concurrency,
+                requests=shard.job.plan.requests,
+                first_slot=shard.first_slot,
+                records=len(tr.records),
+                client_cpu_s=tr.client_cpu_s,
+                loop_lag_max_s=tr.loop_lag_max_s,
+                loop_lag_p99_s=tr.loop_lag_p99_s,
+                stopped_early=tr.stopped_early,
+            )
+        )
     records.sort(key=lambda r: r.index)
     warm.sort(key=lambda r: r.index)
     trs = [tr for _, _, tr in parts]
@@ -376,11 +413,21 @@ async def _serve(k: int, conn: Connection) -> None:
 async def _report(conn: Connection, live: LiveTrial, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
-        _send(conn, ("live", live.done, live.failed, live.tokens,
-                     sum(len(r.chunk_times) for r in list(live.inflight.values()))))
+        _send(
+            conn,
+            (
+                "live",
+                live.done,
+                live.failed,
+                live.tokens,
+                sum(len(r.chunk_times) for r in list(live.inflight.values())),
+            ),
+        )
 
 
-async def _trial(client: LoadClient, conn: Connection, job: Job, go: asyncio.Future[tuple[float, float]]) -> None:
+async def _trial(
+    client: LoadClient, conn: Connection, job: Job, go: asyncio.Future[tuple[float, float]]
+) -> None:
     """Prepare, wait for the agreed start, run, send back exactly one terminal message."""
     try:
         warm: list[RequestRecord] = []
@@ -390,13 +437,22 @@ async def _trial(client: LoadClient, conn: Connection, job: Job, go: asyncio.Fut
         _send(conn, ("ready",))
         start_at, live_interval = await go
         live = LiveTrial(total=None) if live_interval > 0 else None
-        reporter = asyncio.ensure_future(_report(conn, live, live_interval)) if live is not None else None
+        reporter = (
+            asyncio.ensure_future(_report(conn, live, live_interval)) if live is not None else None
+        )
         try:
             if isinstance(plan, TrialPlan):
-                tr = await client.measure_closed(job.target, plan, live, warm=warm, start_at=start_at)
+                tr = await client.measure_closed(
+                    job.target, plan, live, warm=warm, start_at=start_at
+                )
             else:
                 tr = await client.measure_open(
-                    job.target, plan, live, offsets=job.offsets, indices=job.indices, start_at=start_at,
+                    job.target,
+                    plan,
+                    live,
+                    offsets=job.offsets,
+                    indices=job.indices,
+                    start_at=start_at,
                 )
         finally:
             if reporter is not None:
@@ -514,7 +570,6 @@ class _Worker:
                 self.busy = False  # a late answer to a cancelled trial: skip it
             # anything else (ready after a cancel, stray pong) is stale: skip
 
-
     async def settle(self) -> None:
         """Consume messages until the current trial's one terminal answer (or death)."""
         while self.busy and not self.dead:
@@ -597,16 +652,33 @@ class ShardedClient:
         self._lock = asyncio.Lock()
         atexit.register(self.close_now)
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(_PACKAGE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(_PACKAGE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        )
         code = "from pytest_kimi.load.workers import worker_entry; worker_entry()"
         try:
             for k in range(self.workers):
                 mine, theirs = socket.socketpair()
-                cpus = ",".join(str(c) for c in sorted(self.cpus[k % len(self.cpus)])) if self.cpus else ""
+                cpus = (
+                    ",".join(str(c) for c in sorted(self.cpus[k % len(self.cpus)]))
+                    if self.cpus
+                    else ""
+                )
                 try:
                     proc = subprocess.Popen(
-                        [sys.executable, "-c", code, str(theirs.fileno()), str(k), cpus, str(os.getpid())],
-                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, close_fds=True,
+                        [
+                            sys.executable,
+                            "-c",
+                            code,
+                            str(theirs.fileno()),
+                            str(k),
+                            cpus,
+                            str(os.getpid()),
+                        ],
+                        pass_fds=(theirs.fileno(),),
+                        stdin=subprocess.DEVNULL,
+                        env=env,
+                        close_fds=True,
                     )
                 finally:
                     theirs.close()  # only the worker holds its end: its death reads as EOF here
@@ -617,7 +689,9 @@ class ShardedClient:
                 try:
                     await asyncio.wait_for(w.expect("hello"), self.ready_timeout_s)
                 except asyncio.TimeoutError:
-                    raise WorkerError(f"{w.name()} did not start within {self.ready_timeout_s:g} s") from None
+                    raise WorkerError(
+                        f"{w.name()} did not start within {self.ready_timeout_s:g} s"
+                    ) from None
             await self.check_clocks()
         except BaseException:
             await self.aclose()
@@ -675,11 +749,15 @@ class ShardedClient:
         _reap(workers)
 
     # ---------------------------------------------------------------- trials
-    async def run_trial(self, target: Target, plan: TrialPlan, live: LiveTrial | None = None) -> TrialRecords:
+    async def run_trial(
+        self, target: Target, plan: TrialPlan, live: LiveTrial | None = None
+    ) -> TrialRecords:
         """Closed-loop trial over the workers; same contract as :meth:`LoadClient.run_trial`."""
         return await self._run("closed", plan, shard_closed(target, plan, self.workers), live)
 
-    async def run_open_loop(self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None) -> TrialRecords:
+    async def run_open_loop(
+        self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None
+    ) -> TrialRecords:
         """Open-loop trial over the workers; same contract as :meth:`LoadClient.run_open_loop`."""
         return await self._run("open", plan, shard_open(target, plan, self.workers), live)
 
@@ -687,9 +765,17 @@ class ShardedClient:
         if self._broken is not None:
             raise WorkerError(f"ShardedClient is unusable: {self._broken}")
         if not self._w or self._lock is None:
-            raise RuntimeError("ShardedClient is not open: use 'async with ShardedClient(n) as client'")
+            raise RuntimeError(
+                "ShardedClient is not open: use 'async with ShardedClient(n) as client'"
+            )
 
-    async def _run(self, kind: Kind, plan: TrialPlan | OpenLoopPlan, shards: list[Shard], live: LiveTrial | None) -> TrialRecords:
+    async def _run(
+        self,
+        kind: Kind,
+        plan: TrialPlan | OpenLoopPlan,
+        shards: list[Shard],
+        live: LiveTrial | None,
+    ) -> TrialRecords:
         self._usable()
         assert self._lock is not None
         async with self._lock:

@@ -172,8 +172,11 @@ def steady_window(records: Sequence[RequestRecord]) -> tuple[float, float] | Non
         return None
     step = step_gap(records)
     if step > 0.0:
-        times = np.sort(np.concatenate([np.frombuffer(r.chunk_times, dtype=np.float64)
-                                        for r in records if r.chunk_times]))
+        times = np.sort(
+            np.concatenate(
+                [np.frombuffer(r.chunk_times, dtype=np.float64) for r in records if r.chunk_times]
+            )
+        )
         start = burst_start(times, start, step)
         end = burst_start(times, end, step)
     return (start, end) if end > start else None
@@ -205,7 +208,7 @@ def burst_start(times: np.ndarray, anchor: float, step: float) -> float:
     """
     i = int(np.searchsorted(times, anchor, side="left"))
     lo = int(np.searchsorted(times, anchor - BURST_REACH_STEPS * step, side="left"))
-    before = times[max(lo - 1, 0):i]
+    before = times[max(lo - 1, 0) : i]
     if lo == 0:  # nothing before the reach: the run of reads starts with the trial
         before = np.concatenate(([-np.inf], before))
     seg = np.concatenate((before, [anchor]))
@@ -243,7 +246,9 @@ def inter_token_latencies(records: Iterable[RequestRecord]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0)
 
 
-def send_delay_p99_within(records: Sequence[RequestRecord], window: tuple[float, float] | None) -> float:
+def send_delay_p99_within(
+    records: Sequence[RequestRecord], window: tuple[float, float] | None
+) -> float:
     """How late requests due inside the window left (sent - scheduled); 0 when none was due.
 
     A burst of C sends at a trial's start is late by construction and lies before the window.
@@ -257,7 +262,11 @@ def send_delay_p99_within(records: Sequence[RequestRecord], window: tuple[float,
 
 def read_gap_p50(records: Iterable[RequestRecord]) -> float:
     """Median time between successive reads of a stream: the rhythm the server delivers in."""
-    gaps = [np.diff(np.frombuffer(r.chunk_times, dtype=np.float64)) for r in records if len(r.chunk_times) > 1]
+    gaps = [
+        np.diff(np.frombuffer(r.chunk_times, dtype=np.float64))
+        for r in records
+        if len(r.chunk_times) > 1
+    ]
     return float(np.median(np.concatenate(gaps))) if gaps else 0.0
 
 
@@ -268,8 +277,11 @@ def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
 
 def is_empty_ok_response(rec: RequestRecord) -> bool:
     """A 200 stream that ended normally without a single token: untrustworthy, not an HTTP failure."""
-    return rec.status == 200 and rec.completion_tokens == 0 and not rec.chunk_times and (
-        rec.error is None or "no tokens" in rec.error
+    return (
+        rec.status == 200
+        and rec.completion_tokens == 0
+        and not rec.chunk_times
+        and (rec.error is None or "no tokens" in rec.error)
     )
 
 
@@ -307,10 +319,12 @@ def summarize_trial(
         if ok:
             invalid.append(
                 "no steady-state window: "
-                + ("the first request ended after the last arrival (give more requests per trial)"
-                   if open_loop
-                   else "a worker finished before all had their first token; the server may run "
-                   "fewer than C at once: give each stream several requests (requests_per_stream=4)")
+                + (
+                    "the first request ended after the last arrival (give more requests per trial)"
+                    if open_loop
+                    else "a worker finished before all had their first token; the server may run "
+                    "fewer than C at once: give each stream several requests (requests_per_stream=4)"
+                )
             )
     else:
         window_s = window[1] - window[0]
@@ -333,7 +347,11 @@ def summarize_trial(
     notes: list[str] = []
     transient: list[str] = []
     busy = client.cpu_share > CLIENT_BUSY_CPU
-    if delay > CLIENT_LAG_LIMIT_S or client.cpu_share > CLIENT_CPU_LIMIT or (lag > lag_limit and busy):
+    if (
+        delay > CLIENT_LAG_LIMIT_S
+        or client.cpu_share > CLIENT_CPU_LIMIT
+        or (lag > lag_limit and busy)
+    ):
         invalid.append(
             f"load client saturated (event-loop lag p99 {lag * 1e3:.1f} ms vs limit "
             f"{lag_limit * 1e3:.1f} ms, send delay p99 {delay * 1e3:.1f} ms, "
@@ -349,11 +367,15 @@ def summarize_trial(
             "process or the machine took its core"
         )
         if bound > STALL_ERROR_LIMIT:
-            invalid.append(f"{text}, so tok/s could be off by up to {bound:.1%} (more than "
-                           f"{STALL_ERROR_LIMIT:.0%}): give the client a quieter core")
+            invalid.append(
+                f"{text}, so tok/s could be off by up to {bound:.1%} (more than "
+                f"{STALL_ERROR_LIMIT:.0%}): give the client a quieter core"
+            )
             transient.append(invalid[-1])
         else:
-            notes.append(f"note: {text}; tok/s is off by at most {bound:.2%}, latencies by the stall")
+            notes.append(
+                f"note: {text}; tok/s is off by at most {bound:.2%}, latencies by the stall"
+            )
     errors: list[str] = []
     for r in failed:
         if r.error and r.error not in errors:
@@ -474,7 +496,9 @@ class LatencyLimits:
 
 
 def level_figures(
-    trials: Sequence[TrialResult], percentile_q: float = 95.0, limits: LatencyLimits = LatencyLimits()
+    trials: Sequence[TrialResult],
+    percentile_q: float = 95.0,
+    limits: LatencyLimits = LatencyLimits(),
 ) -> LevelFigures:
     samples = [t.tok_s for t in trials if t.valid and t.tok_s is not None]
     ok = [r for t in trials for r in t.records if r.ok]

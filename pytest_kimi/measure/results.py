@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_kimi.spec.markers import LevelSpec, Targets, Workload
-from pytest_kimi.measure.metrics import LatencyLimits, LevelFigures, ReasoningFigures, TrialResult, level_figures
+from pytest_kimi.measure.metrics import (
+    LatencyLimits,
+    LevelFigures,
+    ReasoningFigures,
+    TrialResult,
+    level_figures,
+)
 from pytest_kimi.gate.verdicts import Verdict
 
 
@@ -90,8 +96,14 @@ class ThroughputResult:
     extra: dict[str, Any] = field(default_factory=dict)
     """Test-level report fields later stages add (baseline file, provenance changes)."""
 
-    def level(self, concurrency: int | None = None, *, rate: float | None = None,
-              max_tokens: int | None = None, input_tokens: int | None = None) -> LevelResult:
+    def level(
+        self,
+        concurrency: int | None = None,
+        *,
+        rate: float | None = None,
+        max_tokens: int | None = None,
+        input_tokens: int | None = None,
+    ) -> LevelResult:
         """The level with these values (only the ones given are matched)."""
         for lv in self.levels:
             sp = lv.spec
@@ -130,8 +142,11 @@ def workload_dict(workload: Workload) -> dict[str, Any]:
 def spec_key(level: LevelSpec, prompts_key: str, workload: Workload) -> dict[str, Any]:
     """The baseline key of a level before it is measured (for adaptive trials)."""
     fields = {
-        "concurrency": level.concurrency, "rate": level.rate, "max_tokens": level.max_tokens,
-        "input_tokens": level.input_tokens, "prompts": prompts_key,
+        "concurrency": level.concurrency,
+        "rate": level.rate,
+        "max_tokens": level.max_tokens,
+        "input_tokens": level.input_tokens,
+        "prompts": prompts_key,
     }
     return level_key(fields, workload_dict(workload))
 
@@ -216,7 +231,9 @@ def judge_level(
             if floor is not None and figures.tok_s < floor:
                 reasons.append(f"aggregate {figures.tok_s:.1f} tok/s < min_tok_s {floor:g}")
             rate = figures.request_tok_s_p50
-            if targets.min_request_tok_s is not None and (rate is None or rate < targets.min_request_tok_s):
+            if targets.min_request_tok_s is not None and (
+                rate is None or rate < targets.min_request_tok_s
+            ):
                 reasons.append(
                     f"per-request p50 {rate or 0:.1f} tok/s < min_request_tok_s "
                     f"{targets.min_request_tok_s:g}"

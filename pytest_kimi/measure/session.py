@@ -17,9 +17,23 @@ from pytest_kimi.load.runner import LoadClient
 from pytest_kimi.load.workers import ShardedClient
 from pytest_kimi.load.loop_thread import LoopThread
 from pytest_kimi.spec.markers import Targets, Workload, parse_throughput
-from pytest_kimi.measure.trials import DEFAULT_TRIALS, FixedTrials, MeasureSpec, ProgressFn, TrialPolicy, measure_test
+from pytest_kimi.measure.trials import (
+    DEFAULT_TRIALS,
+    FixedTrials,
+    MeasureSpec,
+    ProgressFn,
+    TrialPolicy,
+    measure_test,
+)
 from pytest_kimi.measure.results import ThroughputResult
-from pytest_kimi.spec.workload import API_PATHS, UNIQUE_SLOT, PromptSizer, encode_bodies, lead, resolve_prompts
+from pytest_kimi.spec.workload import (
+    API_PATHS,
+    UNIQUE_SLOT,
+    PromptSizer,
+    encode_bodies,
+    lead,
+    resolve_prompts,
+)
 
 
 class PerfSession:
@@ -53,7 +67,9 @@ class PerfSession:
     def measure(self, spec: MeasureSpec, progress: ProgressFn | None = None) -> ThroughputResult:
         return self._loop.run(self._measure(spec, progress))
 
-    async def measure_async(self, spec: MeasureSpec, progress: ProgressFn | None = None) -> ThroughputResult:
+    async def measure_async(
+        self, spec: MeasureSpec, progress: ProgressFn | None = None
+    ) -> ThroughputResult:
         return await self._loop.run_async(self._measure(spec, progress))
 
     def close(self) -> None:
@@ -95,19 +111,31 @@ def build_spec(
     sizing: dict[int | None, str] = {}
 
     def size(tokens: int) -> tuple[tuple[str, ...], str]:
-        return sizer.synthetic(tokens, base_url=endpoint.url, headers=endpoint.headers(),
-                               model=endpoint.model, api=workload.api, lead_text=lead_text)
+        return sizer.synthetic(
+            tokens,
+            base_url=endpoint.url,
+            headers=endpoint.headers(),
+            model=endpoint.model,
+            api=workload.api,
+            lead_text=lead_text,
+        )
 
     for input_tokens in dict.fromkeys(lv.input_tokens for lv in workload.levels):
         source = resolve_prompts(workload.prompts, input_tokens, rootdir, size=size)
         bodies[input_tokens] = encode_bodies(
-            source, model=endpoint.model, api=workload.api, max_tokens=0, ignore_eos=workload.ignore_eos,
+            source,
+            model=endpoint.model,
+            api=workload.api,
+            max_tokens=0,
+            ignore_eos=workload.ignore_eos,
             unique=run_token,
         )
         keys[input_tokens] = source.key
         if source.sizing is not None:
             sizing[input_tokens] = source.sizing
-    target = Target(url=endpoint.url + API_PATHS[workload.api], headers=endpoint.headers(), api=workload.api)
+    target = Target(
+        url=endpoint.url + API_PATHS[workload.api], headers=endpoint.headers(), api=workload.api
+    )
     return MeasureSpec(
         nodeid=nodeid,
         target=target,
@@ -132,7 +160,12 @@ class KimiLoad:
     """
 
     def __init__(
-        self, session: PerfSession, endpoint: EndpointInfo, nodeid: str, rootdir: Path, trials: int | None
+        self,
+        session: PerfSession,
+        endpoint: EndpointInfo,
+        nodeid: str,
+        rootdir: Path,
+        trials: int | None,
     ) -> None:
         self._session = session
         self.endpoint = endpoint
@@ -143,7 +176,12 @@ class KimiLoad:
     def _spec(self, kwargs: dict[str, Any]) -> MeasureSpec:
         workload, targets = parse_throughput((), kwargs)
         return build_spec(
-            self.endpoint, self._nodeid, workload, targets, rootdir=self._rootdir, trials=self._trials,
+            self.endpoint,
+            self._nodeid,
+            workload,
+            targets,
+            rootdir=self._rootdir,
+            trials=self._trials,
             sizer=self._session.prompt_sizer,
         )
 

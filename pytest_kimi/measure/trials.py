@@ -185,24 +185,39 @@ def _in_flight(level: LevelSpec) -> int:
 
 def _replaceable(trial: TrialResult) -> bool:
     """Voided only by transient causes: the same trial run again may well be valid."""
-    return (bool(trial.invalid) and trial.requests_failed == 0
-            and all(reason in trial.transient for reason in trial.invalid))
+    return (
+        bool(trial.invalid)
+        and trial.requests_failed == 0
+        and all(reason in trial.transient for reason in trial.invalid)
+    )
 
 
 def prompt_tokens_summary(trials: Sequence[TrialResult]) -> dict[str, float | int] | None:
     """Mean and range of the prompt tokens the server's ``usage`` reported for the level's
     successful requests: what was really sent, whatever ``input_tokens`` asked for (None when
     no request carried a usage count)."""
-    counts = [r.prompt_tokens for t in trials for r in t.records
-              if r.ok and not r.tokens_approx and r.prompt_tokens > 0]
+    counts = [
+        r.prompt_tokens
+        for t in trials
+        for r in t.records
+        if r.ok and not r.tokens_approx and r.prompt_tokens > 0
+    ]
     if not counts:
         return None
-    return {"mean": round(sum(counts) / len(counts), 1), "min": min(counts), "max": max(counts),
-            "requests": len(counts)}
+    return {
+        "mean": round(sum(counts) / len(counts), 1),
+        "min": min(counts),
+        "max": max(counts),
+        "requests": len(counts),
+    }
 
 
 async def run_trial(
-    client: TrialClient, spec: MeasureSpec, level: LevelSpec, index: int, offset: int,
+    client: TrialClient,
+    spec: MeasureSpec,
+    level: LevelSpec,
+    index: int,
+    offset: int,
     live: LiveTrial | None = None,
 ) -> TrialResult:
     w = spec.workload
@@ -211,15 +226,25 @@ async def run_trial(
     max_failures = _max_failures(w, requests, _in_flight(level))
     if level.concurrency is not None:
         plan = TrialPlan(
-            concurrency=level.concurrency, bodies=bodies, requests=requests,
-            duration_s=w.duration_s, timeout_s=w.timeout_s, max_failures=max_failures, warmup=0,
+            concurrency=level.concurrency,
+            bodies=bodies,
+            requests=requests,
+            duration_s=w.duration_s,
+            timeout_s=w.timeout_s,
+            max_failures=max_failures,
+            warmup=0,
             **spec.next_unique(),
         )
         tr = await client.run_trial(spec.target, plan, live)
     else:
         open_plan = OpenLoopPlan(
-            rate=level.rate or 1.0, bodies=bodies, requests=requests, duration_s=w.duration_s,
-            timeout_s=w.timeout_s, max_failures=max_failures, seed=w.seed + index,
+            rate=level.rate or 1.0,
+            bodies=bodies,
+            requests=requests,
+            duration_s=w.duration_s,
+            timeout_s=w.timeout_s,
+            max_failures=max_failures,
+            seed=w.seed + index,
             **spec.next_unique(),
         )
         tr = await client.run_open_loop(spec.target, open_plan, live)
@@ -239,10 +264,19 @@ async def _ticker(
         await asyncio.sleep(TICK_S)
         now = perf_counter()
         running = now - live.started if live.started else 0.0
-        progress(Progress(
-            "tick", label, trial, trials, live.done, live.total, live.failed,
-            live.approx_tokens() / running if running > 0 else None, now - level_start,
-        ))
+        progress(
+            Progress(
+                "tick",
+                label,
+                trial,
+                trials,
+                live.done,
+                live.total,
+                live.failed,
+                live.approx_tokens() / running if running > 0 else None,
+                now - level_start,
+            )
+        )
 
 
 async def warm_up(client: TrialClient, spec: MeasureSpec) -> list[str]:
@@ -305,18 +339,29 @@ async def measure_level(
             samples = [t.tok_s for t in trials if t.valid and t.tok_s is not None]
             planned += spec.policy.more_trials(level, samples)
         if progress is not None:
-            progress(Progress(
-                "trial", label, len(trials), planned, live.done, live.total, live.failed,
-                trial.tok_s, perf_counter() - level_start,
-            ))
+            progress(
+                Progress(
+                    "trial",
+                    label,
+                    len(trials),
+                    planned,
+                    live.done,
+                    live.total,
+                    live.failed,
+                    trial.tok_s,
+                    perf_counter() - level_start,
+                )
+            )
     result = judge_level(level, spec.workload, spec.targets, trials, spec.prompts_key(level))
     result.extra["prompt_tokens"] = prompt_tokens_summary(trials)
     sizing = spec.sizing.get(level.input_tokens)
     if sizing is not None:
         result.extra["input_tokens_sizing"] = sizing
         if sizing.startswith("estimate"):
-            result.errors.append(f"note: input_tokens={level.input_tokens} is an {sizing}; "
-                                 "prompt tokens shows what the server counted")
+            result.errors.append(
+                f"note: input_tokens={level.input_tokens} is an {sizing}; "
+                "prompt tokens shows what the server counted"
+            )
     if replaced:
         result.extra["replaced_trials"] = replaced
         result.errors.extend(f"note: {r}" for r in replaced)
@@ -324,10 +369,19 @@ async def measure_level(
         result.extra.update(observer.level_summary())
     if progress is not None:
         f = result.figures
-        progress(Progress(
-            "level", label, len(trials), len(trials), f.requests_ok + f.requests_failed, None,
-            f.requests_failed, f.tok_s, perf_counter() - level_start,
-        ))
+        progress(
+            Progress(
+                "level",
+                label,
+                len(trials),
+                len(trials),
+                f.requests_ok + f.requests_failed,
+                None,
+                f.requests_failed,
+                f.tok_s,
+                perf_counter() - level_start,
+            )
+        )
     return result
 
 
@@ -348,7 +402,9 @@ async def measure_test(
         for level in spec.workload.levels:
             if stop_reason is not None:
                 result.levels.append(
-                    not_run_level(level, spec.workload, spec.targets, stop_reason, spec.prompts_key(level))
+                    not_run_level(
+                        level, spec.workload, spec.targets, stop_reason, spec.prompts_key(level)
+                    )
                 )
                 continue
             measured = await measure_level(client, spec, level, progress)

@@ -72,7 +72,9 @@ def _table(levels: list[Mapping[str, Any]], failing: frozenset[str]) -> str:
     rows = []
     for lv in levels:
         verdict = str(lv.get("verdict", "?"))
-        cells = "".join(f'<td class="{"num" if c.numeric else ""}">{_e(c.value(lv))}</td>' for c in cols)
+        cells = "".join(
+            f'<td class="{"num" if c.numeric else ""}">{_e(c.value(lv))}</td>' for c in cols
+        )
         shown = verdict.upper() if verdict in failing else verdict
         cells += f'<td class="{_verdict_class(verdict, failing)}" title="{_e(VERDICT_HELP.get(verdict, ""))}">{_e(shown)}</td>'
         rows.append(f"<tr>{cells}</tr>")
@@ -81,18 +83,27 @@ def _table(levels: list[Mapping[str, Any]], failing: frozenset[str]) -> str:
 
 def _figure(image: PlotImage, filename: str) -> str:
     data = base64.b64encode(image.png).decode("ascii")
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{_e(image.title)}">'
-            f'<figcaption>{_e(image.title)} ({_e(filename)})</figcaption></figure>')
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{_e(image.title)}">'
+        f"<figcaption>{_e(image.title)} ({_e(filename)})</figcaption></figure>"
+    )
 
 
-def _test_section(test: Mapping[str, Any], failing: frozenset[str],
-                  figures: list[tuple[PlotImage, str]]) -> str:
+def _test_section(
+    test: Mapping[str, Any], failing: frozenset[str], figures: list[tuple[PlotImage, str]]
+) -> str:
     nodeid = str(test.get("nodeid", "?"))
     outcome = str(test.get("outcome", "?"))
-    cls = "s-failed" if outcome in ("failed", "error") else ("s-passed" if outcome == "passed" else "s-none")
+    cls = (
+        "s-failed"
+        if outcome in ("failed", "error")
+        else ("s-passed" if outcome == "passed" else "s-none")
+    )
     where = f" on <code>{_e(test['profile'])}</code>" if test.get("profile") else ""
-    parts = [f'<h2 id="{_e(safe_name(test_title(test)))}"><code>{_e(nodeid)}</code>{where} '
-             f'<span class="status {cls}">{_e(outcome.upper())}</span></h2>']
+    parts = [
+        f'<h2 id="{_e(safe_name(test_title(test)))}"><code>{_e(nodeid)}</code>{where} '
+        f'<span class="status {cls}">{_e(outcome.upper())}</span></h2>'
+    ]
     meta = []
     if test.get("workload"):
         meta.append(f"workload <code>{_e(workload_text(test['workload']))}</code>")
@@ -112,8 +123,10 @@ def _test_section(test: Mapping[str, Any], failing: frozenset[str],
     for lv in levels:
         verdict = str(lv.get("verdict", "?"))
         for reason in lv.get("reasons") or []:
-            notes.append(f'<li><b>{_e(level_label(lv, test))}</b> <span class="{_verdict_class(verdict, failing)}">'
-                         f"{_e(verdict)}</span>: {_e(reason)}</li>")
+            notes.append(
+                f'<li><b>{_e(level_label(lv, test))}</b> <span class="{_verdict_class(verdict, failing)}">'
+                f"{_e(verdict)}</span>: {_e(reason)}</li>"
+            )
         for error in (lv.get("errors") or [])[:5]:
             notes.append(f"<li><b>{_e(level_label(lv, test))}</b> error: {_e(error)}</li>")
     if notes:
@@ -123,8 +136,11 @@ def _test_section(test: Mapping[str, Any], failing: frozenset[str],
     changes = test.get("provenance_changes") or []
     if changes:
         against = f"vs {test['compared_with']}" if test.get("compared_with") else "since baseline"
-        parts.append(f'<p class="changes">changed {_e(against)}: '
-                     + "; ".join(f"<code>{_e(c)}</code>" for c in changes) + "</p>")
+        parts.append(
+            f'<p class="changes">changed {_e(against)}: '
+            + "; ".join(f"<code>{_e(c)}</code>" for c in changes)
+            + "</p>"
+        )
     parts += [_figure(image, filename) for image, filename in figures]
     return "\n".join(parts)
 
@@ -142,8 +158,10 @@ def render_html(
     endpoint = report.get("endpoint") or {}
     status, summary = headline(report)
     title = str(report.get("title") or "pytest-kimi throughput")
-    head = [f"<h1>{_e(title)} <span class=\"status {_STATUS_CLASS.get(status, 's-none')}\">{_e(status)}</span></h1>",
-            f"<p><b>{_e(summary)}</b></p>"]
+    head = [
+        f'<h1>{_e(title)} <span class="status {_STATUS_CLASS.get(status, "s-none")}">{_e(status)}</span></h1>',
+        f"<p><b>{_e(summary)}</b></p>",
+    ]
     where = []
     if endpoint.get("url"):
         where.append(f"endpoint <code>{_e(endpoint['url'])}</code>")
@@ -158,28 +176,48 @@ def render_html(
         head.append(f'<p class="meta">{" · ".join(where)}</p>')
     counts = verdict_counts(tests)
     if counts:
-        head.append("<p>Levels: " + ", ".join(
-            f'<span class="{_verdict_class(v, failing)}">{n} {_e(v)}</span>'
-            for v, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) + "</p>")
+        head.append(
+            "<p>Levels: "
+            + ", ".join(
+                f'<span class="{_verdict_class(v, failing)}">{n} {_e(v)}</span>'
+                for v, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+            )
+            + "</p>"
+        )
     head += [f"<p>{_e(note)}</p>" for note in report.get("notes") or []]
     if len(tests) > 1:
-        head.append("<ul>" + "".join(
-            f'<li><a href="#{_e(safe_name(test_title(t)))}">{_e(test_title(t))}</a> '
-            f"({_e(t.get('outcome', '?'))})</li>" for t in tests) + "</ul>")
+        head.append(
+            "<ul>"
+            + "".join(
+                f'<li><a href="#{_e(safe_name(test_title(t)))}">{_e(test_title(t))}</a> '
+                f"({_e(t.get('outcome', '?'))})</li>"
+                for t in tests
+            )
+            + "</ul>"
+        )
     # an A/B run has one entry per deployment for the same nodeid and one figure pair for
     # all of them: shown after the last entry, so it follows every table it draws
     last = {str(t.get("nodeid")): i for i, t in enumerate(tests)}
-    sections = [_test_section(t, failing, figures.get(str(t.get("nodeid")), []) if last[str(t.get("nodeid"))] == i else [])
-                for i, t in enumerate(tests)]
+    sections = [
+        _test_section(
+            t,
+            failing,
+            figures.get(str(t.get("nodeid")), []) if last[str(t.get("nodeid"))] == i else [],
+        )
+        for i, t in enumerate(tests)
+    ]
     legend = "".join(
         f"<dt>{_e(v)}</dt><dd>{_e(meaning)}{' <b>(fails the run)</b>' if v in failing else ''}</dd>"
-        for v, meaning in VERDICT_HELP.items())
+        for v, meaning in VERDICT_HELP.items()
+    )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}: {_e(status)}</title><style>{_CSS}</style></head><body>\n"
-        + "\n".join(head) + "\n" + "\n".join(sections)
+        + "\n".join(head)
+        + "\n"
+        + "\n".join(sections)
         + f'\n<h2>Verdicts</h2><dl class="legend">{legend}</dl>'
-        "<p class=\"meta\">no-baseline fails with --perf-require-baseline; inconclusive and "
+        '<p class="meta">no-baseline fails with --perf-require-baseline; inconclusive and '
         "underpowered fail with --perf-strict.</p>\n</body></html>\n"
     )
 
@@ -192,8 +230,10 @@ def plot_tests(tests: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for test in tests:
         nodeid = str(test.get("nodeid", "?"))
         profile = test.get("profile")
-        levels = [dict(lv, profile=lv.get("profile", profile)) if profile else dict(lv)
-                  for lv in test.get("levels") or []]
+        levels = [
+            dict(lv, profile=lv.get("profile", profile)) if profile else dict(lv)
+            for lv in test.get("levels") or []
+        ]
         if nodeid in merged:
             merged[nodeid]["levels"] += levels
         else:

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-JUNIT_FIELDS = ("tok_s", "request_tok_s_p50", "ttft_s_p95", "ttfc_s_p95", "reasoning_tokens_mean", "content_tokens_mean",
-                "baseline_tok_s", "change_pct", "p_value", "trials", "verdict")
+JUNIT_FIELDS = (
+    "tok_s",
+    "request_tok_s_p50",
+    "ttft_s_p95",
+    "ttfc_s_p95",
+    "reasoning_tokens_mean",
+    "content_tokens_mean",
+    "baseline_tok_s",
+    "change_pct",
+    "p_value",
+    "trials",
+    "verdict",
+)
 """The reasoning fields exist only for levels whose streams separated thinking from the answer."""
 
 
@@ -15,7 +26,9 @@ def junit_properties(test: dict[str, Any]) -> list[tuple[str, Any]]:
     for lv in test["levels"]:
         name = (lv.get("label") or f"C={lv['concurrency']}").replace("=", "").replace(" ", ".")
         prefix = f"kimi.{lv['profile']}.{name}" if lv.get("profile") else f"kimi.{name}"
-        props += [(f"{prefix}.{name}", lv[name]) for name in JUNIT_FIELDS if lv.get(name) is not None]
+        props += [
+            (f"{prefix}.{name}", lv[name]) for name in JUNIT_FIELDS if lv.get(name) is not None
+        ]
     if test.get("provenance_changes"):
         props.append(("kimi.provenance_changes", "; ".join(test["provenance_changes"])))
     return props

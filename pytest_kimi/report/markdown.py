@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_kimi.gate.verdicts import Verdict
-from pytest_kimi.report.terminal import num as _num, prompt_tokens_cell, reasoning_tokens_cell, server_tok_s_cell, server_tokens_cell, tok_s_cell as _current
+from pytest_kimi.report.terminal import (
+    num as _num,
+    prompt_tokens_cell,
+    reasoning_tokens_cell,
+    server_tok_s_cell,
+    server_tokens_cell,
+    tok_s_cell as _current,
+)
 
 VERDICT_HELP: dict[str, str] = {
     "pass": "throughput within tolerance of the baseline (or above the target)",
@@ -50,7 +57,13 @@ LEGEND = (
 
 def cell(text: str) -> str:
     """One Markdown table cell: pipes escaped, no line breaks, no HTML tags."""
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace("\r", " ").replace("\n", " ")
+    return (
+        text.replace("\\", "\\\\")
+        .replace("|", "\\|")
+        .replace("<", "&lt;")
+        .replace("\r", " ")
+        .replace("\n", " ")
+    )
 
 
 def text(value: str) -> str:
@@ -86,8 +99,6 @@ def is_warning(verdict: str) -> bool:
 
 
 # ------------------------------------------------------------------------------- column model
-
-
 
 
 def _change(level: Mapping[str, Any]) -> str:
@@ -131,13 +142,22 @@ def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
     cols: list[Column] = []
     if any(lv.get("profile") is not None for lv in levels):
         cols.append(Column("profile", lambda lv: str(lv.get("profile") or "-"), numeric=False))
-    cols.append(Column("level", lambda lv: str(lv.get("label") or f"C={lv.get('concurrency', '?')}"), numeric=False))
+    cols.append(
+        Column(
+            "level",
+            lambda lv: str(lv.get("label") or f"C={lv.get('concurrency', '?')}"),
+            numeric=False,
+        )
+    )
     cols += [
         Column("baseline tok/s", lambda lv: _num(lv.get("baseline_tok_s"), ".1f")),
         Column("current tok/s", _current),
     ]
     if any(lv.get("server") for lv in levels):
-        cols += [Column("server tok/s", server_tok_s_cell), Column("server tokens", server_tokens_cell)]
+        cols += [
+            Column("server tok/s", server_tok_s_cell),
+            Column("server tokens", server_tokens_cell),
+        ]
     cols += [
         Column("change (90% CI)", _change),
         Column("p", lambda lv: _num(lv.get("p_value"), ".3g")),
@@ -151,11 +171,20 @@ def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
     if any(lv.get("reasoning_tokens_mean") is not None for lv in levels):
         # reasoning streams only: where the output went, and how long the answer took to start
         pct = next((lv.get("percentile") for lv in levels if lv.get("percentile") is not None), 95)
-        cols += [Column("reasoning/content tok", reasoning_tokens_cell),
-                 Column(f"TTFT/TTFC p{pct:g} s", _first_tokens)]
+        cols += [
+            Column("reasoning/content tok", reasoning_tokens_cell),
+            Column(f"TTFT/TTFC p{pct:g} s", _first_tokens),
+        ]
     if any(lv.get("requests_failed") for lv in levels):
-        cols.append(Column("failed req", lambda lv: f"{lv.get('requests_failed', 0)}/"
-                                                    f"{lv.get('requests_ok', 0) + lv.get('requests_failed', 0)}"))
+        cols.append(
+            Column(
+                "failed req",
+                lambda lv: (
+                    f"{lv.get('requests_failed', 0)}/"
+                    f"{lv.get('requests_ok', 0) + lv.get('requests_failed', 0)}"
+                ),
+            )
+        )
     return cols
 
 
@@ -203,7 +232,9 @@ def headline(report: Mapping[str, Any]) -> tuple[str, str]:
     status = "FAILED" if bad else ("PASSED" if tests else "NO TESTS")
     order = ["passed", "failed", "error", "skipped"]
     parts = [f"{counts.get(k, 0)} {k}" for k in order[:2]]
-    parts += [f"{counts[k]} {k}" for k in (*order[2:], *sorted(set(counts) - set(order))) if counts.get(k)]
+    parts += [
+        f"{counts[k]} {k}" for k in (*order[2:], *sorted(set(counts) - set(order))) if counts.get(k)
+    ]
     n = len(tests)
     return status, f"{n} test{'s' if n != 1 else ''}: " + ", ".join(parts)
 
@@ -245,8 +276,14 @@ def render_markdown(
         out += ["", " · ".join(where)]
     verdicts = verdict_counts(tests)
     if verdicts:
-        out += ["", "Levels: " + ", ".join(
-            f"{n} {marker(v, failing)}" for v, n in sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0])))]
+        out += [
+            "",
+            "Levels: "
+            + ", ".join(
+                f"{n} {marker(v, failing)}"
+                for v, n in sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0]))
+            ),
+        ]
     for note in report.get("notes") or []:
         out += ["", text(str(note))]
     for test in tests:
@@ -280,7 +317,11 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
         ]
         for lv in levels:
             cells = [cell(c.value(lv)) for c in cols]
-            lines.append("| " + " | ".join(cells) + f" | {cell(marker(str(lv.get('verdict', '?')), failing))} |")
+            lines.append(
+                "| "
+                + " | ".join(cells)
+                + f" | {cell(marker(str(lv.get('verdict', '?')), failing))} |"
+            )
     else:
         lines += ["", "_no levels measured_"]
     if test.get("error"):
@@ -288,12 +329,16 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
     notes: list[str] = []
     for lv in levels:
         for reason in lv.get("reasons") or []:
-            notes.append(f"- {level_label(lv, test)} {marker(str(lv.get('verdict', '?')), failing)}: {text(str(reason))}")
+            notes.append(
+                f"- {level_label(lv, test)} {marker(str(lv.get('verdict', '?')), failing)}: {text(str(reason))}"
+            )
         errors = list(lv.get("errors") or [])
         for error in errors[:MAX_ERRORS_SHOWN]:
             notes.append(f"- {level_label(lv, test)} error: {text(str(error))}")
         if len(errors) > MAX_ERRORS_SHOWN:
-            notes.append(f"- {level_label(lv, test)}: {len(errors) - MAX_ERRORS_SHOWN} more errors in the JSON report")
+            notes.append(
+                f"- {level_label(lv, test)}: {len(errors) - MAX_ERRORS_SHOWN} more errors in the JSON report"
+            )
     if notes:
         lines += ["", *notes]
     if test.get("baseline_note"):

@@ -133,7 +133,7 @@ def _baseline_samples(level: Mapping[str, Any]) -> list[float]:
 
 
 def _short(nodeid: str, limit: int = 70) -> str:
-    return nodeid if len(nodeid) <= limit else "…" + nodeid[-(limit - 1):]
+    return nodeid if len(nodeid) <= limit else "…" + nodeid[-(limit - 1) :]
 
 
 def _new_figure(width: float, height: float) -> Figure:
@@ -194,18 +194,37 @@ def throughput_figure(test: Mapping[str, Any]) -> Figure:
         # trials: slight horizontal offsets so repeated values stay visible
         tx, ty = [], []
         for x, lv in zip(xs, group):
-            samples = [v for v in (_finite(s) for s in lv.get("trials_tok_s") or []) if v is not None]
+            samples = [
+                v for v in (_finite(s) for s in lv.get("trials_tok_s") or []) if v is not None
+            ]
             n = len(samples)
             for k, v in enumerate(samples):
                 tx.append(x * 2 ** (0.06 * (k - (n - 1) / 2) / max(n - 1, 1)))
                 ty.append(v)
         if tx:
-            ax.scatter(tx, ty, s=16, color=colour, alpha=0.55, edgecolors="white", linewidths=0.4,
-                       label=f"{name}: trials", zorder=5)
+            ax.scatter(
+                tx,
+                ty,
+                s=16,
+                color=colour,
+                alpha=0.55,
+                edgecolors="white",
+                linewidths=0.4,
+                label=f"{name}: trials",
+                zorder=5,
+            )
         med = _points(xs, group, "tok_s")
         if med:
-            ax.plot([x for x, _, _ in med], [y for _, y, _ in med], "-o", color=colour, lw=2, ms=5,
-                    label=f"{name}: median", zorder=4)
+            ax.plot(
+                [x for x, _, _ in med],
+                [y for _, y, _ in med],
+                "-o",
+                color=colour,
+                lw=2,
+                ms=5,
+                label=f"{name}: median",
+                zorder=4,
+            )
         # baseline: dashed median line, band when samples are known
         base = [(x, y, _baseline_samples(lv)) for x, y, lv in _points(xs, group, "baseline_tok_s")]
         if base:
@@ -214,45 +233,99 @@ def throughput_figure(test: Mapping[str, Any]) -> Figure:
             label = f"{name}: baseline median" if profile else "baseline median"
             if len(base) == 1:  # one level: a short horizontal dash instead of a line
                 x = bx[0]
-                ax.hlines(by[0], x / 1.25, x * 1.25, colors=_BASELINE_COLOUR if not profile else colour,
-                          linestyles="--", lw=1.6, label=label, zorder=2)
+                ax.hlines(
+                    by[0],
+                    x / 1.25,
+                    x * 1.25,
+                    colors=_BASELINE_COLOUR if not profile else colour,
+                    linestyles="--",
+                    lw=1.6,
+                    label=label,
+                    zorder=2,
+                )
             else:
-                ax.plot(bx, by, "--", color=_BASELINE_COLOUR if not profile else colour, lw=1.6,
-                        label=label, zorder=2)
+                ax.plot(
+                    bx,
+                    by,
+                    "--",
+                    color=_BASELINE_COLOUR if not profile else colour,
+                    lw=1.6,
+                    label=label,
+                    zorder=2,
+                )
             banded = [(x, min(s), max(s)) for x, _, s in base if s]
             if banded:
                 band_colour = _BASELINE_COLOUR if not profile else colour
                 band_label = f"{name}: baseline min-max" if profile else "baseline trials min-max"
                 if len(banded) == 1:
                     x, lo, hi = banded[0]
-                    ax.fill_between([x / 1.25, x * 1.25], [lo, lo], [hi, hi], color=band_colour,
-                                    alpha=0.15, lw=0, label=band_label, zorder=1)
+                    ax.fill_between(
+                        [x / 1.25, x * 1.25],
+                        [lo, lo],
+                        [hi, hi],
+                        color=band_colour,
+                        alpha=0.15,
+                        lw=0,
+                        label=band_label,
+                        zorder=1,
+                    )
                 else:
-                    ax.fill_between([b[0] for b in banded], [b[1] for b in banded],
-                                    [b[2] for b in banded], color=band_colour, alpha=0.15, lw=0,
-                                    label=band_label, zorder=1)
+                    ax.fill_between(
+                        [b[0] for b in banded],
+                        [b[1] for b in banded],
+                        [b[2] for b in banded],
+                        color=band_colour,
+                        alpha=0.15,
+                        lw=0,
+                        label=band_label,
+                        zorder=1,
+                    )
         targets = _points(xs, group, "target_tok_s")
         if targets:
-            ax.scatter([x for x, _, _ in targets], [y for _, y, _ in targets], marker="_", s=400,
-                       linewidths=2.5, color="black",
-                       label=None if target_labelled else "target (min tok/s)", zorder=5)
+            ax.scatter(
+                [x for x, _, _ in targets],
+                [y for _, y, _ in targets],
+                marker="_",
+                s=400,
+                linewidths=2.5,
+                color="black",
+                label=None if target_labelled else "target (min tok/s)",
+                zorder=5,
+            )
             target_labelled = True
         for x, lv in zip(xs, group):
             verdict = str(lv.get("verdict", ""))
             y = _finite(lv.get("tok_s"))
             if verdict in FAILING and y is not None:
-                ax.scatter([x], [y], s=150, facecolors="none", edgecolors=_FAIL_COLOUR,
-                           linewidths=1.8, zorder=6,
-                           label=None if fail_labelled else "failing level")
+                ax.scatter(
+                    [x],
+                    [y],
+                    s=150,
+                    facecolors="none",
+                    edgecolors=_FAIL_COLOUR,
+                    linewidths=1.8,
+                    zorder=6,
+                    label=None if fail_labelled else "failing level",
+                )
                 fail_labelled = True
                 change = lv.get("change_pct")
-                note = verdict.upper() + (f" {change:+.1f}%" if isinstance(change, (int, float)) else "")
+                note = verdict.upper() + (
+                    f" {change:+.1f}%" if isinstance(change, (int, float)) else ""
+                )
                 # several deployments: the first series labels above its points, the others
                 # below, so the labels of two nearby curves do not print over each other
                 above = len(groups) > 1 and i == 0
-                ax.annotate(note, (x, y), xytext=(0, 14 if above else -16), textcoords="offset points",
-                            ha="center", va="bottom" if above else "top", fontsize=8,
-                            color=_FAIL_COLOUR, zorder=7)
+                ax.annotate(
+                    note,
+                    (x, y),
+                    xytext=(0, 14 if above else -16),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom" if above else "top",
+                    fontsize=8,
+                    color=_FAIL_COLOUR,
+                    zorder=7,
+                )
     if all_c:
         _log2_concurrency_axis(ax, all_c)
     else:
@@ -260,7 +333,9 @@ def throughput_figure(test: Mapping[str, Any]) -> Figure:
     _zero_based_ylim(ax)
     ax.set_xlabel("concurrency (requests in flight, log2 scale)")
     ax.set_ylabel("aggregate output throughput (tok/s)")
-    ax.set_title(f"{_short(str(test.get('nodeid', '?')))}\noutput throughput vs concurrency", fontsize=10)
+    ax.set_title(
+        f"{_short(str(test.get('nodeid', '?')))}\noutput throughput vs concurrency", fontsize=10
+    )
     ax.grid(True, which="major", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         # outside the axes: inside, it hides whichever line happens to run under it
@@ -282,7 +357,9 @@ def latency_figure(test: Mapping[str, Any]) -> Figure:
     fig = _new_figure(7.5, 6.2)
     top, bottom = fig.subplots(2, 1, sharex=True)
     groups = _series(list(test.get("levels") or []))
-    ttft_values = [y for g in groups.values() for _, y, _ in _points([0.0] * len(g), g, "ttft_s_p95")]
+    ttft_values = [
+        y for g in groups.values() for _, y, _ in _points([0.0] * len(g), g, "ttft_s_p95")
+    ]
     in_ms = not ttft_values or max(ttft_values) < 10.0
     scale, unit = (1e3, "ms") if in_ms else (1.0, "s")
     drawn = any_failing = False
@@ -290,27 +367,48 @@ def latency_figure(test: Mapping[str, Any]) -> Figure:
         colour = _PALETTE[i % len(_PALETTE)]
         name = profile or "current run"
         # top curve falls to the right, bottom one rises: label on the side away from the line
-        for ax, key, factor, dx, ha in ((top, "request_tok_s_p50", 1.0, 6, "left"),
-                                        (bottom, "ttft_s_p95", scale, -6, "right")):
+        for ax, key, factor, dx, ha in (
+            (top, "request_tok_s_p50", 1.0, 6, "left"),
+            (bottom, "ttft_s_p95", scale, -6, "right"),
+        ):
             xs = [_finite(lv.get("tok_s")) for lv in group]
-            pts = [(x, y * factor, lv) for x, y, lv in
-                   _points([x or math.nan for x in xs], group, key) if math.isfinite(x)]
+            pts = [
+                (x, y * factor, lv)
+                for x, y, lv in _points([x or math.nan for x in xs], group, key)
+                if math.isfinite(x)
+            ]
             if not pts:
                 continue
             drawn = True
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=colour, lw=1.5, ms=6,
-                    label=name)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                "-o",
+                color=colour,
+                lw=1.5,
+                ms=6,
+                label=name,
+            )
             for x, y, lv in pts:
                 failing = str(lv.get("verdict", "")) in FAILING
                 any_failing |= failing
-                ax.annotate(f"C={lv.get('concurrency')}", (x, y), xytext=(dx, 6),
-                            textcoords="offset points", fontsize=8, ha=ha,
-                            color=_FAIL_COLOUR if failing else "#222222")
+                ax.annotate(
+                    f"C={lv.get('concurrency')}",
+                    (x, y),
+                    xytext=(dx, 6),
+                    textcoords="offset points",
+                    fontsize=8,
+                    ha=ha,
+                    color=_FAIL_COLOUR if failing else "#222222",
+                )
     top.set_ylabel("per-request output\ntok/s (p50)")
     bottom.set_ylabel(f"TTFT p95 ({unit})")
     bottom.set_xlabel("aggregate output throughput (tok/s)")
-    top.set_title(f"{_short(str(test.get('nodeid', '?')))}\nlatency / throughput trade-off "
-                  "(one point per concurrency C)", fontsize=10)
+    top.set_title(
+        f"{_short(str(test.get('nodeid', '?')))}\nlatency / throughput trade-off "
+        "(one point per concurrency C)",
+        fontsize=10,
+    )
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
         _zero_based_ylim(ax, headroom=0.18)
@@ -325,8 +423,14 @@ def latency_figure(test: Mapping[str, Any]) -> Figure:
         if any_failing:
             handles.append(Line2D([], [], ls="none", marker="$C$", color=_FAIL_COLOUR))
             labels.append("red label: failing level")
-        top.legend(handles, labels, fontsize=8, loc="upper right",
-                   title="profile" if any(groups) else None, title_fontsize=8)
+        top.legend(
+            handles,
+            labels,
+            fontsize=8,
+            loc="upper right",
+            title="profile" if any(groups) else None,
+            title_fontsize=8,
+        )
     return fig
 
 
@@ -338,8 +442,12 @@ def render_test(test: Mapping[str, Any]) -> list[PlotImage]:
     require_matplotlib()
     nodeid = str(test.get("nodeid", "?"))
     return [
-        PlotImage("throughput", f"{nodeid}: output throughput vs concurrency",
-                  png_bytes(throughput_figure(test))),
-        PlotImage("latency", f"{nodeid}: latency / throughput trade-off",
-                  png_bytes(latency_figure(test))),
+        PlotImage(
+            "throughput",
+            f"{nodeid}: output throughput vs concurrency",
+            png_bytes(throughput_figure(test)),
+        ),
+        PlotImage(
+            "latency", f"{nodeid}: latency / throughput trade-off", png_bytes(latency_figure(test))
+        ),
     ]

@@ -145,17 +145,23 @@ def columns_for(levels: Sequence[dict[str, Any]]) -> list[Column]:
     return [*columns[:at], *SERVER_COLUMNS, *columns[at:]]
 
 
-def format_table(levels: Sequence[dict[str, Any]], columns: Sequence[Column] | None = None) -> list[str]:
+def format_table(
+    levels: Sequence[dict[str, Any]], columns: Sequence[Column] | None = None
+) -> list[str]:
     """Aligned rows, numbers right-aligned, then one line per reason of a non-passing level."""
     columns = columns_for(levels) if columns is None else columns
     header = [name for name, _ in columns]
     rows = [[fn(lv) for _, fn in columns] for lv in levels]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     for lv in levels:
         for reason in lv.get("reasons", []):
-            lines.append(f"  {lv.get('label') or 'C=' + str(lv['concurrency'])} {lv.get('verdict')}: {reason}")
+            lines.append(
+                f"  {lv.get('label') or 'C=' + str(lv['concurrency'])} {lv.get('verdict')}: {reason}"
+            )
     return lines
 
 

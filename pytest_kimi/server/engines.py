@@ -120,5 +120,6 @@ def get_engine(kind: str) -> Engine:
     try:
         return ENGINES[kind]
     except KeyError:
-        raise KeyError(f"unknown engine {kind!r}; known engines: "
-                       f"{', '.join(sorted(ENGINES))}") from None
+        raise KeyError(
+            f"unknown engine {kind!r}; known engines: {', '.join(sorted(ENGINES))}"
+        ) from None

@@ -33,8 +33,7 @@ __all__ = ["Interrupts"]
 class Interrupts:
     """Install with :meth:`install` (main thread only), undo with :meth:`restore`."""
 
-    def __init__(self, kill_wait_s: float = 5.0,
-                 say: Callable[[str], None] | None = None) -> None:
+    def __init__(self, kill_wait_s: float = 5.0, say: Callable[[str], None] | None = None) -> None:
         self.kill_wait_s = kill_wait_s
         self.say = say or _to_stderr
         """Where the one-line notices go (the plugin passes its terminal writer)."""
@@ -47,8 +46,10 @@ class Interrupts:
         KeyboardInterrupt, Python's default); False when not in the main thread."""
         if threading.current_thread() is not threading.main_thread():
             return False
-        for sig, ours_if in ((signal.SIGTERM, signal.SIG_DFL),
-                             (signal.SIGINT, signal.default_int_handler)):
+        for sig, ours_if in (
+            (signal.SIGTERM, signal.SIG_DFL),
+            (signal.SIGINT, signal.default_int_handler),
+        ):
             current = signal.getsignal(sig)
             if current is ours_if:
                 self._previous[sig] = current
@@ -68,16 +69,19 @@ class Interrupts:
         if self.count == 1:
             self.first = signum
             if signum == signal.SIGTERM:
-                self._say("pytest-kimi: SIGTERM: stopping like Ctrl-C (measurements stop, "
-                          "servers are shut down, reports are written); send it again to "
-                          "stop at once")
+                self._say(
+                    "pytest-kimi: SIGTERM: stopping like Ctrl-C (measurements stop, "
+                    "servers are shut down, reports are written); send it again to "
+                    "stop at once"
+                )
             raise KeyboardInterrupt
         self.hard_stop(signum)
 
     def hard_stop(self, signum: int) -> None:
         """SIGKILL every supervised server of this process, then exit."""
-        self._say(f"pytest-kimi: {signal.Signals(signum).name} again: killing the servers "
-                  f"and exiting now")
+        self._say(
+            f"pytest-kimi: {signal.Signals(signum).name} again: killing the servers and exiting now"
+        )
         try:
             supervisor.kill_all(self.kill_wait_s)
         finally:

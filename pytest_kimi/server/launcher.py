@@ -90,8 +90,15 @@ class ServerStartError(ServerError):
     stopped; the message names its pid and how to stop it).
     """
 
-    def __init__(self, message: str, *, reason: str, log_path: Path | None = None,
-                 returncode: int | None = None, elapsed_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        log_path: Path | None = None,
+        returncode: int | None = None,
+        elapsed_s: float = 0.0,
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.log_path = log_path
@@ -102,8 +109,14 @@ class ServerStartError(ServerError):
 # ---------------------------------------------------------------------- HTTP
 
 
-def _http(method: str, url: str, *, timeout: float, headers: dict[str, str] | None = None,
-          json_body: Any = None) -> tuple[int, bytes]:
+def _http(
+    method: str,
+    url: str,
+    *,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+    json_body: Any = None,
+) -> tuple[int, bytes]:
     """(status, body); HTTP error statuses are returned, connection failures raise OSError."""
     headers = dict(headers or {})
     data: bytes | None = b"" if method == "POST" else None
@@ -135,8 +148,9 @@ class _Probe:
     completion for the first model ``/v1/models`` lists; only its 200 counts as ready.
     """
 
-    def __init__(self, base: str, path: str, headers: dict[str, str], *,
-                 generate: bool = False) -> None:
+    def __init__(
+        self, base: str, path: str, headers: dict[str, str], *, generate: bool = False
+    ) -> None:
         self.url = base + path
         self.base = base
         self.generate = generate
@@ -144,8 +158,9 @@ class _Probe:
         self.done = threading.Event()
         self.ok = False
         self.detail = "no answer yet"
-        threading.Thread(target=self._run, args=(headers,), name="pytest-kimi-probe",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._run, args=(headers,), name="pytest-kimi-probe", daemon=True
+        ).start()
 
     def _run(self, headers: dict[str, str]) -> None:
         try:
@@ -161,21 +176,26 @@ class _Probe:
             self.done.set()
 
     def _one_token(self, headers: dict[str, str]) -> tuple[bool, str]:
-        status, body = _http("GET", self.base + "/v1/models", timeout=PROBE_TIMEOUT_S,
-                             headers=headers)
+        status, body = _http(
+            "GET", self.base + "/v1/models", timeout=PROBE_TIMEOUT_S, headers=headers
+        )
         if status != 200:
             return False, f"health OK but /v1/models answered HTTP {status}"
-        models = [m.get("id") for m in json.loads(body).get("data") or []
-                  if isinstance(m, dict)]
+        models = [m.get("id") for m in json.loads(body).get("data") or [] if isinstance(m, dict)]
         if not models or not isinstance(models[0], str):
             return False, "health OK but /v1/models lists no model yet"
         status, body = _http(
-            "POST", self.base + "/v1/completions", timeout=PROBE_TIMEOUT_S, headers=headers,
-            json_body={"model": models[0], "prompt": "ready?", "max_tokens": 1,
-                       "temperature": 0})
+            "POST",
+            self.base + "/v1/completions",
+            timeout=PROBE_TIMEOUT_S,
+            headers=headers,
+            json_body={"model": models[0], "prompt": "ready?", "max_tokens": 1, "temperature": 0},
+        )
         if status != 200:
-            return False, (f"health OK but a one-token completion answered HTTP {status}: "
-                           f"{body[:120].decode('utf-8', 'replace')}")
+            return False, (
+                f"health OK but a one-token completion answered HTTP {status}: "
+                f"{body[:120].decode('utf-8', 'replace')}"
+            )
         return True, "HTTP 200 and a one-token completion"
 
 
@@ -286,8 +306,7 @@ def _read_tail(path: Path | None, n: int) -> str:
     except OSError:
         return ""
     # \r too: progress bars (tqdm) redraw with carriage returns.
-    lines = [ln for ln in re.split(r"\r\n|\r|\n", data.decode("utf-8", "replace"))
-             if ln.strip()]
+    lines = [ln for ln in re.split(r"\r\n|\r|\n", data.decode("utf-8", "replace")) if ln.strip()]
     return "\n".join(lines[-n:])
 
 
@@ -328,15 +347,21 @@ class _LogFollower:
 class _ServerBase:
     """What managed and external servers share: log, readiness loop, HTTP extras, stop."""
 
-    def __init__(self, profile: ServerProfile, log_dir: str | os.PathLike[str], *,
-                 progress_every_s: float = 5.0,
-                 record_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        profile: ServerProfile,
+        log_dir: str | os.PathLike[str],
+        *,
+        progress_every_s: float = 5.0,
+        record_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.profile = profile
         self.name = profile.name
         self.engine = profile.engine_spec
         self.log_dir = Path(log_dir)
-        self.record_dir = Path(record_dir) if record_dir is not None \
-            else self.log_dir.parent / "servers"
+        self.record_dir = (
+            Path(record_dir) if record_dir is not None else self.log_dir.parent / "servers"
+        )
         """Where the supervisor records running servers (``.kimi/servers`` beside the
         ``.kimi/logs`` the plugin uses)."""
         self.progress_every_s = progress_every_s
@@ -408,8 +433,9 @@ class _ServerBase:
 
     # -- readiness -----------------------------------------------------------------
 
-    def wait_ready(self: _S, progress: ProgressFn | None = None, *,
-                   timeout_s: float | None = None) -> _S:
+    def wait_ready(
+        self: _S, progress: ProgressFn | None = None, *, timeout_s: float | None = None
+    ) -> _S:
         """Block until the server is ready; :class:`ServerStartError` otherwise.
 
         The timeout (``startup_timeout_s`` unless given) counts from :meth:`start`.  On
@@ -436,9 +462,12 @@ class _ServerBase:
                 if self._stop_requested:
                     raise ServerStartError(
                         f"{self._describe()}: stopped while starting ({elapsed:.1f} s after "
-                        f"start)\n{self._tail_block()}", reason="stopped",
-                        log_path=self.log_path, returncode=self.returncode,
-                        elapsed_s=elapsed)
+                        f"start)\n{self._tail_block()}",
+                        reason="stopped",
+                        log_path=self.log_path,
+                        returncode=self.returncode,
+                        elapsed_s=elapsed,
+                    )
                 failure = self._startup_failure(elapsed)
                 if failure is not None:
                     raise failure
@@ -453,15 +482,19 @@ class _ServerBase:
                     if now - probe.started >= POLL_S:
                         probe = None
                 if probe is None:
-                    probe = _Probe(self.url, probe_path, headers,
-                                   generate=self.engine.generation_probe)
+                    probe = _Probe(
+                        self.url, probe_path, headers, generate=self.engine.generation_probe
+                    )
                 if now >= deadline:
                     raise ServerStartError(
                         f"{self._describe()}: not ready after {timeout:g} s "
                         f"(startup_timeout_s in {self.profile.source}); last probe of "
                         f"{probe_url}: {last_probe}. The server was stopped.\n"
-                        f"{self._tail_block()}", reason="timeout", log_path=self.log_path,
-                        elapsed_s=elapsed)
+                        f"{self._tail_block()}",
+                        reason="timeout",
+                        log_path=self.log_path,
+                        elapsed_s=elapsed,
+                    )
                 if progress is not None and now >= next_progress:
                     next_progress = now + self.progress_every_s
                     progress(self._progress_line(elapsed, timeout))
@@ -476,8 +509,10 @@ class _ServerBase:
         line = self._follower.last_line if self._follower is not None else ""
         if len(line) > 200:
             line = line[:197] + "..."
-        return (f"{self.name}: starting for {elapsed:.0f} s (timeout {timeout:g} s); "
-                f"last log line: {line or '(none yet)'}")
+        return (
+            f"{self.name}: starting for {elapsed:.0f} s (timeout {timeout:g} s); "
+            f"last log line: {line or '(none yet)'}"
+        )
 
     def launch(self: _S, progress: ProgressFn | None = None) -> _S:
         """:meth:`start` then :meth:`wait_ready`: the usual one-call use."""
@@ -531,11 +566,9 @@ class _ServerBase:
         base = self._require_url()
         for path in self.engine.info_paths:
             try:
-                status, body = _http("GET", base + path, timeout=timeout_s,
-                                     headers=self._headers())
+                status, body = _http("GET", base + path, timeout=timeout_s, headers=self._headers())
             except OSError as exc:
-                raise ServerError(f"{self._describe()}: GET {base}{path} failed: {exc}") \
-                    from None
+                raise ServerError(f"{self._describe()}: GET {base}{path} failed: {exc}") from None
             if status in (404, 405):
                 continue
             if status != 200:
@@ -566,26 +599,37 @@ class _ServerBase:
             self.flush_error = f"engine {self.engine.kind!r} has no cache flush endpoint"
             return False
         args = self.profile.args
-        key = next((str(args[k]) for k in ("admin-api-key", "api-key")
-                    if args.get(k) not in (None, False, True)), None)
+        key = next(
+            (
+                str(args[k])
+                for k in ("admin-api-key", "api-key")
+                if args.get(k) not in (None, False, True)
+            ),
+            None,
+        )
         headers = {"Authorization": f"Bearer {key}"} if key else self._headers()
         url = f"{base}{path}?timeout={timeout_s:g}"
         for method in ("POST", "GET"):  # older SGLang releases only route GET
             try:
                 status, body = _http(method, url, timeout=timeout_s + 10.0, headers=headers)
             except OSError as exc:
-                raise ServerError(f"{self._describe()}: {method} {base}{path} failed: "
-                                  f"{exc}") from None
+                raise ServerError(
+                    f"{self._describe()}: {method} {base}{path} failed: {exc}"
+                ) from None
             if status == 405:
                 continue
             if status == 200:
                 return True
             text = body.decode("utf-8", "replace").strip()[:200]
             if status in (401, 403):
-                self.flush_error = (f"{method} {path} answered HTTP {status}: it needs the admin "
-                                    "key (admin-api-key in the server profile) or the API key")
+                self.flush_error = (
+                    f"{method} {path} answered HTTP {status}: it needs the admin "
+                    "key (admin-api-key in the server profile) or the API key"
+                )
             elif status == 404:
-                self.flush_error = f"{method} {path} answered HTTP 404: the server has no such endpoint"
+                self.flush_error = (
+                    f"{method} {path} answered HTTP 404: the server has no such endpoint"
+                )
             else:
                 self.flush_error = f"{method} {path} answered HTTP {status}: {text or '(no text)'}"
             return False
@@ -597,8 +641,12 @@ class _ServerBase:
     def __enter__(self: _S) -> _S:
         return self.launch()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     # -- spawning ------------------------------------------------------------------
@@ -606,9 +654,16 @@ class _ServerBase:
     def _open_log(self, header: list[str]) -> None:
         self.log_path = _new_log(self.log_dir, self.name)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        self._append_log("\n".join(f"# pytest-kimi: {h}" for h in
-                                   [f"{self._describe()} from {self.profile.source}",
-                                    f"started at {stamp}", *header]))
+        self._append_log(
+            "\n".join(
+                f"# pytest-kimi: {h}"
+                for h in [
+                    f"{self._describe()} from {self.profile.source}",
+                    f"started at {stamp}",
+                    *header,
+                ]
+            )
+        )
 
     def secrets(self) -> list[str]:
         """Literal values never to be shown: secret-named args (``api-key``,
@@ -637,22 +692,31 @@ class _ServerBase:
                 parts.append(f"{k}={v}")
         return self._scrub("env: " + (" ".join(parts) if parts else "(inherited)"))
 
-    def _spawn(self, args: list[str], *, record: dict[str, Any] | None = None,
-               leader_grace_s: float | None = None) -> Supervised:
+    def _spawn(
+        self,
+        args: list[str],
+        *,
+        record: dict[str, Any] | None = None,
+        leader_grace_s: float | None = None,
+    ) -> Supervised:
         """Run ``args`` under a supervisor, output scrubbed into the log (OSError if the
         command cannot be run)."""
         assert self.log_path is not None
         record_path = None
         if record is not None:
-            record_path = leftovers.record_path(self.record_dir, _safe_name(self.name),
-                                                f"{os.getpid()}-{id(self):x}")
+            record_path = leftovers.record_path(
+                self.record_dir, _safe_name(self.name), f"{os.getpid()}-{id(self):x}"
+            )
         return Supervised(
-            args, env=_child_env(self.profile.env), log_path=self.log_path,
+            args,
+            env=_child_env(self.profile.env),
+            log_path=self.log_path,
             secrets=self.secrets(),
-            leader_grace_s=self.profile.stop_grace_s if leader_grace_s is None
-            else leader_grace_s,
-            group_grace_s=self.profile.stop_timeout_s, record_path=record_path,
-            record_info=record)
+            leader_grace_s=self.profile.stop_grace_s if leader_grace_s is None else leader_grace_s,
+            group_grace_s=self.profile.stop_timeout_s,
+            record_path=record_path,
+            record_info=record,
+        )
 
 
 class ManagedServer(_ServerBase):
@@ -662,15 +726,22 @@ class ManagedServer(_ServerBase):
     :meth:`start`.  Use :meth:`launch` (or ``with``) to start and wait in one call.
     """
 
-    def __init__(self, profile: ServerProfile, log_dir: str | os.PathLike[str], *,
-                 host: str = "127.0.0.1", port: int | None = None,
-                 progress_every_s: float = 5.0,
-                 record_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        profile: ServerProfile,
+        log_dir: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        progress_every_s: float = 5.0,
+        record_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         if profile.external:
-            raise ServerError(f"{profile.source}: an external profile (url:) needs "
-                              f"ExternalServer; use open_server()")
-        super().__init__(profile, log_dir, progress_every_s=progress_every_s,
-                         record_dir=record_dir)
+            raise ServerError(
+                f"{profile.source}: an external profile (url:) needs "
+                f"ExternalServer; use open_server()"
+            )
+        super().__init__(profile, log_dir, progress_every_s=progress_every_s, record_dir=record_dir)
         self.host = str(profile.args.get("host") or host)
         self._port_request = port
         self.port: int | None = None
@@ -701,40 +772,59 @@ class ManagedServer(_ServerBase):
         ``"leftover"`` instead of starting a second server beside it.
         """
         if self._started_at is not None:
-            raise ServerError(f"{self._describe()}: already started (a ManagedServer is "
-                              f"single-use; create a new one to restart)")
+            raise ServerError(
+                f"{self._describe()}: already started (a ManagedServer is "
+                f"single-use; create a new one to restart)"
+            )
         if self._stop_requested:
             raise ServerError(f"{self._describe()}: stop() was called before start()")
         try:
             leftovers.clear(self.record_dir, progress)
         except leftovers.LeftoverServer as exc:
             self._stopped = True
-            raise ServerStartError(f"{self._describe()}: {self._scrub(str(exc))}",
-                                   reason="leftover") from None
+            raise ServerStartError(
+                f"{self._describe()}: {self._scrub(str(exc))}", reason="leftover"
+            ) from None
         pinned = self.profile.args.get("port")
         self.port = int(pinned) if pinned else (self._port_request or _free_port(self.host))
         self.url = f"http://{_connect_host(self.host)}:{self.port}"
         self.command = argv(self.profile, host=self.host, port=self.port)
         shown = scrub_argv(self._niced(self.command), self.secrets())
-        self._open_log([self._scrub(f"command: {' '.join(shown)}"), self._env_summary(),
-                        f"stop: SIGTERM to the main process, {self.profile.stop_grace_s:g} s "
-                        f"(stop_grace_s); SIGTERM to its group, "
-                        f"{self.profile.stop_timeout_s:g} s (stop_timeout_s); SIGKILL"])
+        self._open_log(
+            [
+                self._scrub(f"command: {' '.join(shown)}"),
+                self._env_summary(),
+                f"stop: SIGTERM to the main process, {self.profile.stop_grace_s:g} s "
+                f"(stop_grace_s); SIGTERM to its group, "
+                f"{self.profile.stop_timeout_s:g} s (stop_timeout_s); SIGKILL",
+            ]
+        )
         assert self.log_path is not None
-        self._follower = _LogFollower(self.log_path, self.engine.ready_log_line,
-                                      offset=self.log_path.stat().st_size)
+        self._follower = _LogFollower(
+            self.log_path, self.engine.ready_log_line, offset=self.log_path.stat().st_size
+        )
         self._started_at = time.monotonic()
         try:
-            self._group = self._spawn(self._niced(self.command), record={
-                "kind": "managed", "name": self.name, "profile": self.profile.source,
-                "host": self.host, "port": self.port, "cwd": os.getcwd()})
+            self._group = self._spawn(
+                self._niced(self.command),
+                record={
+                    "kind": "managed",
+                    "name": self.name,
+                    "profile": self.profile.source,
+                    "host": self.host,
+                    "port": self.port,
+                    "cwd": os.getcwd(),
+                },
+            )
         except OSError as exc:
             self._stopped = True
             self._append_log(f"# pytest-kimi: cannot run the command: {exc}")
             raise ServerStartError(
                 f"{self._describe()}: cannot run {self.command[0]!r} "
-                f"(command in {self.profile.source}): {exc}", reason="spawn",
-                log_path=self.log_path) from None
+                f"(command in {self.profile.source}): {exc}",
+                reason="spawn",
+                log_path=self.log_path,
+            ) from None
         atexit.register(self.stop)
         return self
 
@@ -753,7 +843,11 @@ class ManagedServer(_ServerBase):
             f"was ready ({elapsed:.1f} s after start)\n"
             f"command: {' '.join(scrub_argv(self.command, self.secrets()))}\n"
             f"{self._tail_block()}",
-            reason="exited", log_path=self.log_path, returncode=code, elapsed_s=elapsed)
+            reason="exited",
+            log_path=self.log_path,
+            returncode=code,
+            elapsed_s=elapsed,
+        )
 
     def _stop_impl(self) -> None:
         group = self._group
@@ -800,14 +894,20 @@ class ExternalServer(_ServerBase):
     in its process group is stopped as well.
     """
 
-    def __init__(self, profile: ServerProfile, log_dir: str | os.PathLike[str], *,
-                 progress_every_s: float = 5.0,
-                 record_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        profile: ServerProfile,
+        log_dir: str | os.PathLike[str],
+        *,
+        progress_every_s: float = 5.0,
+        record_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         if not profile.external:
-            raise ServerError(f"{profile.source}: not an external profile (no url:); use "
-                              f"ManagedServer or open_server()")
-        super().__init__(profile, log_dir, progress_every_s=progress_every_s,
-                         record_dir=record_dir)
+            raise ServerError(
+                f"{profile.source}: not an external profile (no url:); use "
+                f"ManagedServer or open_server()"
+            )
+        super().__init__(profile, log_dir, progress_every_s=progress_every_s, record_dir=record_dir)
         self.url = profile.url
         self._foreground = False
         self._stopped_by_us = False
@@ -824,24 +924,30 @@ class ExternalServer(_ServerBase):
             raise ServerError(f"{self._describe()}: already started")
         if self._stop_requested:
             raise ServerError(f"{self._describe()}: stop() was called before start()")
-        self._open_log([self._scrub(f"start: {self.profile.start or '(none)'}"),
-                        self._scrub(f"stop: {self.profile.stop or '(none)'}"),
-                        self._env_summary()])
+        self._open_log(
+            [
+                self._scrub(f"start: {self.profile.start or '(none)'}"),
+                self._scrub(f"stop: {self.profile.stop or '(none)'}"),
+                self._env_summary(),
+            ]
+        )
         self._started_at = time.monotonic()
         if self.profile.start:
             try:
-                self._group = self._spawn(["/bin/sh", "-c", self.profile.start],
-                                          leader_grace_s=0.0)
+                self._group = self._spawn(["/bin/sh", "-c", self.profile.start], leader_grace_s=0.0)
             except OSError as exc:
                 self._stopped = True
-                raise ServerStartError(f"{self._describe()}: cannot run start command: "
-                                       f"{exc}", reason="spawn",
-                                       log_path=self.log_path) from None
+                raise ServerStartError(
+                    f"{self._describe()}: cannot run start command: {exc}",
+                    reason="spawn",
+                    log_path=self.log_path,
+                ) from None
         atexit.register(self.stop)
         return self
 
-    def wait_ready(self, progress: ProgressFn | None = None, *,
-                   timeout_s: float | None = None) -> ExternalServer:
+    def wait_ready(
+        self, progress: ProgressFn | None = None, *, timeout_s: float | None = None
+    ) -> ExternalServer:
         super().wait_ready(progress, timeout_s=timeout_s)
         # A start command still running at this point is the server itself (foreground).
         self._foreground = self._group is not None and self._group.exit_code() is None
@@ -858,8 +964,11 @@ class ExternalServer(_ServerBase):
             f"{self._describe()}: the start command exited with code {code} "
             f"({elapsed:.1f} s after start): {self._scrub(self.profile.start or '')}\n"
             f"{self._tail_block()}",
-            reason="start-failed", log_path=self.log_path, returncode=code,
-            elapsed_s=elapsed)
+            reason="start-failed",
+            log_path=self.log_path,
+            returncode=code,
+            elapsed_s=elapsed,
+        )
 
     def _stop_impl(self) -> None:
         self._stopped_by_us = True
@@ -883,8 +992,10 @@ class ExternalServer(_ServerBase):
             while time.monotonic() < deadline and group.exit_code() is None:
                 time.sleep(TICK_S)
             if group.exit_code() is None:
-                self._append_log(f"# pytest-kimi: stop command still running after "
-                                 f"{self.profile.stop_timeout_s:g} s; killing it")
+                self._append_log(
+                    f"# pytest-kimi: stop command still running after "
+                    f"{self.profile.stop_timeout_s:g} s; killing it"
+                )
         finally:
             code = group.terminate(0.0, 1.0)
         self._append_log(f"# pytest-kimi: stop command exited with code {code}")
@@ -912,8 +1023,9 @@ class ExternalServer(_ServerBase):
 Server = ManagedServer | ExternalServer
 
 
-def open_server(profile: ServerProfile, log_dir: str | os.PathLike[str],
-                **kwargs: Any) -> ManagedServer | ExternalServer:
+def open_server(
+    profile: ServerProfile, log_dir: str | os.PathLike[str], **kwargs: Any
+) -> ManagedServer | ExternalServer:
     """The right server object for ``profile``, not started yet (call :meth:`launch`)."""
     if profile.external:
         return ExternalServer(profile, log_dir, **kwargs)

@@ -62,8 +62,10 @@ def _same_process(pid: int | None, starttime: Any) -> bool | None:
 
 
 def describe(rec: dict[str, Any]) -> str:
-    parts = [f"server {rec.get('name', '?')!r} (pid {rec['pid']}, process group "
-             f"{rec.get('pgid', rec['pid'])}"]
+    parts = [
+        f"server {rec.get('name', '?')!r} (pid {rec['pid']}, process group "
+        f"{rec.get('pgid', rec['pid'])}"
+    ]
     if rec.get("port"):
         parts.append(f", port {rec['port']}")
     if rec.get("started_at"):
@@ -100,8 +102,12 @@ def live_records(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-def clear(directory: Path, progress: Callable[[str], None] | None = None,
-          *, refuse_when_owner_alive: bool = True) -> list[str]:
+def clear(
+    directory: Path,
+    progress: Callable[[str], None] | None = None,
+    *,
+    refuse_when_owner_alive: bool = True,
+) -> list[str]:
     """Stop servers left by runs that are gone; refuse (raise) where that is not safe.
 
     Returns the messages given to ``progress``.
@@ -118,43 +124,58 @@ def clear(directory: Path, progress: Callable[[str], None] | None = None,
         pid = int(rec["pid"])
         pgid = int(rec.get("pgid", pid))
         owner = rec.get("owner_pid")
-        owner_alive = isinstance(owner, int) and owner != me and \
-            _same_process(owner, rec.get("owner_starttime")) is not False
+        owner_alive = (
+            isinstance(owner, int)
+            and owner != me
+            and _same_process(owner, rec.get("owner_starttime")) is not False
+        )
         if owner == me:
             continue  # ours, still being managed by this process
         same = _same_process(pid, rec.get("starttime"))
-        how = (f"stop it with `kill -TERM {pid}` (its main process shuts the rest down), "
-               f"then `kill -KILL -- -{pgid}` if the group outlives its grace; then delete "
-               f"{path}")
+        how = (
+            f"stop it with `kill -TERM {pid}` (its main process shuts the rest down), "
+            f"then `kill -KILL -- -{pgid}` if the group outlives its grace; then delete "
+            f"{path}"
+        )
         if owner_alive:
             if not refuse_when_owner_alive:
                 continue
             raise LeftoverServer(
                 f"{describe(rec)} is still running, started by pid {owner} which is still "
                 f"running too (another pytest session in this directory?); not starting a "
-                f"second server beside it. Wait for that run to end, or {how}")
+                f"second server beside it. Wait for that run to end, or {how}"
+            )
         if same is None:
             raise LeftoverServer(
                 f"{describe(rec)} was left by an earlier run and may still be running; its "
                 f"identity cannot be checked here (no /proc), so it is not stopped "
-                f"automatically. {how[0].upper()}{how[1:]}")
+                f"automatically. {how[0].upper()}{how[1:]}"
+            )
         leader_grace = float(rec.get("leader_grace_s", 60.0))
         group_grace = float(rec.get("group_grace_s", 30.0))
-        say(f"found {describe(rec)}, left running by an earlier run (pid {owner}, gone); "
-            f"stopping it before starting another (up to {leader_grace + group_grace:g} s)")
+        say(
+            f"found {describe(rec)}, left running by an earlier run (pid {owner}, gone); "
+            f"stopping it before starting another (up to {leader_grace + group_grace:g} s)"
+        )
         started = rec.get("starttime")
 
         def leader_gone(p: int = pid, s: Any = started) -> bool:
             return _same_process(p, s) is False
 
         stopper = procgroup.StagedStop(
-            pid, pgid, leader_grace_s=leader_grace, group_grace_s=group_grace,
-            leader_gone=leader_gone)
+            pid,
+            pgid,
+            leader_grace_s=leader_grace,
+            group_grace_s=group_grace,
+            leader_gone=leader_gone,
+        )
         stopper.run()
         left = procgroup.group_members(pgid)
         if left:
-            raise LeftoverServer(f"{describe(rec)} could not be stopped: processes {left} of "
-                                 f"its group survive SIGKILL (stuck in the driver?)")
+            raise LeftoverServer(
+                f"{describe(rec)} could not be stopped: processes {left} of "
+                f"its group survive SIGKILL (stuck in the driver?)"
+            )
         say(f"stopped the leftover server (pid {pid})")
         try:
             path.unlink()

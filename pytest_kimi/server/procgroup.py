@@ -45,7 +45,7 @@ def _stat_fields(pid: int) -> list[bytes] | None:
     except OSError:
         return None
     # "pid (comm) state ppid pgrp ..."; comm may contain spaces and parentheses.
-    return stat[stat.rfind(b")") + 2:].split()
+    return stat[stat.rfind(b")") + 2 :].split()
 
 
 def have_proc() -> bool:
@@ -140,9 +140,17 @@ class StagedStop:
     leader exited (``exit_status`` for a child, ``not pid_alive`` for a leftover).
     """
 
-    def __init__(self, leader: int, pgid: int, *, leader_grace_s: float, group_grace_s: float,
-                 leader_gone: Callable[[], bool], note: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        leader: int,
+        pgid: int,
+        *,
+        leader_grace_s: float,
+        group_grace_s: float,
+        leader_gone: Callable[[], bool],
+        note: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.leader = leader
         self.pgid = pgid
         self.leader_grace_s = max(0.0, leader_grace_s)
@@ -167,8 +175,10 @@ class StagedStop:
         if phase == "leader":
             signal_pid(self.leader, signal.SIGTERM)
             self._deadline = now + self.leader_grace_s
-            self._note(f"sent SIGTERM to the main process {self.leader}; it has "
-                       f"{self.leader_grace_s:g} s to shut down")
+            self._note(
+                f"sent SIGTERM to the main process {self.leader}; it has "
+                f"{self.leader_grace_s:g} s to shut down"
+            )
         elif phase == "group":
             signal_group(self.pgid, signal.SIGTERM)
             grace = self.group_grace_s

@@ -61,8 +61,20 @@ DEFAULT_STOP_TIMEOUT_S = 30.0
 _MANAGED_KEYS = ("command", "args", "nice")
 _EXTERNAL_KEYS = ("start", "stop", "url")
 ALLOWED_KEYS: tuple[str, ...] = (
-    "name", "engine", "command", "args", "env", "secret_env", "startup_timeout_s",
-    "stop_grace_s", "stop_timeout_s", "start", "stop", "url", "health_path", "nice",
+    "name",
+    "engine",
+    "command",
+    "args",
+    "env",
+    "secret_env",
+    "startup_timeout_s",
+    "stop_grace_s",
+    "stop_timeout_s",
+    "start",
+    "stop",
+    "url",
+    "health_path",
+    "nice",
 )
 
 _SCALARS = (str, int, float)
@@ -148,28 +160,35 @@ def load_profile(path: str | Path) -> ServerProfile:
     except yaml.YAMLError as exc:
         raise ProfileError(f"{p}: invalid YAML: {exc}") from None
     if data is None:
-        raise ProfileError(f"{p}: the file is empty; a server profile needs at least "
-                           f"'args:' (managed server) or 'url:' (external server)")
+        raise ProfileError(
+            f"{p}: the file is empty; a server profile needs at least "
+            f"'args:' (managed server) or 'url:' (external server)"
+        )
     return parse_profile(data, source=str(p), default_name=p.stem, path=p)
 
 
-def parse_profile(data: object, *, source: str, default_name: str,
-                  path: Path | None = None) -> ServerProfile:
+def parse_profile(
+    data: object, *, source: str, default_name: str, path: Path | None = None
+) -> ServerProfile:
     """Validate an already-parsed mapping (what :func:`load_profile` does after YAML)."""
     if not isinstance(data, Mapping):
-        raise ProfileError(f"{source}: a server profile must be a mapping of keys "
-                           f"({', '.join(ALLOWED_KEYS)}), got {type(data).__name__}")
+        raise ProfileError(
+            f"{source}: a server profile must be a mapping of keys "
+            f"({', '.join(ALLOWED_KEYS)}), got {type(data).__name__}"
+        )
     for key in data:
         if not isinstance(key, str) or key not in ALLOWED_KEYS:
             hint = _did_you_mean(key, ALLOWED_KEYS)
-            raise ProfileError(f"{source}: unknown key {key!r}{hint}; allowed keys: "
-                               f"{', '.join(ALLOWED_KEYS)}")
+            raise ProfileError(
+                f"{source}: unknown key {key!r}{hint}; allowed keys: {', '.join(ALLOWED_KEYS)}"
+            )
 
     name = _opt_str(data, "name", source) or default_name
     engine = _opt_str(data, "engine", source) or "sglang"
     if engine not in ENGINES:
-        raise ProfileError(f"{source}: unknown engine {engine!r}; known engines: "
-                           f"{', '.join(sorted(ENGINES))}")
+        raise ProfileError(
+            f"{source}: unknown engine {engine!r}; known engines: {', '.join(sorted(ENGINES))}"
+        )
     startup = _positive(data, "startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S, source)
     stop_timeout = _positive(data, "stop_timeout_s", DEFAULT_STOP_TIMEOUT_S, source)
     stop_grace = _non_negative(data, "stop_grace_s", DEFAULT_STOP_GRACE_S, source)
@@ -185,11 +204,19 @@ def parse_profile(data: object, *, source: str, default_name: str,
         raise ProfileError(
             f"{source}: {' and '.join(repr(k) for k in managed)} cannot be combined with "
             f"{' and '.join(repr(k) for k in external)}; a profile either has the plugin "
-            f"launch the server (command/args) or drives an external one (start/stop/url)")
-    common: dict[str, Any] = dict(name=name, path=path, engine=engine, env=env,
-                                  secret_env=secret_env, startup_timeout_s=startup,
-                                  stop_grace_s=stop_grace, stop_timeout_s=stop_timeout,
-                                  health_path=health_path)
+            f"launch the server (command/args) or drives an external one (start/stop/url)"
+        )
+    common: dict[str, Any] = dict(
+        name=name,
+        path=path,
+        engine=engine,
+        env=env,
+        secret_env=secret_env,
+        startup_timeout_s=startup,
+        stop_grace_s=stop_grace,
+        stop_timeout_s=stop_timeout,
+        health_path=health_path,
+    )
     if external:
         start = _opt_str(data, "start", source)
         stop = _opt_str(data, "stop", source)
@@ -198,20 +225,23 @@ def parse_profile(data: object, *, source: str, default_name: str,
             raise ProfileError(
                 f"{source}: {' and '.join(repr(k) for k in external)} need 'url:', the "
                 f"base URL where the server answers once started "
-                f"(e.g. url: http://127.0.0.1:30000)")
+                f"(e.g. url: http://127.0.0.1:30000)"
+            )
         return ServerProfile(**common, start=start, stop=stop, url=_url(url, source))
 
     if "args" not in data:
         raise ProfileError(
             f"{source}: no 'args:'; a managed server profile needs the engine's flags "
-            f"(at least model-path), an external one needs 'url:'")
+            f"(at least model-path), an external one needs 'url:'"
+        )
     engine_spec = get_engine(engine)
     command = _command(data.get("command"), source, engine_spec)
     args = _args(data["args"], source)
     nice = data.get("nice", 0)
     if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
-        raise ProfileError(f"{source}: 'nice' must be an integer from 0 (default) to 19, "
-                           f"got {nice!r}")
+        raise ProfileError(
+            f"{source}: 'nice' must be an integer from 0 (default) to 19, got {nice!r}"
+        )
     return ServerProfile(**common, command=command, args=args, nice=nice)
 
 
@@ -226,8 +256,10 @@ def argv(profile: ServerProfile, host: str = "127.0.0.1", port: int | None = Non
     comparison must not collide) while a profile that pins a port still gets it.
     """
     if profile.external:
-        raise ProfileError(f"{profile.source}: an external server profile has no command "
-                           f"line; the plugin runs its 'start:' command instead")
+        raise ProfileError(
+            f"{profile.source}: an external server profile has no command "
+            f"line; the plugin runs its 'start:' command instead"
+        )
     engine = profile.engine_spec
     words = list(profile.command) + engine.render_args(profile.args)
     if "host" not in profile.args:
@@ -247,8 +279,11 @@ def server_args(profile: ServerProfile) -> dict[str, Any]:
     about the deployment (``enable_eplb: false``); ``null`` means "not given" and is
     dropped.
     """
-    return {key.replace("-", "_"): (list(v) if isinstance(v, (list, tuple)) else v)
-            for key, v in profile.args.items() if v is not None}
+    return {
+        key.replace("-", "_"): (list(v) if isinstance(v, (list, tuple)) else v)
+        for key, v in profile.args.items()
+        if v is not None
+    }
 
 
 def described_server_info(profile: ServerProfile, reported: Mapping[str, Any]) -> dict[str, Any]:
@@ -295,8 +330,9 @@ def _opt_str(data: Mapping[str, Any], key: str, source: str) -> str | None:
         return None
     value = data[key]
     if not isinstance(value, str) or not value.strip():
-        raise ProfileError(f"{source}: '{key}' must be a non-empty string, got "
-                           f"{_type_name(value)} ({value!r})")
+        raise ProfileError(
+            f"{source}: '{key}' must be a non-empty string, got {_type_name(value)} ({value!r})"
+        )
     return value.strip()
 
 
@@ -304,10 +340,13 @@ def _positive(data: Mapping[str, Any], key: str, default: float, source: str) ->
     if key not in data:
         return default
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
-        raise ProfileError(f"{source}: '{key}' must be a number of seconds > 0, got "
-                           f"{value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ProfileError(f"{source}: '{key}' must be a number of seconds > 0, got {value!r}")
     return float(value)
 
 
@@ -315,10 +354,13 @@ def _non_negative(data: Mapping[str, Any], key: str, default: float, source: str
     if key not in data:
         return default
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < 0:
-        raise ProfileError(f"{source}: '{key}' must be a number of seconds >= 0, got "
-                           f"{value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ProfileError(f"{source}: '{key}' must be a number of seconds >= 0, got {value!r}")
     return float(value)
 
 
@@ -326,16 +368,20 @@ def _secret_env(value: object, source: str) -> frozenset[str]:
     if value is None:
         return frozenset()
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ProfileError(f"{source}: 'secret_env' must be a list of environment variable "
-                           f"names, got {_type_name(value)}")
+        raise ProfileError(
+            f"{source}: 'secret_env' must be a list of environment variable "
+            f"names, got {_type_name(value)}"
+        )
     return frozenset(value)
 
 
 def _url(url: str, source: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ProfileError(f"{source}: 'url' must be an http(s) base URL such as "
-                           f"http://127.0.0.1:30000, got {url!r}")
+        raise ProfileError(
+            f"{source}: 'url' must be an http(s) base URL such as "
+            f"http://127.0.0.1:30000, got {url!r}"
+        )
     try:
         _ = parts.port  # urlsplit checks the port only when it is read
     except ValueError:
@@ -351,13 +397,16 @@ def _command(value: object, source: str, engine: Engine) -> list[str]:
         try:
             words = shlex.split(value)
         except ValueError as exc:
-            raise ProfileError(f"{source}: 'command' cannot be split into words: {exc} "
-                               f"(in {value!r})") from None
+            raise ProfileError(
+                f"{source}: 'command' cannot be split into words: {exc} (in {value!r})"
+            ) from None
     elif isinstance(value, list) and all(isinstance(w, str) for w in value):
         words = list(value)
     else:
-        raise ProfileError(f"{source}: 'command' must be a string (split like a shell "
-                           f"would) or a list of strings, got {_type_name(value)}")
+        raise ProfileError(
+            f"{source}: 'command' must be a string (split like a shell "
+            f"would) or a list of strings, got {_type_name(value)}"
+        )
     if not words:
         raise ProfileError(f"{source}: 'command' is empty")
     return words
@@ -367,30 +416,35 @@ def _args(value: object, source: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ProfileError(f"{source}: 'args' must be a mapping of flag -> value "
-                           f"(e.g. tp-size: 8), got {_type_name(value)}")
+        raise ProfileError(
+            f"{source}: 'args' must be a mapping of flag -> value "
+            f"(e.g. tp-size: 8), got {_type_name(value)}"
+        )
     out: dict[str, Any] = {}
     spelled: dict[str, str] = {}
     for raw_key, v in value.items():
         if not isinstance(raw_key, str):
             raise ProfileError(
                 f"{source}: args key {raw_key!r} is not a flag name (YAML reads unquoted "
-                f"yes/no/on/off as booleans and digits as numbers; quote the key)")
+                f"yes/no/on/off as booleans and digits as numbers; quote the key)"
+            )
         # Accept "--tp-size" and "tp_size" (server_info's spelling): both engines only
         # accept the dashed long option, so normalise rather than fail at launch.
         key = raw_key.strip().lstrip("-").replace("_", "-")
         if not key or any(c.isspace() for c in key) or "=" in key:
             raise ProfileError(f"{source}: args key {raw_key!r} is not a flag name")
         if key in out:
-            raise ProfileError(f"{source}: args flag {key!r} is given twice (as "
-                               f"{spelled[key]!r} and {raw_key!r})")
+            raise ProfileError(
+                f"{source}: args flag {key!r} is given twice (as {spelled[key]!r} and {raw_key!r})"
+            )
         out[key] = _arg_value(key, v, source)
         spelled[key] = raw_key
     if "port" in out and out["port"] is not None:
         port = out["port"]
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ProfileError(f"{source}: args 'port' must be an integer in [1, 65535], "
-                               f"got {port!r}")
+            raise ProfileError(
+                f"{source}: args 'port' must be an integer in [1, 65535], got {port!r}"
+            )
     if "host" in out and out["host"] is not None and not isinstance(out["host"], str):
         raise ProfileError(f"{source}: args 'host' must be a string, got {out['host']!r}")
     return out
@@ -406,14 +460,18 @@ def _expand(text: str, source: str, where: str) -> str:
     reviewed profile names the variable rather than one person's path.  An unset variable
     without a default is an error naming it, never an empty string passed to the server.
     """
+
     def sub(m: re.Match[str]) -> str:
         value = os.environ.get(m.group(1))
         if value:
             return value
         if m.group(2) is not None:
             return m.group(2)
-        raise ProfileError(f"{source}: {where} uses ${{{m.group(1)}}}, which is not set; "
-                           f"export it or give a default as ${{{m.group(1)}:-value}}")
+        raise ProfileError(
+            f"{source}: {where} uses ${{{m.group(1)}}}, which is not set; "
+            f"export it or give a default as ${{{m.group(1)}:-value}}"
+        )
+
     return _VAR.sub(sub, text) if "${" in text else text
 
 
@@ -430,20 +488,24 @@ def _arg_value(key: str, v: object, source: str) -> Any:
         if not v or not all(isinstance(x, _SCALARS) and not isinstance(x, bool) for x in v):
             raise ProfileError(
                 f"{source}: args '{key}' is a list; it must be a non-empty list of numbers "
-                f"or strings (written as --{key} v1 v2 ...)")
+                f"or strings (written as --{key} v1 v2 ...)"
+            )
         return [_expand(x, source, f"args '{key}'") if isinstance(x, str) else x for x in v]
     if isinstance(v, Mapping):
         return dict(v)  # passed as one JSON word; keys are strings after YAML anyway
-    raise ProfileError(f"{source}: args '{key}' has unsupported value {v!r}; use true "
-                       f"(bare flag), false/null (left out), a number, a string or a list")
+    raise ProfileError(
+        f"{source}: args '{key}' has unsupported value {v!r}; use true "
+        f"(bare flag), false/null (left out), a number, a string or a list"
+    )
 
 
 def _env(value: object, source: str) -> dict[str, str | None]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ProfileError(f"{source}: 'env' must be a mapping of variable -> value, got "
-                           f"{_type_name(value)}")
+        raise ProfileError(
+            f"{source}: 'env' must be a mapping of variable -> value, got {_type_name(value)}"
+        )
     out: dict[str, str | None] = {}
     for k, v in value.items():
         if not isinstance(k, str) or not k or "=" in k or "\0" in k:
@@ -453,10 +515,12 @@ def _env(value: object, source: str) -> dict[str, str | None]:
         elif isinstance(v, bool):
             raise ProfileError(
                 f"{source}: env {k} is a YAML boolean ({v!r}); environment values are "
-                f"text, so quote it (e.g. {k}: \"1\" or {k}: \"true\")")
+                f'text, so quote it (e.g. {k}: "1" or {k}: "true")'
+            )
         elif isinstance(v, (str, int, float)):
             out[k] = _expand(str(v), source, f"env {k}")
         else:
-            raise ProfileError(f"{source}: env {k} must be a string or a number, got "
-                               f"{_type_name(v)}")
+            raise ProfileError(
+                f"{source}: env {k} must be a string or a number, got {_type_name(v)}"
+            )
     return out

@@ -158,11 +158,15 @@ class _Supervisor:
         if not self.record:
             return
         info = dict(self.cfg.get("record_info") or {})
-        info.update(pid=pid, pgid=pid, starttime=procgroup.process_starttime(pid),
-                    supervisor_pid=os.getpid(),
-                    started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    command=_scrub.scrub_argv(list(self.cfg["argv"]), self.secrets),
-                    log=self.cfg.get("log"))
+        info.update(
+            pid=pid,
+            pgid=pid,
+            starttime=procgroup.process_starttime(pid),
+            supervisor_pid=os.getpid(),
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            command=_scrub.scrub_argv(list(self.cfg["argv"]), self.secrets),
+            log=self.cfg.get("log"),
+        )
         path = Path(self.record)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -187,10 +191,16 @@ class _Supervisor:
         stdout_fd = cfg.get("stdout_fd")
         try:
             self.proc = subprocess.Popen(
-                list(cfg["argv"]), stdin=subprocess.DEVNULL,
-                stdout=stdout_fd if stdout_fd is not None else w, stderr=w,
-                env=cfg.get("env"), cwd=cfg.get("cwd"), start_new_session=True,
-                close_fds=True, preexec_fn=_pdeathsig_fn(signal.SIGTERM))
+                list(cfg["argv"]),
+                stdin=subprocess.DEVNULL,
+                stdout=stdout_fd if stdout_fd is not None else w,
+                stderr=w,
+                env=cfg.get("env"),
+                cwd=cfg.get("cwd"),
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=_pdeathsig_fn(signal.SIGTERM),
+            )
         except OSError as exc:
             os.close(r)
             os.close(w)
@@ -204,8 +214,9 @@ class _Supervisor:
                     pass
         os.close(w)
         self.write_record(self.proc.pid)
-        self.emit(event="started", pid=self.proc.pid,
-                  starttime=procgroup.process_starttime(self.proc.pid))
+        self.emit(
+            event="started", pid=self.proc.pid, starttime=procgroup.process_starttime(self.proc.pid)
+        )
         return r
 
     def leader_gone(self) -> bool:
@@ -224,8 +235,13 @@ class _Supervisor:
         if why:
             self.note(why)
         self.stopper = procgroup.StagedStop(
-            self.proc.pid, self.proc.pid, leader_grace_s=leader_grace,
-            group_grace_s=group_grace, leader_gone=self.leader_gone, note=self.note)
+            self.proc.pid,
+            self.proc.pid,
+            leader_grace_s=leader_grace,
+            group_grace_s=group_grace,
+            leader_gone=self.leader_gone,
+            note=self.note,
+        )
         self.stopper.start()
 
     def command(self, line: str) -> None:
@@ -293,8 +309,12 @@ class _Supervisor:
                             ctl_open = False
                             if self.stopper is None:
                                 lg, gg = self.default_graces()
-                                self.begin_stop(lg, gg, f"the process that started this "
-                                                f"server (pid {parent}) is gone; stopping it")
+                                self.begin_stop(
+                                    lg,
+                                    gg,
+                                    f"the process that started this "
+                                    f"server (pid {parent}) is gone; stopping it",
+                                )
                         else:
                             ctl_buf += data
                             while b"\n" in ctl_buf:
@@ -324,8 +344,7 @@ class _Supervisor:
                 time.sleep(0.02)
             # Whatever the group wrote last (a traceback) still reaches the log.
             deadline = time.monotonic() + 1.0
-            while out_fd in [k.fd for k in sel.get_map().values()] and \
-                    time.monotonic() < deadline:
+            while out_fd in [k.fd for k in sel.get_map().values()] and time.monotonic() < deadline:
                 if sel.select(0.1):
                     try:
                         data = os.read(out_fd, 65536)
@@ -397,14 +416,23 @@ class Supervised:
     Raises OSError when the command cannot be run (as :class:`subprocess.Popen` would).
     """
 
-    def __init__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 cwd: str | os.PathLike[str] | None = None,
-                 log_path: str | os.PathLike[str] | None = None,
-                 secrets: Iterable[str] = (), stdout_fd: int | None = None,
-                 leader_grace_s: float = 60.0, group_grace_s: float = 30.0,
-                 record_path: str | os.PathLike[str] | None = None,
-                 record_info: Mapping[str, Any] | None = None, notes: bool = True,
-                 python: str | None = None, start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        secrets: Iterable[str] = (),
+        stdout_fd: int | None = None,
+        leader_grace_s: float = 60.0,
+        group_grace_s: float = 30.0,
+        record_path: str | os.PathLike[str] | None = None,
+        record_info: Mapping[str, Any] | None = None,
+        notes: bool = True,
+        python: str | None = None,
+        start_timeout_s: float = 60.0,
+    ) -> None:
         self.argv = list(argv)
         self.leader_grace_s = leader_grace_s
         self.group_grace_s = group_grace_s
@@ -417,47 +445,65 @@ class Supervised:
         self._cond = threading.Condition()
         self._wlock = threading.RLock()  # kill() may run in a signal handler mid-_send
         cfg: dict[str, Any] = {
-            "argv": self.argv, "env": dict(env) if env is not None else None,
+            "argv": self.argv,
+            "env": dict(env) if env is not None else None,
             "cwd": os.fspath(cwd) if cwd is not None else None,
             "log": os.fspath(log_path) if log_path is not None else None,
-            "secrets": sorted({s for s in secrets if s}), "stdout_fd": stdout_fd,
-            "leader_grace_s": leader_grace_s, "group_grace_s": group_grace_s,
+            "secrets": sorted({s for s in secrets if s}),
+            "stdout_fd": stdout_fd,
+            "leader_grace_s": leader_grace_s,
+            "group_grace_s": group_grace_s,
             "record": os.fspath(record_path) if record_path is not None else None,
-            "record_info": dict(record_info or {}), "notes": notes,
+            "record_info": dict(record_info or {}),
+            "notes": notes,
             "parent_pid": os.getpid(),
         }
         if record_path is not None:
-            cfg["record_info"].update(owner_pid=os.getpid(),
-                                      owner_starttime=procgroup.process_starttime(os.getpid()),
-                                      leader_grace_s=leader_grace_s,
-                                      group_grace_s=group_grace_s)
+            cfg["record_info"].update(
+                owner_pid=os.getpid(),
+                owner_starttime=procgroup.process_starttime(os.getpid()),
+                leader_grace_s=leader_grace_s,
+                group_grace_s=group_grace_s,
+            )
         err = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
         try:
             self._sup = subprocess.Popen(
-                [python or sys.executable, "-I", str(SCRIPT)], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=err, start_new_session=True, close_fds=True,
-                pass_fds=(stdout_fd,) if stdout_fd is not None else ())
+                [python or sys.executable, "-I", str(SCRIPT)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(stdout_fd,) if stdout_fd is not None else (),
+            )
         finally:
             if log_path is not None:
                 err.close()  # type: ignore[union-attr]
         assert self._sup.stdin is not None and self._sup.stdout is not None
         self._ctl = self._sup.stdin.fileno()
         self._send(json.dumps(cfg))
-        self._reader = threading.Thread(target=self._read, name="pytest-kimi-supervisor",
-                                        daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, name="pytest-kimi-supervisor", daemon=True
+        )
         self._reader.start()
         with self._cond:
-            self._cond.wait_for(lambda: self.pid is not None or self._error is not None
-                                or self.gone, timeout=start_timeout_s)
+            self._cond.wait_for(
+                lambda: self.pid is not None or self._error is not None or self.gone,
+                timeout=start_timeout_s,
+            )
         if self._error is not None:
             self._close()
-            raise OSError(self._error.get("errno"), self._error["message"]) \
-                if self._error.get("errno") else OSError(self._error["message"])
+            raise (
+                OSError(self._error.get("errno"), self._error["message"])
+                if self._error.get("errno")
+                else OSError(self._error["message"])
+            )
         if self.pid is None:
             self.kill()
             self._close()
-            raise SupervisorError(f"the supervisor of {self.argv[0]!r} did not start it "
-                                  f"within {start_timeout_s:g} s")
+            raise SupervisorError(
+                f"the supervisor of {self.argv[0]!r} did not start it within {start_timeout_s:g} s"
+            )
         _LIVE.add(self)
 
     _error: dict[str, Any] | None = None
@@ -498,8 +544,12 @@ class Supervised:
                     self.gone = True
                 self._cond.notify_all()
         with self._cond:  # EOF: the supervisor exited (or was killed)
-            if not self.gone and self.pid is not None and self._code is None \
-                    and not procgroup.pid_alive(self.pid):
+            if (
+                not self.gone
+                and self.pid is not None
+                and self._code is None
+                and not procgroup.pid_alive(self.pid)
+            ):
                 self._code = -1
             self.gone = True
             self._cond.notify_all()
@@ -514,8 +564,12 @@ class Supervised:
 
     def exit_code(self) -> int | None:
         """The command's exit status (negative: killed by that signal), None while it runs."""
-        if self._code is None and self.pid is not None and not self.gone \
-                and not procgroup.pid_alive(self.pid):
+        if (
+            self._code is None
+            and self.pid is not None
+            and not self.gone
+            and not procgroup.pid_alive(self.pid)
+        ):
             # Dead (a zombie until the supervisor reaps it); its report is on the way.
             with self._cond:
                 self._cond.wait_for(lambda: self._code is not None or self.gone, timeout=2.0)
@@ -545,8 +599,9 @@ class Supervised:
                 self._cond.wait(min(left, 0.2))
         return True
 
-    def terminate(self, leader_grace_s: float | None = None,
-                  group_grace_s: float | None = None) -> int | None:
+    def terminate(
+        self, leader_grace_s: float | None = None, group_grace_s: float | None = None
+    ) -> int | None:
         """Stop the group the staged way and wait until it is gone; the exit status.
 
         A KeyboardInterrupt while waiting (a second Ctrl-C) turns the stop into a SIGKILL

@@ -18,10 +18,17 @@ if TYPE_CHECKING:
     from pytest_kimi.sim.profile import SimConfigError, SimProfile, parse_sim_spec
 
 _WHERE = {
-    "SimServer": "app", "count_prompt_tokens": "app", "create_app": "app", "start_server": "app",
-    "EngineStats": "engine", "SimEngine": "engine",
-    "SimProcess": "process", "SimProcessError": "process",
-    "SimConfigError": "profile", "SimProfile": "profile", "parse_sim_spec": "profile",
+    "SimServer": "app",
+    "count_prompt_tokens": "app",
+    "create_app": "app",
+    "start_server": "app",
+    "EngineStats": "engine",
+    "SimEngine": "engine",
+    "SimProcess": "process",
+    "SimProcessError": "process",
+    "SimConfigError": "profile",
+    "SimProfile": "profile",
+    "parse_sim_spec": "profile",
 }
 """Lazy (PEP 562): the plugin starts a simulator through :mod:`.process`, which must not
 import aiohttp's server side into the pytest process just to spawn a child."""
@@ -31,6 +38,7 @@ def __getattr__(name: str) -> Any:
     if name in _WHERE:
         return getattr(import_module(f".{_WHERE[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "EngineStats",

@@ -28,24 +28,36 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(
         prog="python -m pytest_kimi.sim",
-        description="SGLang-like OpenAI-compatible server with an exactly known token rate.")
+        description="SGLang-like OpenAI-compatible server with an exactly known token rate.",
+    )
     parser.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="must be 127.0.0.1; the simulator never listens elsewhere")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="must be 127.0.0.1; the simulator never listens elsewhere",
+    )
     for f in fields(SimProfile):
         flag = "--" + f.name.replace("_", "-")
         if f.name == "no_usage":
-            parser.add_argument(flag, dest=f.name, action="store_const", const="true",
-                                default=None, help=KNOB_HELP[f.name])
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                action="store_const",
+                const="true",
+                default=None,
+                help=KNOB_HELP[f.name],
+            )
         else:
-            parser.add_argument(flag, dest=f.name, default=None, metavar="VALUE",
-                                help=KNOB_HELP[f.name])
+            parser.add_argument(
+                flag, dest=f.name, default=None, metavar="VALUE", help=KNOB_HELP[f.name]
+            )
     return parser
 
 
 def profile_from_args(ns: argparse.Namespace) -> SimProfile:
-    options = {f.name: getattr(ns, f.name) for f in fields(SimProfile)
-               if getattr(ns, f.name) is not None}
+    options = {
+        f.name: getattr(ns, f.name) for f in fields(SimProfile) if getattr(ns, f.name) is not None
+    }
     if "api_key" not in options and os.environ.get(API_KEY_ENV):
         options["api_key"] = os.environ[API_KEY_ENV]
     return SimProfile.from_options(options, "command line")
@@ -69,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.host not in ALLOWED_HOSTS:
-        print(f"error: the pytest-kimi simulator binds 127.0.0.1 only; refusing --host "
-              f"{ns.host!r}", file=sys.stderr)
+        print(
+            f"error: the pytest-kimi simulator binds 127.0.0.1 only; refusing --host {ns.host!r}",
+            file=sys.stderr,
+        )
         return 2
     if not 0 <= ns.port <= 65535:
         print(f"error: --port must be in [0, 65535], got {ns.port}", file=sys.stderr)

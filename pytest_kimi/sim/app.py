@@ -48,9 +48,30 @@ ENGINE_KEY: web.AppKey[SimEngine] = web.AppKey("pytest_kimi_sim_engine", SimEngi
 PROFILE_KEY: web.AppKey[SimProfile] = web.AppKey("pytest_kimi_sim_profile", SimProfile)
 
 VOCAB: tuple[str, ...] = (
-    " The", " answer", " is", " 4", ".", " café", " naïve", " 日本", "語", " 🚀",
-    " 🙂", ' "quoted"', " back\\slash", "\n", "\t", " <b>", " &", " über", ",", " and",
-    " résumé", " 😀", " so", " on",
+    " The",
+    " answer",
+    " is",
+    " 4",
+    ".",
+    " café",
+    " naïve",
+    " 日本",
+    "語",
+    " 🚀",
+    " 🙂",
+    ' "quoted"',
+    " back\\slash",
+    "\n",
+    "\t",
+    " <b>",
+    " &",
+    " über",
+    ",",
+    " and",
+    " résumé",
+    " 😀",
+    " so",
+    " on",
 )
 """Token texts: multi-byte UTF-8 and JSON-escaped characters on purpose, so a client that
 splits UTF-8 or unescapes JSON wrongly is caught by the plugin's own tests."""
@@ -59,18 +80,20 @@ EOS_TOKEN_ID = 163586
 """Reported as ``matched_stop`` when a sequence ends at its simulated EOS (arbitrary id)."""
 
 _VOCAB_JSON: tuple[bytes, ...] = tuple(
-    json.dumps(t, ensure_ascii=False).encode("utf-8") for t in VOCAB)
+    json.dumps(t, ensure_ascii=False).encode("utf-8") for t in VOCAB
+)
 _DONE = b"data: [DONE]\n\n"
 _MALFORMED = b'data: {"object":"chat.completion.chunk","choices":[{"delta":{"content":"trunc\n\n'
-_CHAT_TAIL = (b',"reasoning_content":null,"tool_calls":null},"logprobs":null,'
-              b'"finish_reason":null,"matched_stop":null}],"usage":null}\n\n')
+_CHAT_TAIL = (
+    b',"reasoning_content":null,"tool_calls":null},"logprobs":null,'
+    b'"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
+)
 _TEXT_TAIL = b',"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
 _REASONING_TAIL = b'},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
 """Closes a reasoning chunk, whose delta is ``{"reasoning_content":"..."}`` alone as in SGLang
 0.5.23 (``StreamDelta`` in ``sglang/srt/entrypoints/openai/sse_utils.py`` omits a None
 ``content``)."""
-_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8",
-                "Cache-Control": "no-cache"}
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _HEALTH_EXEMPT = ("/health", "/health_generate", "/metrics", "/sim/")
 _ADMIN_OPTIONAL = ("/flush_cache",)
 """SGLang's ``AuthLevel.ADMIN_OPTIONAL`` endpoints (``sglang/srt/utils/auth.py``,
@@ -181,8 +204,7 @@ def _chat_prompt_text(body: dict[str, Any]) -> str:
                 if isinstance(text, str):
                     texts.append(text)
         else:
-            raise BadRequest(f"messages[{i}].content must be a string, a list of parts "
-                             f"or null")
+            raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
     return "".join(texts)
 
 
@@ -197,12 +219,16 @@ def _completion_prompt_tokens(body: dict[str, Any]) -> int:
             only = prompt[0]
             if isinstance(only, str):
                 return count_prompt_tokens(only)
-            if isinstance(only, list) and only and all(
-                    isinstance(x, int) and not isinstance(x, bool) for x in only):
+            if (
+                isinstance(only, list)
+                and only
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in only)
+            ):
                 return len(only)
         if len(prompt) > 1 and all(isinstance(x, (str, list)) for x in prompt):
-            raise BadRequest("batched prompts are not supported by the simulator; "
-                             "send one prompt per request")
+            raise BadRequest(
+                "batched prompts are not supported by the simulator; send one prompt per request"
+            )
     raise BadRequest("'prompt' must be a string, a list of token ids, or a one-element list")
 
 
@@ -225,7 +251,7 @@ def tokenize_text(text: str) -> list[int]:
     """The simulator's token ids of ``text``: each 4 UTF-8 bytes one id, as
     :func:`count_prompt_tokens` counts them (and the prefix cache matches them)."""
     data = text.encode("utf-8")
-    ids = [int.from_bytes(data[at:at + 4], "little") for at in range(0, len(data), 4)]
+    ids = [int.from_bytes(data[at : at + 4], "little") for at in range(0, len(data), 4)]
     return ids or [0]
 
 
@@ -254,11 +280,17 @@ def parse_generation(body: object, kind: str) -> GenParams:
         include_usage = _opt_bool(options, "include_usage", False)
     ignore_eos = _opt_bool(body, "ignore_eos", False)
     chat = kind == "chat"
-    return GenParams(kind=kind, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-                     stream=stream, include_usage=include_usage, ignore_eos=ignore_eos,
-                     thinking=chat and _thinking(body),
-                     separate_reasoning=_opt_bool(body, "separate_reasoning", True),
-                     prompt_key=prompt_key)
+    return GenParams(
+        kind=kind,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=include_usage,
+        ignore_eos=ignore_eos,
+        thinking=chat and _thinking(body),
+        separate_reasoning=_opt_bool(body, "separate_reasoning", True),
+        prompt_key=prompt_key,
+    )
 
 
 # ---------------------------------------------------------------------- SSE encoding
@@ -267,25 +299,41 @@ def parse_generation(body: object, kind: str) -> GenParams:
 class _Encoder:
     """Pre-encoded SSE events for one request: per-token cost is a list lookup."""
 
-    __slots__ = ("kind", "rid", "created", "model", "offset", "events", "first_events", "_head",
-                 "thinking", "split", "r_events", "role_event")
+    __slots__ = (
+        "kind",
+        "rid",
+        "created",
+        "model",
+        "offset",
+        "events",
+        "first_events",
+        "_head",
+        "thinking",
+        "split",
+        "r_events",
+        "role_event",
+    )
 
-    def __init__(self, kind: str, model: str, offset: int, thinking: int = 0,
-                 separate: bool = True) -> None:
+    def __init__(
+        self, kind: str, model: str, offset: int, thinking: int = 0, separate: bool = True
+    ) -> None:
         self.kind = kind
         self.rid = uuid.uuid4().hex
         self.created = int(time.time())
         self.model = model
         self.offset = offset % len(VOCAB)
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        self._head = (f'data: {{"id":"{self.rid}","object":"{obj}","created":{self.created},'
-                      f'"model":{json.dumps(model, ensure_ascii=False)},').encode("utf-8")
+        self._head = (
+            f'data: {{"id":"{self.rid}","object":"{obj}","created":{self.created},'
+            f'"model":{json.dumps(model, ensure_ascii=False)},'
+        ).encode("utf-8")
         head = self._head + b'"choices":[{"index":0,'
         if kind == "chat":
-            self.events = [head + b'"delta":{"content":' + enc + _CHAT_TAIL
-                           for enc in _VOCAB_JSON]
-            self.first_events = [head + b'"delta":{"role":"assistant","content":' + enc
-                                 + _CHAT_TAIL for enc in _VOCAB_JSON]
+            self.events = [head + b'"delta":{"content":' + enc + _CHAT_TAIL for enc in _VOCAB_JSON]
+            self.first_events = [
+                head + b'"delta":{"role":"assistant","content":' + enc + _CHAT_TAIL
+                for enc in _VOCAB_JSON
+            ]
         else:
             self.events = [head + b'"text":' + enc + _TEXT_TAIL for enc in _VOCAB_JSON]
             self.first_events = self.events
@@ -298,8 +346,10 @@ class _Encoder:
         if self.split:
             # SGLang with a reasoning parser: a role chunk of its own, then one chunk per
             # step with reasoning text, then content chunks (serving_chat.py, 0.5.23)
-            self.r_events = [head + b'"delta":{"reasoning_content":' + enc + _REASONING_TAIL
-                             for enc in _VOCAB_JSON]
+            self.r_events = [
+                head + b'"delta":{"reasoning_content":' + enc + _REASONING_TAIL
+                for enc in _VOCAB_JSON
+            ]
             self.role_event = head + b'"delta":{"role":"assistant","content":""' + _CHAT_TAIL
 
     def tokens(self, start: int, stop: int) -> bytes:
@@ -314,7 +364,8 @@ class _Encoder:
             rev = self.r_events
             return (self.role_event if start == 0 else b"") + b"".join(
                 [rev[(off + i) % v] for i in range(start, mid)]
-                + [ev[(off + i) % v] for i in range(mid, stop)])
+                + [ev[(off + i) % v] for i in range(mid, stop)]
+            )
         if start == 0:
             first = self.first_events[off]
             return first + b"".join([ev[(off + i) % v] for i in range(1, stop)])
@@ -330,16 +381,22 @@ class _Encoder:
                 # the step that ends the thinking yields a reasoning chunk, then a content one
                 if lo == 0:
                     out.append(self.role_event)
-                text = json.dumps("".join(_token_text(self.offset, i)
-                                          for i in range(lo, min(hi, self.split))),
-                                  ensure_ascii=False).encode("utf-8")
-                out.append(self._head + b'"choices":[{"index":0,"delta":{"reasoning_content":'
-                           + text + _REASONING_TAIL)
+                text = json.dumps(
+                    "".join(_token_text(self.offset, i) for i in range(lo, min(hi, self.split))),
+                    ensure_ascii=False,
+                ).encode("utf-8")
+                out.append(
+                    self._head
+                    + b'"choices":[{"index":0,"delta":{"reasoning_content":'
+                    + text
+                    + _REASONING_TAIL
+                )
                 lo = self.split
                 if hi <= lo:
                     continue
-            text = json.dumps("".join(_token_text(self.offset, i) for i in range(lo, hi)),
-                              ensure_ascii=False).encode("utf-8")
+            text = json.dumps(
+                "".join(_token_text(self.offset, i) for i in range(lo, hi)), ensure_ascii=False
+            ).encode("utf-8")
             head = self._head + b'"choices":[{"index":0,'
             if self.kind == "chat":
                 role = b'"role":"assistant",' if lo == 0 else b""
@@ -351,15 +408,22 @@ class _Encoder:
     def finish(self, reason: str) -> bytes:
         matched = str(EOS_TOKEN_ID) if reason == "stop" else "null"
         if self.kind == "chat":
-            choice = (f'{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{reason}",'
-                      f'"matched_stop":{matched}}}')
+            choice = (
+                f'{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{reason}",'
+                f'"matched_stop":{matched}}}'
+            )
         else:
-            choice = (f'{{"index":0,"text":"","logprobs":null,"finish_reason":"{reason}",'
-                      f'"matched_stop":{matched}}}')
+            choice = (
+                f'{{"index":0,"text":"","logprobs":null,"finish_reason":"{reason}",'
+                f'"matched_stop":{matched}}}'
+            )
         return self._head + f'"choices":[{choice}],"usage":null}}\n\n'.encode()
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        body = {**_usage(prompt_tokens, completion_tokens), **self.reasoning_usage(completion_tokens)}
+        body = {
+            **_usage(prompt_tokens, completion_tokens),
+            **self.reasoning_usage(completion_tokens),
+        }
         usage = json.dumps(body, separators=(",", ":"))
         return self._head + f'"choices":[],"usage":{usage}}}\n\n'.encode()
 
@@ -368,7 +432,11 @@ class _Encoder:
         ``reasoning_tokens`` and, when non-zero, ``completion_tokens_details``); left out when
         there is none, so a response without thinking looks as it always did."""
         n = min(self.thinking, completion_tokens)
-        return {"reasoning_tokens": n, "completion_tokens_details": {"reasoning_tokens": n}} if n else {}
+        return (
+            {"reasoning_tokens": n, "completion_tokens_details": {"reasoning_tokens": n}}
+            if n
+            else {}
+        )
 
     def text(self, n: int) -> str:
         return "".join(_token_text(self.offset, i) for i in range(n))
@@ -378,12 +446,15 @@ class _Encoder:
         if not self.split:
             return None, self.text(n)
         full = [_token_text(self.offset, i) for i in range(n)]
-        return "".join(full[:self.split]), "".join(full[self.split:])
+        return "".join(full[: self.split]), "".join(full[self.split :])
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 # ---------------------------------------------------------------------- responses
@@ -393,7 +464,8 @@ def _error(status: int, message: str, etype: str) -> web.Response:
     """An error shaped like SGLang's OpenAI-compatible error body."""
     return web.json_response(
         {"object": "error", "message": message, "type": etype, "param": None, "code": status},
-        status=status)
+        status=status,
+    )
 
 
 def _drop_connection(request: web.Request) -> None:
@@ -403,8 +475,9 @@ def _drop_connection(request: web.Request) -> None:
         transport.close()
 
 
-async def _stream(request: web.Request, engine: SimEngine, seq: Sequence,
-                  params: GenParams, enc: _Encoder) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, engine: SimEngine, seq: Sequence, params: GenParams, enc: _Encoder
+) -> web.StreamResponse:
     """Write the SSE stream; on a deliberate drop or a vanished client return the prepared
     response, whose ``write_eof`` then fails and aiohttp quietly closes the connection."""
     resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
@@ -417,8 +490,14 @@ async def _stream(request: web.Request, engine: SimEngine, seq: Sequence,
     return resp
 
 
-async def _write_events(request: web.Request, resp: web.StreamResponse, profile: SimProfile,
-                        seq: Sequence, params: GenParams, enc: _Encoder) -> None:
+async def _write_events(
+    request: web.Request,
+    resp: web.StreamResponse,
+    profile: SimProfile,
+    seq: Sequence,
+    params: GenParams,
+    enc: _Encoder,
+) -> None:
     disc = profile.disconnect_after_tokens
     mal = profile.malformed_after_tokens
     if disc == 0:
@@ -460,32 +539,56 @@ async def _write_events(request: web.Request, resp: web.StreamResponse, profile:
             await resp.write(data)
 
 
-async def _complete(engine: SimEngine, seq: Sequence, params: GenParams,
-                    enc: _Encoder) -> web.Response:
+async def _complete(
+    engine: SimEngine, seq: Sequence, params: GenParams, enc: _Encoder
+) -> web.Response:
     await seq.wait_done()
     if seq.state is not SeqState.FINISHED:
-        return _error(503, "request aborted: the simulator is shutting down",
-                      "ServiceUnavailableError")
+        return _error(
+            503, "request aborted: the simulator is shutting down", "ServiceUnavailableError"
+        )
     n = seq.generated
     reasoning, text = enc.message(n)
     matched = EOS_TOKEN_ID if seq.finish_reason == "stop" else None
     if params.kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text, "reasoning_content": reasoning,
-                        "tool_calls": None},
-            "logprobs": None, "finish_reason": seq.finish_reason, "matched_stop": matched}
+            "message": {
+                "role": "assistant",
+                "content": text,
+                "reasoning_content": reasoning,
+                "tool_calls": None,
+            },
+            "logprobs": None,
+            "finish_reason": seq.finish_reason,
+            "matched_stop": matched,
+        }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None,
-                  "finish_reason": seq.finish_reason, "matched_stop": matched}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": seq.finish_reason,
+            "matched_stop": matched,
+        }
         obj = "text_completion"
-    usage = None if engine.profile.no_usage else {**_usage(params.prompt_tokens, n),
-                                                  **enc.reasoning_usage(n)}
-    body = {"id": enc.rid, "object": obj, "created": enc.created, "model": enc.model,
-            "choices": [choice], "usage": usage}
-    return web.Response(body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
-                        content_type="application/json")
+    usage = (
+        None
+        if engine.profile.no_usage
+        else {**_usage(params.prompt_tokens, n), **enc.reasoning_usage(n)}
+    )
+    body = {
+        "id": enc.rid,
+        "object": obj,
+        "created": enc.created,
+        "model": enc.model,
+        "choices": [choice],
+        "usage": usage,
+    }
+    return web.Response(
+        body=json.dumps(body, ensure_ascii=False).encode("utf-8"), content_type="application/json"
+    )
 
 
 def _crash(after: int) -> NoReturn:
@@ -520,16 +623,26 @@ def _generation_handler(kind: str) -> Callable[[web.Request], Awaitable[web.Stre
         if crash_after is not None and engine.requests_received >= crash_after:
             _crash(crash_after)
         if engine.inject_error():
-            return _error(500, f"simulated internal server error "
-                               f"(error_rate={engine.profile.error_rate})",
-                          "InternalServerError")
-        enc = _Encoder(kind, engine.profile.model, engine.requests_received,
-                       thinking=engine.profile.reasoning_tokens if params.thinking else 0,
-                       separate=params.separate_reasoning)
+            return _error(
+                500,
+                f"simulated internal server error (error_rate={engine.profile.error_rate})",
+                "InternalServerError",
+            )
+        enc = _Encoder(
+            kind,
+            engine.profile.model,
+            engine.requests_received,
+            thinking=engine.profile.reasoning_tokens if params.thinking else 0,
+            separate=params.separate_reasoning,
+        )
         try:
             keys = () if engine.profile.disable_radix_cache else prefix_pages(params.prompt_key)
-            seq = engine.submit(params.prompt_tokens, params.max_tokens,
-                                ignore_eos=params.ignore_eos, prefix_keys=keys)
+            seq = engine.submit(
+                params.prompt_tokens,
+                params.max_tokens,
+                ignore_eos=params.ignore_eos,
+                prefix_keys=keys,
+            )
         except EngineNotRunning:
             return _error(503, "the simulator engine is not running", "ServiceUnavailableError")
         try:
@@ -538,6 +651,7 @@ def _generation_handler(kind: str) -> Callable[[web.Request], Awaitable[web.Stre
             return await _complete(engine, seq, params, enc)
         finally:
             engine.abort(seq)  # no-op when finished; frees the slot when the client left
+
     return handler
 
 
@@ -546,9 +660,21 @@ def _generation_handler(kind: str) -> Callable[[web.Request], Awaitable[web.Stre
 
 async def _models(request: web.Request) -> web.Response:
     model = request.app[PROFILE_KEY].model
-    return web.json_response({"object": "list", "data": [
-        {"id": model, "object": "model", "created": 0, "owned_by": "sglang",
-         "root": model, "max_model_len": 262144}]})
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": model,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "sglang",
+                    "root": model,
+                    "max_model_len": 262144,
+                }
+            ],
+        }
+    )
 
 
 def server_info(profile: SimProfile, port: int | None) -> dict[str, Any]:
@@ -590,8 +716,10 @@ def server_info(profile: SimProfile, port: int | None) -> dict[str, Any]:
         "admin_api_key": "***" if profile.admin_api_key else None,
         "version": SIM_VERSION,
         # the knobs, less server_args: those are merged at the top level already
-        "sim": {**{k: v for k, v in profile.describe().items() if k != "server_args"},
-                "pid": os.getpid()},
+        "sim": {
+            **{k: v for k, v in profile.describe().items() if k != "server_args"},
+            "pid": os.getpid(),
+        },
     }
     info.update(profile.server_args)
     return info
@@ -601,9 +729,12 @@ async def _deprecated_server_info(request: web.Request) -> web.Response:
     """SGLang 0.5.23 keeps ``/get_server_info`` as an alias that logs a warning on every call
     (``sglang/srt/entrypoints/http_server.py``); so does the simulator, so a client that asks
     it first shows up in the server's log."""
-    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] Endpoint '/get_server_info' is deprecated "
-          "and will be removed in a future version. Please use '/server_info' instead.",
-          file=sys.stderr, flush=True)
+    print(
+        f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] Endpoint '/get_server_info' is deprecated "
+        "and will be removed in a future version. Please use '/server_info' instead.",
+        file=sys.stderr,
+        flush=True,
+    )
     return await _server_info(request)
 
 
@@ -615,8 +746,7 @@ async def _server_info(request: web.Request) -> web.Response:
 
 async def _model_info(request: web.Request) -> web.Response:
     model = request.app[PROFILE_KEY].model
-    return web.json_response({"model_path": model, "tokenizer_path": model,
-                              "is_generation": True})
+    return web.json_response({"model_path": model, "tokenizer_path": model, "is_generation": True})
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -658,9 +788,18 @@ async def _flush_cache(request: web.Request) -> web.Response:
     except ValueError:
         timeout = math.nan
     if not (timeout >= 0.0 and math.isfinite(timeout)):
-        return web.json_response({"detail": [{"loc": ["query", "timeout"], "input": raw,
-                                              "msg": "timeout must be a number of seconds >= 0"}]},
-                                 status=422)
+        return web.json_response(
+            {
+                "detail": [
+                    {
+                        "loc": ["query", "timeout"],
+                        "input": raw,
+                        "msg": "timeout must be a number of seconds >= 0",
+                    }
+                ]
+            },
+            status=422,
+        )
     if engine.flush_pending:
         return web.Response(status=400, text="Another flush_cache is already in progress.\n")
     if timeout > 0.0 and not engine.idle:
@@ -672,11 +811,17 @@ async def _flush_cache(request: web.Request) -> web.Response:
         finally:
             engine.flush_pending = False
         if not engine.idle:
-            return web.Response(status=400, text=f"Cache not flushed: timed out after "
-                                                 f"{timeout:g} s waiting for an idle scheduler.\n")
+            return web.Response(
+                status=400,
+                text=f"Cache not flushed: timed out after "
+                f"{timeout:g} s waiting for an idle scheduler.\n",
+            )
     if not engine.flush_cache():
-        return web.Response(status=400, text=f"Cache not flushed: {engine.num_running} running "
-                                             f"and {engine.num_waiting} waiting requests.\n")
+        return web.Response(
+            status=400,
+            text=f"Cache not flushed: {engine.num_running} running "
+            f"and {engine.num_waiting} waiting requests.\n",
+        )
     return web.Response(text="Cache flushed.\n")
 
 
@@ -704,7 +849,9 @@ async def _tokenize(request: web.Request) -> web.Response:
         elif isinstance(body.get("prompt"), str):
             tokens = tokenize_text(body["prompt"])
             count = len(tokens)
-        elif isinstance(body.get("prompt"), list) and all(isinstance(p, str) for p in body["prompt"]):
+        elif isinstance(body.get("prompt"), list) and all(
+            isinstance(p, str) for p in body["prompt"]
+        ):
             tokens = [tokenize_text(p) for p in body["prompt"]]
             count = [len(t) for t in tokens]
         else:
@@ -716,27 +863,45 @@ async def _tokenize(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    label = '{model_name=' + json.dumps(engine.profile.model, ensure_ascii=False) + '}'
+    label = "{model_name=" + json.dumps(engine.profile.model, ensure_ascii=False) + "}"
     rows = [
-        ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-         engine.prompt_tokens),
-        ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
-         engine.finished_generated_tokens if engine.profile.metrics_per_request
-         else engine.generated_tokens),
-        ("sglang:num_requests_total", "counter", "Number of requests processed.",
-         engine.requests_finished),
-        ("sglang:num_running_reqs", "gauge", "The number of running requests.",
-         engine.num_running),
-        ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
-         engine.num_waiting),
+        (
+            "sglang:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            engine.prompt_tokens,
+        ),
+        (
+            "sglang:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            engine.finished_generated_tokens
+            if engine.profile.metrics_per_request
+            else engine.generated_tokens,
+        ),
+        (
+            "sglang:num_requests_total",
+            "counter",
+            "Number of requests processed.",
+            engine.requests_finished,
+        ),
+        ("sglang:num_running_reqs", "gauge", "The number of running requests.", engine.num_running),
+        (
+            "sglang:num_queue_reqs",
+            "gauge",
+            "The number of requests in the waiting queue.",
+            engine.num_waiting,
+        ),
     ]
     lines: list[str] = []
     for name, mtype, help_text, value in rows:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {mtype}")
         lines.append(f"{name}{label} {float(value)}")
-    return web.Response(text="\n".join(lines) + "\n",
-                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(
+        text="\n".join(lines) + "\n",
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
 
 
 async def _sim_stats(request: web.Request) -> web.Response:
@@ -750,9 +915,9 @@ async def _sim_stats(request: web.Request) -> web.Response:
 
 
 @web.middleware
-async def _auth_and_errors(request: web.Request,
-                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                           ) -> web.StreamResponse:
+async def _auth_and_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """API-key check (health, metrics and /sim/ stay open, as probes need them) and JSON
     bodies for unknown paths and methods, so clients can always parse an error."""
     profile = request.app[PROFILE_KEY]
@@ -767,8 +932,9 @@ async def _auth_and_errors(request: web.Request,
     except web.HTTPNotFound:
         return _error(404, f"Not Found: {request.path}", "NotFoundError")
     except web.HTTPMethodNotAllowed:
-        return _error(405, f"Method {request.method} not allowed for {request.path}",
-                      "MethodNotAllowedError")
+        return _error(
+            405, f"Method {request.method} not allowed for {request.path}", "MethodNotAllowedError"
+        )
 
 
 # ---------------------------------------------------------------------- app and server
@@ -836,20 +1002,19 @@ class SimServer:
 def check_host(host: str) -> None:
     """The simulator only ever listens on loopback; anything else is a configuration error."""
     if host not in ALLOWED_HOSTS:
-        raise ValueError(f"the pytest-kimi simulator binds 127.0.0.1 only; refusing host "
-                         f"{host!r}")
+        raise ValueError(f"the pytest-kimi simulator binds 127.0.0.1 only; refusing host {host!r}")
 
 
-async def start_server(profile: SimProfile | None = None, port: int = 0,
-                       host: str = "127.0.0.1") -> SimServer:
+async def start_server(
+    profile: SimProfile | None = None, port: int = 0, host: str = "127.0.0.1"
+) -> SimServer:
     """Start the simulator in the current event loop; ``port=0`` picks a free port."""
     check_host(host)
     profile = profile or SimProfile()
     app = create_app(profile)
     # No access log (it would cost more than a token) and cancel handlers of clients that
     # hang up, so their sequences release their batch slots at once.
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                           shutdown_timeout=2.0)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:

@@ -39,8 +39,16 @@ from enum import Enum
 
 from pytest_kimi.sim.profile import SimProfile
 
-__all__ = ["SeqState", "Sequence", "EngineStats", "SimEngine", "EngineNotRunning", "prefix_pages",
-           "RADIX_PAGE_TOKENS", "RADIX_MAX_PAGES"]
+__all__ = [
+    "SeqState",
+    "Sequence",
+    "EngineStats",
+    "SimEngine",
+    "EngineNotRunning",
+    "prefix_pages",
+    "RADIX_PAGE_TOKENS",
+    "RADIX_MAX_PAGES",
+]
 
 RADIX_PAGE_TOKENS = 16
 """Granularity of a prefix match, in tokens (4 prompt bytes each)."""
@@ -60,7 +68,7 @@ def prefix_pages(data: bytes) -> tuple[int, ...]:
     keys = []
     h = 0
     for at in range(0, len(data) - _PAGE_BYTES + 1, _PAGE_BYTES):
-        h = hash((h, data[at:at + _PAGE_BYTES]))
+        h = hash((h, data[at : at + _PAGE_BYTES]))
         keys.append(h)
     return tuple(keys)
 
@@ -190,8 +198,10 @@ class SimEngine:
         self._error_rng = random.Random(f"{profile.seed}/errors")
         # Step durations per batch size, noise included; the hot loop indexes this list
         # instead of computing a power per step.
-        self._step_s = [profile.step_time(b) * self.noise_factor
-                        for b in range(profile.max_running_requests + 1)]
+        self._step_s = [
+            profile.step_time(b) * self.noise_factor
+            for b in range(profile.max_running_requests + 1)
+        ]
         self._prefill_s = profile.prefill_time(1) * self.noise_factor
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -203,7 +213,9 @@ class SimEngine:
         self._timer: _PreciseTimer | None = None
         self._next_rid = 0
         self.started_at = 0.0
-        self._radix: OrderedDict[int, None] | None = None if profile.disable_radix_cache else OrderedDict()
+        self._radix: OrderedDict[int, None] | None = (
+            None if profile.disable_radix_cache else OrderedDict()
+        )
         # counters
         self.generated_tokens = 0
         self.finished_generated_tokens = 0
@@ -280,8 +292,15 @@ class SimEngine:
             return True
         return False
 
-    def submit(self, prompt_tokens: int, max_tokens: int, *, ignore_eos: bool = True,
-               faults: bool = True, prefix_keys: tuple[int, ...] = ()) -> Sequence:
+    def submit(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        ignore_eos: bool = True,
+        faults: bool = True,
+        prefix_keys: tuple[int, ...] = (),
+    ) -> Sequence:
         """Queue a sequence; it is admitted at the next step boundary in FIFO order.
 
         With ``ignore_eos=False`` the answer ends at a pseudo-random length drawn from the
@@ -297,17 +316,25 @@ class SimEngine:
         target, reason = max_tokens, "length"
         if not ignore_eos:
             mean = self.profile.eos_mean_tokens
-            eos_len = 1 + int(self._eos_rng.expovariate(1.0 / max(mean - 1.0, 1e-9))) \
-                if mean > 1.0 else 1
+            eos_len = (
+                1 + int(self._eos_rng.expovariate(1.0 / max(mean - 1.0, 1e-9))) if mean > 1.0 else 1
+            )
             if eos_len < max_tokens:
                 target, reason = eos_len, "stop"
         stall_at = self.profile.stall_after_tokens if faults else None
         if stall_at is not None and (stall_at >= target or self.profile.stall_s <= 0.0):
             stall_at = None
-        seq = Sequence(rid=self._next_rid, prompt_tokens=max(int(prompt_tokens), 0),
-                       max_tokens=max_tokens, target=target, finish_reason=reason,
-                       stall_at=stall_at, stall_s=self.profile.stall_s,
-                       prefix_keys=prefix_keys, submitted_at=self._loop.time())
+        seq = Sequence(
+            rid=self._next_rid,
+            prompt_tokens=max(int(prompt_tokens), 0),
+            max_tokens=max_tokens,
+            target=target,
+            finish_reason=reason,
+            stall_at=stall_at,
+            stall_s=self.profile.stall_s,
+            prefix_keys=prefix_keys,
+            submitted_at=self._loop.time(),
+        )
         seq.checkpoint = target if stall_at is None else stall_at
         self._next_rid += 1
         self.requests_received += 1
@@ -341,16 +368,26 @@ class SimEngine:
     def stats(self) -> EngineStats:
         now = self.time()
         return EngineStats(
-            now=now, uptime_s=now - self.started_at,
-            generated_tokens=self.generated_tokens, prompt_tokens=self.prompt_tokens,
-            requests_received=self.requests_received, requests_started=self.requests_started,
-            requests_finished=self.requests_finished, requests_failed=self.requests_failed,
-            errors_injected=self.errors_injected, steps=self.steps,
-            running=len(self._running) + len(self._resumed), waiting=len(self._waiting),
-            parked=len(self._parked), late_steps=self.late_steps, max_lag_s=self.max_lag_s,
+            now=now,
+            uptime_s=now - self.started_at,
+            generated_tokens=self.generated_tokens,
+            prompt_tokens=self.prompt_tokens,
+            requests_received=self.requests_received,
+            requests_started=self.requests_started,
+            requests_finished=self.requests_finished,
+            requests_failed=self.requests_failed,
+            errors_injected=self.errors_injected,
+            steps=self.steps,
+            running=len(self._running) + len(self._resumed),
+            waiting=len(self._waiting),
+            parked=len(self._parked),
+            late_steps=self.late_steps,
+            max_lag_s=self.max_lag_s,
             schedule_resets=self.schedule_resets,
-            noise_factor=self.noise_factor, cached_prompt_tokens=self.cached_prompt_tokens,
-            cache_flushes=self.cache_flushes)
+            noise_factor=self.noise_factor,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            cache_flushes=self.cache_flushes,
+        )
 
     @property
     def num_running(self) -> int:
@@ -589,8 +626,7 @@ class _PreciseTimer:
         self._pending: tuple[float, asyncio.Future[None]] | None = None
         self._closed = False
         self.lead_s = 0.0
-        self._thread = threading.Thread(target=self._run, name="pytest-kimi-sim-timer",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="pytest-kimi-sim-timer", daemon=True)
         self._thread.start()
 
     def sleep_until(self, due: float) -> asyncio.Future[None]:

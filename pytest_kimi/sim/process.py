@@ -55,12 +55,18 @@ class SimProcess:
     could explain a failure, which :meth:`log_tail` and the start errors quote.
     """
 
-    def __init__(self, profile: SimProfile | None = None, *,
-                 log_path: str | os.PathLike[str] | None = None,
-                 log_dir: str | os.PathLike[str] | None = None,
-                 ready_timeout_s: float = 30.0, grace_s: float = 5.0, port: int = 0,
-                 python: str | None = None,
-                 record_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        profile: SimProfile | None = None,
+        *,
+        log_path: str | os.PathLike[str] | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        ready_timeout_s: float = 30.0,
+        grace_s: float = 5.0,
+        port: int = 0,
+        python: str | None = None,
+        record_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.profile = profile or SimProfile()
         self.ready_timeout_s = ready_timeout_s
         self.grace_s = grace_s
@@ -82,8 +88,14 @@ class SimProcess:
 
     def command(self) -> list[str]:
         """The child's argv (the API key travels in the environment, not here)."""
-        return [self._python, "-m", "pytest_kimi.sim", "--port", str(self._port_request),
-                *self.profile.to_cli_args(include_secrets=False)]
+        return [
+            self._python,
+            "-m",
+            "pytest_kimi.sim",
+            "--port",
+            str(self._port_request),
+            *self.profile.to_cli_args(include_secrets=False),
+        ]
 
     def start(self) -> SimProcess:
         """Spawn the simulator and block until it prints its ready line."""
@@ -92,13 +104,13 @@ class SimProcess:
         if self.log_path is None:
             if self._log_dir is not None:
                 self._log_dir.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix="pytest-kimi-sim-", suffix=".log",
-                                        dir=self._log_dir)
+            fd, name = tempfile.mkstemp(prefix="pytest-kimi-sim-", suffix=".log", dir=self._log_dir)
             os.close(fd)
             self.log_path = Path(name)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(_PACKAGE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            [str(_PACKAGE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        )
         env["PYTHONUNBUFFERED"] = "1"
         env.pop(API_KEY_ENV, None)
         if self.profile.api_key is not None:
@@ -113,11 +125,18 @@ class SimProcess:
         ready_r, ready_w = os.pipe()
         try:
             self._proc = Supervised(
-                self.command(), env=env, log_path=self.log_path,
+                self.command(),
+                env=env,
+                log_path=self.log_path,
                 secrets=[self.profile.api_key] if self.profile.api_key else [],
-                stdout_fd=ready_w, leader_grace_s=self.grace_s, group_grace_s=self.grace_s,
-                record_path=record, record_info={"kind": "sim", "name": "sim"},
-                notes=False, python=self._python)
+                stdout_fd=ready_w,
+                leader_grace_s=self.grace_s,
+                group_grace_s=self.grace_s,
+                record_path=record,
+                record_info={"kind": "sim", "name": "sim"},
+                notes=False,
+                python=self._python,
+            )
         except BaseException:
             os.close(ready_r)
             raise
@@ -147,7 +166,8 @@ class SimProcess:
                 if remaining <= 0:
                     raise SimProcessError(
                         f"simulator (pid {proc.pid}) not ready after {self.ready_timeout_s:g} s"
-                        f"\n{self._tail_block()}")
+                        f"\n{self._tail_block()}"
+                    )
                 if sel.select(min(remaining, 0.1)):
                     chunk = os.read(fd, 4096)
                     if not chunk:
@@ -157,7 +177,7 @@ class SimProcess:
                         line, buf = buf.split(b"\n", 1)
                         text = line.decode("utf-8", "replace").strip()
                         if text.startswith(READY_PREFIX):
-                            return text[len(READY_PREFIX):]
+                            return text[len(READY_PREFIX) :]
                 elif proc.exit_code() is not None:
                     self._raise_died()
 
@@ -168,7 +188,8 @@ class SimProcess:
         code = proc.exit_code()
         raise SimProcessError(
             f"simulator exited before it was ready (exit code {code}): "
-            f"{' '.join(self.command())}\n{self._tail_block()}")
+            f"{' '.join(self.command())}\n{self._tail_block()}"
+        )
 
     def stop(self) -> int | None:
         """Terminate the process group and reap the child; idempotent.
@@ -238,10 +259,13 @@ class SimProcess:
     def __enter__(self) -> SimProcess:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     def __repr__(self) -> str:
         return f"SimProcess(pid={self.pid}, url={self.url!r})"
-

@@ -64,7 +64,7 @@ class _Knob:
         elif self.kind == "str":
             text = "a non-empty string"
         elif self.kind == "json":
-            text = "a JSON object, e.g. {\"tp_size\": 16}"
+            text = 'a JSON object, e.g. {"tp_size": 16}'
         else:
             noun = "an integer" if self.kind == "int" else "a finite number"
             if self.lo is not None and self.hi is not None:
@@ -86,54 +86,90 @@ def _fmt(x: float) -> str:
 _KNOBS: dict[str, _Knob] = {
     "step_base_s": _Knob("float", lo=0.0, help="fixed cost of one decode step, seconds"),
     "step_per_seq_s": _Knob("float", lo=0.0, help="per-sequence step cost coefficient, seconds"),
-    "step_exponent": _Knob("float", lo=0.0, lo_open=True, hi=2.0,
-                           help="exponent on the batch size (below 1: sublinear)"),
-    "max_running_requests": _Knob("int", lo=1, hi=1_000_000,
-                                  help="sequences decoded at once; the rest queue FIFO"),
+    "step_exponent": _Knob(
+        "float",
+        lo=0.0,
+        lo_open=True,
+        hi=2.0,
+        help="exponent on the batch size (below 1: sublinear)",
+    ),
+    "max_running_requests": _Knob(
+        "int", lo=1, hi=1_000_000, help="sequences decoded at once; the rest queue FIFO"
+    ),
     "prefill_per_token_s": _Knob("float", lo=0.0, help="extra step time per admitted prompt token"),
-    "eos_mean_tokens": _Knob("float", lo=1.0,
-                             help="mean answer length when ignore_eos is false"),
+    "eos_mean_tokens": _Knob("float", lo=1.0, help="mean answer length when ignore_eos is false"),
     "speed": _Knob("float", lo=0.0, lo_open=True, hi=1e6, help="time scale: 20 = 20x faster"),
-    "slowdown": _Knob("float", lo=0.0, lo_open=True, hi=1e6,
-                      help="step time multiplier: 1.15 = every step takes 1.15 times as long"),
-    "noise": _Knob("float", lo=0.0, hi=5.0,
-                   help="sigma of the per-server-start log-normal step time factor"),
-    "step_jitter": _Knob("float", lo=0.0, hi=5.0,
-                         help="sigma of the per-step log-normal jitter (mean 1)"),
-    "error_rate": _Knob("float", lo=0.0, hi=1.0,
-                        help="fraction of generation requests answered HTTP 500"),
-    "stall_after_tokens": _Knob("int", lo=1, optional=True,
-                                help="each stream goes silent after this many tokens"),
+    "slowdown": _Knob(
+        "float",
+        lo=0.0,
+        lo_open=True,
+        hi=1e6,
+        help="step time multiplier: 1.15 = every step takes 1.15 times as long",
+    ),
+    "noise": _Knob(
+        "float", lo=0.0, hi=5.0, help="sigma of the per-server-start log-normal step time factor"
+    ),
+    "step_jitter": _Knob(
+        "float", lo=0.0, hi=5.0, help="sigma of the per-step log-normal jitter (mean 1)"
+    ),
+    "error_rate": _Knob(
+        "float", lo=0.0, hi=1.0, help="fraction of generation requests answered HTTP 500"
+    ),
+    "stall_after_tokens": _Knob(
+        "int", lo=1, optional=True, help="each stream goes silent after this many tokens"
+    ),
     "stall_s": _Knob("float", lo=0.0, help="length of that silence, wall-clock seconds"),
-    "disconnect_after_tokens": _Knob("int", lo=0, optional=True,
-                                     help="drop the TCP connection after this many tokens"),
-    "malformed_after_tokens": _Knob("int", lo=0, optional=True,
-                                    help="emit a non-JSON data: line after this many tokens"),
-    "slow_start_s": _Knob("float", lo=0.0,
-                          help="health and generation answer 503 for this long, wall-clock"),
+    "disconnect_after_tokens": _Knob(
+        "int", lo=0, optional=True, help="drop the TCP connection after this many tokens"
+    ),
+    "malformed_after_tokens": _Knob(
+        "int", lo=0, optional=True, help="emit a non-JSON data: line after this many tokens"
+    ),
+    "slow_start_s": _Knob(
+        "float", lo=0.0, help="health and generation answer 503 for this long, wall-clock"
+    ),
     "model": _Knob("str", help="served model name"),
     "api_key": _Knob("str", optional=True, help="require Authorization: Bearer <key>"),
     "seed": _Knob("int", lo=0, hi=2**63 - 1, help="seed for noise, jitter, errors, EOS lengths"),
     "server_args": _Knob("json", help="extra keys merged into /get_server_info"),
     "no_usage": _Knob("bool", help="never send usage, even when asked"),
-    "metrics_per_request": _Knob("bool", help="count generated tokens in /metrics when a "
-                                 "request finishes, as SGLang does, not per token"),
-    "stream_interval": _Knob("int", lo=1, hi=10_000,
-                             help="tokens per streamed event, like SGLang's --stream-interval"),
-    "disable_radix_cache": _Knob("bool", help="no prefix cache: every prompt token is prefilled, "
-                                              "like SGLang's --disable-radix-cache"),
-    "no_tokenize": _Knob("bool", help="no /tokenize endpoint (404): clients must estimate "
-                                      "prompt lengths"),
-    "admin_api_key": _Knob("str", optional=True,
-                           help="admin endpoints (/flush_cache) require Authorization: Bearer "
-                                "<key>, like SGLang's --admin-api-key"),
-    "crash_after_requests": _Knob("int", lo=0, optional=True,
-                                  help="the process dies (exit 1, traceback on stderr) when "
-                                       "generation request N+1 arrives: a crash mid-sweep"),
-    "reasoning_tokens": _Knob("int", lo=0, hi=1_000_000,
-                              help="chat only: the first N tokens of each response stream as "
-                                   "delta.reasoning_content, the rest as delta.content, like "
-                                   "SGLang with --reasoning-parser kimi_k2"),
+    "metrics_per_request": _Knob(
+        "bool",
+        help="count generated tokens in /metrics when a "
+        "request finishes, as SGLang does, not per token",
+    ),
+    "stream_interval": _Knob(
+        "int", lo=1, hi=10_000, help="tokens per streamed event, like SGLang's --stream-interval"
+    ),
+    "disable_radix_cache": _Knob(
+        "bool",
+        help="no prefix cache: every prompt token is prefilled, "
+        "like SGLang's --disable-radix-cache",
+    ),
+    "no_tokenize": _Knob(
+        "bool", help="no /tokenize endpoint (404): clients must estimate prompt lengths"
+    ),
+    "admin_api_key": _Knob(
+        "str",
+        optional=True,
+        help="admin endpoints (/flush_cache) require Authorization: Bearer "
+        "<key>, like SGLang's --admin-api-key",
+    ),
+    "crash_after_requests": _Knob(
+        "int",
+        lo=0,
+        optional=True,
+        help="the process dies (exit 1, traceback on stderr) when "
+        "generation request N+1 arrives: a crash mid-sweep",
+    ),
+    "reasoning_tokens": _Knob(
+        "int",
+        lo=0,
+        hi=1_000_000,
+        help="chat only: the first N tokens of each response stream as "
+        "delta.reasoning_content, the rest as delta.content, like "
+        "SGLang with --reasoning-parser kimi_k2",
+    ),
 }
 
 _BARE_FLAGS = frozenset({"no_usage"})
@@ -212,7 +248,7 @@ class SimProfile:
         """
         if b < 0:
             raise ValueError(f"batch size must be >= 0, got {b}")
-        t = (self.step_base_s + self.step_per_seq_s * float(b) ** self.step_exponent)
+        t = self.step_base_s + self.step_per_seq_s * float(b) ** self.step_exponent
         t = t * self.slowdown / self.speed
         if include_noise:
             t *= self.noise_factor
@@ -258,8 +294,9 @@ class SimProfile:
         """Decode rate one running sequence sees with ``c`` concurrent requests."""
         return 1.0 / self.step_time(self.batch_size(c), include_noise=include_noise)
 
-    def closed_loop_tok_s(self, c: int, output_tokens: int, prompt_tokens: int = 0, *,
-                          include_noise: bool = False) -> float:
+    def closed_loop_tok_s(
+        self, c: int, output_tokens: int, prompt_tokens: int = 0, *, include_noise: bool = False
+    ) -> float:
         """Expected aggregate tok/s of ``c`` closed-loop clients sending fixed-size requests.
 
         Refines :meth:`true_tok_s` for requests of ``output_tokens`` tokens (ignore_eos)
@@ -292,12 +329,13 @@ class SimProfile:
         return b / step
 
     def _step_time_real(self, b: float, include_noise: bool) -> float:
-        t = (self.step_base_s + self.step_per_seq_s * b ** self.step_exponent)
+        t = self.step_base_s + self.step_per_seq_s * b**self.step_exponent
         t = t * self.slowdown / self.speed
         return float(t * self.noise_factor if include_noise else t)
 
-    def expected_ttft_s(self, prompt_tokens: int, c: int = 1, *,
-                        include_noise: bool = False) -> float:
+    def expected_ttft_s(
+        self, prompt_tokens: int, c: int = 1, *, include_noise: bool = False
+    ) -> float:
         """Expected time to first token, measured at the server, for a new request.
 
         ``c == 1`` (an idle server) is exact: the request starts a step at once and its
@@ -313,16 +351,18 @@ class SimProfile:
         wait = self.step_time(max(b - 1, 1), include_noise=include_noise)
         return wait + self.step_time(b, include_noise=include_noise) + pf
 
-    def expected_ttfc_s(self, prompt_tokens: int, c: int = 1, *,
-                        include_noise: bool = False) -> float:
+    def expected_ttfc_s(
+        self, prompt_tokens: int, c: int = 1, *, include_noise: bool = False
+    ) -> float:
         """Expected time to first *content* token: TTFT plus one decode step per reasoning
         token (the first content token is token ``reasoning_tokens + 1``).
 
         Exact for ``c == 1``; for ``c > 1`` the steps are those of the full batch
         ``min(c, max_running_requests)``, as in :meth:`request_tok_s`.
         """
-        steps = self.reasoning_tokens * self.step_time(self.batch_size(max(c, 1)),
-                                                       include_noise=include_noise)
+        steps = self.reasoning_tokens * self.step_time(
+            self.batch_size(max(c, 1)), include_noise=include_noise
+        )
         return self.expected_ttft_s(prompt_tokens, c, include_noise=include_noise) + steps
 
     # ------------------------------------------------------------------ conversions
@@ -342,7 +382,8 @@ class SimProfile:
             if key not in _KNOBS:
                 raise SimConfigError(
                     f"{source}: unknown sim option {raw_key!r}; allowed options: "
-                    f"{', '.join(sorted(_KNOBS))}")
+                    f"{', '.join(sorted(_KNOBS))}"
+                )
             if key in values:
                 raise SimConfigError(f"{source}: sim option {key!r} given twice")
             values[key] = _convert(key, raw_value, source)
@@ -405,12 +446,12 @@ def _to_text(value: Any) -> str:
     return str(value)
 
 
-def _bad_msg(source: str, key: str, value: object, knob: _Knob,
-             why: str = "") -> SimConfigError:
+def _bad_msg(source: str, key: str, value: object, knob: _Knob, why: str = "") -> SimConfigError:
     extra = f" ({why})" if why else ""
     return SimConfigError(
         f"{source}: invalid value {value!r} for sim option {key!r}: "
-        f"expected {knob.describe()}{extra}")
+        f"expected {knob.describe()}{extra}"
+    )
 
 
 def _convert(key: str, raw: object, source: str) -> Any:
@@ -457,8 +498,9 @@ def _validate(profile: SimProfile, source: str) -> None:
             object.__setattr__(profile, name, value)
 
 
-def _validate_values(values: dict[str, Any], source: str,
-                     shown: Mapping[str, object] | None = None) -> dict[str, Any]:
+def _validate_values(
+    values: dict[str, Any], source: str, shown: Mapping[str, object] | None = None
+) -> dict[str, Any]:
     """Check types and ranges; returns values normalised (ints widened to float etc.).
 
     ``shown`` holds the text the user wrote, so messages quote ``'0'`` rather than ``0.0``.
@@ -475,7 +517,8 @@ def _validate_values(values: dict[str, Any], source: str,
     if step_base == 0.0 and per_seq == 0.0:
         raise SimConfigError(
             f"{source}: sim options 'step_base_s' and 'step_per_seq_s' are both 0; "
-            f"a step must take some time, so at least one must be > 0")
+            f"a step must take some time, so at least one must be > 0"
+        )
     return out
 
 
@@ -561,7 +604,8 @@ def parse_sim_spec(spec: str, source: str) -> SimProfile:
     if head.strip().lower() != "sim":
         raise SimConfigError(
             f"{source}: {spec!r} is not a simulator spec; expected 'sim' or "
-            f"'sim:key=value,...' with keys: {', '.join(sorted(_KNOBS))}")
+            f"'sim:key=value,...' with keys: {', '.join(sorted(_KNOBS))}"
+        )
     mapping: dict[str, str] = {}
     if sep and rest.strip():
         for item in _split_top_level(rest):
@@ -577,7 +621,8 @@ def parse_sim_spec(spec: str, source: str) -> SimProfile:
                 elif norm in _KNOBS:
                     raise SimConfigError(
                         f"{source}: sim option {key!r} needs a value "
-                        f"({_KNOBS[norm].describe()}), write {key}=<value>")
+                        f"({_KNOBS[norm].describe()}), write {key}=<value>"
+                    )
                 # unknown keys fall through to from_options' message
             if key in mapping or key.replace("-", "_") in {k.replace("-", "_") for k in mapping}:
                 raise SimConfigError(f"{source}: sim option {key!r} given twice")

@@ -171,17 +171,19 @@ def _sweep(name: str, value: Any, check: Callable[[str, Any], Any]) -> tuple[Any
 def _levels(kwargs: Mapping[str, Any]) -> tuple[LevelSpec, ...]:
     """The sweep: every load value (concurrency or rate) x max_tokens x input_tokens, in order."""
     if kwargs.get("rate") is not None and kwargs.get("concurrency") is not None:
-        raise MarkerError("concurrency and rate are exclusive: closed loop (concurrency) or open loop (rate)")
+        raise MarkerError(
+            "concurrency and rate are exclusive: closed loop (concurrency) or open loop (rate)"
+        )
     if kwargs.get("rate") is not None:
         loads = [(None, r) for r in _sweep("rate", kwargs["rate"], _positive_float)]
     else:
-        loads = [(c, None) for c in _sweep("concurrency", kwargs.get("concurrency", 1), _positive_int)]
+        loads = [
+            (c, None) for c in _sweep("concurrency", kwargs.get("concurrency", 1), _positive_int)
+        ]
     lengths = _sweep("max_tokens", kwargs.get("max_tokens", DEFAULT_MAX_TOKENS), _positive_int)
     raw_inputs = kwargs.get("input_tokens")
     inputs = (None,) if raw_inputs is None else _sweep("input_tokens", raw_inputs, _positive_int)
-    return tuple(
-        LevelSpec(c, r, m, i) for (c, r) in loads for m in lengths for i in inputs
-    )
+    return tuple(LevelSpec(c, r, m, i) for (c, r) in loads for m in lengths for i in inputs)
 
 
 def _floors(value: Any, levels: tuple[LevelSpec, ...]) -> dict[float, float]:
@@ -192,7 +194,11 @@ def _floors(value: Any, levels: tuple[LevelSpec, ...]) -> dict[float, float]:
     if isinstance(value, Mapping):
         floors = {}
         for load, floor in value.items():
-            if isinstance(load, bool) or not isinstance(load, (int, float)) or float(load) not in loads:
+            if (
+                isinstance(load, bool)
+                or not isinstance(load, (int, float))
+                or float(load) not in loads
+            ):
                 shown = [int(x) if x == int(x) else x for x in loads]
                 raise MarkerError(
                     f"min_tok_s={dict(value)!r}: level {load!r} is not one of the {kind} levels {shown}"
@@ -247,7 +253,15 @@ _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
     "seed": lambda n, v: _positive_int(n, v, minimum=0),
 }
 
-ALLOWED_ARGS = ("concurrency", "rate", "max_tokens", "input_tokens", "min_tok_s", "prompts", *_OPTIONAL)
+ALLOWED_ARGS = (
+    "concurrency",
+    "rate",
+    "max_tokens",
+    "input_tokens",
+    "min_tok_s",
+    "prompts",
+    *_OPTIONAL,
+)
 
 
 def _with_suggestion(name: str) -> str:
@@ -280,7 +294,9 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
     if prompts is not None and kwargs.get("input_tokens") is not None:
         raise MarkerError("prompts and input_tokens are exclusive: give one or the other")
     requests = values.get("requests")
-    exclusive = [name for name in ("requests", "requests_per_stream", "duration_s") if name in values]
+    exclusive = [
+        name for name in ("requests", "requests_per_stream", "duration_s") if name in values
+    ]
     if len(exclusive) > 1:
         raise MarkerError(
             f"{' and '.join(exclusive)} are exclusive: each sets how long a trial is "
@@ -291,8 +307,12 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
             "requests_per_stream applies to concurrency levels; an open-loop (rate=) trial is "
             "sized by requests or duration_s"
         )
-    if "min_goodput" in values and not any(k in values for k in ("max_ttft_s", "max_itl_s", "max_e2e_s")):
-        raise MarkerError("min_goodput needs at least one of max_ttft_s, max_itl_s, max_e2e_s to define a good request")
+    if "min_goodput" in values and not any(
+        k in values for k in ("max_ttft_s", "max_itl_s", "max_e2e_s")
+    ):
+        raise MarkerError(
+            "min_goodput needs at least one of max_ttft_s, max_itl_s, max_e2e_s to define a good request"
+        )
     top = max((lv.concurrency or 0) for lv in levels)
     if requests is not None and requests < top:
         raise MarkerError(
@@ -313,7 +333,9 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
     return Workload(levels=levels, prompts=prompts, **values), targets
 
 
-def merge_marker_kwargs(markers: list[tuple[tuple[Any, ...], Mapping[str, Any]]]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def merge_marker_kwargs(
+    markers: list[tuple[tuple[Any, ...], Mapping[str, Any]]],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Closest marker wins per argument: function over class over module ``pytestmark``."""
     merged: dict[str, Any] = {}
     args: tuple[Any, ...] = ()

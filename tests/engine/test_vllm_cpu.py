@@ -33,8 +33,12 @@ from pytest_kimi import throughput
 def test_tiny():
     pass
 """
-GATE = ("--perf-tolerance=0.3", "--perf-session-sigma=0.1", "--perf-max-trials=6",
-        "--perf-server-metrics")
+GATE = (
+    "--perf-tolerance=0.3",
+    "--perf-session-sigma=0.1",
+    "--perf-max-trials=6",
+    "--perf-server-metrics",
+)
 BASELINE = Path("baselines/vllm-cpu-tiny/test_suite/test_tiny.yaml")
 
 
@@ -96,11 +100,14 @@ def external_vllm(profiles: dict[str, Path], tmp_path_factory: pytest.TempPathFa
     _assert_group_gone(server.pgid)
 
 
-def test_external_endpoint_matches_the_server_counters(pytester: pytest.Pytester, external_vllm) -> None:
+def test_external_endpoint_matches_the_server_counters(
+    pytester: pytest.Pytester, external_vllm
+) -> None:
     pytester.makepyfile(test_suite=SUITE)
     report = pytester.path / "perf.json"
-    result = pytester.runpytest("-m", "perf", f"--endpoint={external_vllm.url}", *GATE,
-                                f"--perf-json={report}")
+    result = pytester.runpytest(
+        "-m", "perf", f"--endpoint={external_vllm.url}", *GATE, f"--perf-json={report}"
+    )
     result.assert_outcomes(passed=1)
     (test,) = _report(report).values()
     assert json.loads(report.read_text())["endpoint"]["server_info"] == {"version": "0.32.0"}
@@ -118,13 +125,25 @@ def test_deploy_change_story(engine_project: pytest.Pytester) -> None:
     tiny, no_batching = "vllm-cpu-tiny.yaml", "vllm-cpu-tiny-no-batching.yaml"
 
     # 1. record baselines from a managed server: progress while it starts, clean teardown
-    result = pytester.runpytest("-m", "perf", f"--server-profile={tiny}", *GATE,
-                                "--update-baselines", f"--perf-json={pytester.path / 'r1.json'}")
+    result = pytester.runpytest(
+        "-m",
+        "perf",
+        f"--server-profile={tiny}",
+        *GATE,
+        "--update-baselines",
+        f"--perf-json={pytester.path / 'r1.json'}",
+    )
     result.assert_outcomes(passed=1)
     out = result.stdout.str()
-    result.stdout.fnmatch_lines(["*[[]kimi vllm-cpu-tiny[]] launching*", "*starting for * s*",
-                                 "*[[]kimi vllm-cpu-tiny[]] ready at http://127.0.0.1:*",
-                                 "*pytest-kimi baselines*", "*C=8 max_tokens=64: * tok/s (new)*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*[[]kimi vllm-cpu-tiny[]] launching*",
+            "*starting for * s*",
+            "*[[]kimi vllm-cpu-tiny[]] ready at http://127.0.0.1:*",
+            "*pytest-kimi baselines*",
+            "*C=8 max_tokens=64: * tok/s (new)*",
+        ]
+    )
     for pid in _server_pids(out):
         _assert_group_gone(pid)
     recorded = _levels(_report(pytester.path / "r1.json")["vllm-cpu-tiny"])
@@ -135,9 +154,14 @@ def test_deploy_change_story(engine_project: pytest.Pytester) -> None:
     assert "max_num_seqs" not in info, "the reference profile leaves vLLM's default"
 
     # 2. batching off, judged against those baselines: C=8 regresses, C=1 does not
-    result = pytester.runpytest("-m", "perf", f"--server-profile={no_batching}",
-                                "--baseline-profile=vllm-cpu-tiny", *GATE,
-                                f"--perf-json={pytester.path / 'r2.json'}")
+    result = pytester.runpytest(
+        "-m",
+        "perf",
+        f"--server-profile={no_batching}",
+        "--baseline-profile=vllm-cpu-tiny",
+        *GATE,
+        f"--perf-json={pytester.path / 'r2.json'}",
+    )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*C=8 regression: regression -*", "*max_num_seqs*-> 1*"])
     levels = _levels(_report(pytester.path / "r2.json")["vllm-cpu-tiny-no-batching"])
@@ -145,17 +169,28 @@ def test_deploy_change_story(engine_project: pytest.Pytester) -> None:
     assert levels[1]["verdict"] not in ("regression", "fail", "invalid", "error"), levels[1]
 
     # 3. the same as a same-run A/B; the reference also passes against its own baseline
-    result = pytester.runpytest("-m", "perf", f"--server-profile={tiny}",
-                                f"--server-profile={no_batching}", *GATE, "-v",
-                                f"--perf-json={pytester.path / 'r3.json'}")
+    result = pytester.runpytest(
+        "-m",
+        "perf",
+        f"--server-profile={tiny}",
+        f"--server-profile={no_batching}",
+        *GATE,
+        "-v",
+        f"--perf-json={pytester.path / 'r3.json'}",
+    )
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines([
-        "*test_tiny[[]vllm-cpu-tiny[]] PASSED*", "*test_tiny[[]vllm-cpu-tiny-no-batching[]] FAILED*",
-        "*changed vs deployment vllm-cpu-tiny (same run):*max_num_seqs*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_tiny[[]vllm-cpu-tiny[]] PASSED*",
+            "*test_tiny[[]vllm-cpu-tiny-no-batching[]] FAILED*",
+            "*changed vs deployment vllm-cpu-tiny (same run):*max_num_seqs*",
+        ]
+    )
     tests = _report(pytester.path / "r3.json")
     reference = _levels(tests["vllm-cpu-tiny"])
-    assert all(lv["verdict"] not in ("regression", "fail", "invalid", "error")
-               for lv in reference.values()), reference
+    assert all(
+        lv["verdict"] not in ("regression", "fail", "invalid", "error") for lv in reference.values()
+    ), reference
     ab = _levels(tests["vllm-cpu-tiny-no-batching"])
     assert ab[8]["verdict"] == "regression" and ab[1]["verdict"] != "regression", ab
     for pid in _server_pids(result.stdout.str()):

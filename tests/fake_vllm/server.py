@@ -56,8 +56,13 @@ def main() -> None:
             elif time.monotonic() - STARTED < WARM_S:
                 self._send(503, {"error": "engine core not ready"})
             else:
-                self._send(200, {"choices": [{"text": "x", "finish_reason": "length"}],
-                                 "usage": {"prompt_tokens": 2, "completion_tokens": 1}})
+                self._send(
+                    200,
+                    {
+                        "choices": [{"text": "x", "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+                    },
+                )
 
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     print(f"fake vLLM on {args.host}:{args.port}, warm after {WARM_S} s", flush=True)

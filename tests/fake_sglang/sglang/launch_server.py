@@ -127,20 +127,27 @@ def server_info_of(ns: argparse.Namespace, argv: list[str], startup_s: float) ->
         "status": "ready",
         "max_total_num_tokens": 1_048_576,
         "max_req_input_len": 262_136,
-        "startup_time": {"load_weight": round(startup_s * 0.6, 3),
-                         "kv_cache_allocation": round(startup_s * 0.1, 3),
-                         "scheduler_e2e": round(startup_s, 3),
-                         "cuda_graph": {"decode": round(startup_s * 0.2, 3)}},
-        "internal_states": [{"last_gen_throughput": round(random.uniform(50, 70), 2),
-                             "memory_usage": {"weight": 120.5, "kvcache": 9.1}}],
+        "startup_time": {
+            "load_weight": round(startup_s * 0.6, 3),
+            "kv_cache_allocation": round(startup_s * 0.1, 3),
+            "scheduler_e2e": round(startup_s, 3),
+            "cuda_graph": {"decode": round(startup_s * 0.2, 3)},
+        },
+        "internal_states": [
+            {
+                "last_gen_throughput": round(random.uniform(50, 70), 2),
+                "memory_usage": {"weight": 120.5, "kvcache": 9.1},
+            }
+        ],
         "kv_events": None,
         "version": "0.5.23",
         "frontend": "python",
     }
 
 
-def sim_profile(ns: argparse.Namespace, mode: str, argv: list[str] | None = None,
-                startup_s: float = 0.0) -> Any:
+def sim_profile(
+    ns: argparse.Namespace, mode: str, argv: list[str] | None = None, startup_s: float = 0.0
+) -> Any:
     from pytest_kimi.sim import SimProfile
 
     slowdown_env = os.environ.get("FAKE_SGLANG_SLOWDOWN")
@@ -189,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     mode = os.environ.get("FAKE_SGLANG_MODE", "ok")
     if mode not in MODES:
-        print(f"fake sglang: FAKE_SGLANG_MODE must be one of {', '.join(MODES)}, got "
-              f"{mode!r}", file=sys.stderr)
+        print(
+            f"fake sglang: FAKE_SGLANG_MODE must be one of {', '.join(MODES)}, got {mode!r}",
+            file=sys.stderr,
+        )
         return 2
     startup_s = float(os.environ.get("FAKE_SGLANG_STARTUP_S", "0.5"))
     step = startup_s / 6
@@ -199,12 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the child below
         child = subprocess.Popen(
             [sys.executable, "-c", "import time\nwhile True: time.sleep(60)"],
-            stdin=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL,
+        )
         log(f"scheduler child pid {child.pid}")
     for _ in range(int(os.environ.get("FAKE_SGLANG_SCHEDULERS", "0"))):
         child = subprocess.Popen(
             [sys.executable, "-c", "import time\nwhile True: time.sleep(60)"],
-            stdin=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL,
+        )
         log(f"scheduler child pid {child.pid}")
 
     log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in server_args_of(ns).items())})")
@@ -219,14 +230,15 @@ def main(argv: list[str] | None = None) -> int:
     if mode == "never-ready":
         pct = 0
         while True:
-            log(f"Loading safetensors checkpoint shards: {pct % 100}% Completed | "
-                f"{pct % 64}/64", "TP0")
+            log(
+                f"Loading safetensors checkpoint shards: {pct % 100}% Completed | {pct % 64}/64",
+                "TP0",
+            )
             pct += 1
             time.sleep(0.2)
     log("Loading safetensors checkpoint shards: 100% Completed | 64/64", "TP0")
     time.sleep(step)
-    log("Load weight end. type=KimiK2ForCausalLM, dtype=torch.bfloat16, "
-        "avail mem=60.11 GB", "TP0")
+    log("Load weight end. type=KimiK2ForCausalLM, dtype=torch.bfloat16, avail mem=60.11 GB", "TP0")
     time.sleep(step)
     log("Memory pool end. avail mem=12.40 GB", "TP0")
     if not ns.disable_decode_cuda_graph:
