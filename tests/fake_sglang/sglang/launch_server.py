@@ -2,7 +2,9 @@
 
 Mirrors SGLang 0.5.23 (the newest release when this was written; checked against its wheel):
 the flags the example profiles and tests use, spelt as 0.5.23 spells them (argparse rejects
-the removed ``--cuda-graph-max-bs``/``--disable-cuda-graph``, as the real launcher does);
+the removed ``--cuda-graph-max-bs``, ambiguous among the per-phase flags as in the real
+launcher; it also rejects ``--disable-cuda-graph``, which the real launcher would take
+silently as an abbreviation of ``--disable-cuda-graph-padding``: a profile must not use it);
 ``/server_info`` with every argument (``api_key`` included, in clear), ``launch_command``
 (argv joined by spaces, ``--api-key VALUE`` verbatim), ``startup_time``, ``internal_states``;
 the deprecation warning logged on every ``/get_server_info``; generation tokens counted per
