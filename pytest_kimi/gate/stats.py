@@ -68,7 +68,7 @@ bound holds whatever the stopping rule, no stopping decision can raise the false
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Sequence
 
@@ -187,6 +187,8 @@ class BatchComparison:
     min_detectable_drop: NDArray[np.float64]
     verdict: NDArray[np.str_]
     """Verdict values (``"pass"``, ``"regression"`` ...); compares equal to :class:`Verdict`."""
+    valid: NDArray[np.bool_]
+    """Rows whose noise is defined (finite standard error); the others read as no evidence."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,19 +294,11 @@ def _core(log_b: NDArray[np.float64], log_c: NDArray[np.float64], session_sigma:
     return _Core(d=d, se=np.sqrt(se2), df=df, var_b=var_b, var_c=var_c)
 
 
-@dataclass(frozen=True, slots=True)
-class _Tests:
-    valid: NDArray[np.bool_]
-    p_reg: NDArray[np.float64]
-    p_pass: NDArray[np.float64]
-    p_imp: NDArray[np.float64]
-    ci_lo: NDArray[np.float64]
-    ci_hi: NDArray[np.float64]
-    mdd: NDArray[np.float64]
-
-
-def _tests(core: _Core, tolerance: float, alpha_eff: ArrayLike, power: float) -> _Tests:
-    """Raw one-sided p-values, CI and minimum detectable drop (scipy's t distribution)."""
+def _tests(
+    core: _Core, tolerance: float, alpha: float, alpha_eff: ArrayLike, power: float
+) -> BatchComparison:
+    """Raw one-sided p-values, CI, minimum detectable drop (scipy's t distribution) and the
+    verdicts they give, before any adjustment for looks or levels."""
     valid = np.isfinite(core.se) & np.isfinite(core.df)
     se = np.where(valid, core.se, 1.0)
     df = np.where(valid, core.df, 1.0)
@@ -318,14 +312,20 @@ def _tests(core: _Core, tolerance: float, alpha_eff: ArrayLike, power: float) ->
     k = _st.t.ppf(1.0 - np.asarray(alpha_eff, dtype=np.float64), df) + _st.t.ppf(power, df)
     mdd = -np.expm1(-k * se)
     one = np.ones_like(core.d)
-    return _Tests(
-        valid=valid,
-        p_reg=np.where(valid, p_reg, one),
-        p_pass=np.where(valid, p_pass, one),
-        p_imp=np.where(valid, p_imp, one),
+    p_reg = np.where(valid, p_reg, one)
+    p_pass = np.where(valid, p_pass, one)
+    p_imp = np.where(valid, p_imp, one)
+    mdd = np.where(valid, mdd, one)
+    return BatchComparison(
+        ratio=np.exp(core.d),
         ci_lo=np.where(valid, ci_lo, 0.0),
         ci_hi=np.where(valid, ci_hi, np.inf),
-        mdd=np.where(valid, mdd, one),
+        p_regression=p_reg,
+        p_improved=p_imp,
+        p_pass=p_pass,
+        min_detectable_drop=mdd,
+        verdict=_verdicts(p_reg, p_imp, p_pass, mdd, tolerance, alpha),
+        valid=valid,
     )
 
 
@@ -448,17 +448,16 @@ def compare_batch(
     if log_b.shape[1] == 0 or log_c.shape[1] == 0:
         raise ValueError("compare_batch needs at least one baseline and one current trial")
     core = _core(log_b, log_c, session_sigma)
-    t = _tests(core, tolerance, alpha * alpha_weight, power)
-    p_reg, p_imp, p_pass = (_look_adjust(p, alpha_weight) for p in (t.p_reg, t.p_imp, t.p_pass))
-    return BatchComparison(
-        ratio=np.exp(core.d),
-        ci_lo=t.ci_lo,
-        ci_hi=t.ci_hi,
+    t = _tests(core, tolerance, alpha, alpha * alpha_weight, power)
+    p_reg, p_imp, p_pass = (
+        _look_adjust(p, alpha_weight) for p in (t.p_regression, t.p_improved, t.p_pass)
+    )
+    return replace(
+        t,
         p_regression=p_reg,
         p_improved=p_imp,
         p_pass=p_pass,
-        min_detectable_drop=t.mdd,
-        verdict=_verdicts(p_reg, p_imp, p_pass, t.mdd, tolerance, alpha),
+        verdict=_verdicts(p_reg, p_imp, p_pass, t.min_detectable_drop, tolerance, alpha),
     )
 
 
@@ -485,7 +484,7 @@ def compare_test(
     for w in weights:
         _check_weight(w)
 
-    raw: list[tuple[_Core, _Tests, int, int, float, float] | None] = []
+    raw: list[tuple[_Core, BatchComparison, int, int, float, float] | None] = []
     for i, (base, cur) in enumerate(levels):
         where = f"level {i}: " if len(levels) > 1 else ""
         log_c = _log_samples("current", cur, 1, where)
@@ -496,7 +495,7 @@ def compare_test(
             raw.append(None)
             continue
         core = _core(log_b, log_c, session_sigma)
-        t = _tests(core, tolerance, alpha * weights[i], power)
+        t = _tests(core, tolerance, alpha, alpha * weights[i], power)
         raw.append(
             (
                 core,
@@ -514,7 +513,7 @@ def compare_test(
             for r, w in zip(raw, weights)
         ]
 
-    p_reg_adj, p_imp_adj = holm(family("p_reg")), holm(family("p_imp"))
+    p_reg_adj, p_imp_adj = holm(family("p_regression")), holm(family("p_improved"))
     p_pass_adj = family("p_pass")
 
     out: list[LevelComparison] = []
@@ -543,7 +542,7 @@ def compare_test(
             np.array([p_reg_adj[i]]),
             np.array([p_imp_adj[i]]),
             np.array([p_pass_adj[i]]),
-            t.mdd,
+            t.min_detectable_drop,
             tolerance,
             alpha,
         )[0]
@@ -557,12 +556,12 @@ def compare_test(
                 p_regression=p_reg_adj[i],
                 p_improved=p_imp_adj[i],
                 p_pass=p_pass_adj[i],
-                min_detectable_drop=float(t.mdd[0]),
+                min_detectable_drop=float(t.min_detectable_drop[0]),
                 verdict=Verdict(verdict),
                 n_baseline=n_b,
                 n_current=n_c,
-                p_regression_raw=float(t.p_reg[0]),
-                p_improved_raw=float(t.p_imp[0]),
+                p_regression_raw=float(t.p_regression[0]),
+                p_improved_raw=float(t.p_improved[0]),
                 p_pass_raw=float(t.p_pass[0]),
                 se_log=float(core.se[0]) if valid else math.nan,
                 df=float(core.df[0]) if valid else math.nan,
@@ -633,10 +632,10 @@ def decide_batch(
         )
 
     core = _core(log_b, log_c, session_sigma)
-    t = _tests(core, tolerance, alpha * w, power)
+    t = _tests(core, tolerance, alpha, alpha * w, power)
     # Regression is called at alpha*w/n_levels (Bonferroni over levels): a level stopped for
     # regression is then certain to stay a regression after the final Holm step.
-    clear_reg = t.p_reg <= alpha * w / n_levels
+    clear_reg = t.p_regression <= alpha * w / n_levels
     clear_pass = t.p_pass <= alpha * w
     reason = np.full(rows, StopReason.CONTINUE.value, dtype="<U12")
     if final:

@@ -108,6 +108,17 @@ class Verdict(str, Enum):
         the conditional ones name the flag that made them fail."""
         return _HEADLINES.get(self, self.value)
 
+    @property
+    def meaning(self) -> str:
+        """One line for a report's legend: what a reader should take a level's verdict to say."""
+        return _MEANINGS[self]
+
+    @property
+    def stops_sweep(self) -> bool:
+        """Does this verdict leave later levels of the sweep unmeasured (``not-run``)?  Only
+        ``error``: a server that fails requests at one load will not serve a higher one."""
+        return self is Verdict.ERROR
+
 
 _ALWAYS_FAILING = frozenset({Verdict.FAIL, Verdict.INVALID, Verdict.ERROR, Verdict.REGRESSION})
 _UNTRUSTWORTHY = frozenset({Verdict.ERROR, Verdict.INVALID, Verdict.NOT_RUN})
@@ -119,6 +130,20 @@ _HEADLINES = {
     Verdict.NO_BASELINE: "no baseline (--perf-require-baseline)",
     Verdict.INCONCLUSIVE: "inconclusive (--perf-strict)",
     Verdict.UNDERPOWERED: "underpowered (--perf-strict)",
+}
+
+_MEANINGS = {
+    Verdict.PASS: "throughput within tolerance of the baseline (or above the target)",
+    Verdict.IMPROVED: "significantly faster than the baseline: update it so the slack cannot "
+    "hide a later regression",
+    Verdict.REGRESSION: "significantly slower than the baseline beyond the tolerance",
+    Verdict.FAIL: "below the absolute target (min tok/s)",
+    Verdict.INVALID: "the measurement cannot be trusted (client overloaded, too few requests, ...)",
+    Verdict.ERROR: "the level could not be measured (requests failed, endpoint down)",
+    Verdict.NOT_RUN: "skipped because an earlier level of the test errored",
+    Verdict.INCONCLUSIVE: "neither within tolerance nor a significant regression",
+    Verdict.UNDERPOWERED: "too noisy / too few trials to detect a drop of the tolerance",
+    Verdict.NO_BASELINE: "nothing recorded to compare with (record with --update-baselines)",
 }
 
 __all__ = ["Verdict"]

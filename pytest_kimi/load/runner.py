@@ -22,9 +22,10 @@ import asyncio
 import gc
 import math
 from array import array
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from time import perf_counter, process_time
-from typing import Protocol, Sequence
+from typing import Any, AsyncIterator, Protocol, Sequence
 
 import aiohttp
 
@@ -360,6 +361,58 @@ class _LagMonitor:
             self._task = None
 
 
+@dataclass(slots=True)
+class _TrialBook:
+    """The timing bookkeeping every trial shares, whatever sends its requests: the lag monitor,
+    the client's CPU time and the frozen heap around the send loop, then the records sorted and
+    the saturation figures computed once the loop is done (nothing of this runs per chunk)."""
+
+    monitor: _LagMonitor
+    records: list[RequestRecord] = field(default_factory=list)
+    ended: float = 0.0
+    cpu_s: float = 0.0
+
+    @classmethod
+    @asynccontextmanager
+    async def around(cls, lag_interval_s: float) -> AsyncIterator[_TrialBook]:
+        book = cls(_LagMonitor(lag_interval_s))
+        book.monitor.start()
+        cpu0 = process_time()
+        try:
+            gc.freeze()
+            yield book
+        finally:
+            book.ended = perf_counter()
+            gc.unfreeze()
+            book.cpu_s = process_time() - cpu0
+            await book.monitor.stop()
+
+    def trial(
+        self, *, started: float, stopped: str | None, concurrency: int, **extra: Any
+    ) -> TrialRecords:
+        """The trial's :class:`TrialRecords`; ``extra`` carries the loop-specific fields."""
+        records = self.records
+        records.sort(key=lambda r: r.index)
+        lags = list(self.monitor.samples)
+        extra.setdefault(
+            "send_delay_p99_s", _p99([r.sent - r.scheduled for r in records if r.sent])
+        )
+        return TrialRecords(
+            records=records,
+            started=started,
+            ended=self.ended,
+            concurrency=concurrency,
+            loop_lag_max_s=max(lags, default=0.0),
+            loop_lag_p99_s=_p99(lags),
+            client_cpu_s=self.cpu_s,
+            stopped_early=stopped,
+            lag_samples=len(lags),
+            lag_times=self.monitor.times,
+            lag_values=self.monitor.samples,
+            **extra,
+        )
+
+
 class TrialClient(Protocol):
     """What the measurement code needs from a client: :class:`LoadClient` (one event loop)
     and :class:`~pytest_kimi.load.workers.ShardedClient` (N processes) both provide it."""
@@ -548,14 +601,9 @@ class LoadClient:
         ``start_at``: a ``perf_counter`` instant to start at (sharded trials); None: now.
         """
         raise_nofile_limit(plan.concurrency + 256)
-        records: list[RequestRecord] = []
         if start_at is not None:
             await sleep_until(start_at)
-        monitor = _LagMonitor(self.lag_interval_s)
-        monitor.start()
-        cpu0 = process_time()
-        try:
-            gc.freeze()
+        async with _TrialBook.around(self.lag_interval_s) as book:
             started, stopped = await self._closed_loop(
                 target,
                 plan,
@@ -563,32 +611,16 @@ class LoadClient:
                 requests=plan.requests,
                 deadline_after=plan.duration_s,
                 max_failures=plan.max_failures,
-                records=records,
+                records=book.records,
                 live=live,
                 start_at=start_at,
             )
-        finally:
-            ended = perf_counter()
-            gc.unfreeze()
-            cpu = process_time() - cpu0
-            await monitor.stop()
-        records.sort(key=lambda r: r.index)
-        lags = list(monitor.samples)
-        return TrialRecords(
-            records=records,
+        return book.trial(
             started=started,
-            ended=ended,
+            stopped=stopped,
             concurrency=plan.concurrency,
-            loop_lag_max_s=max(lags, default=0.0),
-            loop_lag_p99_s=_p99(lags),
-            send_delay_p99_s=_p99([r.sent - r.scheduled for r in records if r.sent]),
-            start_spread_s=_start_spread(records, started),
-            client_cpu_s=cpu,
-            stopped_early=stopped,
+            start_spread_s=_start_spread(book.records, started),
             warmup_records=warm or [],
-            lag_samples=len(lags),
-            lag_times=monitor.times,
-            lag_values=monitor.samples,
         )
 
     # ------------------------------------------------------------------------ open loop
@@ -627,47 +659,26 @@ class LoadClient:
             raise ValueError("indices and offsets must have the same length")
         # nothing caps the number in flight, so allow a socket per planned arrival
         raise_nofile_limit(len(offsets) + 256)
-        records: list[RequestRecord] = []
-        monitor = _LagMonitor(self.lag_interval_s)
-        monitor.start()
-        cpu0 = process_time()
-        try:
-            gc.freeze()
+        async with _TrialBook.around(self.lag_interval_s) as book:
             started, stopped, peak = await self._open_loop(
                 target,
                 plan,
                 offsets,
                 indices,
-                records=records,
+                records=book.records,
                 live=live,
                 start_at=start_at,
             )
-        finally:
-            ended = perf_counter()
-            gc.unfreeze()
-            cpu = process_time() - cpu0
-            await monitor.stop()
-        records.sort(key=lambda r: r.index)
-        lags = list(monitor.samples)
-        delay_p99 = _p99([r.sent - r.scheduled for r in records if r.sent])
-        return TrialRecords(
-            records=records,
+        trial = book.trial(
             started=started,
-            ended=ended,
+            stopped=stopped,
             concurrency=peak,
-            loop_lag_max_s=max(lags, default=0.0),
-            loop_lag_p99_s=_p99(lags),
-            send_delay_p99_s=delay_p99,
             start_spread_s=0.0,
-            client_cpu_s=cpu,
-            stopped_early=stopped,
-            lag_samples=len(lags),
-            lag_times=monitor.times,
-            lag_values=monitor.samples,
             offered_rate=plan.rate,
-            achieved_rate=achieved_rate(records),
-            schedule_delay_p99_s=delay_p99,
+            achieved_rate=achieved_rate(book.records),
         )
+        trial.schedule_delay_p99_s = trial.send_delay_p99_s
+        return trial
 
     async def _open_loop(
         self,

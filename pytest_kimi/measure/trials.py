@@ -19,6 +19,7 @@ from pytest_kimi.load.runner import TRIAL_ID_BITS, LiveTrial, TrialClient, Trial
 from pytest_kimi.spec.markers import LevelSpec, Targets, Workload
 from pytest_kimi.measure.metrics import ClientSignals, TrialResult, summarize_trial
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, judge_level, not_run_level
+from pytest_kimi.gate.verdicts import Verdict
 
 WARMUP_MAX_TOKENS = 16
 DEFAULT_TRIALS = 3
@@ -409,7 +410,7 @@ async def measure_test(
                 continue
             measured = await measure_level(client, spec, level, progress)
             result.levels.append(measured)
-            if measured.verdict == "error":
+            if (verdict := Verdict.of(measured.verdict)) is not None and verdict.stops_sweep:
                 stop_reason = f"not run: {measured.label} ended in error"
     finally:
         if observer is not None:

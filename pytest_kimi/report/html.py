@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.report.markdown import (
+    run_facts,
     VERDICT_HELP,
     headline,
     is_warning,
@@ -155,23 +156,16 @@ def render_html(
     failing = frozenset(failing_verdicts) if failing_verdicts is not None else Verdict.failing()
     figures = figures or {}
     tests = list(report.get("tests") or [])
-    endpoint = report.get("endpoint") or {}
     status, summary = headline(report)
     title = str(report.get("title") or "pytest-kimi throughput")
     head = [
         f'<h1>{_e(title)} <span class="status {_STATUS_CLASS.get(status, "s-none")}">{_e(status)}</span></h1>',
         f"<p><b>{_e(summary)}</b></p>",
     ]
-    where = []
-    if endpoint.get("url"):
-        where.append(f"endpoint <code>{_e(endpoint['url'])}</code>")
-    if endpoint.get("model"):
-        where.append(f"model <code>{_e(endpoint['model'])}</code>")
-    version = (endpoint.get("server_info") or {}).get("version")
-    if version:
-        where.append(f"server <code>{_e(version)}</code>")
-    if report.get("plugin_version"):
-        where.append(f"pytest-kimi {_e(report['plugin_version'])}")
+    where = [
+        f"{label} <code>{_e(v)}</code>" if is_code else f"{label} {_e(v)}"
+        for label, v, is_code in run_facts(report)
+    ]
     if where:
         head.append(f'<p class="meta">{" · ".join(where)}</p>')
     counts = verdict_counts(tests)

@@ -27,18 +27,8 @@ from pytest_kimi.report.terminal import (
     tok_s_cell as _current,
 )
 
-VERDICT_HELP: dict[str, str] = {
-    "pass": "throughput within tolerance of the baseline (or above the target)",
-    "improved": "significantly faster than the baseline: update it so the slack cannot hide a later regression",
-    "regression": "significantly slower than the baseline beyond the tolerance",
-    "fail": "below the absolute target (min tok/s)",
-    "invalid": "the measurement cannot be trusted (client overloaded, too few requests, ...)",
-    "error": "the level could not be measured (requests failed, endpoint down)",
-    "not-run": "skipped because an earlier level of the test errored",
-    "inconclusive": "neither within tolerance nor a significant regression",
-    "underpowered": "too noisy / too few trials to detect a drop of the tolerance",
-    "no-baseline": "nothing recorded to compare with (record with --update-baselines)",
-}
+VERDICT_HELP: dict[str, str] = {v.value: v.meaning for v in Verdict}
+"""What each verdict means, for the reports' legends (the words live on :class:`Verdict`)."""
 
 MAX_ERRORS_SHOWN = 5
 """A level that failed every request has hundreds of near-identical errors; the summary shows
@@ -239,6 +229,19 @@ def headline(report: Mapping[str, Any]) -> tuple[str, str]:
     return status, f"{n} test{'s' if n != 1 else ''}: " + ", ".join(parts)
 
 
+def run_facts(report: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
+    """What the run was against, as (label, value, value is code): endpoint, model, server
+    version and plugin version, those that are known; both the Markdown and the HTML head."""
+    endpoint = report.get("endpoint") or {}
+    facts = [
+        ("endpoint", endpoint.get("url"), True),
+        ("model", endpoint.get("model"), True),
+        ("server", (endpoint.get("server_info") or {}).get("version"), True),
+        ("pytest-kimi", report.get("plugin_version"), False),
+    ]
+    return [(label, str(value), is_code) for label, value, is_code in facts if value]
+
+
 def verdict_counts(tests: Sequence[Mapping[str, Any]]) -> Counter[str]:
     return Counter(str(lv.get("verdict", "?")) for t in tests for lv in t.get("levels") or [])
 
@@ -258,20 +261,12 @@ def render_markdown(
     """
     failing = frozenset(failing_verdicts) if failing_verdicts is not None else Verdict.failing()
     tests = list(report.get("tests") or [])
-    endpoint = report.get("endpoint") or {}
     status, summary = headline(report)
     title = report.get("title") or "pytest-kimi throughput"
     out = [f"## {text(str(title))}: {status}", "", f"**{summary}**"]
-    where = []
-    if endpoint.get("url"):
-        where.append(f"endpoint {code(str(endpoint['url']))}")
-    if endpoint.get("model"):
-        where.append(f"model {code(str(endpoint['model']))}")
-    version = (endpoint.get("server_info") or {}).get("version")
-    if version:
-        where.append(f"server {code(str(version))}")
-    if report.get("plugin_version"):
-        where.append(f"pytest-kimi {text(str(report['plugin_version']))}")
+    where = [
+        f"{label} {code(v) if is_code else text(v)}" for label, v, is_code in run_facts(report)
+    ]
     if where:
         out += ["", " · ".join(where)]
     verdicts = verdict_counts(tests)

@@ -36,7 +36,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from pytest_kimi.scrub import is_secret_name, known_secrets, scrub_argv, scrub_text
@@ -44,7 +43,7 @@ from pytest_kimi.server import leftovers
 from pytest_kimi.server.procgroup import DEAD_LEADER_GRACE_S
 from pytest_kimi.server.procgroup import group_members as _group_members  # noqa: F401 - tests/engine use it
 from pytest_kimi.server.profile import ServerProfile, argv
-from pytest_kimi.server.supervisor import Supervised
+from pytest_kimi.server.supervisor import Supervised, SupervisedHandle
 
 __all__ = [
     "ExternalServer",
@@ -294,22 +293,6 @@ def _new_log(log_dir: Path, name: str) -> Path:
     raise ServerError(f"cannot create a log file for {name!r} in {log_dir}")
 
 
-def _read_tail(path: Path | None, n: int) -> str:
-    if path is None or n <= 0:
-        return ""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 65536))
-            data = f.read()
-    except OSError:
-        return ""
-    # \r too: progress bars (tqdm) redraw with carriage returns.
-    lines = [ln for ln in re.split(r"\r\n|\r|\n", data.decode("utf-8", "replace")) if ln.strip()]
-    return "\n".join(lines[-n:])
-
-
 class _LogFollower:
     """Reads what was appended to the log since the last call: the ready line and the
     latest line for progress messages."""
@@ -344,7 +327,7 @@ class _LogFollower:
 # ---------------------------------------------------------------------- servers
 
 
-class _ServerBase:
+class _ServerBase(SupervisedHandle):
     """What managed and external servers share: log, readiness loop, HTTP extras, stop."""
 
     def __init__(
@@ -376,6 +359,11 @@ class _ServerBase:
         self._stop_lock = threading.Lock()
         self._stop_owner: int | None = None
         self._wake = threading.Event()
+        self._adopt(profile)
+
+    def _adopt(self, profile: ServerProfile) -> None:
+        """Check that the profile is of this class's kind and set the kind's own state."""
+        raise NotImplementedError
 
     # -- overridden ----------------------------------------------------------------
 
@@ -411,10 +399,6 @@ class _ServerBase:
     @property
     def started(self) -> bool:
         return self._started_at is not None
-
-    def log_tail(self, n: int = TAIL_LINES) -> str:
-        """The last ``n`` non-empty lines of the log."""
-        return _read_tail(self.log_path, n)
 
     def _tail_block(self) -> str:
         tail = self._scrub(self.log_tail(TAIL_LINES))
@@ -636,18 +620,10 @@ class _ServerBase:
         self.flush_error = f"{path} accepts neither POST nor GET (HTTP 405)"
         return False
 
-    # -- context manager -----------------------------------------------------------
+    # -- context manager (``with``: SupervisedHandle) ------------------------------
 
-    def __enter__(self: _S) -> _S:
+    def _enter(self: _S) -> _S:
         return self.launch()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- spawning ------------------------------------------------------------------
 
@@ -736,14 +712,16 @@ class ManagedServer(_ServerBase):
         progress_every_s: float = 5.0,
         record_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        self.host = str(profile.args.get("host") or host)
+        self._port_request = port
+        super().__init__(profile, log_dir, progress_every_s=progress_every_s, record_dir=record_dir)
+
+    def _adopt(self, profile: ServerProfile) -> None:
         if profile.external:
             raise ServerError(
                 f"{profile.source}: an external profile (url:) needs "
                 f"ExternalServer; use open_server()"
             )
-        super().__init__(profile, log_dir, progress_every_s=progress_every_s, record_dir=record_dir)
-        self.host = str(profile.args.get("host") or host)
-        self._port_request = port
         self.port: int | None = None
         self.command: list[str] = []
         self._crash_code: int | None = None
@@ -894,20 +872,12 @@ class ExternalServer(_ServerBase):
     in its process group is stopped as well.
     """
 
-    def __init__(
-        self,
-        profile: ServerProfile,
-        log_dir: str | os.PathLike[str],
-        *,
-        progress_every_s: float = 5.0,
-        record_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
+    def _adopt(self, profile: ServerProfile) -> None:
         if not profile.external:
             raise ServerError(
                 f"{profile.source}: not an external profile (no url:); use "
                 f"ManagedServer or open_server()"
             )
-        super().__init__(profile, log_dir, progress_every_s=progress_every_s, record_dir=record_dir)
         self.url = profile.url
         self._foreground = False
         self._stopped_by_us = False

@@ -336,21 +336,10 @@ def _opt_str(data: Mapping[str, Any], key: str, source: str) -> str | None:
     return value.strip()
 
 
-def _positive(data: Mapping[str, Any], key: str, default: float, source: str) -> float:
-    if key not in data:
-        return default
-    value = data[key]
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ProfileError(f"{source}: '{key}' must be a number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-def _non_negative(data: Mapping[str, Any], key: str, default: float, source: str) -> float:
+def _seconds(
+    data: Mapping[str, Any], key: str, default: float, source: str, *, zero_ok: bool
+) -> float:
+    """A finite number of seconds, > 0 (or >= 0 with ``zero_ok``); ``default`` when absent."""
     if key not in data:
         return default
     value = data[key]
@@ -359,9 +348,19 @@ def _non_negative(data: Mapping[str, Any], key: str, default: float, source: str
         or not isinstance(value, (int, float))
         or not math.isfinite(value)
         or value < 0
+        or (value == 0 and not zero_ok)
     ):
-        raise ProfileError(f"{source}: '{key}' must be a number of seconds >= 0, got {value!r}")
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ProfileError(f"{source}: '{key}' must be a number of seconds {bound}, got {value!r}")
     return float(value)
+
+
+def _positive(data: Mapping[str, Any], key: str, default: float, source: str) -> float:
+    return _seconds(data, key, default, source, zero_ok=False)
+
+
+def _non_negative(data: Mapping[str, Any], key: str, default: float, source: str) -> float:
+    return _seconds(data, key, default, source, zero_ok=True)
 
 
 def _secret_env(value: object, source: str) -> frozenset[str]:

@@ -47,7 +47,8 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeVar
 
 if __package__:
     from pytest_kimi import scrub as _scrub
@@ -406,6 +407,60 @@ def kill_all(wait_s: float = 5.0) -> None:
     deadline = time.monotonic() + wait_s
     for group in groups:
         group.wait_gone(max(0.0, deadline - time.monotonic()))
+
+
+_H = TypeVar("_H", bound="SupervisedHandle")
+
+
+def read_tail(path: Path | None, n: int) -> str:
+    """The last ``n`` non-empty lines of a log (its last 64 KiB read); "" when there is none.
+
+    ``\r`` splits lines too: progress bars (tqdm) redraw with carriage returns.
+    """
+    if path is None or n <= 0:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    lines = [ln for ln in text.split("\n") if ln.strip()]
+    return "\n".join(lines[-n:])
+
+
+class SupervisedHandle:
+    """What a handle on a supervised child (a managed server, the simulator) offers the same
+    way: its log's tail for error messages, and ``with`` that starts it and always stops it.
+
+    Subclasses set ``log_path`` and implement :meth:`_enter` (start and wait until usable)
+    and :meth:`stop` (idempotent; the supervisor stops the group however we got there).
+    """
+
+    log_path: Path | None = None
+
+    def _enter(self: _H) -> _H:
+        raise NotImplementedError
+
+    def stop(self) -> int | None:
+        raise NotImplementedError
+
+    def log_tail(self, n: int = 40) -> str:
+        """The last ``n`` non-empty lines of the child's log."""
+        return read_tail(self.log_path, n)
+
+    def __enter__(self: _H) -> _H:
+        return self._enter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 class Supervised:

@@ -23,10 +23,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 from pytest_kimi.server import leftovers
-from pytest_kimi.server.supervisor import Supervised
+from pytest_kimi.server.supervisor import Supervised, SupervisedHandle
 from pytest_kimi.sim.profile import SimProfile
 
 __all__ = ["SimProcess", "SimProcessError", "READY_PREFIX", "API_KEY_ENV"]
@@ -46,7 +45,7 @@ class SimProcessError(RuntimeError):
     """The simulator process failed to start or to become ready."""
 
 
-class SimProcess:
+class SimProcess(SupervisedHandle):
     """A simulator child process; use as a context manager or call start()/stop().
 
     ``url``, ``pid`` and ``port`` are valid once :meth:`start` returned.  stderr goes to
@@ -240,32 +239,14 @@ class SimProcess:
 
     # ------------------------------------------------------------------ diagnostics
 
-    def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the child's stderr log."""
-        if self.log_path is None:
-            return ""
-        try:
-            data = self.log_path.read_bytes()[-16384:]
-        except OSError:
-            return ""
-        return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
-
     def _tail_block(self) -> str:
         tail = self.log_tail()
         return f"--- log {self.log_path} ---\n{tail}" if tail else f"(log {self.log_path} empty)"
 
-    # ------------------------------------------------------------------ context manager
+    # ------------------------------------------------------------------ ``with``
 
-    def __enter__(self) -> SimProcess:
+    def _enter(self) -> SimProcess:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"SimProcess(pid={self.pid}, url={self.url!r})"
