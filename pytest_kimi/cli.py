@@ -493,6 +493,8 @@ def cmd_sim(argv: Sequence[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The same constants the plugin's options take their defaults from (tests/test_options.py).
+    from pytest_kimi.baseline.paths import DEFAULT_DIRNAME
     from pytest_kimi.gate.stats import DEFAULT_ALPHA, DEFAULT_SESSION_SIGMA, DEFAULT_TOLERANCE
 
     parser = argparse.ArgumentParser(
@@ -511,9 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "dir",
         nargs="?",
-        default="baselines",
+        default=DEFAULT_DIRNAME,
         metavar="DIR",
-        help="baseline root directory (default: ./baselines)",
+        help=f"baseline root directory (default: ./{DEFAULT_DIRNAME})",
     )
     p.add_argument("--profile", default=None, help="only this profile (default: all)")
     p.set_defaults(func=cmd_baselines)

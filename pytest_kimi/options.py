@@ -1,45 +1,185 @@
-"""Options: command line > environment > ini file, each value checked and traced to its source.
+"""Options: one typed, frozen :class:`KimiOptions` per session that owns every default.
 
-A bad value is reported with where it came from (``--perf-trials``, ``env KIMI_PERF_TRIALS``
-or ``ini kimi_perf_trials``), so a stale variable in a CI job is found at once.  Marker
-arguments override all three; that merge happens where the marker is read.
+Why one object.  Defaults used to be supplied where each value was read (3 trials in the
+measuring code, ``baselines/`` in the plugin, the statistics' defaults in ``GateSettings``), so
+a help text, the README and the code could disagree and no test would notice.  Now each
+option is one typed field of :class:`KimiOptions` and its default is that field's default,
+stated here and nowhere else in the plugin (the statistical ones are taken from
+:mod:`pytest_kimi.gate.stats`' ``DEFAULT_*`` constants, which stay the defaults of its
+pytest-free functions; a test checks that ``GateSettings`` and ``kimi-perf compare`` agree).
+Help texts are formatted from the same field defaults.  ``pytest_configure`` builds the object
+once (:meth:`KimiOptions.from_config`) and stores it on ``config.stash``; the plugin, the gate
+and the reports read only that.
+
+Precedence: command line > environment > ini > default.  Marker arguments (``trials=``,
+``tolerance=``, ``alpha=``) override all four for their test; that merge happens where the
+marker is read (``build_spec``, ``GateSettings.for_test``).  Every value is checked at start-up
+and a bad one is reported with where it came from (``--perf-trials``, ``env KIMI_PERF_TRIALS``
+or ``ini kimi_perf_trials``), so a stale variable in a CI job is found before any GPU time is
+spent; :attr:`KimiOptions.sources` keeps that for later messages.
+
+Paths (``--baseline-dir``, ``--perf-json``, ``--perf-markdown``, ``--perf-html``,
+``--server-profile``): a relative one resolves against one base whatever its source, the
+rootdir (where the ini file and ``baselines/`` live).  pytest's own convention differs by
+source (the invocation directory for arguments, the ini file's directory for ini paths, the
+process's directory for anything read from the environment), so the same text could name two
+files depending on where pytest was started from, or on whether CI set it as a variable or
+the suite committed it in the ini.  One base makes a value name the same file everywhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Generic, Literal, Mapping, TypeVar, cast
 
 import pytest
 
+from pytest_kimi.baseline.paths import DEFAULT_DIRNAME, DEFAULT_PROFILE
+from pytest_kimi.gate import stats
+from pytest_kimi.gate.policy import GateSettings
+from pytest_kimi.measure.trials import DEFAULT_TRIALS
+
 T = TypeVar("T")
+
+UpdateMode = Literal["yes", "force"]
+
+DEFAULT_SOURCE = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class KimiOptions:
+    """Every option's value for this session; the field defaults are the documented defaults.
+
+    Built by :meth:`from_config` (command line > environment > ini > default), whose paths are
+    absolute (made so against the rootdir).  Constructed directly (tests, tools), paths are as
+    given until :meth:`with_base`.
+    """
+
+    endpoint: str | None = None
+    """URL, ``sim`` or ``sim:...``; None: none given (perf tests skip, unless a server profile)."""
+    model: str | None = None
+    """None: the first id from ``/v1/models``."""
+    api_key: str | None = field(default=None, repr=False)
+    perf_json: Path | None = None
+    perf_markdown: Path | None = None
+    perf_html: Path | None = None
+    perf_trials: int = DEFAULT_TRIALS
+    """Trials per level; a marker's ``trials=`` overrides it."""
+    perf_workers: int = 1
+    baseline_dir: Path = Path(DEFAULT_DIRNAME)
+    baseline_profile: str | None = None
+    """None: derived (:meth:`default_profile`): the deployment's name, ``sim`` or ``default``."""
+    perf_tolerance: float = stats.DEFAULT_TOLERANCE
+    perf_alpha: float = stats.DEFAULT_ALPHA
+    perf_session_sigma: float = stats.DEFAULT_SESSION_SIGMA
+    perf_max_trials: int = stats.DEFAULT_MAX_TRIALS
+    perf_require_baseline: bool = False
+    perf_strict: bool = False
+    perf_server_metrics: bool = False
+    update_baselines: UpdateMode | None = None
+    """Command line only: ``yes`` (bare flag), ``force`` or None."""
+    server_profile: tuple[Path, ...] = ()
+    sources: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False, repr=False
+    )
+    """Where each set value came from (a flag, ``env NAME``, ``ini NAME``); see :meth:`source`."""
+
+    def source(self, name: str) -> str:
+        """Where option ``name`` came from, for error messages: a flag, ``env X``, ``ini x`` or
+        ``default``."""
+        if name not in OPTIONS:
+            raise KeyError(name)
+        return self.sources.get(name, DEFAULT_SOURCE)
+
+    def is_set(self, name: str) -> bool:
+        return self.source(name) != DEFAULT_SOURCE
+
+    @property
+    def is_sim(self) -> bool:
+        e = self.endpoint
+        return e is not None and (e == "sim" or e.startswith("sim:"))
+
+    def default_profile(self) -> str:
+        """The baseline profile without a deployment: the option, else ``sim`` or ``default``."""
+        if self.baseline_profile is not None:
+            return self.baseline_profile
+        return "sim" if self.is_sim else DEFAULT_PROFILE
+
+    def gate_settings(self) -> GateSettings:
+        """The gate's settings: taken from here, so they cannot keep defaults of their own."""
+        return GateSettings(
+            tolerance=self.perf_tolerance,
+            alpha=self.perf_alpha,
+            session_sigma=self.perf_session_sigma,
+            max_trials=self.perf_max_trials,
+            require_baseline=self.perf_require_baseline,
+            strict=self.perf_strict,
+            updating=self.update_baselines is not None,
+        )
+
+    def with_base(self, root: Path) -> KimiOptions:
+        """A copy whose relative paths (the defaults too) are absolute against ``root``."""
+
+        def absolute(path: Path) -> Path:
+            return path if path.is_absolute() else root / path
+
+        changes: dict[str, Any] = {
+            name: absolute(getattr(self, name))
+            for name, opt in OPTIONS.items()
+            if opt.path and not opt.many and getattr(self, name) is not None
+        }
+        changes["server_profile"] = tuple(absolute(p) for p in self.server_profile)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_config(
+        cls, config: pytest.Config, environ: Mapping[str, str] | None = None
+    ) -> KimiOptions:
+        """Every option from command line > environment > ini > default, checked once at
+        start-up (a bad value stops the run before any test), paths against the rootdir.
+
+        Raises ``pytest.UsageError`` naming the bad value's source.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for name, opt in OPTIONS.items():
+            found = _lookup(config, opt, env)
+            if found is not None:
+                values[name], sources[name] = found
+        made = cls(**values, sources=MappingProxyType(sources))
+        return made.with_base(Path(config.rootpath))
 
 
 @dataclass(frozen=True, slots=True)
 class Option(Generic[T]):
+    """How one :class:`KimiOptions` field is given: its flag, ini key, variable, parser, help.
+
+    No default here: that is the field's default.  ``{default}`` in ``help`` is replaced by it.
+    """
+
     flag: str
     ini: str | None
     """None: command line only (a committed ini must not be able to set it)."""
     env: str | None
     help: str
     parse: Callable[[str], T]
-    default: T | None = None
     metavar: str | None = None
     secret: bool = False
     switch: bool = False
     """A bare flag (``--perf-strict``); env and ini take true/false."""
+    path: bool = False
+    """A path: a relative one resolves against the rootdir, whichever the source."""
+    many: bool = False
+    """Repeatable flag, an ini list (whitespace-separated); the field is a tuple."""
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
-
-
-@dataclass(frozen=True, slots=True)
-class Resolved(Generic[T]):
-    value: T | None
-    source: str
-    """Where the value came from: a flag, ``env NAME``, ``ini NAME`` or ``default``."""
 
 
 def positive_int(text: str) -> int:
@@ -81,13 +221,13 @@ def boolean(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
-def update_mode(text: str) -> str:
+def update_mode(text: str) -> UpdateMode:
     if text not in ("yes", "force"):
         raise ValueError(
             f"expected nothing or 'force', got {text!r} (write --update-baselines=force, and put "
             "test paths before a bare --update-baselines)"
         )
-    return text
+    return cast(UpdateMode, text)
 
 
 def non_empty(text: str) -> str:
@@ -96,9 +236,27 @@ def non_empty(text: str) -> str:
     return text.strip()
 
 
+def path_value(text: str) -> Path:
+    return Path(non_empty(text))
+
+
+RELATIVE = "; a relative path is taken from the rootdir"
+
 OPTIONS: dict[str, Option[Any]] = {
     o.dest: o
     for o in (
+        Option(
+            "--server-profile",
+            "kimi_server_profile",
+            None,
+            "YAML profile of a deployment the plugin launches (or starts/stops remotely), "
+            "health-checks and tears down; give it twice or more for a same-run A/B (the first "
+            "is the reference)" + RELATIVE,
+            path_value,
+            metavar="PATH",
+            path=True,
+            many=True,
+        ),
         Option(
             "--endpoint",
             "kimi_endpoint",
@@ -127,32 +285,36 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-json",
             "kimi_perf_json",
             "KIMI_PERF_JSON",
-            "write every perf test's levels, figures and verdicts to this JSON file",
-            non_empty,
+            "write every perf test's levels, figures and verdicts to this JSON file" + RELATIVE,
+            path_value,
             metavar="PATH",
+            path=True,
         ),
         Option(
             "--perf-markdown",
             "kimi_perf_markdown",
             "KIMI_PERF_MARKDOWN",
             "write a Markdown summary (tables, verdicts, provenance diff); it is also appended to "
-            "$GITHUB_STEP_SUMMARY when that is set",
-            non_empty,
+            "$GITHUB_STEP_SUMMARY when that is set" + RELATIVE,
+            path_value,
             metavar="PATH",
+            path=True,
         ),
         Option(
             "--perf-html",
             "kimi_perf_html",
             "KIMI_PERF_HTML",
-            "write a self-contained HTML report with plots (needs the 'plot' extra: matplotlib)",
-            non_empty,
+            "write a self-contained HTML report with plots (needs the 'plot' extra: matplotlib)"
+            + RELATIVE,
+            path_value,
             metavar="DIR",
+            path=True,
         ),
         Option(
             "--perf-trials",
             "kimi_perf_trials",
             "KIMI_PERF_TRIALS",
-            "trials per level (default 3); the marker's trials= overrides it",
+            "trials per level (default {default}); the marker's trials= overrides it",
             positive_int,
             metavar="N",
         ),
@@ -160,8 +322,8 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-workers",
             "kimi_perf_workers",
             "KIMI_PERF_WORKERS",
-            "load client processes: shard each level's load across N processes (default 1) "
-            "when one core cannot ingest the stream",
+            "load client processes: shard each level's load across N processes (default "
+            "{default}) when one core cannot ingest the stream",
             positive_int,
             metavar="N",
         ),
@@ -169,15 +331,17 @@ OPTIONS: dict[str, Option[Any]] = {
             "--baseline-dir",
             "kimi_baseline_dir",
             "KIMI_BASELINE_DIR",
-            "where baselines live (default: baselines/ under the rootdir)",
-            non_empty,
+            "where baselines live (default: {default}/)" + RELATIVE,
+            path_value,
             metavar="DIR",
+            path=True,
         ),
         Option(
             "--baseline-profile",
             "kimi_baseline_profile",
             "KIMI_BASELINE_PROFILE",
-            "baseline group, e.g. the deployment's name (default 'default'; 'sim' for the simulator)",
+            "baseline group, e.g. the deployment's name (default: the server profile's name, "
+            f"'sim' for the simulator, else '{DEFAULT_PROFILE}')",
             non_empty,
             metavar="NAME",
         ),
@@ -185,7 +349,8 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-tolerance",
             "kimi_perf_tolerance",
             "KIMI_PERF_TOLERANCE",
-            "relative drop the gate tolerates before it may call a regression (default 0.05)",
+            "relative drop the gate tolerates before it may call a regression (default "
+            "{default}); the marker's tolerance= overrides it",
             fraction,
             metavar="FRACTION",
         ),
@@ -193,7 +358,8 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-alpha",
             "kimi_perf_alpha",
             "KIMI_PERF_ALPHA",
-            "false-alarm rate of the regression test per test (default 0.05)",
+            "false-alarm rate of the regression test per test (default {default}); the "
+            "marker's alpha= overrides it",
             fraction,
             metavar="ALPHA",
         ),
@@ -201,7 +367,8 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-session-sigma",
             "kimi_perf_session_sigma",
             "KIMI_PERF_SESSION_SIGMA",
-            "session-to-session noise (log sd) of the deployment (default 0.03); 0 for a noiseless one",
+            "session-to-session noise (log sd) of the deployment (default {default}); 0 for a "
+            "noiseless one",
             non_negative_float,
             metavar="SIGMA",
         ),
@@ -209,7 +376,8 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-max-trials",
             "kimi_perf_max_trials",
             "KIMI_PERF_MAX_TRIALS",
-            "adaptive trials: at most this many per level while the verdict is unclear (default 10)",
+            "adaptive trials: at most this many per level while the verdict is unclear "
+            "(default {default})",
             positive_int,
             metavar="N",
         ),
@@ -255,36 +423,49 @@ OPTIONS: dict[str, Option[Any]] = {
 }
 
 
-SERVER_PROFILE_HELP = (
-    "YAML profile of a deployment the plugin launches (or starts/stops remotely), health-checks "
-    "and tears down; give it twice or more for a same-run A/B (the first is the reference)"
-)
+def default_of(name: str) -> Any:
+    """The documented default of option ``name``: the :class:`KimiOptions` field's default."""
+    f = next(f for f in dataclasses.fields(KimiOptions) if f.name == name)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    raise KeyError(name)
+
+
+def help_text(name: str) -> str:
+    """The option's help with its default filled in (from the field, never restated)."""
+    opt = OPTIONS[name]
+    if "{default}" not in opt.help:
+        return opt.help
+    value = default_of(name)
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    return opt.help.replace("{default}", shown)
 
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("kimi", "pytest-kimi: throughput targets for LLM endpoints")
-    group.addoption(
-        "--server-profile",
-        dest="server_profile",
-        action="append",
-        default=None,
-        metavar="PATH",
-        help=SERVER_PROFILE_HELP,
-    )
-    parser.addini("kimi_server_profile", SERVER_PROFILE_HELP, type="args", default=[])
-    for opt in OPTIONS.values():
+    for name, opt in OPTIONS.items():
+        text = help_text(name)
         env = f" [env {opt.env}]" if opt.env else ""
         # argparse %-formats option help (``%(default)s``), ini help is printed as it is:
         # a bare "%" in the text crashed ``pytest --help`` for every user of the machine.
-        cli_help = opt.help.replace("%", "%%")
-        if opt.switch:
+        cli_help = text.replace("%", "%%") + env
+        if opt.many:
+            group.addoption(
+                opt.flag,
+                dest=opt.dest,
+                action="append",
+                default=None,
+                metavar=opt.metavar,
+                help=cli_help,
+            )
+        elif opt.switch:
             group.addoption(
                 opt.flag,
                 dest=opt.dest,
                 action="store_const",
                 const="true",
                 default=None,
-                help=cli_help + env,
+                help=cli_help,
             )
         elif opt.dest == "update_baselines":
             group.addoption(
@@ -298,45 +479,33 @@ def add_options(parser: pytest.Parser) -> None:
             )
         else:
             group.addoption(
-                opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=cli_help + env
+                opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=cli_help
             )
         if opt.ini is not None:
-            parser.addini(opt.ini, opt.help, default="")
+            if opt.many:
+                parser.addini(opt.ini, text, type="args", default=[])
+            else:
+                parser.addini(opt.ini, text, default="")
 
 
-def resolve(
-    config: pytest.Config, name: str, environ: Mapping[str, str] | None = None
-) -> Resolved[Any]:
-    """The option's value and its source; raises ``pytest.UsageError`` naming the source."""
-    opt = OPTIONS[name]
-    env = os.environ if environ is None else environ
+def _lookup(
+    config: pytest.Config, opt: Option[Any], env: Mapping[str, str]
+) -> tuple[Any, str] | None:
+    """The first source that sets ``opt`` (command line, environment, ini) as (value, source);
+    None: unset, the field's default applies."""
     candidates: list[tuple[str, Any]] = [(opt.flag, config.getoption(opt.dest))]
     if opt.env:
         candidates.append((f"env {opt.env}", env.get(opt.env)))
     if opt.ini is not None:
-        candidates.append((f"ini {opt.ini}", config.getini(opt.ini) or None))
+        candidates.append((f"ini {opt.ini}", config.getini(opt.ini)))
     for source, raw in candidates:
-        if raw is None or raw == "":
+        if raw is None or raw == "" or raw == []:
             continue
+        items = list(raw) if opt.many else [raw]
         try:
-            return Resolved(opt.parse(str(raw)), source)
+            parsed = [opt.parse(str(item)) for item in items]
         except ValueError as exc:
             shown = "<hidden>" if opt.secret else repr(raw)
             raise pytest.UsageError(f"{source}: bad value {shown}: {exc}") from None
-    return Resolved(opt.default, "default")
-
-
-def server_profile_paths(config: pytest.Config) -> Resolved[list[str]]:
-    """``--server-profile`` (repeatable) over the ini key ``kimi_server_profile`` (paths, rootdir-relative)."""
-    given = config.getoption("server_profile")
-    if given:
-        return Resolved(list(given), "--server-profile")
-    ini = config.getini("kimi_server_profile")
-    if ini:
-        return Resolved(list(ini), "ini kimi_server_profile")
-    return Resolved([], "default")
-
-
-def resolve_all(config: pytest.Config) -> dict[str, Resolved[Any]]:
-    """Every option, checked once at start-up so a bad value stops the run before any test."""
-    return {name: resolve(config, name) for name in OPTIONS}
+        return (tuple(parsed) if opt.many else parsed[0]), source
+    return None

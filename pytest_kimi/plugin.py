@@ -4,6 +4,11 @@ Flow: markers are validated at collection (a bad one stops the run before any GP
 spent), each marked test is measured in its setup phase by ``_kimi_measure``, a missed target
 fails the test in its call phase with the per-level table, and the figures ride on the test
 report (so they survive pytest-xdist) into the terminal summary and ``--perf-json``.
+
+Options are read from the one :class:`~pytest_kimi.options.KimiOptions` that
+``pytest_configure`` stores on ``config.stash`` (:func:`kimi_options`), never with a default
+supplied here: defaults, precedence and the base of relative paths are decided in
+:mod:`pytest_kimi.options` alone, so what ``--help`` and the README say is what runs.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from typing import Any, Callable, Generator, Iterator
 import pytest
 
 from pytest_kimi import options
-from pytest_kimi.baseline import DEFAULT_DIRNAME, BaselineStore, TestBaseline
+from pytest_kimi.options import KimiOptions
+from pytest_kimi.baseline import BaselineStore, TestBaseline
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.gate.run import Comparison, GateProblem, MeasurementInterrupted, measure_gated
@@ -106,48 +112,26 @@ class GateContext:
 STATE = pytest.StashKey[RunState]()
 DEPLOYMENTS = pytest.StashKey[list[ServerProfile]]()
 GATE = pytest.StashKey[GateContext]()
-SETTINGS = pytest.StashKey[dict[str, options.Resolved[Any]]]()
+KIMI_OPTIONS = pytest.StashKey[KimiOptions]()
+"""The session's options (defaults, precedence, paths: see :mod:`pytest_kimi.options`)."""
 PERF_ITEM = pytest.StashKey[PerfItem]()
 RESULT = pytest.StashKey[ThroughputResult]()
 INTERRUPTS = pytest.StashKey[Interrupts]()
 
 
-def _resolve_path(config: pytest.Config, raw: str | Path) -> Path:
-    """A path from the command line, the environment or the ini file, made absolute against
-    one base for all three: the rootdir (where the ini file and ``baselines/`` live), so a
-    value means the same file wherever pytest is started from."""
-    path = Path(raw)
-    return path if path.is_absolute() else Path(config.rootpath) / path
+def kimi_options(config: pytest.Config) -> KimiOptions:
+    """The session's options, built once in ``pytest_configure``."""
+    return config.stash[KIMI_OPTIONS]
 
 
-def _setting(config: pytest.Config, name: str) -> options.Resolved[Any]:
-    return config.stash[SETTINGS][name]
-
-
-def _is_sim(endpoint: str | None) -> bool:
-    return endpoint is not None and (endpoint == "sim" or endpoint.startswith("sim:"))
-
-
-def _gate_context(config: pytest.Config) -> GateContext:
-    def value(name: str, default: Any) -> Any:
-        v = _setting(config, name).value
-        return default if v is None else v
-
-    root = _resolve_path(config, value("baseline_dir", DEFAULT_DIRNAME))
-    explicit = _setting(config, "baseline_profile").value
-    profile = explicit or ("sim" if _is_sim(_setting(config, "endpoint").value) else "default")
-    update = _setting(config, "update_baselines").value
-    defaults = GateSettings()
-    gate_settings = GateSettings(
-        tolerance=value("perf_tolerance", defaults.tolerance),
-        alpha=value("perf_alpha", defaults.alpha),
-        session_sigma=value("perf_session_sigma", defaults.session_sigma),
-        max_trials=value("perf_max_trials", defaults.max_trials),
-        require_baseline=value("perf_require_baseline", False),
-        strict=value("perf_strict", False),
-        updating=update is not None,
+def _gate_context(opts: KimiOptions) -> GateContext:
+    return GateContext(
+        opts.gate_settings(),
+        opts.baseline_dir,
+        opts.default_profile(),
+        opts.baseline_profile is not None,
+        opts.update_baselines,
     )
-    return GateContext(gate_settings, root, profile, explicit is not None, update)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -157,18 +141,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_SIGNATURE)
     config.addinivalue_line("markers", "perf: a throughput test (added to every @throughput test)")
-    config.stash[SETTINGS] = options.resolve_all(config)
-    register_secret(_setting(config, "api_key").value)
+    opts = config.stash[KIMI_OPTIONS] = KimiOptions.from_config(config)
+    register_secret(opts.api_key)
     config.stash[STATE] = RunState()
-    config.stash[GATE] = _gate_context(config)
-    config.stash[DEPLOYMENTS] = _load_deployments(config)
-    if _setting(config, "perf_html").value and not hasattr(config, "workerinput"):
+    config.stash[GATE] = _gate_context(opts)
+    config.stash[DEPLOYMENTS] = _load_deployments(opts)
+    if opts.perf_html is not None and not hasattr(config, "workerinput"):
         from pytest_kimi.report.plots import PlotUnavailable, require_matplotlib
 
         try:
             require_matplotlib()
         except PlotUnavailable as exc:
-            raise pytest.UsageError(f"{_setting(config, 'perf_html').source}: {exc}") from None
+            raise pytest.UsageError(f"{opts.source('perf_html')}: {exc}") from None
     config.pluginmanager.register(PerfReporter(config), "kimi-perf-reporter")
     _group_perf_tests_under_xdist(config)
     _install_interrupts(config)
@@ -202,23 +186,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         del config.stash[INTERRUPTS]
 
 
-def _load_deployments(config: pytest.Config) -> list[ServerProfile]:
-    paths = options.server_profile_paths(config)
+def _load_deployments(opts: KimiOptions) -> list[ServerProfile]:
+    source = opts.source("server_profile")
     profiles = []
-    for raw in paths.value or []:
-        path = _resolve_path(config, raw)
+    for path in opts.server_profile:
         try:
             profiles.append(load_profile(path))
         except ProfileError as exc:
-            raise pytest.UsageError(f"{paths.source}: {exc}") from None
+            raise pytest.UsageError(f"{source}: {exc}") from None
     for profile in profiles:
         _register_profile_secrets(profile)
     names = [p.name for p in profiles]
     if len(set(names)) != len(names):
-        raise pytest.UsageError(f"{paths.source}: two server profiles share a name: {names}")
-    if profiles and _setting(config, "endpoint").value is not None:
+        raise pytest.UsageError(f"{source}: two server profiles share a name: {names}")
+    if profiles and opts.endpoint is not None:
         raise pytest.UsageError(
-            f"{paths.source} and {_setting(config, 'endpoint').source} both name the endpoint: "
+            f"{source} and {opts.source('endpoint')} both name the endpoint: "
             "give a server profile or an endpoint, not both"
         )
     return profiles
@@ -300,7 +283,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # xdist's worker reads this right after us, when it names the groups' tests
         config.option.loadgroup = True
     problems: list[str] = []
-    endpoint = _setting(config, "endpoint").value or config.stash[DEPLOYMENTS] or None
+    endpoint = kimi_options(config).endpoint or config.stash[DEPLOYMENTS] or None
     for item in items:
         marks = list(item.iter_markers("throughput"))
         if not marks:
@@ -322,7 +305,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def _kimi_session(pytestconfig: pytest.Config) -> Iterator[PerfSession]:
-    session = PerfSession(workers=_setting(pytestconfig, "perf_workers").value or 1)
+    session = PerfSession(workers=kimi_options(pytestconfig).perf_workers)
     try:
         yield session
     finally:
@@ -383,22 +366,22 @@ def kimi_endpoint(
     pytestconfig: pytest.Config, _kimi_session: PerfSession, kimi_server: Any
 ) -> Iterator[EndpointInfo]:
     """The endpoint under test: URL, model and server info (launching the simulator for ``sim``)."""
-    resolved = _setting(pytestconfig, "endpoint")
-    if resolved.value is None and kimi_server is None:
+    opts = kimi_options(pytestconfig)
+    if opts.endpoint is None and kimi_server is None:
         pytest.skip(NO_ENDPOINT_REASON)
-    api_key = _setting(pytestconfig, "api_key").value
-    model = _setting(pytestconfig, "model").value
+    api_key = opts.api_key
+    model = opts.model
     sim = None
     problem = None
     try:
         if kimi_server is not None:
             api_key = api_key or getattr(kimi_server, "api_key", None)
             base = normalize_url(kimi_server.url, f"server profile {kimi_server.profile.name}")
-        elif _is_sim(resolved.value):
-            sim = _start_sim(pytestconfig, resolved, api_key)
+        elif opts.is_sim:
+            sim = _start_sim(pytestconfig, opts, api_key)
             base = sim.url
         else:
-            base = normalize_url(str(resolved.value), resolved.source)
+            base = normalize_url(str(opts.endpoint), opts.source("endpoint"))
         info = _kimi_session.discover(base, api_key=api_key, model=model)
         if kimi_server is not None:
             info.server_info = clean_server_info(
@@ -419,12 +402,12 @@ def kimi_endpoint(
             sim.stop()
 
 
-def _start_sim(config: pytest.Config, resolved: options.Resolved[Any], api_key: str | None) -> Any:
+def _start_sim(config: pytest.Config, opts: KimiOptions, api_key: str | None) -> Any:
     from pytest_kimi.sim.process import SimProcess
     from pytest_kimi.sim.profile import SimConfigError, parse_sim_spec
 
     try:
-        profile = parse_sim_spec(str(resolved.value), resolved.source)
+        profile = parse_sim_spec(str(opts.endpoint), opts.source("endpoint"))
     except SimConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     if api_key and profile.api_key is None:
@@ -433,10 +416,6 @@ def _start_sim(config: pytest.Config, resolved: options.Resolved[Any], api_key: 
     sim = SimProcess(profile, log_dir=kimi / "logs", record_dir=kimi / "servers")
     sim.start()
     return sim
-
-
-def _trials(config: pytest.Config) -> int | None:
-    return _setting(config, "perf_trials").value
 
 
 @pytest.fixture
@@ -449,7 +428,7 @@ def kimi_load(
         kimi_endpoint,
         _perf_nodeid(request.node),
         Path(request.config.rootpath),
-        _trials(request.config),
+        kimi_options(request.config).perf_trials,
     )
 
 
@@ -489,10 +468,10 @@ def _kimi_measure(
                 gate.settings,
                 comparison,
                 rootdir=Path(config.rootpath),
-                trials=_trials(config),
+                trials=kimi_options(config).perf_trials,
                 server=request.getfixturevalue("kimi_server"),
                 progress=_progress_printer(config, nodeid),
-                server_metrics=bool(_setting(config, "perf_server_metrics").value),
+                server_metrics=kimi_options(config).perf_server_metrics,
             )
     except GateProblem as exc:
         problem = str(exc)
@@ -657,25 +636,24 @@ def write_reports(config: pytest.Config, report: dict[str, Any], failing: frozen
     if not report["tests"]:
         return
     report = scrub(report)
-    path = _setting(config, "perf_json").value
-    if path:
-        write_json(_resolve_path(config, path), report)
-    markdown_path = _setting(config, "perf_markdown").value
+    opts = kimi_options(config)
+    if opts.perf_json is not None:
+        write_json(opts.perf_json, report)
+    markdown_path = opts.perf_markdown
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if markdown_path or step_summary:
         from pytest_kimi.report.markdown import render_markdown
 
         text = render_markdown(report, failing_verdicts=failing)
         if markdown_path:
-            write_text(_resolve_path(config, markdown_path), text)
+            write_text(markdown_path, text)
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as fh:
                 fh.write(text + "\n")
-    html_dir = _setting(config, "perf_html").value
-    if html_dir:
+    if opts.perf_html is not None:
         from pytest_kimi.report.html import write_html
 
-        write_html(report, _resolve_path(config, html_dir), failing_verdicts=failing)
+        write_html(report, opts.perf_html, failing_verdicts=failing)
 
 
 class PerfReporter:

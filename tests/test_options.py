@@ -1,97 +1,355 @@
-"""Options: where each value may come from, and what a committed ini must not be able to do."""
+"""Options: one frozen object owns every default; where each value may come from; one path base.
+
+Most checks build the session's :class:`KimiOptions` in process (``pytester.parseconfigure``,
+no tests run); a few run real sessions against the simulator where only the outcome shows it:
+a marker over the command line, an ini key that must not exist, files landing under the
+rootdir from a subdirectory.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-SUITE = """
-from pytest_kimi import throughput
+from pytest_kimi.baseline.paths import DEFAULT_DIRNAME
+from pytest_kimi.cli import build_parser
+from pytest_kimi.gate import stats
+from pytest_kimi.gate.policy import GateSettings
+from pytest_kimi.options import OPTIONS, KimiOptions, default_of, help_text
+from pytest_kimi.plugin import KIMI_OPTIONS
+from pytest_kimi.spec.markers import Targets
 
-@throughput(concurrency=1, max_tokens=64, trials=2, warmup=1)
-def test_one():
-    pass
-"""
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+DOCUMENTED_DEFAULTS: dict[str, Any] = {
+    "server_profile": (),
+    "endpoint": None,
+    "model": None,
+    "api_key": None,
+    "perf_json": None,
+    "perf_markdown": None,
+    "perf_html": None,
+    "perf_trials": 3,
+    "perf_workers": 1,
+    "baseline_dir": Path("baselines"),
+    "baseline_profile": None,
+    "perf_tolerance": 0.05,
+    "perf_alpha": 0.05,
+    "perf_session_sigma": 0.03,
+    "perf_max_trials": 10,
+    "perf_require_baseline": False,
+    "perf_strict": False,
+    "perf_server_metrics": False,
+    "update_baselines": None,
+}
+"""What README and ``--help`` promise, written out once more on purpose."""
+
+ENV_VARS = [o.env for o in OPTIONS.values() if o.env]
 
 
-def test_update_baselines_cannot_come_from_an_ini_file(pytester: pytest.Pytester) -> None:
-    """A committed ``kimi_update_baselines`` would rewrite baselines on every CI run."""
-    pytester.makepyfile(test_suite=SUITE)
-    pytester.makeini("[pytest]\nkimi_update_baselines = yes\n")
-    result = pytester.runpytest_subprocess("--endpoint=sim:speed=20", "-W", "default")
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*Unknown config option: kimi_update_baselines*"])
-    assert not (pytester.path / "baselines").exists()
-    assert "kimi_update_baselines" not in "\n".join(pytester.runpytest("--help").outlines)
+@pytest.fixture(autouse=True)
+def _no_kimi_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The developer's or CI's own KIMI_* variables must not leak into these sessions."""
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
 
 
-def test_update_baselines_from_the_command_line_still_records(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_suite=SUITE)
-    result = pytester.runpytest_subprocess("--endpoint=sim:speed=20", "--update-baselines=force")
-    result.assert_outcomes(passed=1)
-    assert list((pytester.path / "baselines").rglob("test_one.yaml"))
+def _options(pytester: pytest.Pytester, *args: str) -> KimiOptions:
+    return pytester.parseconfigure(*args).stash[KIMI_OPTIONS]
 
 
-PRECEDENCE = """
-import sys
+# ------------------------------------------------------------------------------------ defaults
 
-import pytest
-from pytest_kimi import throughput
 
-@throughput(concurrency=1, max_tokens=64, warmup=1)
-def test_default(throughput_result):
-    assert [len(lv.trials) for lv in throughput_result.levels] == [{expected}]
+def test_every_option_is_one_field_and_every_field_one_option() -> None:
+    fields = {f.name for f in dataclasses.fields(KimiOptions)} - {"sources"}
+    assert fields == set(OPTIONS) == set(DOCUMENTED_DEFAULTS)
 
-@throughput(concurrency=1, max_tokens=64, warmup=1, trials=2)
-def test_marker_wins(throughput_result):
-    assert [len(lv.trials) for lv in throughput_result.levels] == [2]
-"""
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED_DEFAULTS))
+def test_each_default_is_the_documented_one(name: str) -> None:
+    assert getattr(KimiOptions(), name) == DOCUMENTED_DEFAULTS[name] == default_of(name)
+    assert KimiOptions().source(name) == "default"
+
+
+def test_help_and_readme_state_the_field_defaults() -> None:
+    """Help texts are formatted from the fields; the README table is checked against them."""
+    readme = README.read_text()
+    checked = 0
+    for name, opt in OPTIONS.items():
+        value = default_of(name)
+        if "{default}" in opt.help:
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
+            assert f"default {shown}" in help_text(name) or f"default: {shown}" in help_text(name)
+        row = re.search(rf"^\| `{re.escape(opt.flag)}[ `\[].*$", readme, re.M)
+        if row is None:  # (--perf-workers has no row yet); the table is the README's business
+            continue
+        said = re.search(r"default:? `?([0-9.]+|[a-z]+/?)`?\)?", row.group(0).split("|")[-2])
+        if said and said.group(1)[0].isdigit():
+            assert float(said.group(1)) == value, (opt.flag, said.group(0))
+            checked += 1
+        elif said and name == "baseline_dir":
+            assert Path(said.group(1)) == value
+            checked += 1
+    assert checked >= 6, "the README table no longer states the defaults it used to"
+    trials_row = re.search(r"^\| `trials` \| (\d+) \(`--perf-trials`\)", readme, re.M)
+    assert trials_row is not None and int(trials_row.group(1)) == KimiOptions().perf_trials
+
+
+def test_gate_settings_and_kimi_perf_share_the_options_defaults() -> None:
+    """GateSettings keeps defaults for pytest-free callers: the very same ones."""
+    opts = KimiOptions()
+    assert GateSettings() == opts.gate_settings()
+    assert (opts.perf_tolerance, opts.perf_alpha, opts.perf_session_sigma) == (
+        stats.DEFAULT_TOLERANCE,
+        stats.DEFAULT_ALPHA,
+        stats.DEFAULT_SESSION_SIGMA,
+    )
+    assert opts.perf_max_trials == stats.DEFAULT_MAX_TRIALS
+    compare = build_parser().parse_args(["compare", "old.json", "new.json"])
+    assert (compare.tolerance, compare.alpha, compare.session_sigma) == (
+        opts.perf_tolerance,
+        opts.perf_alpha,
+        opts.perf_session_sigma,
+    )
+    assert Path(build_parser().parse_args(["baselines"]).dir) == opts.baseline_dir
+
+
+def test_gate_settings_are_built_from_the_options() -> None:
+    opts = KimiOptions(
+        perf_tolerance=0.2,
+        perf_alpha=0.01,
+        perf_session_sigma=0.0,
+        perf_max_trials=4,
+        perf_require_baseline=True,
+        perf_strict=True,
+        update_baselines="force",
+    )
+    assert opts.gate_settings() == GateSettings(0.2, 0.01, 0.0, 4, True, True, updating=True)
+
+
+def test_the_options_object_is_frozen() -> None:
+    opts = KimiOptions(perf_trials=4, sources={"perf_trials": "--perf-trials"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.perf_trials = 5  # type: ignore[misc]
+    assert not hasattr(opts, "__dict__"), "slotted: no stray attributes either"
+    assert "sk-secret" not in repr(KimiOptions(api_key="sk-secret"))
+
+
+def test_the_built_object_is_frozen_and_its_sources_read_only(pytester: pytest.Pytester) -> None:
+    opts = _options(pytester, "--perf-trials=4")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.perf_trials = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        opts.sources["perf_trials"] = "x"  # type: ignore[index]
+    assert opts.source("perf_trials") == "--perf-trials"
+    with pytest.raises(KeyError):
+        opts.source("perf_trails")
+
+
+# ---------------------------------------------------------------------------------- precedence
+
+# One option of each kind: int, float, str, bool switch, path, repeatable path.
+# (name, flag given on the command line, env value, ini value, expected per case)
+KINDS = [
+    ("perf_trials", ["--perf-trials=3"], "4", "5", (3, 4, 5, 3)),
+    ("perf_tolerance", ["--perf-tolerance=0.1"], "0.2", "0.3", (0.1, 0.2, 0.3, 0.05)),
+    ("baseline_profile", ["--baseline-profile=cli"], "env", "ini", ("cli", "env", "ini", None)),
+    ("perf_strict", ["--perf-strict"], "false", "true", (True, False, True, False)),
+    ("perf_json", ["--perf-json=c.json"], "e.json", "i.json", ("c.json", "e.json", "i.json", None)),
+]
+
+
+@pytest.mark.parametrize("case", ["cli", "env", "ini", "default"])
+@pytest.mark.parametrize("name, cli, env, ini, expected", KINDS, ids=[k[0] for k in KINDS])
+def test_precedence_cli_env_ini_default(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+    name: str,
+    cli: list[str],
+    env: str,
+    ini: str,
+    expected: tuple[Any, ...],
+) -> None:
+    """Each source set together with every lower one: the highest one wins, and is named."""
+    opt = OPTIONS[name]
+    rank = ["cli", "env", "ini", "default"].index(case)
+    if rank <= 2:
+        pytester.makeini(f"[pytest]\n{opt.ini} = {ini}\n")
+    if rank <= 1:
+        monkeypatch.setenv(str(opt.env), env)
+    opts = _options(pytester, *(cli if rank == 0 else []))
+    want = expected[rank]
+    if name == "perf_json" and want is not None:
+        want = pytester.path / want
+    assert getattr(opts, name) == want
+    assert opts.source(name) == [opt.flag, f"env {opt.env}", f"ini {opt.ini}", "default"][rank]
+
+
+def test_server_profiles_cli_over_ini(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nkimi_server_profile = a.yaml b.yaml\n")
+    config = pytester.parseconfig("--server-profile=c.yaml")
+    # parseconfig only: building the options loads nothing; loading the profiles is the plugin's
+    opts = KimiOptions.from_config(config, environ={})
+    assert opts.server_profile == (pytester.path / "c.yaml",)
+    assert opts.source("server_profile") == "--server-profile"
+    opts = KimiOptions.from_config(pytester.parseconfig(), environ={})
+    assert opts.server_profile == (pytester.path / "a.yaml", pytester.path / "b.yaml")
+    assert opts.source("server_profile") == "ini kimi_server_profile"
 
 
 @pytest.mark.parametrize(
-    "cli, env, ini, expected",
+    "args, env, ini, source",
     [
-        (None, None, "5", 5),
-        (None, "4", "5", 4),
-        ("3", "4", "5", 3),
+        (["--perf-tolerance=2"], None, None, "--perf-tolerance"),
+        ([], "lots", None, "env KIMI_PERF_TRIALS"),
+        ([], None, "kimi_perf_strict = maybe", "ini kimi_perf_strict"),
+        (["--update-baselines=always"], None, None, "--update-baselines"),
     ],
 )
-def test_trials_precedence_marker_cli_env_ini(
+def test_bad_value_names_its_source(
     pytester: pytest.Pytester,
     monkeypatch: pytest.MonkeyPatch,
-    cli: str | None,
+    args: list[str],
     env: str | None,
-    ini: str,
-    expected: int,
+    ini: str | None,
+    source: str,
 ) -> None:
-    """marker > command line > environment > ini, for one option end to end."""
-    pytester.makepyfile(test_suite=PRECEDENCE.format(expected=expected))
-    pytester.makeini(f"[pytest]\nkimi_perf_trials = {ini}\n")
     if env is not None:
         monkeypatch.setenv("KIMI_PERF_TRIALS", env)
-    else:
-        monkeypatch.delenv("KIMI_PERF_TRIALS", raising=False)
-    args = ["--endpoint=sim:speed=20"] + ([f"--perf-trials={cli}"] if cli else [])
-    pytester.runpytest_subprocess(*args).assert_outcomes(passed=2)
+    if ini is not None:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    with pytest.raises(pytest.UsageError, match=f"^{re.escape(source)}: bad value "):
+        _options(pytester, *args)
 
 
-def test_bad_value_names_its_source(
+def test_bad_value_from_env_stops_a_real_session(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytester.makepyfile(test_suite=SUITE)
+    pytester.makepyfile(test_suite="def test_x(): pass")
     monkeypatch.setenv("KIMI_PERF_TRIALS", "lots")
     result = pytester.runpytest("--endpoint=sim")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*env KIMI_PERF_TRIALS: bad value 'lots'*"])
 
 
-def test_relative_paths_resolve_against_the_rootdir(
+def test_marker_tolerance_and_alpha_override_the_options() -> None:
+    settings = KimiOptions(perf_tolerance=0.1, perf_alpha=0.01).gate_settings()
+    assert settings.for_test(Targets()) is settings
+    marked = settings.for_test(Targets(tolerance=0.3))
+    assert (marked.tolerance, marked.alpha) == (0.3, 0.01)
+    marked = settings.for_test(Targets(alpha=0.2))
+    assert (marked.tolerance, marked.alpha) == (0.1, 0.2)
+
+
+TRIALS = """
+from pytest_kimi import throughput
+
+@throughput(concurrency=1, max_tokens=32, warmup=0)
+def test_option(throughput_result):
+    assert [len(lv.trials) for lv in throughput_result.levels] == [1]
+
+@throughput(concurrency=1, max_tokens=32, warmup=0, trials=2)
+def test_marker_wins(throughput_result):
+    assert [len(lv.trials) for lv in throughput_result.levels] == [2]
+"""
+
+
+def test_marker_trials_over_cli_over_env_over_ini(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One base for command line, environment and ini: the same file wherever pytest starts."""
+    """End to end: the command line's 1 is used, except where the marker says 2."""
+    pytester.makepyfile(test_suite=TRIALS)
+    pytester.makeini("[pytest]\nkimi_perf_trials = 5\n")
+    monkeypatch.setenv("KIMI_PERF_TRIALS", "4")
+    pytester.runpytest("--endpoint=sim:speed=50", "--perf-trials=1").assert_outcomes(passed=2)
+
+
+TOLERANCE = """
+from pytest_kimi import throughput
+
+@throughput(concurrency=4, max_tokens=64, warmup=1, trials=3)
+def test_option():
+    pass
+
+@throughput(concurrency=4, max_tokens=64, warmup=1, trials=3, tolerance=0.9)
+def test_marker_wins():
+    pass
+"""
+
+
+def test_marker_tolerance_over_cli(pytester: pytest.Pytester) -> None:
+    """An 80% slower server: a regression at the command line's 10%, not at the marker's 90%."""
+    pytester.makepyfile(test_suite=TOLERANCE)
+    gate = ("--perf-max-trials=3", "--perf-tolerance=0.1")
+    pytester.runpytest("--endpoint=sim:speed=50", "--update-baselines", *gate).assert_outcomes(
+        passed=2
+    )
+    report = pytester.path / "perf.json"
+    result = pytester.runpytest(
+        "--endpoint=sim:speed=50,slowdown=5", *gate, f"--perf-json={report}"
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*FAILED test_suite.py::test_option*regression*"])
+    tests = {t["nodeid"].split("::")[-1]: t for t in json.loads(report.read_text())["tests"]}
+    assert [lv["tolerance_pct"] for lv in tests["test_option"]["levels"]] == [10]
+    assert [lv["tolerance_pct"] for lv in tests["test_marker_wins"]["levels"]] == [90]
+
+
+# --------------------------------------------------------------------------------------- paths
+
+
+def test_relative_paths_from_every_source_resolve_against_the_rootdir(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started from a subdirectory: command line, environment and ini all name rootdir files."""
+    pytester.makeini(
+        "[pytest]\nkimi_perf_markdown = reports/perf.md\nkimi_server_profile = deploy/a.yaml\n"
+    )
+    monkeypatch.setenv("KIMI_BASELINE_DIR", "store")
+    monkeypatch.setenv("KIMI_PERF_JSON", "reports/perf.json")
+    sub = pytester.mkdir("sub")
+    monkeypatch.chdir(sub)
+    config = pytester.parseconfig("--perf-html=reports/html")
+    assert Path(config.rootpath) == pytester.path
+    opts = KimiOptions.from_config(config)
+    root = pytester.path
+    assert opts.baseline_dir == root / "store"
+    assert opts.perf_json == root / "reports" / "perf.json"
+    assert opts.perf_markdown == root / "reports" / "perf.md"
+    assert opts.perf_html == root / "reports" / "html"
+    assert opts.server_profile == (root / "deploy" / "a.yaml",)
+    # the default too, and an absolute path is kept as it is
+    monkeypatch.setenv("KIMI_PERF_JSON", str(sub / "abs.json"))
+    monkeypatch.delenv("KIMI_BASELINE_DIR")
+    opts = KimiOptions.from_config(pytester.parseconfig())
+    assert opts.baseline_dir == root / DEFAULT_DIRNAME
+    assert opts.perf_json == sub / "abs.json"
+
+
+SUITE = """
+from pytest_kimi import throughput
+
+@throughput(concurrency=1, max_tokens=32, trials=1, warmup=0)
+def test_one():
+    pass
+"""
+
+
+def test_reports_from_env_and_ini_land_under_the_rootdir_from_a_subdirectory(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real session started in a subdirectory, the rootdir found from the ini file."""
     pytester.makepyfile(test_suite=SUITE)
     pytester.makeini("[pytest]\nkimi_perf_markdown = reports/perf.md\n")
+    monkeypatch.setenv("KIMI_PERF_JSON", "reports/perf.json")
     sub = pytester.mkdir("sub")
     monkeypatch.chdir(sub)
     result = pytester.run(
@@ -100,13 +358,35 @@ def test_relative_paths_resolve_against_the_rootdir(
         "pytest",
         "-p",
         "no:cacheprovider",
-        f"--rootdir={pytester.path}",
-        f"-c={pytester.path / 'tox.ini'}",
-        "--endpoint=sim:speed=20",
-        "--perf-json=reports/perf.json",
         str(pytester.path / "test_suite.py"),
+        "--endpoint=sim:speed=50",
+        "--baseline-dir=store",
+        "--update-baselines",
     )
     assert result.ret == 0, result.outlines[-20:]
     assert (pytester.path / "reports" / "perf.json").is_file()
     assert (pytester.path / "reports" / "perf.md").is_file()
-    assert not (sub / "reports").exists()
+    assert list((pytester.path / "store").rglob("test_one.yaml"))
+    assert not [p for p in sub.rglob("*") if p.name != "__pycache__"]
+
+
+# ------------------------------------------------------------------------ --update-baselines
+
+
+def test_update_baselines_cannot_come_from_an_ini_file(pytester: pytest.Pytester) -> None:
+    """A committed ``kimi_update_baselines`` would rewrite baselines on every CI run."""
+    pytester.makeini("[pytest]\nkimi_update_baselines = yes\n")
+    assert OPTIONS["update_baselines"].ini is None and OPTIONS["update_baselines"].env is None
+    opts = _options(pytester)
+    assert opts.update_baselines is None and not opts.gate_settings().updating
+    pytester.makepyfile(test_x="def test_x(): pass")
+    result = pytester.runpytest("-W", "default")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*Unknown config option: kimi_update_baselines*"])
+    assert "kimi_update_baselines" not in "\n".join(pytester.runpytest("--help").outlines)
+
+
+def test_update_baselines_from_the_command_line(pytester: pytest.Pytester) -> None:
+    assert _options(pytester, "--update-baselines").update_baselines == "yes"
+    opts = _options(pytester, "--update-baselines=force")
+    assert opts.update_baselines == "force" and opts.gate_settings().updating

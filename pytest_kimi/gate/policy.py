@@ -8,7 +8,7 @@ for the verdicts that pass, and the provenance diff that explains a regression. 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from pytest_kimi.gate import stats
@@ -20,7 +20,7 @@ from pytest_kimi.baseline import (
     incomparable,
     provenance_diff,
 )
-from pytest_kimi.spec.markers import LevelSpec
+from pytest_kimi.spec.markers import LevelSpec, Targets
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, level_key, workload_dict
 
 
@@ -30,6 +30,15 @@ class IncomparableBaseline(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class GateSettings:
+    """How strictly a test's levels are judged.
+
+    In a pytest session these come from the options (``KimiOptions.gate_settings``), which own
+    the defaults; the defaults here serve pytest-free callers and are the same
+    :mod:`~pytest_kimi.gate.stats` constants, so they cannot diverge (tests/test_options.py
+    checks that they agree).  A marker's ``tolerance=`` / ``alpha=`` override the session's for
+    its test: :meth:`for_test`.
+    """
+
     tolerance: float = stats.DEFAULT_TOLERANCE
     alpha: float = stats.DEFAULT_ALPHA
     session_sigma: float = stats.DEFAULT_SESSION_SIGMA
@@ -38,6 +47,18 @@ class GateSettings:
     strict: bool = False
     updating: bool = False
     """Recording baselines: every level runs ``max_trials`` so the stored samples are good."""
+
+    def for_test(self, targets: Targets) -> GateSettings:
+        """These settings with the marker's ``tolerance=`` and ``alpha=`` where it gives them
+        (marker > command line > environment > ini), for the adaptive trials and the verdicts
+        alike."""
+        if targets.tolerance is None and targets.alpha is None:
+            return self
+        return replace(
+            self,
+            tolerance=self.tolerance if targets.tolerance is None else targets.tolerance,
+            alpha=self.alpha if targets.alpha is None else targets.alpha,
+        )
 
     def failing_verdicts(self) -> frozenset[str]:
         """The verdict values that fail a test under these flags (reports mark them)."""

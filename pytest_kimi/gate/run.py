@@ -78,6 +78,7 @@ def measure_gated(
     ``server_metrics``: check every trial against the server's own counters
     (``--perf-server-metrics``); a server without them fails the test before any load.
     """
+    settings = settings.for_test(targets)  # marker tolerance=/alpha= > the session's options
     path = comparison.store.path_for(nodeid)
     current = Provenance.collect(
         model=endpoint.model,
