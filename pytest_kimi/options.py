@@ -42,6 +42,7 @@ from pytest_kimi.baseline.paths import DEFAULT_DIRNAME, DEFAULT_PROFILE
 from pytest_kimi.gate import stats
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.measure.trials import DEFAULT_TRIALS
+from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, PROTOCOLS
 
 T = TypeVar("T")
 
@@ -70,6 +71,8 @@ class KimiOptions:
     perf_trials: int = DEFAULT_TRIALS
     """Trials per level; a marker's ``trials=`` overrides it."""
     perf_workers: int = 1
+    perf_protocol: str = DEFAULT_PROTOCOL
+    """Closed-loop trial protocol where a marker does not choose one (``stationary``)."""
     baseline_dir: Path = Path(DEFAULT_DIRNAME)
     baseline_profile: str | None = None
     """None: derived (:meth:`default_profile`): the deployment's name, ``sim`` or ``default``."""
@@ -221,6 +224,12 @@ def boolean(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def protocol_name(text: str) -> str:
+    if text not in PROTOCOLS:
+        raise ValueError(f"expected one of {', '.join(PROTOCOLS)}, got {text!r}")
+    return text
+
+
 def update_mode(text: str) -> UpdateMode:
     if text not in ("yes", "force"):
         raise ValueError(
@@ -326,6 +335,17 @@ OPTIONS: dict[str, Option[Any]] = {
             "{default}) when one core cannot ingest the stream",
             positive_int,
             metavar="N",
+        ),
+        Option(
+            "--perf-protocol",
+            "kimi_perf_protocol",
+            "KIMI_PERF_PROTOCOL",
+            "closed-loop trial protocol (default {default}): 'stationary' (streams back to back "
+            "with staggered starts, each trial a time box of 128 steps) or 'whole-requests' "
+            "(each trial waits for whole requests: the protocol before 0.2); a marker's "
+            "protocol= overrides it",
+            protocol_name,
+            metavar="NAME",
         ),
         Option(
             "--baseline-dir",

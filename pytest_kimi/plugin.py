@@ -472,6 +472,7 @@ def _kimi_measure(
                 server=request.getfixturevalue("kimi_server"),
                 progress=_progress_printer(config, nodeid),
                 server_metrics=kimi_options(config).perf_server_metrics,
+                protocol=kimi_options(config).perf_protocol,
             )
     except GateProblem as exc:
         problem = str(exc)

@@ -411,7 +411,15 @@ class TestBaseline:
             has = "; ".join(varying or constant)
         if outside:
             asks = ", ".join(show(k, [want.get(k, _ABSENT)]) for k in outside)
-            return f"{head}: baseline has {has}; this run asks {asks}"
+            why = f"{head}: baseline has {has}; this run asks {asks}"
+            if "protocol" in outside:
+                # 'unset' is the whole-requests protocol: baselines before 0.2 have no key
+                why += (
+                    " (a baseline recorded under one trial protocol is never compared with a "
+                    "run under another: record one with --update-baselines, or run with "
+                    "--perf-protocol=whole-requests to use a baseline recorded before 0.2)"
+                )
+            return why
         extra = [k for k in keys if len(values[k]) > 1]
         levels = ", ".join(f"[{w.label(extra)}]" for w in self.workloads)
         return (

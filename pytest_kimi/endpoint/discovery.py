@@ -37,6 +37,17 @@ class EndpointInfo:
             h["Authorization"] = f"Bearer {self.api_key}"
         return h
 
+    @property
+    def clock(self) -> float:
+        """Server seconds per wall second: the simulator's ``speed`` (its ``server_info`` says
+        it), 1.0 for a real server.  Figures are reported in the server's own clock, so a
+        simulator at speed 20 shows EP8's tok/s and latencies, not twenty times them."""
+        sim = self.server_info.get("sim")
+        speed = sim.get("speed") if isinstance(sim, dict) else None
+        if isinstance(speed, (int, float)) and not isinstance(speed, bool) and speed > 0:
+            return float(speed)
+        return 1.0
+
     def public(self) -> dict[str, Any]:
         """What reports may show: URL without credentials, model, server info."""
         return {"url": self.url, "model": self.model, "server_info": self.server_info}

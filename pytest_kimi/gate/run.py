@@ -21,13 +21,14 @@ from pytest_kimi.gate.policy import (
     baseline_samples,
     check_comparable,
 )
-from pytest_kimi.spec.markers import Targets, Workload
+from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, Targets, Workload
 from pytest_kimi.measure.trials import ProgressFn
 from pytest_kimi.baseline.update import reference_baseline
 from pytest_kimi.measure.results import ThroughputResult, spec_key
 from pytest_kimi.crosscheck.server_metrics import ServerMetricsError, ServerMetricsObserver
 from pytest_kimi.measure.session import PerfSession, build_spec
 from pytest_kimi.spec.workload import WorkloadError
+from pytest_kimi.gate.verdicts import Verdict
 
 
 class GateProblem(RuntimeError):
@@ -72,6 +73,7 @@ def measure_gated(
     server: Any = None,
     progress: ProgressFn | None = None,
     server_metrics: bool = False,
+    protocol: str = DEFAULT_PROTOCOL,
 ) -> ThroughputResult:
     """Measure with adaptive trials, then set verdicts against the baseline or the reference.
 
@@ -95,6 +97,7 @@ def measure_gated(
             rootdir=rootdir,
             trials=trials,
             sizer=session.prompt_sizer,
+            protocol=protocol,
         )
         if comparison.is_candidate:
             baseline = (comparison.references or {}).get(nodeid)
@@ -198,6 +201,6 @@ def note_server_crash(result: ThroughputResult, server: Any) -> None:
         "log_tail": server.log_tail(40),
     }
     for level in result.levels:
-        if level.verdict in ("error", "not-run"):
+        if Verdict.of(level.verdict) in (Verdict.ERROR, Verdict.NOT_RUN):
             level.reasons.append(f"the server exited with code {code} (log {server.log_path})")
             break

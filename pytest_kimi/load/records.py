@@ -56,10 +56,21 @@ class RequestRecord:
     first_content: float | None = None
     """Arrival of the first read block holding a content (answer) token: the same as
     ``first_token`` unless the stream opened with reasoning; None when no content came."""
+    max_tokens: int = 0
+    """The request's own ``max_tokens`` where it differs from its level's (the staggered first
+    request of each stream in a stationary trial); 0: the level's."""
+    last_read: bytes = b""
+    """The last token-carrying read block while the stream runs (one reference per read, no
+    copy): a stream the time box cuts never gets its final ``usage``, but with
+    ``continuous_usage_stats`` its last chunk says how many tokens it had.  Cleared once the
+    stream ends normally."""
+    cut: bool = False
+    """The trial's time box ended the stream on purpose (stationary protocol): not an error;
+    its tokens up to the cut count, its length and end-to-end latency do not."""
 
     @property
     def ok(self) -> bool:
-        """A completed 200 stream with no error."""
+        """A 200 stream with no error: completed, or cut by the trial's time box."""
         return self.error is None and self.status == 200
 
     @property

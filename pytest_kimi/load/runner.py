@@ -38,6 +38,10 @@ try:  # POSIX only; elsewhere the default limit has to do
 except ImportError:  # pragma: no cover
     resource = None  # type: ignore[assignment]
 
+CUT_POLL_S = 0.01
+"""How often a stationary trial checks its token budget: the cut lands within this of the
+budget, and the measured window ends at the last whole step before it whatever the lag."""
+
 LAG_INTERVAL_S = 0.005
 """Sleep of the lag monitor: 200 wake-ups/s costs well under 1% of a core yet resolves the
 few-millisecond stalls that show a saturated client."""
@@ -113,14 +117,29 @@ class TrialPlan:
     over all shards."""
     id_stride: int = 1
     id_offset: int = 0
+    first_bodies: Sequence[bytes] | None = None
+    """Stationary protocol: the first request of stream ``w`` sends ``first_bodies[w]`` (a
+    shorter, staggered ``max_tokens``, so the streams are spread over the positions of a
+    request from the start instead of all starting and ending together)."""
+    first_max_tokens: Sequence[int] | None = None
+    """The ``max_tokens`` of each of ``first_bodies`` (recorded on the request)."""
+    min_duration_s: float = 0.0
+    """With ``token_budget``: never cut before this many wall seconds (a fast simulator's
+    steps are too short for a window of few of them to be timed well)."""
+    token_budget: int | None = None
+    """Stationary protocol: cut the trial (cancel every stream in flight, keeping what it
+    received) once about this many tokens have arrived: the trial's time box, in tokens so
+    that it holds the same number of steps whatever the server's speed."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         if not self.bodies:
             raise ValueError("bodies must not be empty")
-        if self.requests is None and self.duration_s is None:
-            raise ValueError("a TrialPlan needs requests or duration_s (or both)")
+        if self.first_bodies is not None and len(self.first_bodies) < self.concurrency:
+            raise ValueError("first_bodies needs one body per stream")
+        if self.requests is None and self.duration_s is None and self.token_budget is None:
+            raise ValueError("a TrialPlan needs requests, duration_s or token_budget")
         if self.requests is not None and self.requests < 0:
             raise ValueError("requests must be >= 0")
         if self.timeout_s <= 0:
@@ -152,6 +171,8 @@ class TrialRecords:
     stopped_early: str | None = None
     """Why the trial stopped starting requests before its plan said so (None: it did not)."""
     warmup_records: list[RequestRecord] = field(default_factory=list)
+    cut_at: float | None = None
+    """When the token budget cut the trial (stationary protocol); None: it ran to its end."""
     lag_samples: int = 0
     lag_times: array[float] = field(default_factory=lambda: array("d"))
     lag_values: array[float] = field(default_factory=lambda: array("d"))
@@ -481,18 +502,25 @@ class LoadClient:
         live: LiveTrial | None = None,
         start_at: float | None = None,
         warmup: bool = False,
-    ) -> tuple[float, str | None]:
+    ) -> tuple[float, str | None, float | None]:
         """Run C workers that each take the next index, send, await, repeat.
 
-        Returns (start time, stop reason).  Workers stop taking indices when the count is
-        reached, the deadline has passed, or ``max_failures`` requests failed.  With
+        Returns (start time, stop reason, cut time).  Workers stop taking indices when the
+        count is reached, the deadline has passed, or ``max_failures`` requests failed.  With
         ``start_at`` (a ``perf_counter`` instant agreed with other processes) the trial starts
-        then, and that instant is its start time.
+        then, and that instant is its start time.  With a ``plan.token_budget`` (not in a
+        warm-up) the streams in flight are cancelled once about that many tokens arrived;
+        their records are kept, marked ``cut``, and the cut time is returned.
         """
         session = self.session
         bodies = list(plan.bodies)
         nb = len(bodies)
-        parts = split_at_slot(bodies, plan.unique_slot) if plan.unique_slot is not None else None
+        slot = plan.unique_slot
+        parts = split_at_slot(bodies, slot) if slot is not None else None
+        first = None if warmup or plan.first_bodies is None else list(plan.first_bodies)
+        first_parts = split_at_slot(first, slot) if first is not None and slot else None
+        first_max = plan.first_max_tokens
+        budget = None if warmup else plan.token_budget
         base = plan.unique_base + (WARMUP_IDS if warmup else 0)
         table = None if warmup else plan.id_table
         stride, offset = plan.id_stride, plan.id_offset
@@ -500,6 +528,8 @@ class LoadClient:
         timeout_s = plan.timeout_s
         state = {"next": 0, "failures": 0}
         stop: list[str] = []
+        inflight: dict[int, RequestRecord] = {}
+        finished = [0, 0]  # tokens and token-carrying reads of finished requests
         if start_at is not None:
             await sleep_until(start_at)
         started = perf_counter() if start_at is None else start_at
@@ -509,6 +539,7 @@ class LoadClient:
             live.started = started
 
         async def worker(w: int) -> None:
+            opening = first is not None
             while not stop:
                 # Due now: the worker is free (its previous stream, including the end of the
                 # HTTP body, is done).  Not the trial start for the first request: workers
@@ -523,12 +554,22 @@ class LoadClient:
                 rec = RequestRecord(index=i, worker=w, scheduled=scheduled)
                 if live is not None:
                     live.inflight[i] = rec
-                if parts is None:
+                g = table[i] if table is not None else i * stride + offset
+                if opening:
+                    assert first is not None
+                    opening = False
+                    rec.max_tokens = first_max[w] if first_max is not None else 0
+                    if first_parts is None:
+                        body = first[w]
+                    else:
+                        head, tail = first_parts[w]
+                        body = b"".join((head, unique_id(base + g), tail))
+                elif parts is None:
                     body = bodies[i % nb]
                 else:
                     head, tail = parts[i % nb]
-                    g = table[i] if table is not None else i * stride + offset
                     body = b"".join((head, unique_id(base + g), tail))
+                inflight[i] = rec
                 await stream_request(
                     session,
                     target,
@@ -540,20 +581,61 @@ class LoadClient:
                     timeout=timeout,
                     record=rec,
                 )
+                del inflight[i]
+                rec.last_read = b""
+                finished[0] += rec.completion_tokens
+                finished[1] += len(rec.chunk_times)
                 append(rec)
                 _request_done(rec, live, state, stop, max_failures)
 
         n_workers = concurrency if requests is None else max(0, min(concurrency, requests))
         tasks = [asyncio.ensure_future(worker(w)) for w in range(n_workers)]
+        cut_at: float | None = None
+        watch = None
+        if budget is not None:
+            budget_tokens = budget
+            not_before = started + plan.min_duration_s
+
+            async def watcher() -> None:
+                # Polled, not counted per chunk: the hot path stays a timestamp and a count.
+                while True:
+                    await asyncio.sleep(CUT_POLL_S)
+                    if perf_counter() < not_before:
+                        continue
+                    per_read = finished[0] / finished[1] if finished[1] else 1.0
+                    reads = sum(len(r.chunk_times) for r in list(inflight.values()))
+                    if finished[0] + reads * per_read >= budget_tokens:
+                        return
+
+            watch = asyncio.ensure_future(watcher())
         try:
-            await asyncio.gather(*tasks)
+            if watch is None:
+                await asyncio.gather(*tasks)
+            else:
+                done_all = asyncio.ensure_future(asyncio.gather(*tasks))
+                either: set[asyncio.Future[Any]] = {watch, done_all}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                if not done_all.done():
+                    cut_at = perf_counter()
+                    for t in tasks:
+                        t.cancel()
+                await asyncio.gather(done_all, return_exceptions=True)
         finally:
+            if watch is not None:
+                watch.cancel()
             for t in tasks:
                 if not t.done():
                     t.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
-        return started, (stop[0] if stop else None)
+        if cut_at is not None:
+            for rec in inflight.values():
+                rec.cut = True
+                rec.end = cut_at
+                if live is not None:
+                    live.inflight.pop(rec.index, None)
+                append(rec)
+        return started, (stop[0] if stop else None), cut_at
 
     async def run_trial(
         self, target: Target, plan: TrialPlan, live: LiveTrial | None = None
@@ -604,7 +686,7 @@ class LoadClient:
         if start_at is not None:
             await sleep_until(start_at)
         async with _TrialBook.around(self.lag_interval_s) as book:
-            started, stopped = await self._closed_loop(
+            started, stopped, cut_at = await self._closed_loop(
                 target,
                 plan,
                 concurrency=plan.concurrency,
@@ -621,6 +703,7 @@ class LoadClient:
             concurrency=plan.concurrency,
             start_spread_s=_start_spread(book.records, started),
             warmup_records=warm or [],
+            cut_at=cut_at,
         )
 
     # ------------------------------------------------------------------------ open loop

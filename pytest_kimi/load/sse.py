@@ -223,6 +223,7 @@ class StreamParser:
         if n:
             if not self._times:
                 self.record.first_token = t
+            self.record.last_read = buf
             self._times.append(t)
             self._counts.append(n)
             self.events += n

@@ -33,6 +33,7 @@ rate is its per-request decode rate, (tokens - 1) / (last - first).
 
 from __future__ import annotations
 
+import re
 from array import array
 from dataclasses import dataclass, field
 from statistics import median
@@ -182,6 +183,108 @@ def steady_window(records: Sequence[RequestRecord]) -> tuple[float, float] | Non
     return (start, end) if end > start else None
 
 
+SETTLE_STEPS = 32
+"""Steps a stationary window starts after the last stream's first token: C requests arriving
+at once put a client (and a server's prefill) behind for a few steps, and a window that
+started in that backlog would count tokens read late as if they came in it."""
+
+
+SETTLE_MIN_S = 0.1
+"""...and at least this long on the wall clock (a simulator at speed 20 takes 32 steps in
+50 ms, less than a busy client's hiccup)."""
+WINDOW_MIN_S = 0.5
+"""Wall seconds a stationary window lasts at least: the client's timestamps are good to a
+millisecond or so, which is nothing against EP8's 15-170 ms steps (128 steps take 2-22 s) but
+a few percent of a 0.2 s window of a simulator at speed 20."""
+
+
+def stationary_window(
+    records: Sequence[RequestRecord], cut_at: float
+) -> tuple[float, float] | None:
+    """[start, end) of a stationary trial (protocol ``stationary``).
+
+    Start: :data:`SETTLE_STEPS` steps after every stream has its first token.  End: the last
+    read of the stream cut earliest in its event cycle, i.e. the latest instant at which every
+    stream still running at the cut has a read at or after it.  Inside, C streams are in
+    flight all the time (a stream that ends sends its next request at once), so the window's
+    rate is the server's at concurrency C with requests starting and ending as in service.
+    Tokens are counted by :func:`tokens_between`, so the ends need no step alignment.
+    """
+    first_by_worker: dict[int, float] = {}
+    cut_last: list[float] = []
+    for rec in records:
+        if rec.cut and rec.chunk_times:
+            cut_last.append(rec.chunk_times[-1])
+        if rec.first_token is None:
+            continue
+        w = rec.worker
+        if w not in first_by_worker or rec.first_token < first_by_worker[w]:
+            first_by_worker[w] = rec.first_token
+    if not first_by_worker:
+        return None
+    start = max(first_by_worker.values()) + max(SETTLE_STEPS * step_gap(records), SETTLE_MIN_S)
+    if cut_last:
+        end = min(cut_last)
+    else:
+        lasts = [r.chunk_times[-1] for r in records if r.chunk_times]
+        end = max(lasts) if lasts else start
+    end = min(end, cut_at)
+    return (start, end) if end > start else None
+
+
+def tokens_between(records: Iterable[RequestRecord], start: float, end: float) -> float:
+    """Tokens the streams received between two instants, each stream's position read off its
+    own reads by linear interpolation.
+
+    A server that packs its events (SGLang's ``stream_interval=8``) delivers a stream's tokens
+    eight at a time, and streams that started together stay in phase, so counting whole reads
+    in a short window is off by up to eight steps' tokens at each end; a stream's tokens,
+    though, come at an even pace between its reads, and interpolating gets each boundary
+    right to a fraction of a token per stream.  Before its first read a stream has no tokens,
+    after its last it has them all.
+    """
+    total = 0.0
+    for rec in records:
+        if not rec.chunk_times:
+            continue
+        times = np.frombuffer(rec.chunk_times, dtype=np.float64)
+        if times[-1] < start or times[0] >= end:
+            continue
+        tokens = np.cumsum(np.frombuffer(rec.chunk_events, dtype=np.uint32)) * rec.tokens_per_event
+        at = np.interp([start, end], times, tokens, left=0.0, right=float(tokens[-1]))
+        total += float(at[1] - at[0])
+    return total
+
+
+_RUNNING_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+def count_cut_tokens(records: Sequence[RequestRecord]) -> int:
+    """Give the streams a time box cut their token counts; returns how many were estimated.
+
+    A cut stream never got its final ``usage``.  Stationary trials ask for
+    ``continuous_usage_stats`` (SGLang and vLLM put the usage so far on every chunk), so the
+    stream's last read says how many tokens it had: exact.  A server that ignores the option
+    leaves an estimate: the stream's events times the tokens per event of the trial's
+    finished streams (events may carry several tokens, ``stream_interval``), counted and
+    reported by the caller.
+    """
+    done = [r.tokens_per_event for r in records if r.ok and not r.cut and r.completion_tokens]
+    per_event = median(done) if done else 1.0
+    estimated = 0
+    for rec in records:
+        if not rec.cut or not rec.chunk_events:
+            continue
+        found = _RUNNING_USAGE.findall(rec.last_read)
+        rec.last_read = b""
+        if found:
+            rec.completion_tokens = int(found[-1])
+        else:
+            rec.completion_tokens = round(rec.events * per_event)
+            estimated += 1
+    return estimated
+
+
 def step_gap(records: Iterable[RequestRecord]) -> float:
     """The median time per token of a stream: one server step as the client sees it (0: none).
 
@@ -279,6 +382,7 @@ def is_empty_ok_response(rec: RequestRecord) -> bool:
     """A 200 stream that ended normally without a single token: untrustworthy, not an HTTP failure."""
     return (
         rec.status == 200
+        and not rec.cut  # cut by the time box before its first token: nothing went wrong
         and rec.completion_tokens == 0
         and not rec.chunk_times
         and (rec.error is None or "no tokens" in rec.error)
@@ -308,11 +412,16 @@ def summarize_trial(
     records = tr.records
     max_tokens = level.max_tokens
     empty = [r for r in records if is_empty_ok_response(r)]
-    failed = [r for r in records if not r.ok and not is_empty_ok_response(r)]
+    failed = [r for r in records if not r.ok and not r.cut and not is_empty_ok_response(r)]
     ok = [r for r in records if r.ok]
     invalid: list[str] = []
     open_loop = level.concurrency is None
-    window = open_loop_window(ok) if open_loop else steady_window(ok)
+    estimated = 0
+    if tr.cut_at is not None:
+        estimated = count_cut_tokens(records)
+        window = stationary_window(ok, tr.cut_at)
+    else:
+        window = open_loop_window(ok) if open_loop else steady_window(ok)
     window_s = window_tokens = 0.0
     tok_s: float | None = None
     if window is None:
@@ -322,18 +431,26 @@ def summarize_trial(
                 + (
                     "the first request ended after the last arrival (give more requests per trial)"
                     if open_loop
+                    else "the trial was cut before every stream had its first token: the "
+                    "server runs fewer than C at once (see its max-running-requests)"
+                    if tr.cut_at is not None
                     else "a worker finished before all had their first token; the server may run "
                     "fewer than C at once: give each stream several requests (requests_per_stream=4)"
                 )
             )
     else:
         window_s = window[1] - window[0]
-        window_tokens = tokens_in_window(ok, *window)
+        count = tokens_between if tr.cut_at is not None else tokens_in_window
+        window_tokens = count(ok, *window)
         tok_s = window_tokens / window_s
     if empty:
         invalid.append(f"{len(empty)} request(s) answered 200 with no tokens")
     if ignore_eos:
-        short = [r.completion_tokens for r in ok if r.completion_tokens != max_tokens]
+        short = [
+            r.completion_tokens
+            for r in ok
+            if not r.cut and r.completion_tokens != (r.max_tokens or max_tokens)
+        ]
         if short:
             invalid.append(
                 f"{len(short)} request(s) returned {sorted(set(short))[:5]} tokens instead of "
@@ -384,6 +501,11 @@ def summarize_trial(
             break
     if approx:
         errors.append(f"note: {approx} request(s) sent no usage; tokens counted from events")
+    if estimated:
+        errors.append(
+            f"note: {estimated} stream(s) cut by the time box carried no running usage "
+            "(continuous_usage_stats); their tokens were estimated from their events"
+        )
     errors.extend(notes)
     return TrialResult(
         index=index,
@@ -428,6 +550,11 @@ class LevelFigures:
     """Share of requests meeting every latency ceiling (None when no ceiling is set)."""
     reasoning: ReasoningFigures | None = None
     """Reasoning and content apart; None unless some stream of the level separated them."""
+    clock: float = 1.0
+    """Server seconds per wall second the figures were converted with (the simulator's speed;
+    1.0 for a real server): tok/s are divided by it, latencies multiplied."""
+    achieved_rate: float | None = None
+    """Open loop: median achieved request rate of the trials, per server second."""
 
 
 @dataclass(slots=True)
@@ -455,13 +582,15 @@ class ReasoningFigures:
     TTFC and are left out of its percentiles, so a TTFC next to a non-zero count is optimistic."""
 
 
-def reasoning_figures(ok: Sequence[RequestRecord], percentile_q: float) -> ReasoningFigures | None:
+def reasoning_figures(
+    ok: Sequence[RequestRecord], percentile_q: float, clock: float = 1.0
+) -> ReasoningFigures | None:
     """:class:`ReasoningFigures` of the successful requests, None when none carried reasoning
     (a level without a reasoning parser shows nothing new)."""
     thinking = sum(1 for r in ok if r.reasoning_tokens)
     if not thinking:
         return None
-    ttfcs = [x for x in (r.ttfc for r in ok) if x is not None]
+    ttfcs = [x * clock for x in (r.ttfc for r in ok) if x is not None]
     return ReasoningFigures(
         requests=thinking,
         reasoning_tokens_mean=sum(r.reasoning_tokens for r in ok) / len(ok),
@@ -499,18 +628,29 @@ def level_figures(
     trials: Sequence[TrialResult],
     percentile_q: float = 95.0,
     limits: LatencyLimits = LatencyLimits(),
+    clock: float = 1.0,
 ) -> LevelFigures:
-    samples = [t.tok_s for t in trials if t.valid and t.tok_s is not None]
+    """The level's figures in the server's clock: records and trials are timed on the wall
+    clock (the client's saturation checks need it); ``clock`` server seconds pass per wall
+    second, so rates are divided by it and latencies (and the latency ceilings, given in
+    server seconds) multiplied."""
+    samples = [t.tok_s / clock for t in trials if t.valid and t.tok_s is not None]
     ok = [r for t in trials for r in t.records if r.ok]
-    everyone = [r for t in trials for r in t.records]
-    rates = [x for x in (r.decode_tok_s for r in ok) if x is not None]
-    ttfts = [x for x in (r.ttft for r in ok) if x is not None]
-    itls = inter_token_latencies(ok)
+    # streams a time box cut have no end: out of end-to-end latency and goodput
+    everyone = [r for t in trials for r in t.records if not r.cut]
+    whole = [r for r in ok if not r.cut]
+    rates = [x / clock for x in (r.decode_tok_s for r in ok) if x is not None]
+    ttfts = [x * clock for x in (r.ttft for r in ok) if x is not None]
+    itls = inter_token_latencies(ok) * clock
     mid = median(samples) if samples else None
     spread = (max(samples) - min(samples)) / mid * 100 if mid and len(samples) > 1 else None
     goodput = None
     if limits.any() and everyone:
-        goodput = sum(1 for r in everyone if r.ok and limits.met_by(r)) / len(everyone)
+        wall = LatencyLimits(
+            *(None if x is None else x / clock for x in (limits.ttft_s, limits.itl_s, limits.e2e_s))
+        )
+        goodput = sum(1 for r in everyone if r.ok and wall.met_by(r)) / len(everyone)
+    achieved = [t.achieved_rate / clock for t in trials if t.achieved_rate is not None]
     return LevelFigures(
         tok_s=mid,
         trials_tok_s=samples,
@@ -524,7 +664,9 @@ def level_figures(
         percentile=percentile_q,
         ttft_s_pct=percentile(ttfts, percentile_q),
         itl_s_pct=percentile(itls, percentile_q),
-        e2e_s_pct=percentile([r.e2e for r in ok], percentile_q),
+        e2e_s_pct=percentile([r.e2e * clock for r in whole], percentile_q),
         goodput=goodput,
-        reasoning=reasoning_figures(ok, percentile_q),
+        reasoning=reasoning_figures(ok, percentile_q, clock),
+        clock=clock,
+        achieved_rate=median(achieved) if achieved else None,
     )

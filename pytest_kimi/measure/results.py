@@ -8,7 +8,6 @@ its baseline.  ``LevelResult.verdict`` holds the plain string value, as the JSON
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from statistics import median
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +36,9 @@ class LevelResult:
     errors: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields later stages add to the JSON level (baseline comparison, server counters)."""
+    protocol: str | None = None
+    """The closed-loop trial protocol it was measured with (``stationary``); None for
+    ``whole-requests`` and open loop, whose baselines have always been keyed without one."""
 
     @property
     def concurrency(self) -> int | None:
@@ -55,6 +57,7 @@ class LevelResult:
             "max_tokens": self.spec.max_tokens,
             "input_tokens": self.spec.input_tokens,
             "prompts": self.prompts_key,
+            "protocol": self.protocol,
             "tok_s": _round(f.tok_s, 2),
             "trials_tok_s": [_round(x, 2) for x in f.trials_tok_s],
             "spread_pct": _round(f.spread_pct, 2),
@@ -79,8 +82,7 @@ class LevelResult:
         if f.reasoning is not None:
             out.update(reasoning_dict(f.reasoning))
         if self.spec.rate is not None:
-            achieved = [t.achieved_rate for t in self.trials if t.achieved_rate is not None]
-            out["achieved_rate"] = _round(median(achieved), 3) if achieved else None
+            out["achieved_rate"] = _round(f.achieved_rate, 3)
         out.update(self.extra)
         return out
 
@@ -157,7 +159,7 @@ def level_key(level: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str
     Keys left None (no rate in a closed-loop level, no input_tokens with a prompt set) are absent.
     """
     key = {**workload}
-    for name in ("concurrency", "rate", "max_tokens", "input_tokens", "prompts"):
+    for name in ("concurrency", "rate", "max_tokens", "input_tokens", "prompts", "protocol"):
         if level.get(name) is not None:
             key[name] = level[name]
     return {k: v for k, v in key.items() if v is not None}
@@ -198,9 +200,11 @@ def judge_level(
     targets: Targets,
     trials: list[TrialResult],
     prompts_key: str,
+    clock: float = 1.0,
 ) -> LevelResult:
-    """Figures and verdict of one level, with every reason a non-pass verdict has."""
-    figures = level_figures(trials, targets.percentile, latency_limits(targets))
+    """Figures and verdict of one level, with every reason a non-pass verdict has; ``clock``:
+    server seconds per wall second (:func:`~pytest_kimi.measure.metrics.level_figures`)."""
+    figures = level_figures(trials, targets.percentile, latency_limits(targets), clock)
     floor = targets.floor_for(level)
     errors: list[str] = []
     for t in trials:

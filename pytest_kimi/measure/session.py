@@ -16,7 +16,7 @@ from pytest_kimi.load.request import Target
 from pytest_kimi.load.runner import LoadClient
 from pytest_kimi.load.workers import ShardedClient
 from pytest_kimi.load.loop_thread import LoopThread
-from pytest_kimi.spec.markers import Targets, Workload, parse_throughput
+from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, Targets, Workload, parse_throughput
 from pytest_kimi.measure.trials import (
     DEFAULT_TRIALS,
     FixedTrials,
@@ -95,6 +95,7 @@ def build_spec(
     policy: TrialPolicy | None = None,
     sizer: PromptSizer | None = None,
     unique_prompts: bool = True,
+    protocol: str = DEFAULT_PROTOCOL,
 ) -> MeasureSpec:
     """Resolve prompts and pre-encode bodies: all the work that must not happen under the clock.
 
@@ -145,6 +146,8 @@ def build_spec(
         prompts_keys=keys,
         trials=workload.trials or trials or DEFAULT_TRIALS,
         policy=policy or FixedTrials(),
+        clock=endpoint.clock,
+        protocol=protocol,
         unique_slot=UNIQUE_SLOT.encode() if unique_prompts else None,
         unique_salt=int(run_token, 16) if run_token is not None else 0,
         sizing=sizing,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Callable, Literal, Protocol, Sequence
@@ -16,12 +17,27 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 from pytest_kimi.load.request import Target
 from pytest_kimi.load.openloop import OpenLoopPlan
 from pytest_kimi.load.runner import TRIAL_ID_BITS, LiveTrial, TrialClient, TrialPlan, TrialRecords
-from pytest_kimi.spec.markers import LevelSpec, Targets, Workload
-from pytest_kimi.measure.metrics import ClientSignals, TrialResult, summarize_trial
+from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, STATIONARY, LevelSpec, Targets, Workload
+from pytest_kimi.measure.metrics import (
+    SETTLE_MIN_S,
+    SETTLE_STEPS,
+    WINDOW_MIN_S,
+    ClientSignals,
+    TrialResult,
+    summarize_trial,
+)
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, judge_level, not_run_level
 from pytest_kimi.gate.verdicts import Verdict
 
 WARMUP_MAX_TOKENS = 16
+TTFT_ALLOWANCE_S = 0.1
+"""Wall seconds allowed for the streams' first tokens before the settle period starts, in the
+trial's minimum duration."""
+WINDOW_STEPS = 128
+"""Steps per stream a stationary trial's window holds (its time box, in tokens: C x this).
+Enough that a trial's figure is precise to well under the session noise (a step's jitter
+averages over 128 steps, and the window holds whole steps), few enough that a trial at
+C=256 on EP8 costs ~22 s instead of a 2048-token request's ~350 s."""
 DEFAULT_TRIALS = 3
 MAX_REPLACED_TRIALS = 2
 """Per level: trials voided only by the moment (a client stall) that another trial replaces.
@@ -85,7 +101,7 @@ class Progress:
     tok_s: float | None
     """tick: approximate tok/s so far in this trial; trial: the trial's steady-state figure."""
     elapsed_s: float
-    """Seconds since the level started."""
+    """Wall seconds since the level started (tok/s are in the server's clock)."""
 
 
 ProgressFn = Callable[[Progress], None]
@@ -119,15 +135,44 @@ class MeasureSpec:
     policy: TrialPolicy = field(default_factory=FixedTrials)
     observer: TrialObserver | None = None
     """Checks each trial against another source (the server's counters); None: none."""
+    protocol: str = DEFAULT_PROTOCOL
+    """Closed-loop trial protocol where the marker leaves it open (``--perf-protocol``)."""
+    clock: float = 1.0
+    """Server seconds per wall second (the simulator's speed; 1.0 for a real server).  Loads
+    and figures are in the server's clock: an open-loop rate of 2/s is sent at ``2 * clock``
+    per wall second, a duration of 60 s lasts ``60 / clock`` wall seconds, and tok/s and
+    latencies are converted back, so targets mean the same on the simulator and on EP8."""
     partial: ThroughputResult | None = None
     """Set by :func:`measure_test`: the result it fills level by level, so an interrupted
     measurement (Ctrl-C, SIGTERM) can still report the levels it finished."""
 
     def bodies_for(self, level: LevelSpec) -> list[bytes]:
+        stationary = self.workload.protocol_for(level, self.protocol) == STATIONARY
         return [
-            raw.replace(MAX_TOKENS_SLOT, b'"max_tokens":%d' % level.max_tokens, 1)
+            _running_usage(raw, stationary).replace(
+                MAX_TOKENS_SLOT, b'"max_tokens":%d' % level.max_tokens, 1
+            )
             for raw in self.bodies[level.input_tokens]
         ]
+
+    def stationary_openers(self, level: LevelSpec, offset: int) -> tuple[list[bytes], list[int]]:
+        """The first request of each of the level's C streams, and its ``max_tokens``.
+
+        Stream ``w`` opens with ``ceil((w + 0.5) / C * max_tokens)`` tokens: the streams then
+        finish their first requests one after another, evenly over a request's length, and
+        from there on every decode position is held by one stream -- the batch is in its
+        steady mix from the first steps, so any window of it measures the same rate.
+        """
+        c = level.concurrency or 1
+        raws = _rotated(self.bodies[level.input_tokens], offset)
+        lengths = [max(1, math.ceil((w + 0.5) / c * level.max_tokens)) for w in range(c)]
+        bodies = [
+            _running_usage(raws[w % len(raws)], True).replace(
+                MAX_TOKENS_SLOT, b'"max_tokens":%d' % n, 1
+            )
+            for w, n in enumerate(lengths)
+        ]
+        return bodies, lengths
 
     def prompts_key(self, level: LevelSpec) -> str:
         return self.prompts_keys[level.input_tokens]
@@ -143,6 +188,14 @@ class MeasureSpec:
 
 MAX_TOKENS_SLOT = b'"max_tokens":0'
 """Bodies are encoded once with this placeholder; a level fills in its own max_tokens."""
+_USAGE_OPTION = b'"stream_options":{"include_usage":true}'
+_RUNNING_USAGE_OPTION = b'"stream_options":{"include_usage":true,"continuous_usage_stats":true}'
+
+
+def _running_usage(raw: bytes, on: bool) -> bytes:
+    """A stationary trial's body asks for the usage on every chunk: the streams its time box
+    cuts never get a final one (:func:`~pytest_kimi.measure.metrics.count_cut_tokens`)."""
+    return raw.replace(_USAGE_OPTION, _RUNNING_USAGE_OPTION, 1) if on else raw
 
 
 def _rotated(bodies: list[bytes], offset: int) -> list[bytes]:
@@ -179,9 +232,12 @@ def _max_failures(workload: Workload, requests: int | None, concurrency: int) ->
     return max(1, int(workload.max_error_rate * budget)) + concurrency
 
 
-def _in_flight(level: LevelSpec) -> int:
-    """Requests in flight to allow for when bounding failures (open loop: ~1 s of arrivals)."""
-    return level.concurrency if level.concurrency is not None else max(1, round(level.rate or 1))
+def _in_flight(level: LevelSpec, clock: float = 1.0) -> int:
+    """Requests in flight to allow for when bounding failures (open loop: ~1 wall second of
+    arrivals)."""
+    if level.concurrency is not None:
+        return level.concurrency
+    return max(1, round((level.rate or 1) * clock))
 
 
 def _replaceable(trial: TrialResult) -> bool:
@@ -223,14 +279,32 @@ async def run_trial(
 ) -> TrialResult:
     w = spec.workload
     requests = w.requests_for(level)
+    duration_s = w.duration_s / spec.clock if w.duration_s is not None else None
     bodies = _rotated(spec.bodies_for(level), offset)
-    max_failures = _max_failures(w, requests, _in_flight(level))
-    if level.concurrency is not None:
+    max_failures = _max_failures(w, requests, _in_flight(level, spec.clock))
+    if level.concurrency is not None and w.protocol_for(level, spec.protocol) == STATIONARY:
+        c = level.concurrency
+        first, first_max = spec.stationary_openers(level, offset)
+        plan = TrialPlan(
+            concurrency=c,
+            bodies=bodies,
+            timeout_s=w.timeout_s,
+            max_failures=_max_failures(w, None, c),
+            first_bodies=first,
+            first_max_tokens=first_max,
+            # the first step's tokens come before every stream is in, and the window starts
+            # once the start-up backlog has settled
+            token_budget=c * (WINDOW_STEPS + SETTLE_STEPS + 1),
+            min_duration_s=SETTLE_MIN_S + WINDOW_MIN_S + TTFT_ALLOWANCE_S,
+            **spec.next_unique(),
+        )
+        tr = await client.run_trial(spec.target, plan, live)
+    elif level.concurrency is not None:
         plan = TrialPlan(
             concurrency=level.concurrency,
             bodies=bodies,
             requests=requests,
-            duration_s=w.duration_s,
+            duration_s=duration_s,
             timeout_s=w.timeout_s,
             max_failures=max_failures,
             warmup=0,
@@ -239,10 +313,10 @@ async def run_trial(
         tr = await client.run_trial(spec.target, plan, live)
     else:
         open_plan = OpenLoopPlan(
-            rate=level.rate or 1.0,
+            rate=(level.rate or 1.0) * spec.clock,
             bodies=bodies,
             requests=requests,
-            duration_s=w.duration_s,
+            duration_s=duration_s,
             timeout_s=w.timeout_s,
             max_failures=max_failures,
             seed=w.seed + index,
@@ -259,7 +333,13 @@ async def run_trial(
 
 
 async def _ticker(
-    progress: ProgressFn, live: LiveTrial, label: str, trial: int, trials: int, level_start: float
+    progress: ProgressFn,
+    live: LiveTrial,
+    label: str,
+    trial: int,
+    trials: int,
+    level_start: float,
+    clock: float,
 ) -> None:
     while True:
         await asyncio.sleep(TICK_S)
@@ -274,7 +354,7 @@ async def _ticker(
                 live.done,
                 live.total,
                 live.failed,
-                live.approx_tokens() / running if running > 0 else None,
+                live.approx_tokens() / running / clock if running > 0 else None,
                 now - level_start,
             )
         )
@@ -320,7 +400,7 @@ async def measure_level(
         ticker = None
         if progress is not None:
             ticker = asyncio.ensure_future(
-                _ticker(progress, live, label, len(trials) + 1, planned, level_start)
+                _ticker(progress, live, label, len(trials) + 1, planned, level_start, spec.clock)
             )
         try:
             trial = await run_trial(client, spec, level, len(trials), offset, live)
@@ -349,11 +429,16 @@ async def measure_level(
                     live.done,
                     live.total,
                     live.failed,
-                    trial.tok_s,
+                    trial.tok_s / spec.clock if trial.tok_s is not None else None,
                     perf_counter() - level_start,
                 )
             )
-    result = judge_level(level, spec.workload, spec.targets, trials, spec.prompts_key(level))
+    result = judge_level(
+        level, spec.workload, spec.targets, trials, spec.prompts_key(level), spec.clock
+    )
+    protocol = spec.workload.protocol_for(level, spec.protocol)
+    result.protocol = protocol if protocol == STATIONARY else None
+    result.extra["server_time_s"] = round((perf_counter() - level_start) * spec.clock, 3)
     result.extra["prompt_tokens"] = prompt_tokens_summary(trials)
     sizing = spec.sizing.get(level.input_tokens)
     if sizing is not None:
@@ -398,7 +483,9 @@ async def measure_test(
     try:
         if observer is not None:
             await observer.open()  # before any load: a check that cannot run stops the test here
+        warm_start = perf_counter()
         await warm_up(client, spec)  # a dead server shows in the first level's errors
+        result.extra["warmup_server_time_s"] = round((perf_counter() - warm_start) * spec.clock, 3)
         stop_reason: str | None = None
         for level in spec.workload.levels:
             if stop_reason is not None:
@@ -415,4 +502,18 @@ async def measure_test(
     finally:
         if observer is not None:
             await observer.close()
+        _account(result, spec.clock)
     return result
+
+
+def _account(result: ThroughputResult, clock: float) -> None:
+    """The price of the measurement, in the server's seconds (warm-up and every level, each
+    from its first request to its last; replaced trials included: they held the server too),
+    and the clock the figures are in.  Also on an interrupted run: the partial result says
+    what it cost."""
+    spent = result.extra.get("warmup_server_time_s", 0.0) + sum(
+        lv.extra.get("server_time_s", 0.0) for lv in result.levels
+    )
+    result.extra["server_time_s"] = round(spent, 3)
+    if clock != 1.0:
+        result.extra["server_clock"] = {"kind": "simulator", "speed": clock}

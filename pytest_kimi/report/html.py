@@ -28,6 +28,7 @@ from pytest_kimi.report.markdown import (
     verdict_counts,
     workload_text,
 )
+from pytest_kimi.report.terminal import price_text
 from pytest_kimi.report.plots import PlotImage, render_test, require_matplotlib, safe_name
 
 INDEX_NAME = "index.html"
@@ -114,6 +115,9 @@ def _test_section(
         meta.append(f"baseline profile <code>{_e(test['baseline_profile'])}</code>")
     if test.get("baseline_file") and not test.get("compared_with"):
         meta.append(f"baseline file <code>{_e(test['baseline_file'])}</code>")
+    price = price_text(test)
+    if price:
+        meta.append(_e(price))
     if meta:
         parts.append(f'<p class="meta">{" · ".join(meta)}</p>')
     levels = list(test.get("levels") or [])

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.report.terminal import (
+    price_text,
     num as _num,
     prompt_tokens_cell,
     reasoning_tokens_cell,
@@ -300,6 +301,9 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
         meta.append(f"compared with {text(str(test['compared_with']))}")
     elif test.get("baseline_profile"):
         meta.append(f"baseline profile {code(str(test['baseline_profile']))}")
+    price = price_text(test)
+    if price:
+        meta.append(text(price))
     if meta:
         lines += ["", " · ".join(meta)]
     levels = list(test.get("levels") or [])

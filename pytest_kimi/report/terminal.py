@@ -125,6 +125,7 @@ COLUMNS: list[Column] = [
     ("change (90% CI)", _change),
     ("p", lambda lv: num(lv.get("p_value"), ".3g")),
     ("trials", lambda lv: str(lv.get("trials", 0))),
+    ("server s", lambda lv: num(lv.get("server_time_s"), ".1f")),
     ("verdict", lambda lv: str(lv.get("verdict", "?"))),
 ]
 
@@ -175,6 +176,23 @@ def _lengths(levels: Sequence[dict[str, Any]]) -> str:
     return " ".join(parts)
 
 
+def price_text(test: Mapping[str, Any]) -> str | None:
+    """What the test's measurement cost the server, and the clock its figures are in (the
+    simulator's: wall seconds times its speed), for every report's test heading."""
+    spent = test.get("server_time_s")
+    clock = test.get("server_clock") or {}
+    if spent is None:
+        return None
+    out = f"server time {spent:.1f} s"
+    speed = clock.get("speed")
+    if speed:
+        out += (
+            f" in the simulator's clock (wall x {speed:g}); tok/s and latencies are in that "
+            "clock too"
+        )
+    return out
+
+
 def format_test(test: dict[str, Any]) -> list[str]:
     w = test.get("workload", {})
     where = f" on {test['profile']}" if test.get("profile") else ""
@@ -188,6 +206,9 @@ def format_test(test: dict[str, Any]) -> list[str]:
         lines = [title, "  no levels measured"]
     if test.get("error"):
         lines += ["  " + line for line in str(test["error"]).splitlines()[:10]]
+    price = price_text(test)
+    if price:
+        lines.append("  " + price)
     if test.get("baseline_note"):
         lines.append("  " + test["baseline_note"])
     lines += ["  note: " + note for note in prompt_notes(test)]

@@ -131,6 +131,9 @@ class GenParams:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    continuous_usage: bool = False
+    """``stream_options.continuous_usage_stats``: every token chunk carries the usage so far
+    (SGLang's ``serving_chat.py``, vLLM alike), not only the last chunk."""
     thinking: bool = True
     """Chat: the response opens with the profile's reasoning phase (off with
     ``chat_template_kwargs: {"thinking": false}``, as Kimi's template reads it)."""
@@ -273,11 +276,12 @@ def parse_generation(body: object, kind: str) -> GenParams:
         max_tokens = _max_tokens(body, ("max_tokens",))
     stream = _opt_bool(body, "stream", False)
     options = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous_usage = False
     if options is not None:
         if not isinstance(options, dict):
             raise BadRequest("'stream_options' must be an object")
         include_usage = _opt_bool(options, "include_usage", False)
+        continuous_usage = include_usage and _opt_bool(options, "continuous_usage_stats", False)
     ignore_eos = _opt_bool(body, "ignore_eos", False)
     chat = kind == "chat"
     return GenParams(
@@ -286,6 +290,7 @@ def parse_generation(body: object, kind: str) -> GenParams:
         max_tokens=max_tokens,
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         ignore_eos=ignore_eos,
         thinking=chat and _thinking(body),
         separate_reasoning=_opt_bool(body, "separate_reasoning", True),
@@ -536,7 +541,21 @@ async def _write_events(
             await resp.write_eof()
             return
         if data:
+            if params.continuous_usage and not profile.no_usage:
+                data = _with_usage(data, enc, params.prompt_tokens, sent)
             await resp.write(data)
+
+
+_NULL_USAGE_END = b'"usage":null}\n\n'
+
+
+def _with_usage(data: bytes, enc: _Encoder, prompt_tokens: int, completion_tokens: int) -> bytes:
+    """The write's last token chunk with the usage so far in place of ``"usage":null``."""
+    if not data.endswith(_NULL_USAGE_END):
+        return data
+    body = {**_usage(prompt_tokens, completion_tokens), **enc.reasoning_usage(completion_tokens)}
+    usage = json.dumps(body, separators=(",", ":")).encode()
+    return data[: -len(_NULL_USAGE_END)] + b'"usage":' + usage + b"}\n\n"
 
 
 async def _complete(
@@ -911,6 +930,31 @@ async def _sim_stats(request: web.Request) -> web.Response:
     return web.json_response(data)
 
 
+async def _sim_truth(request: web.Request) -> web.Response:
+    """``GET /sim/truth?start=T0&end=T1``: what the engine really delivered in a window of the
+    client's ``perf_counter`` clock (the same CLOCK_MONOTONIC as the engine's), so a check can
+    hold the plugin's figure for exactly the window it measured against the truth."""
+    engine = request.app[ENGINE_KEY]
+    try:
+        start = float(request.query["start"])
+        end = float(request.query["end"])
+    except (KeyError, ValueError):
+        return _error(400, "give start= and end= (perf_counter seconds)", "BadRequestError")
+    if not end > start:
+        return _error(400, "end must be after start", "BadRequestError")
+    tokens, steps, span = engine.truth(start, end)
+    wall_tok_s = tokens / span if span > 0 else 0.0
+    return web.json_response(
+        {
+            "tokens": tokens,
+            "steps": steps,
+            "wall_tok_s": wall_tok_s,
+            "tok_s": wall_tok_s / engine.profile.speed,
+            "speed": engine.profile.speed,
+        }
+    )
+
+
 # ---------------------------------------------------------------------- middlewares
 
 
@@ -973,6 +1017,7 @@ def create_app(profile: SimProfile) -> web.Application:
     app.router.add_post("/v1/tokenize", _tokenize)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/sim/stats", _sim_stats)
+    app.router.add_get("/sim/truth", _sim_truth)
     return app
 
 

@@ -29,6 +29,8 @@ profile's ``disable_radix_cache`` turns it off (SGLang's ``--disable-radix-cache
 from __future__ import annotations
 
 import asyncio
+from array import array
+from bisect import bisect_right
 import math
 import random
 import threading
@@ -181,6 +183,9 @@ class EngineStats:
     cached_prompt_tokens: int = 0
     """Prompt tokens served from the prefix cache (included in ``prompt_tokens``)."""
     cache_flushes: int = 0
+    busy_s: float = 0.0
+    """Model time the engine spent stepping, in the simulator's own clock (wall seconds times
+    ``speed``): what the load cost a deployment that steps as fast as the profile says."""
 
 
 class SimEngine:
@@ -231,6 +236,12 @@ class SimEngine:
         self.requests_failed = 0
         self.errors_injected = 0
         self.steps = 0
+        self.busy_wall_s = 0.0
+        """Sum of the scheduled step durations (wall seconds)."""
+        self.step_ends: array[float] = array("d")
+        self.step_tokens: array[int] = array("I")
+        """When each step delivered (engine clock, the same CLOCK_MONOTONIC as the client's
+        ``perf_counter``) and how many tokens: the truth for any window a client measured."""
         self.late_steps = 0
         self.max_lag_s = 0.0
         self.schedule_resets = 0
@@ -387,7 +398,21 @@ class SimEngine:
             noise_factor=self.noise_factor,
             cached_prompt_tokens=self.cached_prompt_tokens,
             cache_flushes=self.cache_flushes,
+            busy_s=self.busy_wall_s * self.profile.speed,
         )
+
+    def truth(self, start: float, end: float) -> tuple[int, int, float]:
+        """The steps a client window ``[start, end)`` holds, as the engine timed them.
+
+        A client reads a step's tokens a moment after the engine delivers them, so the window's
+        first read belongs to the last step delivered at or before ``start``, and likewise for
+        ``end``.  Returns the tokens of the steps from the first up to (not including) the one
+        at ``end``, their number, and the engine's time between those two steps: tokens / time
+        is the true rate of exactly the steps the client counted."""
+        lo = max(bisect_right(self.step_ends, start) - 1, 0)
+        hi = max(bisect_right(self.step_ends, end) - 1, lo)
+        span = self.step_ends[hi] - self.step_ends[lo] if hi > lo else 0.0
+        return int(sum(self.step_tokens[lo:hi])), hi - lo, span
 
     @property
     def num_running(self) -> int:
@@ -519,7 +544,9 @@ class SimEngine:
             b = len(running)
             if b == 0:
                 continue
-            due += self._step_duration(b, prefill)
+            step = self._step_duration(b, prefill)
+            self.busy_wall_s += step
+            due += step
             delay = due - loop.time()
             if delay > 0.0:
                 burst = 0
@@ -576,6 +603,8 @@ class SimEngine:
             if keep is not None:
                 self._running = keep
             self.generated_tokens += delivered
+            self.step_ends.append(now)
+            self.step_tokens.append(delivered)
 
     def _waiting_admissible(self) -> bool:
         return bool(self._waiting) and len(self._parked) < self.profile.max_running_requests

@@ -17,9 +17,23 @@ MARKER_SIGNATURE = (
     "throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None, min_request_tok_s=None, "
     "max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, min_goodput=None, prompts='diverse', input_tokens=None, requests=None, requests_per_stream=1, duration_s=None, "
     "trials=None, warmup=2, ignore_eos=True, timeout_s=600, api='chat', max_error_rate=0, "
-    "tolerance=None, alpha=None, seed=0): measure output tok/s at each concurrency level against an "
+    "tolerance=None, alpha=None, seed=0, protocol=None): measure output tok/s at each concurrency level against an "
     "OpenAI-compatible endpoint before the test body runs, and fail on a missed target"
 )
+
+STATIONARY = "stationary"
+WHOLE_REQUESTS = "whole-requests"
+PROTOCOLS = (STATIONARY, WHOLE_REQUESTS)
+"""How a closed-loop trial is run (``docs/statistics.md``, "Trial protocols"):
+
+* ``stationary``: C streams send back to back, each starting with a request of a staggered
+  shorter length so the batch holds every decode position from the first steps; a trial is
+  a time box of about :data:`~pytest_kimi.measure.trials.WINDOW_STEPS` steps of that load,
+  cut when it is over (the streams in flight are cancelled), not when its requests end;
+* ``whole-requests``: every trial sends whole requests (one per stream by default) and waits
+  for them; the window is when all C decode at once.  The protocol before 0.2, and what
+  ``requests=``, ``requests_per_stream=`` and ``duration_s=`` ask for."""
+DEFAULT_PROTOCOL = STATIONARY
 
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_WARMUP = 2
@@ -79,6 +93,8 @@ class Workload:
     api: Api = "chat"
     max_error_rate: float = 0.0
     seed: int = 0
+    protocol: str | None = None
+    """The marker's ``protocol=``; None: chosen by :meth:`protocol_for`."""
 
     @property
     def swept(self) -> frozenset[str]:
@@ -97,6 +113,22 @@ class Workload:
         if "input_tokens" in self.swept:
             parts.append(f"input_tokens={level.input_tokens}")
         return " ".join(parts)
+
+    def protocol_for(self, level: LevelSpec, default: str = DEFAULT_PROTOCOL) -> str | None:
+        """The trial protocol of a level: None for open loop (arrivals are its protocol); the
+        marker's choice; ``whole-requests`` where the marker sizes trials in requests or
+        seconds; else ``default`` (``--perf-protocol``)."""
+        if level.concurrency is None:
+            return None
+        if self.protocol is not None:
+            return self.protocol
+        if (
+            self.requests is not None
+            or self.requests_per_stream is not None
+            or self.duration_s is not None
+        ):
+            return WHOLE_REQUESTS
+        return default
 
     def requests_for(self, level: LevelSpec) -> int | None:
         """Requests in one trial at this level (None: bounded by ``duration_s`` alone)."""
@@ -251,6 +283,7 @@ _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
     "tolerance": lambda n, v: _fraction(n, v, open_low=True),
     "alpha": lambda n, v: _fraction(n, v, open_low=True),
     "seed": lambda n, v: _positive_int(n, v, minimum=0),
+    "protocol": lambda n, v: _choice(n, v, PROTOCOLS),
 }
 
 ALLOWED_ARGS = (
@@ -301,6 +334,11 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
         raise MarkerError(
             f"{' and '.join(exclusive)} are exclusive: each sets how long a trial is "
             "(requests: in all; requests_per_stream: per concurrent stream; duration_s: in seconds)"
+        )
+    if values.get("protocol") == STATIONARY and exclusive:
+        raise MarkerError(
+            f"protocol='stationary' times its trials itself; {exclusive[0]}= sizes whole-request "
+            "trials: drop it, or use protocol='whole-requests'"
         )
     if "requests_per_stream" in values and all(lv.concurrency is None for lv in levels):
         raise MarkerError(
