@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+import re
 from array import array
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -242,6 +243,24 @@ class LiveTrial:
         per_block = self.tokens / self.blocks if self.blocks else 1.0
         inflight = sum(len(r.chunk_times) for r in list(self.inflight.values()))
         return int(self.tokens + self.remote_inflight_tokens + inflight * per_block)
+
+
+_USAGE_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+def _tokens_per_read(running: Sequence[RequestRecord], finished: Sequence[int]) -> float:
+    """Tokens a read carries, for a stationary trial's budget: from the running usage of a few
+    streams in flight (``continuous_usage_stats``; a server may pack several tokens into one
+    event), else from the finished streams, else 1."""
+    tokens = reads = 0
+    for rec in running[:8]:
+        found = _USAGE_TOKENS.findall(rec.last_read[-512:]) if rec.last_read else None
+        if found:
+            tokens += int(found[-1])
+            reads += len(rec.chunk_times)
+    if reads:
+        return tokens / reads
+    return finished[0] / finished[1] if finished[1] else 1.0
 
 
 def _request_done(
@@ -602,8 +621,9 @@ class LoadClient:
                     await asyncio.sleep(CUT_POLL_S)
                     if perf_counter() < not_before:
                         continue
-                    per_read = finished[0] / finished[1] if finished[1] else 1.0
-                    reads = sum(len(r.chunk_times) for r in list(inflight.values()))
+                    running = list(inflight.values())
+                    reads = sum(len(r.chunk_times) for r in running)
+                    per_read = _tokens_per_read(running, finished)
                     if finished[0] + reads * per_read >= budget_tokens:
                         return
 

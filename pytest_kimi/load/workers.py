@@ -215,6 +215,9 @@ def shard_closed(target: Target, plan: TrialPlan, n: int) -> list[Shard]:
             else max(1, math.ceil(plan.max_failures * c / total_w))
         )
         # unique prompt ids follow the global index: table[i], or i * stride + pos
+        # stationary: each process opens its own streams' staggered first requests, and cuts
+        # at its share of the token budget (the window ends before the earliest cut)
+        first = slots[k], slots[k] + c
         wplan = replace(
             plan,
             concurrency=c,
@@ -225,6 +228,15 @@ def shard_closed(target: Target, plan: TrialPlan, n: int) -> list[Shard]:
             id_table=table,
             id_stride=len(active),
             id_offset=pos,
+            first_bodies=None if plan.first_bodies is None else plan.first_bodies[slice(*first)],
+            first_max_tokens=(
+                None if plan.first_max_tokens is None else plan.first_max_tokens[slice(*first)]
+            ),
+            token_budget=(
+                None
+                if plan.token_budget is None
+                else max(1, math.ceil(plan.token_budget * c / total_w))
+            ),
         )
         shards.append(
             Shard(
@@ -309,6 +321,7 @@ def merge(
         client_cpu_s=sum(tr.client_cpu_s for tr in trs),
         stopped_early=next((tr.stopped_early for tr in trs if tr.stopped_early), None),
         warmup_records=warm,
+        cut_at=min((tr.cut_at for tr in trs if tr.cut_at is not None), default=None),
         lag_samples=sum(tr.lag_samples for tr in trs),
         lag_times=array("d", [t for tr in trs for t in tr.lag_times]),
         lag_values=array("d", [v for tr in trs for v in tr.lag_values]),
