@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,18 +26,45 @@ from pytest_kimi.baseline import (
 
 SETTINGS = settings(max_examples=100, deadline=None)
 
-# Any unicode but lone surrogates (not writable as UTF-8) and NEL: PyYAML's emitter writes
-# U+0085 raw inside a single-quoted scalar with allow_unicode, and its reader folds it to a
-# space, so such a string does not read back (a PyYAML limitation, kept out of the generator).
-chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x85")
-text = st.text(chars, max_size=20)
-names = st.text(chars, min_size=1, max_size=12)
-# a class or function name in a nodeid holds no '[' (it opens the parameter id) and no '::'
-test_names = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x85[:"),
-    min_size=1,
-    max_size=12,
+# Any unicode but lone surrogates (not writable as UTF-8), with the characters and strings
+# YAML treats specially drawn often, since uniform draws from all of unicode rarely hit them:
+# C0 controls, tab, the line breaks YAML knows (LF, CR, NEL U+0085, LS U+2028, PS U+2029),
+# DEL and the C1 range, NBSP, BOM, the BMP non-characters; and whole strings a YAML reader
+# would take for something else (numbers, bools, null, dates, comments, indicators) unless
+# the writer quotes them.
+SPECIAL_CHARS = (
+    "\x00\x01\x07\x08\t\n\x0b\x0c\r\x1b\x1f\x7f\x80\x85\x9f\xa0\u2028\u2029\ufeff\ufffe\uffff"
 )
+LOOK_ALIKES = (
+    *(" ", "  ", "\t", "~", "null", "Null", "NULL", "true", "True", "FALSE", "yes", "No", "on"),
+    *("OFF", "y", "n", "0", "-1", "+1", "007", "0o17", "0x1F", "0b101", "1e3", "1_000", "1:20"),
+    *(".5", "-.5", "1.", ".inf", "-.Inf", ".NaN", "2024-01-01", "2024-01-01T08:00:00Z", "#"),
+    *("# note", "a #b", "a# b", "a: b", ": ", "a:", "- x", "-", "--", "---", "...", "?", "? x"),
+    *("[", "]", "{a: b}", ",", "&a", "*a", "!tag", "!!str", "|", ">", "'", '"', "''", "%YAML"),
+    *("@", "`", "<<", "="),
+)
+
+
+def strings(min_size: int = 0, forbid: str = "") -> st.SearchStrategy[str]:
+    """Unicode strings as above, none holding a character of ``forbid`` (no filters: a
+    filtered draw retries, and retries made this file several times slower)."""
+    chars = st.characters(blacklist_categories=("Cs",), blacklist_characters=forbid)
+    special = st.sampled_from([c for c in SPECIAL_CHARS if c not in forbid])
+    look_alikes = st.sampled_from([w for w in LOOK_ALIKES if not set(w) & set(forbid)])
+    return st.one_of(
+        look_alikes if min_size <= 1 else st.nothing(),
+        st.text(chars, min_size=min_size, max_size=20),
+        # mixed: leading/trailing blanks, breaks between words, '#' after text...
+        st.lists(st.one_of(chars, special, look_alikes), min_size=min_size, max_size=8).map(
+            "".join
+        ),
+    )
+
+
+text = strings()
+names = strings(min_size=1)
+# a class or function name in a nodeid holds no '[' (it opens the parameter id) and no '::'
+test_names = strings(min_size=1, forbid="[:")
 finite = st.floats(allow_nan=False, allow_infinity=False)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), finite, text)
 
@@ -76,7 +104,7 @@ nodeids = st.builds(
     lambda module, names_, param: (
         f"{module}.py::{'::'.join(names_)}" + (f"[{param}]" if param is not None else "")
     ),
-    text,
+    text.map(lambda module: module.replace("::", ":_")),  # '::' would end the module path
     st.lists(test_names, min_size=1, max_size=3),
     st.none() | text,
 )
@@ -104,6 +132,25 @@ def test_file_text_reads_back_as_the_same_baseline(baseline: TestBaseline) -> No
     assert yamlstrict.load(text_) == yaml.safe_load(text_)
     assert text_.startswith("# pytest-kimi throughput baseline") and text_.endswith("\n")
     text_.encode("utf-8")  # what the store writes
+
+
+@pytest.mark.parametrize("nel", ["\x85", "a\x85b", " \x85 ", "\x85\n\u2028"])
+def test_a_string_with_nel_reads_back(nel: str) -> None:
+    """PyYAML writes NEL (U+0085) raw unless told to double-quote, and reads a raw NEL as a
+    line break folded into a space: every place a string can sit in the file must keep it."""
+    baseline = TestBaseline(
+        test=f"t{nel}.py::test[{nel}]",
+        profile="p",
+        provenance=Provenance(
+            model=nel,
+            server_info={nel: nel, "args": [nel, 1], "nested": {"k": nel}},
+            session_ids=(nel,),
+        ),
+        levels=(LevelBaseline(workload={nel: nel, "c": 1}, trials_tok_s=(1.0,)),),
+    )
+    text_ = dumps(baseline)
+    assert loads(text_) == baseline
+    assert dumps(loads(text_)) == text_
 
 
 @SETTINGS

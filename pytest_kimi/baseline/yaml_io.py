@@ -63,6 +63,17 @@ class _Dumper(yaml.SafeDumper):
         super().increase_indent(flow, False)
 
 
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    node = dumper.represent_str(data)
+    if "\x85" in data:
+        # PyYAML writes NEL (U+0085) raw in plain and single-quoted scalars, and its reader
+        # takes a raw NEL for a line break and folds it into a space: only a double-quoted
+        # scalar (which escapes it as "\N") reads back as the same string.
+        node.style = '"'
+    return node
+
+
+_Dumper.add_representer(str, _represent_str)
 _Dumper.add_representer(
     _FlowMap, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True)
 )
