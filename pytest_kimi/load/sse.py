@@ -291,6 +291,8 @@ class StreamParser:
         events >>= 1
         if buf.count(b"}\n\n", start, end) != events:
             return None  # an event that does not end as a JSON object does (truncated, garbage)
+        if buf.count(b"\n\ndata:", start, end) != events - 1:
+            return None  # an event that is not data (a comment, id:, event:) in the middle
         c = buf.count(p.first, start, end)
         if c == events and events:
             if buf.find(p.finish, start, end) >= 0:
