@@ -6,7 +6,7 @@ aggregate near C=256.  The floors leave room for noise but not for a deploy chan
 one that turned on EPLB and dropped the peak to 862 tok/s.
 
 Run against a deployment:  pytest -m perf --endpoint=http://HOST:30001
-Run against the simulator: pytest -m perf --endpoint=sim:speed=20,stream_interval=8
+Run against the simulator: pytest -m perf --endpoint=sim:speed=10,stream_interval=8
 """
 
 from pytest_kimi import ThroughputResult, throughput

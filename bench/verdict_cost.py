@@ -1,0 +1,360 @@
+"""What a perf verdict costs a deployment: server time per scenario, trial protocol and level.
+
+    python bench/verdict_cost.py [--protocol stationary|whole-requests|both] [--speed S]
+                                 [--sessions N] [--noise 0.0212] [--sims 2000]
+
+Runs the example suite (``tests/perf/``: one stream at 512 tokens, then C=1..256 at 2048
+tokens) through the plugin itself -- ``pytest -m perf --endpoint=sim:...`` in a subprocess, with
+a baseline directory of its own -- against the simulator shaped like the seeds' EP8 deployment,
+in three scenarios:
+
+1. **record**: ``--update-baselines`` (every level runs ``--perf-max-trials`` trials);
+2. **unchanged**: the same deployment in another session (another server start, so another
+   session-noise factor: the simulator's ``noise`` knob);
+3. **slower**: a server 15% slower (``slowdown=1/0.85``), also in another session.
+
+For each it reports, per level, the server time the measurement used **in the simulator's own
+clock** (so the figure is EP8 seconds, whatever the speed), the trials it ran and the verdicts;
+``--sessions N`` repeats the two comparison scenarios over N sessions.  The figure is the
+plugin's own accounting (``server_time_s`` in its JSON: every level from its first request to its
+last, warm-up included); the simulator's busy time (``/sim/stats`` ``busy_s``) is shown beside it.
+
+Then, because N real sessions are few for a false-alarm rate, ``--sims`` simulated sessions per
+level: the within-session spread each level showed in the runs above, a lognormal session
+factor of ``--session-sigma`` (the gate's model: the sd of the log ratio of two sessions), and
+the plugin's trial policy and gate (:mod:`pytest_kimi.gate.stats`, defaults) -- giving the
+false-alarm rate (no change), the power (a 15% drop), and the expected trials, hence expected
+server time, of a verdict under each protocol.
+
+Speeds: the whole-requests protocol is timed by whole requests, so any speed gives the same
+EP8 seconds (default 20); a stationary trial is held to at least ~0.7 wall seconds (the
+client's clock must resolve its window), which at high speed inflates its EP8 seconds, so it runs
+at a speed where EP8's own steps are longer than that floor (default 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pytest_kimi.gate import stats  # noqa: E402
+from pytest_kimi.sim.process import SimProcess  # noqa: E402
+from pytest_kimi.sim.profile import SimProfile  # noqa: E402
+
+SLOWER = 1 / 0.85
+"""Step-time multiplier of the slower server: tok/s times 0.85, a 15% drop."""
+DEFAULT_SPEEDS = {"stationary": 4.0, "whole-requests": 20.0}
+
+
+@dataclass(slots=True)
+class LevelRun:
+    test: str
+    label: str
+    server_s: float
+    trials: int
+    verdict: str
+    tok_s: list[float]
+
+
+@dataclass(slots=True)
+class Run:
+    scenario: str
+    protocol: str
+    session: int
+    wall_s: float
+    busy_s: float | None
+    warmup_s: float
+    levels: list[LevelRun] = field(default_factory=list)
+
+    @property
+    def server_s(self) -> float:
+        return self.warmup_s + sum(lv.server_s for lv in self.levels)
+
+
+def run_suite(
+    protocol: str,
+    scenario: str,
+    session: int,
+    *,
+    speed: float,
+    noise: float,
+    baselines: Path,
+    work: Path,
+) -> Run:
+    """One pytest session of the example suite against a simulator started here (so its own
+    busy time can be read); returns what the plugin's JSON report says."""
+    profile = SimProfile(
+        speed=speed,
+        stream_interval=8,
+        noise=noise,
+        seed=session + 1,
+        slowdown=SLOWER if scenario == "slower" else 1.0,
+    )
+    out = work / f"{protocol}-{scenario}-{session}.json"
+    with SimProcess(profile) as sim:
+        assert sim.url is not None
+        busy0 = _busy(sim.url)
+        args = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(ROOT / "tests" / "perf"),
+            "-m",
+            "perf",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            f"--endpoint={sim.url}",
+            f"--perf-protocol={protocol}",
+            f"--baseline-dir={baselines}",
+            "--baseline-profile=ep8",
+            f"--perf-json={out}",
+        ]
+        if scenario == "record":
+            args.append("--update-baselines=force")
+        t0 = time.perf_counter()
+        proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=7200)
+        wall = time.perf_counter() - t0
+        busy = _busy(sim.url) - busy0
+    if not out.exists():
+        raise SystemExit(f"no report from {' '.join(args)}:\n{proc.stdout[-3000:]}{proc.stderr}")
+    report = json.loads(out.read_text())
+    run = Run(scenario, protocol, session, wall, busy, 0.0)
+    for test in report["tests"]:
+        run.warmup_s += test.get("warmup_server_time_s") or 0.0
+        name = test["nodeid"].rsplit("::", 1)[-1]
+        for lv in test.get("levels", []):
+            run.levels.append(
+                LevelRun(
+                    name,
+                    lv["label"],
+                    lv.get("server_time_s") or 0.0,
+                    lv.get("trials", 0),
+                    lv.get("verdict", "?"),
+                    list(lv.get("trials_tok_s") or []),
+                )
+            )
+    return run
+
+
+def _busy(url: str) -> float:
+    """The simulator's stepping time so far, in its own clock (``/sim/stats`` ``busy_s``)."""
+    with urllib.request.urlopen(url + "/sim/stats", timeout=10) as resp:
+        return float(json.load(resp)["busy_s"])
+
+
+def print_run(run: Run) -> None:
+    print(
+        f"\n{run.protocol} / {run.scenario} (session {run.session}): "
+        f"{run.server_s:.0f} EP8 s in all (warm-up {run.warmup_s:.0f} s; the simulator stepped "
+        f"{run.busy_s or 0:.0f} s of it), wall {run.wall_s:.0f} s"
+    )
+    print(f"  {'test':<24} {'level':<6} {'EP8 s':>8} {'trials':>6} {'tok/s':>9}  verdict")
+    for lv in run.levels:
+        med = statistics.median(lv.tok_s) if lv.tok_s else float("nan")
+        print(
+            f"  {lv.test:<24} {lv.label:<6} {lv.server_s:>8.1f} {lv.trials:>6} {med:>9.1f}  "
+            f"{lv.verdict}"
+        )
+
+
+# ------------------------------------------------------------------- simulated sessions
+
+
+@dataclass(slots=True)
+class LevelModel:
+    """One level as the simulation needs it: its noise and what a trial costs."""
+
+    test: str
+    label: str
+    within_sigma: float
+    """Log sd of a trial's tok/s within a session (from the runs)."""
+    trial_s: float
+    """EP8 seconds one trial costs (level time / trials, measured)."""
+    fixed_s: float = 0.0
+
+
+def level_models(runs: list[Run]) -> list[LevelModel]:
+    """Within-session spread and per-trial price of each level, pooled over the runs."""
+    models: dict[tuple[str, str], LevelModel] = {}
+    logs: dict[tuple[str, str], list[float]] = {}
+    cost: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        for lv in run.levels:
+            key = (lv.test, lv.label)
+            if len(lv.tok_s) >= 2:
+                x = np.log(np.asarray(lv.tok_s))
+                logs.setdefault(key, []).append(float(np.var(x, ddof=1)))
+            if lv.trials:
+                cost.setdefault(key, []).append(lv.server_s / lv.trials)
+            models.setdefault(key, LevelModel(lv.test, lv.label, 0.0, 0.0))
+    for key, m in models.items():
+        v = logs.get(key) or [0.0]
+        m.within_sigma = max(math.sqrt(statistics.fmean(v)), stats.MIN_LOG_SD)
+        m.trial_s = statistics.median(cost.get(key) or [0.0])
+    return list(models.values())
+
+
+def simulate(
+    models: list[LevelModel],
+    *,
+    drop: float,
+    sims: int,
+    session_sigma: float,
+    baseline_trials: int,
+    rng: np.random.Generator,
+) -> tuple[dict[str, float], float, float]:
+    """Verdict shares per test-level under the plugin's policy, mean trials and EP8 seconds.
+
+    Every simulated comparison draws a baseline session (``baseline_trials`` trials, as a
+    recording runs) and a current one whose log mean differs by a session factor and
+    ``log(1 - drop)``; the current side runs the adaptive policy (:func:`stats.decide`) and is
+    judged by :func:`stats.compare_test` over the levels of its test, Holm and all.
+    """
+    counts: dict[str, int] = {}
+    trials_total = 0
+    seconds_total = 0.0
+    by_test: dict[str, list[LevelModel]] = {}
+    for m in models:
+        by_test.setdefault(m.test, []).append(m)
+    for _ in range(sims):
+        for levels in by_test.values():
+            pairs = []
+            for m in levels:
+                base = np.exp(rng.normal(0.0, m.within_sigma, baseline_trials))
+                shift = rng.normal(0.0, session_sigma) + math.log1p(-drop)
+                sd = m.within_sigma
+
+                def draw(k: int, shift: float = shift, sd: float = sd) -> list[float]:
+                    return [float(x) for x in np.exp(shift + rng.normal(0.0, sd, k))]
+
+                cur = draw(stats.DEFAULT_MIN_TRIALS)
+                look = 0
+                while True:
+                    d = stats.decide(list(base), cur, look=look, n_levels=len(levels))
+                    if d.stop or len(cur) >= stats.DEFAULT_MAX_TRIALS:
+                        break
+                    cur += draw(d.next_trials)
+                    look += 1
+                trials_total += len(cur)
+                seconds_total += len(cur) * m.trial_s
+                pairs.append((list(base), cur))
+            for cmp in stats.compare_test(pairs):
+                counts[str(cmp.verdict)] = counts.get(str(cmp.verdict), 0) + 1
+    n = sum(counts.values())
+    shares = {k: v / n for k, v in sorted(counts.items())}
+    return shares, trials_total / n, seconds_total / sims
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--protocol", choices=("stationary", "whole-requests", "both"), default="both")
+    ap.add_argument(
+        "--speed", type=float, default=None, help="simulator speed (default: per protocol)"
+    )
+    ap.add_argument("--sessions", type=int, default=1)
+    ap.add_argument(
+        "--noise",
+        type=float,
+        default=round(stats.DEFAULT_SESSION_SIGMA / math.sqrt(2), 4),
+        help="per-server-start log sd of the simulator (two starts differ by sqrt(2) times it)",
+    )
+    ap.add_argument("--session-sigma", type=float, default=stats.DEFAULT_SESSION_SIGMA)
+    ap.add_argument("--sims", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args(argv)
+    protocols = ["whole-requests", "stationary"] if args.protocol == "both" else [args.protocol]
+    rng = np.random.default_rng(args.seed)
+    summary = []
+    with tempfile.TemporaryDirectory(prefix="verdict-cost-") as tmp:
+        work = Path(tmp)
+        for protocol in protocols:
+            speed = args.speed or DEFAULT_SPEEDS[protocol]
+            baselines = work / f"baselines-{protocol}"
+            print(f"\n=== protocol {protocol}: simulator speed {speed:g}, noise {args.noise:g} ===")
+            runs = [
+                run_suite(
+                    protocol,
+                    "record",
+                    0,
+                    speed=speed,
+                    noise=args.noise,
+                    baselines=baselines,
+                    work=work,
+                )
+            ]
+            print_run(runs[0])
+            for session in range(1, args.sessions + 1):
+                for scenario in ("unchanged", "slower"):
+                    run = run_suite(
+                        protocol,
+                        scenario,
+                        session,
+                        speed=speed,
+                        noise=args.noise,
+                        baselines=baselines,
+                        work=work,
+                    )
+                    print_run(run)
+                    runs.append(run)
+            models = level_models(runs)
+            base_trials = max(lv.trials for lv in runs[0].levels)
+            warm = statistics.median(r.warmup_s for r in runs)
+            print(
+                f"\n{protocol}: {args.sims} simulated sessions per scenario (session sigma "
+                f"{args.session_sigma:g}, within-session sigma per level from the runs, "
+                f"baseline of {base_trials} trials)"
+            )
+            row = {"protocol": protocol, "record_s": runs[0].server_s}
+            for drop, name in ((0.0, "unchanged"), (0.15, "15% slower")):
+                shares, mean_trials, seconds = simulate(
+                    models,
+                    drop=drop,
+                    sims=args.sims,
+                    session_sigma=args.session_sigma,
+                    baseline_trials=base_trials,
+                    rng=rng,
+                )
+                seconds += warm
+                text = ", ".join(f"{k} {v:.1%}" for k, v in shares.items())
+                print(
+                    f"  {name:<11} verdicts per level: {text}; {mean_trials:.2f} trials per "
+                    f"level; {seconds:.0f} EP8 s per run of the suite"
+                )
+                row[name] = (shares, mean_trials, seconds)
+            measured = [r.server_s for r in runs if r.scenario == "unchanged"]
+            row["unchanged_measured_s"] = statistics.fmean(measured) if measured else float("nan")
+            summary.append(row)
+    if len(summary) == 2:
+        old, new = summary
+        print("\n=== the price of a verdict against a baseline, EP8 seconds ===")
+        for name in ("unchanged", "15% slower"):
+            a, b = old[name][2], new[name][2]
+            print(
+                f"  {name:<11} {old['protocol']} {a:>7.0f}   {new['protocol']} {b:>7.0f}   {b / a:.1%}"
+            )
+        a, b = old["record_s"], new["record_s"]
+        print(
+            f"  {'record':<11} {old['protocol']} {a:>7.0f}   {new['protocol']} {b:>7.0f}   {b / a:.1%}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
