@@ -142,6 +142,7 @@ def compare_reports(
     session_sigma: float,
     old_name: str = "OLD",
     new_name: str = "NEW",
+    detectable_drop: float | None = None,
 ) -> Comparison:
     """Compare every level of ``new`` with the same level of ``old``.
 
@@ -154,6 +155,7 @@ def compare_reports(
     from pytest_kimi.gate.policy import compared_level
     from pytest_kimi.baseline import Provenance, provenance_diff
 
+    drop = stats.DEFAULT_DETECTABLE_DROP if detectable_drop is None else detectable_drop
     old_ep, new_ep = old.get("endpoint") or {}, new.get("endpoint") or {}
     changes = [
         str(c)
@@ -230,6 +232,7 @@ def compare_reports(
                 tolerance=tolerance,
                 alpha=alpha,
                 session_sigma=session_sigma,
+                detectable_drop=drop,
             )
             for (row, base, _), cmp in zip(pending, comparisons):
                 # the gate's own fields and notes, so a compared level reads as a gated one
@@ -260,7 +263,8 @@ def compare_reports(
     result.only_old[:0] = [t for t in old_tests if t not in new_ids]
     notes = [
         f"Offline comparison: {new_name} against {old_name} as the baseline "
-        f"(tolerance {tolerance * 100:g}%, alpha {alpha:g}, session sigma {session_sigma:g})."
+        f"(tolerance {tolerance * 100:g}%, alpha {alpha:g}, session sigma {session_sigma:g}, "
+        f"detectable drop {drop * 100:g}%)."
     ]
     if changes:
         notes.append("changed between the reports: " + "; ".join(changes))
@@ -364,6 +368,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
             tolerance=ns.tolerance,
             alpha=ns.alpha,
             session_sigma=ns.session_sigma,
+            detectable_drop=ns.detectable_drop,
             old_name=Path(ns.old).name,
             new_name=Path(ns.new).name,
         )
@@ -495,7 +500,13 @@ def cmd_sim(argv: Sequence[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     # The same constants the plugin's options take their defaults from (tests/test_options.py).
     from pytest_kimi.baseline.paths import DEFAULT_DIRNAME
-    from pytest_kimi.gate.stats import DEFAULT_ALPHA, DEFAULT_SESSION_SIGMA, DEFAULT_TOLERANCE
+    from pytest_kimi.gate.stats import (
+        DEFAULT_ALPHA,
+        DEFAULT_DETECTABLE_DROP,
+        DEFAULT_POWER,
+        DEFAULT_SESSION_SIGMA,
+        DEFAULT_TOLERANCE,
+    )
 
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -546,6 +557,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SESSION_SIGMA,
         help="between-session noise, std of the log ratio (default "
         f"{DEFAULT_SESSION_SIGMA}; 0 for an interleaved A/B on one machine)",
+    )
+    p.add_argument(
+        "--detectable-drop",
+        type=float,
+        default=DEFAULT_DETECTABLE_DROP,
+        help=f"true drop a level must catch with {DEFAULT_POWER * 100:g}%% probability to pass, "
+        f"else it is underpowered (default {DEFAULT_DETECTABLE_DROP})",
     )
     p.add_argument("--markdown", metavar="PATH", help="also write the comparison as Markdown")
     p.set_defaults(func=cmd_compare)

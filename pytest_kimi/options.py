@@ -79,6 +79,7 @@ class KimiOptions:
     perf_tolerance: float = stats.DEFAULT_TOLERANCE
     perf_alpha: float = stats.DEFAULT_ALPHA
     perf_session_sigma: float = stats.DEFAULT_SESSION_SIGMA
+    perf_detectable_drop: float = stats.DEFAULT_DETECTABLE_DROP
     perf_max_trials: int = stats.DEFAULT_MAX_TRIALS
     perf_require_baseline: bool = False
     perf_strict: bool = False
@@ -122,6 +123,7 @@ class KimiOptions:
             require_baseline=self.perf_require_baseline,
             strict=self.perf_strict,
             updating=self.update_baselines is not None,
+            detectable_drop=self.perf_detectable_drop,
         )
 
     def with_base(self, root: Path) -> KimiOptions:
@@ -391,6 +393,16 @@ OPTIONS: dict[str, Option[Any]] = {
             "noiseless one",
             non_negative_float,
             metavar="SIGMA",
+        ),
+        Option(
+            "--perf-detectable-drop",
+            "kimi_perf_detectable_drop",
+            "KIMI_PERF_DETECTABLE_DROP",
+            f"true relative drop the gate must catch (with {stats.DEFAULT_POWER:.0%} "
+            "probability) before a level may pass; a level whose noise could hide it is "
+            "underpowered (default {default})",
+            fraction,
+            metavar="FRACTION",
         ),
         Option(
             "--perf-max-trials",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import time
 import types
@@ -27,6 +28,7 @@ import pytest
 from pytest_kimi import options
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.baseline import BaselineStore, TestBaseline
+from pytest_kimi.gate import stats
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.gate.run import Comparison, GateProblem, MeasurementInterrupted, measure_gated
@@ -156,6 +158,47 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(PerfReporter(config), "kimi-perf-reporter")
     _group_perf_tests_under_xdist(config)
     _install_interrupts(config)
+    unreachable = _pass_unreachable(opts)
+    if unreachable is not None and not hasattr(config, "workerinput"):
+        config.stash[PASS_UNREACHABLE] = unreachable
+        config.issue_config_time_warning(pytest.PytestConfigWarning(unreachable), stacklevel=2)
+
+
+PASS_UNREACHABLE = pytest.StashKey[str]()
+"""Set when the gate's settings make ``pass`` unreachable: said before any trial runs."""
+
+
+def _pass_unreachable(opts: KimiOptions) -> str | None:
+    """The up-front warning when no number of trials can make a compared level ``pass``.
+
+    The standard error of a level never falls below the session noise, so a drop smaller than
+    :func:`stats.smallest_vouchable_drop` cannot be caught with the gate's power however many
+    trials run; if ``--perf-detectable-drop`` asks for that, every compared level ends
+    ``underpowered`` (or significant) and the trials are spent for nothing.
+    """
+    floor = stats.smallest_vouchable_drop(
+        opts.perf_tolerance, opts.perf_alpha, opts.perf_session_sigma, stats.DEFAULT_POWER
+    )
+    if floor <= opts.perf_detectable_drop:
+        return None
+    return (
+        f"pytest-kimi: no compared level can pass: with session noise "
+        f"{opts.perf_session_sigma:g} ({opts.source('perf_session_sigma')}), tolerance "
+        f"{opts.perf_tolerance:.1%} and alpha {opts.perf_alpha:g}, no number of trials catches a "
+        f"drop smaller than {floor:.1%} with {stats.DEFAULT_POWER:.0%} probability, but the "
+        f"detectable drop is {opts.perf_detectable_drop:.1%} "
+        f"({opts.source('perf_detectable_drop')}); every level without a significant change "
+        f"will be underpowered.  Raise --perf-detectable-drop to {math.ceil(floor * 1000) / 10:g}% "
+        "or more, or measure the session noise (a lower --perf-session-sigma), or use a "
+        "smaller --perf-tolerance."
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The gate's up-front warning, where the header is shown (``-q`` hides it; the same text
+    is in the warnings summary)."""
+    unreachable = config.stash.get(PASS_UNREACHABLE, None)
+    return [] if unreachable is None else [unreachable]
 
 
 def _install_interrupts(config: pytest.Config) -> None:

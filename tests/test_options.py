@@ -42,6 +42,7 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "perf_tolerance": 0.05,
     "perf_alpha": 0.05,
     "perf_session_sigma": 0.03,
+    "perf_detectable_drop": 0.15,
     "perf_max_trials": 10,
     "perf_require_baseline": False,
     "perf_strict": False,
@@ -112,12 +113,14 @@ def test_gate_settings_and_kimi_perf_share_the_options_defaults() -> None:
         stats.DEFAULT_SESSION_SIGMA,
     )
     assert opts.perf_max_trials == stats.DEFAULT_MAX_TRIALS
+    assert opts.perf_detectable_drop == stats.DEFAULT_DETECTABLE_DROP
     compare = build_parser().parse_args(["compare", "old.json", "new.json"])
     assert (compare.tolerance, compare.alpha, compare.session_sigma) == (
         opts.perf_tolerance,
         opts.perf_alpha,
         opts.perf_session_sigma,
     )
+    assert compare.detectable_drop == opts.perf_detectable_drop
     assert Path(build_parser().parse_args(["baselines"]).dir) == opts.baseline_dir
 
 
@@ -390,3 +393,34 @@ def test_update_baselines_from_the_command_line(pytester: pytest.Pytester) -> No
     assert _options(pytester, "--update-baselines").update_baselines == "yes"
     opts = _options(pytester, "--update-baselines=force")
     assert opts.update_baselines == "force" and opts.gate_settings().updating
+
+
+# ------------------------------------------------------------------------ --perf-detectable-drop
+
+
+def test_detectable_drop_from_each_source_reaches_the_gate(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _options(pytester, "--perf-detectable-drop=0.2").gate_settings().detectable_drop == 0.2
+    monkeypatch.setenv("KIMI_PERF_DETECTABLE_DROP", "0.25")
+    assert _options(pytester).perf_detectable_drop == 0.25
+    monkeypatch.delenv("KIMI_PERF_DETECTABLE_DROP")
+    pytester.makeini("[pytest]\nkimi_perf_detectable_drop = 0.3\n")
+    assert _options(pytester).perf_detectable_drop == 0.3
+
+
+def test_settings_that_make_pass_unreachable_are_said_up_front(pytester: pytest.Pytester) -> None:
+    """5% session noise: no number of trials can catch a 15% drop with 95% probability, so
+    every compared level would be underpowered; said once, before any trial, with the fix."""
+    pytester.makepyfile(test_x="def test_x(): pass")
+    result = pytester.runpytest("--perf-session-sigma=0.05")
+    result.assert_outcomes(passed=1, warnings=1)
+    out = result.stdout.str()
+    assert out.count("no compared level can pass") == 2  # the header, the warnings summary
+    assert "smaller than 19.4%" in out and "detectable drop is 15.0% (default)" in out
+    assert "Raise --perf-detectable-drop to 19.5% or more" in out
+    quiet = pytester.runpytest()  # the defaults can pass: nothing said
+    quiet.assert_outcomes(passed=1)
+    assert "no compared level can pass" not in quiet.stdout.str()
+    wide = pytester.runpytest("--perf-session-sigma=0.05", "--perf-detectable-drop=0.2")
+    assert "no compared level can pass" not in wide.stdout.str()

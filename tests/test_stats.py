@@ -1,5 +1,6 @@
-"""Tests of the statistical gate: Holm, the Welch/session test, verdicts, edge cases, and a
-seeded power simulation asserting the acceptance properties (false alarms, power)."""
+"""Tests of the statistical gate: Holm, the Welch/session test, verdicts, the variance-driven
+trials, edge cases, and a seeded power simulation asserting the acceptance properties (pass
+when nothing changed, a 15% drop caught, false alarms)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import pytest
 from scipy import stats as st
 
 from pytest_kimi.gate.stats import (
-    FINAL_LOOK_SHARE,
+    DEFAULT_DETECTABLE_DROP,
+    DEFAULT_POWER,
     LevelComparison,
     StopReason,
     Verdict,
@@ -29,10 +31,13 @@ from pytest_kimi.gate.stats import (
     estimate_session_sigma,
     holm,
     look_schedule,
-    look_weights,
+    smallest_vouchable_drop,
 )
 
 BASE = [1000.0, 1010.0, 990.0, 1005.0, 995.0]
+# A recorded baseline (10 trials, ~2% scatter) and a current run with the same scatter.
+BASE10 = [1000.0, 1030.0, 975.0, 1012.0, 990.0, 1021.0, 968.0, 1004.0, 985.0, 1015.0]
+SAME3 = [1003.0, 985.0, 1018.0]
 
 
 # --------------------------------------------------------------------------- Holm
@@ -96,7 +101,6 @@ def test_matches_scipy_welch_without_session_noise() -> None:
             np.log(c) - math.log(1.05), np.log(b), equal_var=False, alternative="greater"
         )
         assert r.p_improved_raw == pytest.approx(up.pvalue, rel=1e-9)
-        assert r.p_pass_raw == pytest.approx(1 - r.p_regression_raw)
 
 
 def test_session_sigma_adds_known_variance() -> None:
@@ -148,25 +152,87 @@ def test_estimate_session_sigma_recovers_the_simulated_value() -> None:
 # --------------------------------------------------------------------------- verdicts
 
 
+def _mdd_by_hand(se: float, df: float, tolerance: float = 0.05) -> float:
+    k = st.t.ppf(0.95, df) + st.t.ppf(DEFAULT_POWER, df)
+    return 1 - math.exp(math.log(1 - tolerance) - k * se)
+
+
+def test_min_detectable_drop_is_the_drop_caught_with_power() -> None:
+    r = compare_level(BASE10, SAME3)
+    assert r.min_detectable_drop == pytest.approx(_mdd_by_hand(r.se_log, r.df), rel=1e-12)
+    assert (r.detectable_drop, r.power) == (DEFAULT_DETECTABLE_DROP, DEFAULT_POWER)
+    # by definition: a true ratio of 1 - mdd puts the expected estimate where the test
+    # rejects with probability `power` (the t quantiles of alpha and power add up)
+    shift = math.log(1 - r.min_detectable_drop) - math.log(0.95)
+    crit = st.t.ppf(0.05, r.df)
+    assert st.t.cdf(crit - shift / r.se_log, r.df) == pytest.approx(DEFAULT_POWER, abs=2e-3)
+
+
+def test_smallest_vouchable_drop() -> None:
+    k = st.norm.ppf(0.95) + st.norm.ppf(0.95)
+    assert smallest_vouchable_drop() == pytest.approx(1 - 0.95 * math.exp(-k * 0.03))
+    assert 0.13 < smallest_vouchable_drop() < DEFAULT_DETECTABLE_DROP  # defaults consistent
+    assert smallest_vouchable_drop(session_sigma=0.0) == pytest.approx(0.05)
+    assert smallest_vouchable_drop(session_sigma=0.05) > 0.19
+    # no sample gets below it: the mdd with session noise only is the floor
+    r = compare_level([1000.0] * 50, [1000.0] * 50)
+    assert r.min_detectable_drop >= smallest_vouchable_drop()
+    assert r.min_detectable_drop == pytest.approx(smallest_vouchable_drop(), abs=2e-3)
+
+
+def test_unchanged_with_defaults_passes() -> None:
+    r = compare_level(BASE10, SAME3)
+    assert r.verdict is Verdict.PASS
+    assert r.min_detectable_drop <= DEFAULT_DETECTABLE_DROP
+    d = decide(BASE10, SAME3)
+    assert d.stop and d.reason is StopReason.POWERED and d.comparison.verdict is Verdict.PASS
+
+
+def test_15_percent_drop_is_a_regression() -> None:
+    r = compare_level(BASE10, [x * 0.85 for x in SAME3])
+    assert r.verdict is Verdict.REGRESSION and r.p_regression < 0.05
+
+
+def test_noise_that_makes_pass_unreachable_is_underpowered() -> None:
+    """With 5% session noise no number of trials vouches for a 15% drop: underpowered, said
+    up front by smallest_vouchable_drop, and decide() stops at once (futility)."""
+    assert smallest_vouchable_drop(session_sigma=0.05) > DEFAULT_DETECTABLE_DROP
+    many = [1000.0, 1001.0] * 5
+    r = compare_level(many, many, session_sigma=0.05)
+    assert r.verdict is Verdict.UNDERPOWERED and r.min_detectable_drop > DEFAULT_DETECTABLE_DROP
+    d = decide(BASE10, SAME3, session_sigma=0.05)
+    assert d.stop and d.reason is StopReason.FUTILITY and d.next_trials == 0
+    # a wider detectable drop makes it reachable again
+    assert compare_level(many, many, session_sigma=0.05, detectable_drop=0.25).verdict == "pass"
+
+
 def test_verdict_order_cases() -> None:
     quiet = dict(session_sigma=0.0)
     assert compare_level(BASE, [x * 0.8 for x in BASE], **quiet).verdict is Verdict.REGRESSION
     assert compare_level(BASE, [x * 1.2 for x in BASE], **quiet).verdict is Verdict.IMPROVED
     assert compare_level(BASE, [x * 1.01 for x in BASE], **quiet).verdict is Verdict.PASS
-    # estimate right on the margin, precise data: not significant, but well powered
+    # estimate right on the margin, precise data: no regression *beyond* the tolerance shown,
+    # and a 15% drop would have been caught: pass (v1 said inconclusive)
     at_margin = compare_level(BASE, [x * 0.95 for x in BASE], **quiet)
-    assert at_margin.verdict is Verdict.INCONCLUSIVE
-    assert at_margin.min_detectable_drop < 0.05
-    # same data, 3% session noise and a 1% drop: cannot certify 5%
-    weak = compare_level(BASE, [x * 0.99 for x in BASE])
-    assert weak.verdict is Verdict.UNDERPOWERED
-    assert weak.min_detectable_drop > 0.05
+    assert at_margin.verdict is Verdict.PASS
+    # a noisy current run: cannot vouch for a 15% drop
+    noisy = compare_level(BASE, [1000.0, 1150.0, 870.0])
+    assert noisy.verdict is Verdict.UNDERPOWERED
+    assert noisy.min_detectable_drop > DEFAULT_DETECTABLE_DROP
+
+
+def test_inconclusive_is_never_produced() -> None:
+    rng = np.random.default_rng(4)
+    for n in (2, 3, 5):
+        b = 1000 * np.exp(rng.normal(0, 0.04, (3000, n)))
+        c = 1000 * np.exp(rng.normal(-0.05, 0.04, (3000, n)))
+        assert Verdict.INCONCLUSIVE.value not in set(compare_batch(b, c).verdict)
 
 
 def test_significant_beats_underpowered() -> None:
-    """A clear 30% drop is a regression even though the MDD exceeds the tolerance."""
+    """A clear 30% drop is a regression even though the MDD exceeds the detectable drop."""
     r = compare_level([1000, 1050, 950], [700, 740, 660], session_sigma=0.03)
-    assert r.min_detectable_drop > 0.05
+    assert r.min_detectable_drop > DEFAULT_DETECTABLE_DROP
     assert r.verdict is Verdict.REGRESSION
 
 
@@ -185,7 +251,7 @@ def test_holm_across_levels_changes_the_verdict() -> None:
     assert mixed[1].p_regression == pytest.approx(alone.p_regression)  # Holm step 2: x1
 
 
-def test_alpha_weight_divides_p_values() -> None:
+def test_alpha_weight_still_divides_p_values() -> None:
     cur = [x * 0.939 for x in [1000, 1012, 988, 1003, 997]]
     full = compare_level(BASE, cur, session_sigma=0.0)
     early = compare_level(BASE, cur, session_sigma=0.0, alpha_weight=0.1)
@@ -208,7 +274,7 @@ def test_invalid_throughput_raises(bad: float) -> None:
     with pytest.raises(ValueError, match=r"finite and > 0 tok/s.*current\[1\]"):
         compare_level(BASE, [1000.0, bad, 990.0])
     with pytest.raises(ValueError, match="baseline"):
-        decide([1000.0, bad], [1000.0, 1000.0, 1000.0], look=0)
+        decide([1000.0, bad], [1000.0, 1000.0, 1000.0])
 
 
 def test_non_numeric_raises() -> None:
@@ -238,6 +304,9 @@ def test_single_samples() -> None:
     assert r.verdict is Verdict.REGRESSION and math.isfinite(r.df) and r.df == pytest.approx(4)
     r = compare_level([1000.0], [700.0, 705.0, 695.0], session_sigma=0.0)
     assert r.verdict is Verdict.REGRESSION and r.df == pytest.approx(2)
+    # decide: one trial on each side cannot estimate the noise yet: one more
+    d = decide([1000.0], [1000.0], min_trials=1)
+    assert not d.stop and d.next_trials == 1
 
 
 @pytest.mark.parametrize("session", [0.0, 0.03])
@@ -247,13 +316,13 @@ def test_identical_samples_do_not_divide_by_zero(session: float) -> None:
         same = compare_level([1000.0] * 3, [1000.0] * 3, session_sigma=session)
         drop = compare_level([1000.0] * 3, [900.0] * 4, session_sigma=session)
         up = compare_level([1000.0] * 3, [1200.0] * 3, session_sigma=session)
-        dec = decide([1000.0] * 3, [1000.0] * 3, look=0, session_sigma=session)
+        dec = decide([1000.0] * 3, [1000.0] * 3, session_sigma=session)
     for r in (same, drop, up):
         assert all(math.isfinite(x) for x in (r.p_regression, r.se_log, r.df, *r.ci90))
     assert drop.verdict is Verdict.REGRESSION and up.verdict is Verdict.IMPROVED
+    assert same.verdict is Verdict.PASS and dec.stop and dec.reason is StopReason.POWERED
     if session == 0.0:  # a noiseless simulator: exact answers
-        assert same.verdict is Verdict.PASS and same.ci90 == pytest.approx((1, 1), abs=1e-3)
-        assert dec.stop and dec.reason is StopReason.PASS
+        assert same.ci90 == pytest.approx((1, 1), abs=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -266,6 +335,8 @@ def test_identical_samples_do_not_divide_by_zero(session: float) -> None:
         dict(session_sigma=-0.1),
         dict(alpha_weight=0.0),
         dict(power=1.0),
+        dict(detectable_drop=0.0),
+        dict(detectable_drop=1.0),
     ],
 )
 def test_bad_parameters_raise(kwargs: dict) -> None:
@@ -276,67 +347,98 @@ def test_bad_parameters_raise(kwargs: dict) -> None:
 # --------------------------------------------------------------------------- adaptive trials
 
 
-def test_schedule_and_weights() -> None:
+def _trials_needed_by_hand(
+    base: list[float], cur: list[float], max_trials: int = 10, session: float = 0.03
+) -> int:
+    """Smallest n in (len(cur), max_trials] powering the level with today's variances; 0: none."""
+    vb, vc = np.var(np.log(base), ddof=1), np.var(np.log(cur), ddof=1)
+    for n in range(len(cur) + 1, max_trials + 1):
+        wb, wc = vb / len(base), vc / n
+        se2 = session**2 + wb + wc
+        df = se2**2 / (wb**2 / (len(base) - 1) + wc**2 / (n - 1))
+        if _mdd_by_hand(math.sqrt(se2), df) <= DEFAULT_DETECTABLE_DROP:
+            return n
+    return 0
+
+
+def test_schedule_bounds() -> None:
     assert look_schedule() == (3, 10)
     assert look_schedule(5, 5) == (5,)
-    assert look_weights(1) == (1.0,)
-    w = look_weights(2)
-    assert sum(w) == pytest.approx(1.0) and w[-1] == FINAL_LOOK_SHARE
     with pytest.raises(ValueError):
         look_schedule(4, 3)
 
 
-def test_decide_stops_on_clear_regression() -> None:
-    d = decide(BASE, [800.0, 805.0, 795.0], look=0)
-    assert d.stop and d.next_trials == 0 and d.reason is StopReason.REGRESSION
-    assert d.alpha_weight == pytest.approx(1 - FINAL_LOOK_SHARE)
-    assert d.comparison.verdict is Verdict.REGRESSION
-    assert d.comparison.alpha_weight == d.alpha_weight
+def test_top_up_asks_for_the_smallest_powering_number_of_trials() -> None:
+    noisy = [1000.0, 1040.0, 960.0]
+    need = _trials_needed_by_hand(BASE10, noisy)
+    assert 4 < need <= 10
+    d = decide(BASE10, noisy)
+    assert not d.stop and d.reason is StopReason.CONTINUE and d.next_trials == need - 3
+    assert d.alpha_weight == 1.0 and d.comparison.verdict is Verdict.UNDERPOWERED
+    # the projection uses today's variances: trials with that scatter power the level
+    more = noisy + [1000.0, 1040.0, 960.0, 1020.0, 980.0, 1000.0, 1040.0][: need - 3]
+    later = decide(BASE10, more, look=1)
+    assert later.stop == (later.comparison.min_detectable_drop <= DEFAULT_DETECTABLE_DROP)
 
 
-def test_decide_continues_when_unclear_and_stops_at_final_look() -> None:
-    cur = [940.0, 960.0, 950.0]
-    d = decide(BASE, cur, look=0, futility=0.0)
-    assert not d.stop and d.reason is StopReason.CONTINUE and d.next_trials == 7
-    last = decide(BASE, cur + [950.0] * 7, look=1, futility=0.0)
-    assert last.stop and last.next_trials == 0 and last.alpha_weight == FINAL_LOOK_SHARE
+def test_top_up_never_depends_on_the_estimate() -> None:
+    """Same scatter, different means: the same answer -- the rule reads no ratio, so the one
+    final test keeps its alpha."""
+    noisy = [1000.0, 1060.0, 950.0]
+    answers = set()
+    for factor in (0.6, 0.85, 0.95, 1.0, 1.3):
+        d = decide(BASE10, [x * factor for x in noisy])
+        answers.add((d.stop, d.reason, d.next_trials))
+    assert len(answers) == 1
+    rows = np.array([[x * f for x in noisy] for f in (0.6, 0.85, 1.0, 1.3)])
+    dec = decide_batch(np.array([BASE10] * 4), rows)
+    assert len(set(dec.next_trials.tolist())) == 1 and len(set(dec.reason.tolist())) == 1
 
 
-def test_decide_futility_when_session_noise_makes_the_answer_unreachable() -> None:
-    d = decide(BASE, [975.0, 980.0, 985.0], look=0)  # 2% drop: 5% cannot be certified
-    assert d.stop and d.reason is StopReason.FUTILITY
+def test_futility_when_even_max_trials_cannot_power_the_level() -> None:
+    wild = [1000.0, 1400.0, 700.0]
+    assert _trials_needed_by_hand(BASE10, wild) == 0
+    d = decide(BASE10, wild)
+    assert d.stop and d.reason is StopReason.FUTILITY and d.next_trials == 0
     assert d.comparison.verdict is Verdict.UNDERPOWERED
 
 
+def test_decide_at_max_trials_and_before_min_trials() -> None:
+    noisy = [1000.0, 1060.0, 950.0] * 3 + [1000.0]
+    d = decide(BASE10, noisy)
+    assert d.stop and d.reason in (StopReason.POWERED, StopReason.MAX_TRIALS)
+    assert decide(BASE10, [1000.0, 1001.0]).next_trials == 1  # the pilot is 3 trials
+    # a regression is not a reason to stop early, nor to run on: only the variances count
+    assert decide(BASE10, [800.0, 805.0, 795.0]).reason is StopReason.POWERED
+
+
 def test_decide_without_baseline_runs_the_whole_schedule() -> None:
-    d = decide([], [1000.0] * 3, look=0)
-    assert not d.stop and d.reason is StopReason.NO_BASELINE and d.next_trials == 7
-    assert decide([], [1000.0] * 10, look=1).stop
+    d = decide([], [1000.0] * 3)
+    assert not d.stop and d.reason is StopReason.CONTINUE and d.next_trials == 7
+    last = decide([], [1000.0] * 10)
+    assert last.stop and last.reason is StopReason.NO_BASELINE
 
 
-def test_decide_n_levels_is_stricter_for_regression() -> None:
-    cur = [x * 0.9 for x in [1000, 1012, 988]]
-    one = decide(BASE, cur, look=0, session_sigma=0.0, futility=0.0)
-    many = decide(BASE, cur, look=0, session_sigma=0.0, futility=0.0, n_levels=10**6)
-    assert one.reason is StopReason.REGRESSION and many.reason is not StopReason.REGRESSION
-
-
-def test_decide_rejects_bad_look() -> None:
+def test_decide_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="look"):
-        decide(BASE, BASE, look=2)
+        decide(BASE, BASE, look=-1)
+    with pytest.raises(ValueError, match="n_levels"):
+        decide(BASE, BASE, n_levels=0)
 
 
 def test_batch_agrees_with_scalar() -> None:
     rng = np.random.default_rng(9)
-    b = 1000 * np.exp(rng.normal(0, 0.02, (30, 4)))
+    b = 1000 * np.exp(rng.normal(0, 0.02, (30, 10)))
     c = 950 * np.exp(rng.normal(0, 0.04, (30, 3)))
     res = compare_batch(b, c, alpha_weight=0.5)
-    dec = decide_batch(b, c, look=0)
+    dec = decide_batch(b, c)
+    assert len(set(dec.reason.tolist())) > 1  # the rows exercise more than one answer
     for i in range(30):
         one = compare_level(b[i], c[i], alpha_weight=0.5)
         assert res.p_regression[i] == pytest.approx(one.p_regression)
         assert res.verdict[i] == one.verdict
-        assert bool(dec.stop[i]) == decide(b[i], c[i], look=0).stop
+        scalar = decide(b[i], c[i])
+        assert (bool(dec.stop[i]), int(dec.next_trials[i])) == (scalar.stop, scalar.next_trials)
 
 
 # --------------------------------------------------------------------------- power simulation
@@ -357,40 +459,6 @@ def bench() -> ModuleType:
     return _bench()
 
 
-@pytest.mark.parametrize("scheme", ["fixed 3", "fixed 5", "fixed 10", "adaptive"])
-def test_acceptance_no_false_alarms(bench: ModuleType, scheme: str) -> None:
-    """No change and a 2% drop (inside the 5% tolerance): flagged at most alpha of the time,
-    with 3% session and 2% within-session noise."""
-    for drop in (0.0, 0.02):
-        rng = np.random.default_rng(bench_seed(scheme, drop))
-        cell = _run(bench, rng, scheme, 1000, drop)
-        assert cell.flagged <= 0.05, (scheme, drop, cell.flagged)
-
-
-@pytest.mark.parametrize("scheme", ["fixed 10", "adaptive"])
-def test_acceptance_detects_15_percent_drop(bench: ModuleType, scheme: str) -> None:
-    rng = np.random.default_rng(bench_seed(scheme, 0.15))
-    cell = _run(bench, rng, scheme, 2000, 0.15)
-    assert cell.flagged >= 0.95, (scheme, cell.flagged)
-    assert cell.mean_trials <= 10
-
-
-def test_adaptive_saves_trials(bench: ModuleType) -> None:
-    for drop, most in ((0.0, 7.0), (0.15, 6.0)):
-        cell = _run(
-            bench, np.random.default_rng(bench_seed("adaptive", drop)), "adaptive", 1000, drop
-        )
-        assert cell.mean_trials <= most, (drop, cell.mean_trials)
-
-
-def test_naive_welch_raises_false_alarms(bench: ModuleType) -> None:
-    """Why session_sigma exists: ignoring the session factor, a 2% drop (inside tolerance)
-    is flagged more often than alpha with 10 trials."""
-    rng = np.random.default_rng(77)
-    cell = bench.run_fixed(rng, 4000, 10, 0.02, bench.Noise(), bench.Gate(session_sigma=0.0))
-    assert cell.flagged > 0.06
-
-
 def bench_seed(scheme: str, drop: float) -> list[int]:
     return [
         314159,
@@ -400,7 +468,61 @@ def bench_seed(scheme: str, drop: float) -> list[int]:
     ]
 
 
-def _run(bench: ModuleType, rng: np.random.Generator, scheme: str, sims: int, drop: float):
+def _run(bench: ModuleType, scheme: str, sims: int, drop: float, protocol: str = "v2"):
+    rng = np.random.default_rng(bench_seed(scheme, drop))
+    noise, gate = bench.Noise(), bench.Gate()
     if scheme == "adaptive":
-        return bench.run_adaptive(rng, sims, 10, drop, bench.Noise(), bench.Gate())
-    return bench.run_fixed(rng, sims, int(scheme.split()[1]), drop, bench.Noise(), bench.Gate())
+        return bench.run_adaptive(rng, sims, 10, drop, noise, gate, protocol)
+    return bench.run_fixed(rng, sims, int(scheme.split()[1]), drop, noise, gate, protocol)
+
+
+def test_acceptance_unchanged_passes(bench: ModuleType) -> None:
+    """The issue: with the defaults, an unchanged deployment (3% session, 2% trial noise)
+    gets `pass` at least 95% of the time, in fewer than 4 current trials on average."""
+    cell = _run(bench, "adaptive", 4000, 0.0)
+    assert cell.share("pass") >= 0.95, cell.verdicts
+    assert cell.mean_trials < 4.0
+
+
+@pytest.mark.parametrize("scheme", ["fixed 10", "adaptive"])
+def test_acceptance_detects_15_percent_drop(bench: ModuleType, scheme: str) -> None:
+    cell = _run(bench, scheme, 4000, 0.15)
+    assert cell.flagged >= 0.95, (scheme, cell.flagged)
+    assert cell.mean_trials <= 10
+
+
+@pytest.mark.parametrize("scheme", ["fixed 3", "fixed 5", "fixed 10", "adaptive"])
+def test_acceptance_no_false_alarms(bench: ModuleType, scheme: str) -> None:
+    """No change and a 2% drop (inside the 5% tolerance): flagged far less than alpha."""
+    for drop in (0.0, 0.02):
+        cell = _run(bench, scheme, 4000, drop)
+        assert cell.flagged <= 0.01, (scheme, drop, cell.flagged)
+
+
+@pytest.mark.parametrize("scheme", ["fixed 3", "fixed 10", "adaptive"])
+def test_false_alarms_at_the_margin(bench: ModuleType, scheme: str) -> None:
+    """A true drop of exactly the tolerance is the worst case: flagged at about alpha.  The
+    variance-driven top-up adds a little (0.052 in 400,000 simulations, fixed designs 0.049 to
+    0.050; docs/statistics.md): bounded here."""
+    cell = _run(bench, scheme, 20000, 0.05)
+    assert cell.flagged <= (0.056 if scheme == "adaptive" else 0.054), (scheme, cell.flagged)
+
+
+def test_issue_figure_before_and_after(bench: ModuleType) -> None:
+    """10 vs 10 trials of 2% noise, no change, 300 comparisons: v1 passed about half."""
+    v1, v2 = bench.issue_figure(20240917, "v1"), bench.issue_figure(20240917, "v2")
+    assert v1.get("pass", 0) < 200 and v1.get("underpowered", 0) > 100
+    assert v2.get("pass", 0) >= 285
+
+
+def test_v1_protocol_reproduces_the_old_gate(bench: ModuleType) -> None:
+    cell = _run(bench, "adaptive", 2000, 0.0, "v1")
+    assert 0.35 < cell.share("pass") < 0.6 and cell.mean_trials > 5
+
+
+def test_naive_welch_raises_false_alarms(bench: ModuleType) -> None:
+    """Why session_sigma exists: ignoring the session factor, a 2% drop (inside tolerance)
+    is flagged more often than alpha with 10 trials."""
+    rng = np.random.default_rng(77)
+    cell = bench.run_fixed(rng, 4000, 10, 0.02, bench.Noise(), bench.Gate(session_sigma=0.0))
+    assert cell.flagged > 0.06

@@ -47,6 +47,8 @@ class GateSettings:
     strict: bool = False
     updating: bool = False
     """Recording baselines: every level runs ``max_trials`` so the stored samples are good."""
+    detectable_drop: float = stats.DEFAULT_DETECTABLE_DROP
+    """The true drop a level must be able to catch (with ``stats.DEFAULT_POWER``) to ``pass``."""
 
     def for_test(self, targets: Targets) -> GateSettings:
         """These settings with the marker's ``tolerance=`` and ``alpha=`` where it gives them
@@ -71,8 +73,10 @@ def result_level_key(result: ThroughputResult, level: LevelResult) -> dict[str, 
 
 @dataclass(slots=True)
 class AdaptiveTrials:
-    """Trial policy: after the first trials, ask :func:`stats.decide` whether the verdict is clear.
+    """Trial policy: after the first trials, ask :func:`stats.decide` whether the level is
+    powered (a drop of ``detectable_drop`` would be caught), and run the top-up it asks for.
 
+    The top-ups follow the variances only, never the estimated ratio, so they cost no alpha.
     Levels without a baseline run the fixed number of trials (all ``max_trials`` when recording,
     since a baseline with more samples makes every later comparison stronger).
     """
@@ -83,8 +87,9 @@ class AdaptiveTrials:
     first_trials: int
     looks: dict[LevelSpec, int] = field(default_factory=dict)
     alpha_weights: dict[LevelSpec, float] = field(default_factory=dict)
+    """Always 1.0 (no alpha is spent on looks); kept for :func:`apply_gate`'s callers."""
     planned: dict[LevelSpec, int] = field(default_factory=dict)
-    """Trials planned so far per level while recording (bounds the top-up of invalid ones)."""
+    """Trials planned so far per level (bounds the top-up when trials give no figure)."""
 
     def more_trials(self, level: LevelSpec, samples: Sequence[float]) -> int:
         s = self.settings
@@ -112,13 +117,18 @@ class AdaptiveTrials:
             min_trials=min(self.first_trials, s.max_trials),
             max_trials=s.max_trials,
             n_levels=self.n_levels,
+            detectable_drop=s.detectable_drop,
         )
         self.looks[level] = look + 1
-        # The look a level stops at fixes its share of alpha for the final comparison.
         self.alpha_weights[level] = decision.alpha_weight
         if decision.stop or len(samples) >= s.max_trials:
             return 0
-        return decision.next_trials
+        # decide() sees only the figures: trials that give none (invalid, errors) would make
+        # it ask again and again, so never plan past twice max_trials trials.
+        run = self.planned.get(level, self.first_trials)
+        extra = max(0, min(decision.next_trials, 2 * s.max_trials - run))
+        self.planned[level] = run + extra
+        return extra
 
 
 def baseline_samples(
@@ -185,6 +195,7 @@ def apply_gate(
         alpha=alp,
         session_sigma=settings.session_sigma,
         alpha_weights=[weights.get(lv.spec, 1.0) for lv, _, _ in eligible],
+        detectable_drop=settings.detectable_drop,
     )
     for (level, base, _), cmp in zip(eligible, comparisons):
         fields, note = compared_level(cmp, base, tolerance=tol, alpha=alp, changes=changes)
@@ -230,11 +241,10 @@ def compared_level(
         + (f"; changed: {changed}" if changed else ""),
         Verdict.IMPROVED: f"improved {change}: update the baseline (--update-baselines) so the slack "
         "cannot hide a later regression",
-        Verdict.UNDERPOWERED: f"underpowered: the smallest drop these samples can detect is "
-        f"{cmp.min_detectable_drop * 100:.1f}% > tolerance {tolerance * 100:g}% "
-        "(more trials: --perf-max-trials, or a wider tolerance)",
-        Verdict.INCONCLUSIVE: f"inconclusive {change}: neither within tolerance nor a regression "
-        f"at alpha {alpha:g}",
+        Verdict.UNDERPOWERED: f"underpowered: a drop of {cmp.min_detectable_drop * 100:.1f}% "
+        f"would be caught with {_power_pct(cmp.power)} probability, more than the detectable "
+        f"drop {_drop_pct(cmp.detectable_drop)} (more trials: --perf-max-trials, lower noise, "
+        "or --perf-detectable-drop)",
     }.get(cmp.verdict)
     return fields, note
 
@@ -249,6 +259,14 @@ def merge_verdicts(absolute: str, compared: Verdict) -> str:
     if absolute == Verdict.PASS:
         return compared.value
     return absolute
+
+
+def _power_pct(power: float) -> str:
+    return f"{(stats.DEFAULT_POWER if math.isnan(power) else power) * 100:g}%"
+
+
+def _drop_pct(drop: float) -> str:
+    return f"{(stats.DEFAULT_DETECTABLE_DROP if math.isnan(drop) else drop) * 100:g}%"
 
 
 def _pct(ratio: float) -> float | None:

@@ -25,50 +25,64 @@ Model
 Tests per level (``m = log(1 - tolerance)``, ``d`` the log ratio, ``se`` its standard error)
 -------------------------------------------------------------------------------------------
 * regression: H0 ``ratio >= 1 - tol`` vs H1 ``ratio < 1 - tol``;  p = T_df((d - m) / se)
-* pass (the mirrored, equivalence-style "not worse than the margin" test):
-  H0 ``ratio <= 1 - tol`` vs H1 ``ratio > 1 - tol``;  p = 1 - T_df((d - m) / se)
-* improved: H0 ``ratio <= 1 + tol`` vs H1 ``ratio > 1 + tol``
+* improved: H0 ``ratio <= 1 + tol`` vs H1 ``ratio > 1 + tol``;  p = 1 - T_df((d - log(1 + tol)) / se)
 
-p-values are first divided by the share of alpha that the look they were taken at holds
-(sequential trials, see :func:`look_weights`), then the regression and improved p-values are
-Holm-adjusted across the levels of one test.  The pass p-value is not Holm-adjusted: a test is
-green only if *every* level passes, and an intersection-union claim needs no multiplicity
-correction.
+Both are Holm-adjusted across the levels of one test.  One test per level, at the end: the
+number of trials never depends on ``d`` (see *Trials*), so no alpha is spent on looks.
+
+Power: what ``pass`` vouches for
+--------------------------------
+A test with no significant regression proves nothing by itself: with few, noisy trials a real
+drop goes unseen.  ``pass`` therefore also needs power: a true drop of ``detectable_drop``
+(default 15%) must have been flagged with probability ``power`` (default 0.95).  The
+**minimum detectable drop** of a level is the true drop that its regression test flags with
+probability ``power``::
+
+    min_detectable_drop = 1 - exp(log(1 - tol) - (t_{1-alpha,df} + t_{power,df}) * se)
+
+and the level is powered when ``min_detectable_drop <= detectable_drop``.  Since ``se`` never
+falls below ``session_sigma``, no number of trials gets below
+:func:`smallest_vouchable_drop` (``se = session_sigma``, no within-session noise); with the
+defaults that is ``1 - 0.95 * exp(-3.29 * 0.03) = 14.0% < 15%``, so the defaults can vouch for
+an unchanged deployment.  The plugin warns once, up front, when a user's settings cannot.
+
+(The gate of version 1 called ``pass`` only when a mirrored equivalence test showed the ratio
+significantly *above* ``1 - tol``.  With ``se >= session_sigma = 3%`` that needs
+``d > log(0.95) + 1.645 * 0.031 ~ 0``: an unchanged deployment passed half of the time.)
 
 Verdict, first match wins
 -------------------------
-1. ``regression``   adjusted p_regression <= alpha.
-2. ``improved``     adjusted p_improved <= alpha (implies pass; reported as the stronger claim).
-3. ``pass``         adjusted p_pass <= alpha.
-4. ``underpowered`` none of the above, and the minimum detectable drop (``1 - exp(-(t_{1-a} +
-   t_{power}) * se)``) exceeds the tolerance: with this noise and these samples a drop of
-   exactly the tolerance cannot be told from no change (equivalently: even if nothing had
-   changed, the pass test would succeed less than ``power`` of the time).  The fix is more
-   trials, less noise or a wider tolerance, not a code change.
-5. ``inconclusive`` none of the above with enough power: the estimate sits close to the margin.
+1. ``regression``   Holm-adjusted p_regression <= alpha.
+2. ``improved``     Holm-adjusted p_improved <= alpha.
+3. ``underpowered`` min_detectable_drop > detectable_drop: this run cannot vouch for the level
+   (more trials, less noise or a larger ``detectable_drop``; not a code change).
+4. ``pass``         no regression beyond the tolerance, and a drop of ``detectable_drop``
+   would have been caught with probability ``power``.
 ``no-baseline`` is returned when the baseline is empty; the caller decides what that means.
-These are six of the ten values of :class:`pytest_kimi.gate.verdicts.Verdict` (re-exported
-here); the others are the absolute verdicts a level gets before it is compared.
+``inconclusive`` is no longer produced (version 1 used it for a well-powered level that was
+neither pass nor regression); :class:`pytest_kimi.gate.verdicts.Verdict` keeps it so old
+reports still read.
 
 Significant results rank above ``underpowered``: a significant test is valid whatever its
 power, and low power only explains why a result is *not* significant.  Regression ranks first
-because it is the one that fails the build.  Regression and pass can never both hold: their
-p-values sum to 1 and ``alpha < 0.5`` (and improved implies pass).
+because it is the one that fails the build.  Regression and improved never both hold.
 
-Adaptive trials
----------------
-Two looks, fixed in advance: after ``min_trials`` (3) and after ``max_trials`` (10).  Alpha is
-split Bonferroni-style, 10% of it at the early look and 90% at the final one
-(:func:`look_weights`); a level's p-values are divided by the share of the look it stopped at.
-The early look stops a level on a clear regression, a clear pass, or futility (under the
-current trend, the final look would give neither with probability >= 10%).  Because the union
-bound holds whatever the stopping rule, no stopping decision can raise the false-alarm rate.
+Trials (variance-driven sample size)
+------------------------------------
+After ``min_trials`` (3) current trials, :func:`decide` stops a level that is already powered.
+Otherwise it asks, from the current variance estimates, for the smallest number of current
+trials (at most ``max_trials``, 10) that makes the level powered, and is called again after
+them; if even ``max_trials`` cannot (the session-noise floor), it stops at once (*futility*:
+more trials cannot help).  Only the sample variances enter this rule, never ``d`` -- an
+internal pilot -- so the single final test keeps its alpha (simulated in bench/stat_power.py:
+at a true drop of exactly the tolerance, the worst case, regression is called at the nominal
+rate).  A level without a baseline runs all ``max_trials`` so the run makes a good baseline.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Sequence
 
@@ -81,12 +95,11 @@ from pytest_kimi.gate.verdicts import Verdict
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_ALPHA = 0.05
 DEFAULT_SESSION_SIGMA = 0.03
-DEFAULT_POWER = 0.80
+DEFAULT_POWER = 0.95
+DEFAULT_DETECTABLE_DROP = 0.15
+"""The true drop the gate must catch with probability ``power`` before it says ``pass``."""
 DEFAULT_MIN_TRIALS = 3
 DEFAULT_MAX_TRIALS = 10
-DEFAULT_FUTILITY = 0.10
-FINAL_LOOK_SHARE = 0.9
-"""Share of alpha kept for the last look; earlier looks split the rest equally."""
 CI_LEVEL = 0.90
 MIN_LOG_SD = 1e-4
 """Floor of the within-session log standard deviation (0.01%).  Identical samples (a
@@ -97,13 +110,12 @@ floor is far below any real timer or token-count resolution, so it never masks r
 class StopReason(str, Enum):
     """Why :func:`decide` stopped (or did not stop) adding trials."""
 
-    REGRESSION = "regression"
-    """Clear regression at this look's alpha share (and Bonferroni over levels, so the final
-    Holm step is certain to agree)."""
-    PASS = "pass"
+    POWERED = "powered"
+    """The level is powered with the trials it has: the final test can vouch for it."""
     FUTILITY = "futility"
-    """Even running every remaining trial would very likely leave the verdict unclear."""
-    FINAL_LOOK = "final-look"
+    """Even ``max_trials`` current trials would leave the level underpowered (the noise, most
+    often the session term, is too large for ``detectable_drop``): more trials cannot help."""
+    MAX_TRIALS = "max-trials"
     CONTINUE = "continue"
     NO_BASELINE = "no-baseline"
     """Nothing to compare with: run the whole schedule so the run makes a good baseline."""
@@ -120,30 +132,30 @@ class LevelComparison:
     """current / baseline ratio of geometric means."""
     ci90: tuple[float, float]
     """90% Welch confidence interval of ``ratio`` (session noise included; not widened for
-    looks or levels, so it is a description, the verdict comes from the adjusted p-values)."""
+    levels, so it is a description, the verdict comes from the adjusted p-values)."""
     p_regression: float
-    """Adjusted (look share, then Holm across levels) p-value of H0 ``ratio >= 1 - tol``."""
+    """Holm-adjusted (across levels) p-value of H0 ``ratio >= 1 - tol``."""
     p_improved: float
-    """Adjusted (look share, then Holm across levels) p-value of H0 ``ratio <= 1 + tol``."""
-    p_pass: float
-    """Look-adjusted p-value of H0 ``ratio <= 1 - tol`` (no Holm: intersection-union)."""
+    """Holm-adjusted (across levels) p-value of H0 ``ratio <= 1 + tol``."""
     min_detectable_drop: float
-    """Smallest drop from ratio 1 that these samples detect with probability ``power`` at the
-    alpha share of their look (fraction, e.g. 0.08 = 8%); 1.0 when the noise cannot be
-    estimated at all."""
+    """The true drop (fraction, e.g. 0.12 = 12%) that these samples flag as a regression with
+    probability ``power``; 1.0 when the noise cannot be estimated at all."""
     verdict: Verdict
     n_baseline: int
     n_current: int
     p_regression_raw: float = math.nan
     """Single-test p-value before any multiplicity adjustment."""
     p_improved_raw: float = math.nan
-    p_pass_raw: float = math.nan
     se_log: float = math.nan
     """Standard error of the log ratio, session noise included."""
     df: float = math.nan
     """Welch-Satterthwaite degrees of freedom."""
     alpha_weight: float = 1.0
-    """Share of alpha held by the look this comparison was taken at."""
+    """Share of alpha this level was tested at (1.0: the adaptive trials spend none on looks)."""
+    detectable_drop: float = math.nan
+    """The drop the level had to be able to catch to ``pass`` (the setting it was judged by)."""
+    power: float = math.nan
+    """The probability with which it had to catch it."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready mapping (floats, lists, the verdict's string value)."""
@@ -160,18 +172,19 @@ class LevelComparison:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What to do after a look of the adaptive trial schedule."""
+    """What to do after a level's trials so far."""
 
     stop: bool
     next_trials: int
     """How many more current trials to run before calling :func:`decide` again (0 on stop)."""
     reason: StopReason
     look: int
-    """0-based index of this look in :func:`look_schedule`."""
+    """The ``look`` the caller passed (how many times it asked before; for display only)."""
     alpha_weight: float
-    """This look's share of alpha: pass it to :func:`compare_test` for a level stopped here."""
+    """Always 1.0: the trial count never depends on the estimate, so no alpha is spent on
+    looks.  Kept so callers that hand it to :func:`compare_test` keep working."""
     comparison: LevelComparison
-    """The comparison at this look (single level, no Holm) -- for progress display."""
+    """The comparison with the trials so far (single level, no Holm) -- for progress display."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,12 +196,15 @@ class BatchComparison:
     ci_hi: NDArray[np.float64]
     p_regression: NDArray[np.float64]
     p_improved: NDArray[np.float64]
-    p_pass: NDArray[np.float64]
     min_detectable_drop: NDArray[np.float64]
     verdict: NDArray[np.str_]
     """Verdict values (``"pass"``, ``"regression"`` ...); compares equal to :class:`Verdict`."""
     valid: NDArray[np.bool_]
     """Rows whose noise is defined (finite standard error); the others read as no evidence."""
+    se_log: NDArray[np.float64]
+    """Standard error of the log ratio (session noise included); NaN where not ``valid``."""
+    df: NDArray[np.float64]
+    """Welch-Satterthwaite degrees of freedom; NaN where not ``valid``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,16 +220,19 @@ class BatchDecision:
 # --------------------------------------------------------------------------- validation
 
 
-def _check_params(tolerance: float, alpha: float, session_sigma: float, power: float) -> None:
+def _check_params(
+    tolerance: float, alpha: float, session_sigma: float, power: float, detectable_drop: float
+) -> None:
     if not 0.0 < tolerance < 1.0:
         raise ValueError(f"tolerance must be a fraction in (0, 1), got {tolerance!r}")
     if not 0.0 < alpha < 0.5:
-        # alpha >= 0.5 would let regression and pass be significant at once.
         raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
     if not (session_sigma >= 0.0 and math.isfinite(session_sigma)):
         raise ValueError(f"session_sigma must be a finite number >= 0, got {session_sigma!r}")
     if not 0.0 < power < 1.0:
         raise ValueError(f"power must be in (0, 1), got {power!r}")
+    if not 0.0 < detectable_drop < 1.0:
+        raise ValueError(f"detectable_drop must be a fraction in (0, 1), got {detectable_drop!r}")
 
 
 def _log_samples(name: str, values: ArrayLike, ndim: int, where: str = "") -> NDArray[np.float64]:
@@ -294,26 +313,55 @@ def _core(log_b: NDArray[np.float64], log_c: NDArray[np.float64], session_sigma:
     return _Core(d=d, se=np.sqrt(se2), df=df, var_b=var_b, var_c=var_c)
 
 
+def _mdd(
+    se: NDArray[np.float64],
+    df: NDArray[np.float64],
+    tolerance: float,
+    alpha: float | NDArray[np.float64],
+    power: float,
+) -> NDArray[np.float64]:
+    """The true drop flagged with probability ``power`` at this standard error (module doc)."""
+    k = _st.t.ppf(1.0 - np.asarray(alpha, dtype=np.float64), df) + _st.t.ppf(power, df)
+    out: NDArray[np.float64] = -np.expm1(math.log1p(-tolerance) - k * se)
+    return out
+
+
+def smallest_vouchable_drop(
+    tolerance: float = DEFAULT_TOLERANCE,
+    alpha: float = DEFAULT_ALPHA,
+    session_sigma: float = DEFAULT_SESSION_SIGMA,
+    power: float = DEFAULT_POWER,
+) -> float:
+    """The smallest ``detectable_drop`` any number of trials can vouch for: the minimum
+    detectable drop with no within-session noise at all (``se = session_sigma``, known, so
+    normal quantiles).  When it exceeds ``detectable_drop`` every compared level ends
+    ``underpowered`` (or significant): ``pass`` is unreachable with these settings."""
+    _check_params(tolerance, alpha, session_sigma, power, 0.5)
+    k = float(_st.norm.ppf(1.0 - alpha) + _st.norm.ppf(power))
+    return float(-math.expm1(math.log1p(-tolerance) - k * session_sigma))
+
+
 def _tests(
-    core: _Core, tolerance: float, alpha: float, alpha_eff: ArrayLike, power: float
+    core: _Core,
+    tolerance: float,
+    alpha: float,
+    alpha_eff: ArrayLike,
+    power: float,
+    detectable_drop: float,
 ) -> BatchComparison:
     """Raw one-sided p-values, CI, minimum detectable drop (scipy's t distribution) and the
-    verdicts they give, before any adjustment for looks or levels."""
+    verdicts they give, before any adjustment for levels."""
     valid = np.isfinite(core.se) & np.isfinite(core.df)
     se = np.where(valid, core.se, 1.0)
     df = np.where(valid, core.df, 1.0)
     m_lo, m_hi = math.log1p(-tolerance), math.log1p(tolerance)
-    t_lo = (core.d - m_lo) / se
-    p_reg = _st.t.cdf(t_lo, df)
-    p_pass = _st.t.sf(t_lo, df)
+    p_reg = _st.t.cdf((core.d - m_lo) / se, df)
     p_imp = _st.t.sf((core.d - m_hi) / se, df)
     q = _st.t.ppf(0.5 + CI_LEVEL / 2.0, df)
     ci_lo, ci_hi = np.exp(core.d - q * se), np.exp(core.d + q * se)
-    k = _st.t.ppf(1.0 - np.asarray(alpha_eff, dtype=np.float64), df) + _st.t.ppf(power, df)
-    mdd = -np.expm1(-k * se)
+    mdd = _mdd(se, df, tolerance, np.asarray(alpha_eff, dtype=np.float64), power)
     one = np.ones_like(core.d)
     p_reg = np.where(valid, p_reg, one)
-    p_pass = np.where(valid, p_pass, one)
     p_imp = np.where(valid, p_imp, one)
     mdd = np.where(valid, mdd, one)
     return BatchComparison(
@@ -322,32 +370,31 @@ def _tests(
         ci_hi=np.where(valid, ci_hi, np.inf),
         p_regression=p_reg,
         p_improved=p_imp,
-        p_pass=p_pass,
         min_detectable_drop=mdd,
-        verdict=_verdicts(p_reg, p_imp, p_pass, mdd, tolerance, alpha),
+        verdict=_verdicts(p_reg, p_imp, mdd, detectable_drop, alpha),
         valid=valid,
+        se_log=np.where(valid, core.se, np.nan),
+        df=np.where(valid, core.df, np.nan),
     )
 
 
 def _verdicts(
     p_reg: NDArray[np.float64],
     p_imp: NDArray[np.float64],
-    p_pass: NDArray[np.float64],
     mdd: NDArray[np.float64],
-    tolerance: float,
+    detectable_drop: float,
     alpha: float,
 ) -> NDArray[np.str_]:
     """Apply the verdict order of the module docstring (later assignments win)."""
-    out = np.full(p_reg.shape, Verdict.INCONCLUSIVE.value, dtype="<U12")
-    out[mdd > tolerance] = Verdict.UNDERPOWERED.value
-    out[p_pass <= alpha] = Verdict.PASS.value
+    out = np.full(p_reg.shape, Verdict.PASS.value, dtype="<U12")
+    out[mdd > detectable_drop] = Verdict.UNDERPOWERED.value
     out[p_imp <= alpha] = Verdict.IMPROVED.value
     out[p_reg <= alpha] = Verdict.REGRESSION.value
     return out
 
 
-def _look_adjust(p: NDArray[np.float64], weight: ArrayLike) -> NDArray[np.float64]:
-    """Bonferroni over looks: rejecting at ``alpha * w`` is rejecting ``p / w`` at alpha."""
+def _weight_adjust(p: NDArray[np.float64], weight: ArrayLike) -> NDArray[np.float64]:
+    """A test at ``alpha * w`` is the test of ``p / w`` at alpha."""
     return np.minimum(1.0, p / np.asarray(weight, dtype=np.float64))
 
 
@@ -383,18 +430,16 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return [float(x) for x in adjusted]
 
 
-# --------------------------------------------------------------------------- sequential looks
+# --------------------------------------------------------------------------- trials
 
 
 def look_schedule(
     min_trials: int = DEFAULT_MIN_TRIALS, max_trials: int = DEFAULT_MAX_TRIALS
 ) -> tuple[int, ...]:
-    """Trial counts at which the adaptive scheme looks: ``(min_trials, max_trials)``.
+    """The bounds of a level's current trial count: ``(min_trials, max_trials)``.
 
-    Fixed in advance because the alpha split needs it.  Two looks beat three here: with
-    session noise common to every look, a middle look (e.g. at 5 of 3..10) stops few extra
-    levels yet takes its share of alpha from the final look (simulated: same power, more
-    trials spent under a real drop than with 3 -> 10).
+    The first :func:`decide` comes after ``min_trials``; the variance-driven top-ups never go
+    past ``max_trials``.  ``(max_trials,)`` when both are equal (a fixed number of trials).
     """
     if min_trials < 1 or max_trials < min_trials:
         raise ValueError(
@@ -404,21 +449,21 @@ def look_schedule(
     return (max_trials,) if max_trials == min_trials else (min_trials, max_trials)
 
 
-def look_weights(n_looks: int) -> tuple[float, ...]:
-    """Share of alpha spent at each look (Bonferroni split, sums to 1).
-
-    The last look keeps :data:`FINAL_LOOK_SHARE` (90%); earlier looks share the rest.  Session
-    noise is common to every look, so the looks are strongly correlated and an early look
-    rarely finds a regression the final one would miss -- it is there to *save trials* on
-    clear cases, which need little alpha.  A Bonferroni split is valid whatever the stopping
-    rule, so stopping early (for any reason) can never raise the false-alarm rate.
-    """
-    if n_looks < 1:
-        raise ValueError(f"n_looks must be >= 1, got {n_looks}")
-    if n_looks == 1:
-        return (1.0,)
-    early = round((1.0 - FINAL_LOOK_SHARE) / (n_looks - 1), 12)
-    return (early,) * (n_looks - 1) + (FINAL_LOOK_SHARE,)
+def _projected_mdd(
+    core: _Core,
+    n_b: int,
+    n_c: int,
+    session_sigma: float,
+    tolerance: float,
+    alpha: float,
+    power: float,
+) -> NDArray[np.float64]:
+    """Minimum detectable drop if the level had ``n_c`` current trials (``n_c >= 2``) with
+    the variances estimated so far (a side without one borrows the other's)."""
+    var_c = core.var_c if core.var_c is not None else core.var_b
+    w, denom = _within_terms(core.var_b, n_b, var_c, n_c, core.d.size)
+    se2 = session_sigma**2 + w
+    return _mdd(np.sqrt(se2), se2**2 / denom, tolerance, alpha, power)
 
 
 # --------------------------------------------------------------------------- public API
@@ -433,14 +478,16 @@ def compare_batch(
     session_sigma: float = DEFAULT_SESSION_SIGMA,
     alpha_weight: float = 1.0,
     power: float = DEFAULT_POWER,
+    detectable_drop: float = DEFAULT_DETECTABLE_DROP,
 ) -> BatchComparison:
     """Compare many independent (baseline, current) pairs at once: arrays (rows, trials).
 
     Rows are independent comparisons (e.g. simulated repetitions), not levels of one test:
     no Holm across rows.  Same maths as :func:`compare_level`; exists so that power
-    simulations of thousands of comparisons take milliseconds.
+    simulations of thousands of comparisons take milliseconds.  ``alpha_weight``: test at
+    ``alpha * alpha_weight`` (p-values divided by it); 1.0 unless the caller splits alpha.
     """
-    _check_params(tolerance, alpha, session_sigma, power)
+    _check_params(tolerance, alpha, session_sigma, power, detectable_drop)
     _check_weight(alpha_weight)
     log_b, log_c = _log_samples("baseline", baseline, 2), _log_samples("current", current, 2)
     if log_b.shape[0] != log_c.shape[0]:
@@ -448,16 +495,22 @@ def compare_batch(
     if log_b.shape[1] == 0 or log_c.shape[1] == 0:
         raise ValueError("compare_batch needs at least one baseline and one current trial")
     core = _core(log_b, log_c, session_sigma)
-    t = _tests(core, tolerance, alpha, alpha * alpha_weight, power)
-    p_reg, p_imp, p_pass = (
-        _look_adjust(p, alpha_weight) for p in (t.p_regression, t.p_improved, t.p_pass)
-    )
-    return replace(
-        t,
+    t = _tests(core, tolerance, alpha, alpha * alpha_weight, power, detectable_drop)
+    if alpha_weight == 1.0:
+        return t
+    p_reg = _weight_adjust(t.p_regression, alpha_weight)
+    p_imp = _weight_adjust(t.p_improved, alpha_weight)
+    return BatchComparison(
+        ratio=t.ratio,
+        ci_lo=t.ci_lo,
+        ci_hi=t.ci_hi,
         p_regression=p_reg,
         p_improved=p_imp,
-        p_pass=p_pass,
-        verdict=_verdicts(p_reg, p_imp, p_pass, t.min_detectable_drop, tolerance, alpha),
+        min_detectable_drop=t.min_detectable_drop,
+        verdict=_verdicts(p_reg, p_imp, t.min_detectable_drop, detectable_drop, alpha),
+        valid=t.valid,
+        se_log=t.se_log,
+        df=t.df,
     )
 
 
@@ -469,15 +522,16 @@ def compare_test(
     session_sigma: float = DEFAULT_SESSION_SIGMA,
     alpha_weights: Sequence[float] | None = None,
     power: float = DEFAULT_POWER,
+    detectable_drop: float = DEFAULT_DETECTABLE_DROP,
 ) -> list[LevelComparison]:
     """Final verdicts for all levels of one test, Holm-adjusted across the levels.
 
     ``levels`` holds one ``(baseline, current)`` pair of tok/s sequences per level; an empty
     baseline gives ``no-baseline`` (NaN p-values, outside the Holm family).  ``alpha_weights``
-    is, per level, the alpha share of the look at which its trials stopped
-    (:attr:`Decision.alpha_weight`); default 1.0 = a fixed number of trials, one look.
+    is, per level, the share of alpha to test it at (default 1.0; the adaptive trials spend
+    none on looks, so :attr:`Decision.alpha_weight` is always 1.0).
     """
-    _check_params(tolerance, alpha, session_sigma, power)
+    _check_params(tolerance, alpha, session_sigma, power, detectable_drop)
     weights = [1.0] * len(levels) if alpha_weights is None else [float(w) for w in alpha_weights]
     if len(weights) != len(levels):
         raise ValueError(f"{len(weights)} alpha_weights for {len(levels)} levels")
@@ -495,7 +549,7 @@ def compare_test(
             raw.append(None)
             continue
         core = _core(log_b, log_c, session_sigma)
-        t = _tests(core, tolerance, alpha, alpha * weights[i], power)
+        t = _tests(core, tolerance, alpha, alpha * weights[i], power, detectable_drop)
         raw.append(
             (
                 core,
@@ -509,12 +563,11 @@ def compare_test(
 
     def family(pick: str) -> list[float]:
         return [
-            math.nan if r is None else float(_look_adjust(getattr(r[1], pick), w)[0])
+            math.nan if r is None else float(_weight_adjust(getattr(r[1], pick), w)[0])
             for r, w in zip(raw, weights)
         ]
 
     p_reg_adj, p_imp_adj = holm(family("p_regression")), holm(family("p_improved"))
-    p_pass_adj = family("p_pass")
 
     out: list[LevelComparison] = []
     for i, r in enumerate(raw):
@@ -528,12 +581,13 @@ def compare_test(
                     ci90=(math.nan, math.nan),
                     p_regression=math.nan,
                     p_improved=math.nan,
-                    p_pass=math.nan,
                     min_detectable_drop=math.nan,
                     verdict=Verdict.NO_BASELINE,
                     n_baseline=0,
                     n_current=int(only.size),
                     alpha_weight=weights[i],
+                    detectable_drop=detectable_drop,
+                    power=power,
                 )
             )
             continue
@@ -541,9 +595,8 @@ def compare_test(
         verdict = _verdicts(
             np.array([p_reg_adj[i]]),
             np.array([p_imp_adj[i]]),
-            np.array([p_pass_adj[i]]),
             t.min_detectable_drop,
-            tolerance,
+            detectable_drop,
             alpha,
         )[0]
         valid = bool(t.valid[0])
@@ -555,17 +608,17 @@ def compare_test(
                 ci90=(float(t.ci_lo[0]), float(t.ci_hi[0])),
                 p_regression=p_reg_adj[i],
                 p_improved=p_imp_adj[i],
-                p_pass=p_pass_adj[i],
                 min_detectable_drop=float(t.min_detectable_drop[0]),
                 verdict=Verdict(verdict),
                 n_baseline=n_b,
                 n_current=n_c,
                 p_regression_raw=float(t.p_regression[0]),
                 p_improved_raw=float(t.p_improved[0]),
-                p_pass_raw=float(t.p_pass[0]),
                 se_log=float(core.se[0]) if valid else math.nan,
                 df=float(core.df[0]) if valid else math.nan,
                 alpha_weight=weights[i],
+                detectable_drop=detectable_drop,
+                power=power,
             )
         )
     return out
@@ -580,6 +633,7 @@ def compare_level(
     session_sigma: float = DEFAULT_SESSION_SIGMA,
     alpha_weight: float = 1.0,
     power: float = DEFAULT_POWER,
+    detectable_drop: float = DEFAULT_DETECTABLE_DROP,
 ) -> LevelComparison:
     """Verdict for a single level (a one-level :func:`compare_test`: Holm is the identity)."""
     return compare_test(
@@ -589,6 +643,7 @@ def compare_level(
         session_sigma=session_sigma,
         alpha_weights=[alpha_weight],
         power=power,
+        detectable_drop=detectable_drop,
     )[0]
 
 
@@ -596,133 +651,101 @@ def decide_batch(
     baseline: ArrayLike,
     current: ArrayLike,
     *,
-    look: int,
+    look: int = 0,
     tolerance: float = DEFAULT_TOLERANCE,
     alpha: float = DEFAULT_ALPHA,
     session_sigma: float = DEFAULT_SESSION_SIGMA,
     min_trials: int = DEFAULT_MIN_TRIALS,
     max_trials: int = DEFAULT_MAX_TRIALS,
     n_levels: int = 1,
-    futility: float = DEFAULT_FUTILITY,
     power: float = DEFAULT_POWER,
+    detectable_drop: float = DEFAULT_DETECTABLE_DROP,
 ) -> BatchDecision:
-    """Vectorised :func:`decide` over independent rows (same trial counts in every row)."""
-    _check_params(tolerance, alpha, session_sigma, power)
+    """Vectorised :func:`decide` over independent rows (same trial counts in every row).
+
+    Reads only the trial counts and the sample variances, never the means: rows with the
+    same scatter get the same answer whatever their ratio.
+    """
+    _check_params(tolerance, alpha, session_sigma, power, detectable_drop)
     if n_levels < 1:
         raise ValueError(f"n_levels must be >= 1, got {n_levels}")
-    if not 0.0 <= futility < 1.0:
-        raise ValueError(f"futility must be in [0, 1), got {futility!r}")
-    looks = look_schedule(min_trials, max_trials)
-    if not 0 <= look < len(looks):
-        raise ValueError(f"look must be in 0..{len(looks) - 1} for schedule {looks}, got {look}")
-    weights = look_weights(len(looks))
-    w = weights[look]
+    if look < 0:
+        raise ValueError(f"look must be >= 0, got {look}")
+    look_schedule(min_trials, max_trials)  # validates the bounds
     log_b, log_c = _log_samples("baseline", baseline, 2), _log_samples("current", current, 2)
     rows, n_c = log_c.shape
+    n_b = log_b.shape[1]
     if n_c == 0:
         raise ValueError("decide needs at least one current trial")
-    final = look == len(looks) - 1 or n_c >= looks[-1]
-    nxt = 0 if final else max(1, looks[look + 1] - n_c)
-    if log_b.shape[1] == 0:
+
+    def answer(reason: NDArray[np.str_], nxt: NDArray[np.int64]) -> BatchDecision:
+        stop = reason != StopReason.CONTINUE.value
         return BatchDecision(
-            stop=np.full(rows, final),
-            reason=np.full(rows, StopReason.NO_BASELINE.value, dtype="<U12"),
-            next_trials=np.full(rows, nxt, dtype=np.int64),
-            alpha_weight=w,
+            stop=stop,
+            reason=reason,
+            next_trials=np.where(stop, 0, nxt).astype(np.int64),
+            alpha_weight=1.0,
         )
 
-    core = _core(log_b, log_c, session_sigma)
-    t = _tests(core, tolerance, alpha, alpha * w, power)
-    # Regression is called at alpha*w/n_levels (Bonferroni over levels): a level stopped for
-    # regression is then certain to stay a regression after the final Holm step.
-    clear_reg = t.p_regression <= alpha * w / n_levels
-    clear_pass = t.p_pass <= alpha * w
     reason = np.full(rows, StopReason.CONTINUE.value, dtype="<U12")
-    if final:
-        reason[:] = StopReason.FINAL_LOOK.value
-    elif futility > 0.0:
-        reason[
-            _futile(
-                core,
-                log_b.shape[1],
-                n_c,
-                looks[-1],
-                tolerance,
-                alpha * weights[-1],
-                n_levels,
-                futility,
-            )
-        ] = StopReason.FUTILITY.value
-    reason[clear_pass] = StopReason.PASS.value
-    reason[clear_reg] = StopReason.REGRESSION.value
-    stop = reason != StopReason.CONTINUE.value
-    return BatchDecision(
-        stop=stop,
-        reason=reason,
-        next_trials=np.where(stop, 0, nxt).astype(np.int64),
-        alpha_weight=w,
+    if n_b == 0:
+        if n_c >= max_trials:
+            reason[:] = StopReason.NO_BASELINE.value
+        return answer(reason, np.full(rows, max_trials - n_c, dtype=np.int64))
+    if n_c < min_trials:  # the pilot is not complete yet
+        return answer(reason, np.full(rows, min_trials - n_c, dtype=np.int64))
+
+    core = _core(log_b, log_c, session_sigma)
+    valid = np.isfinite(core.se) & np.isfinite(core.df)
+    mdd_now = np.where(
+        valid,
+        _mdd(np.where(valid, core.se, 1.0), np.where(valid, core.df, 1.0), tolerance, alpha, power),
+        1.0,
     )
-
-
-def _futile(
-    core: _Core,
-    n_b: int,
-    n_c: int,
-    n_final: int,
-    tolerance: float,
-    alpha_final: float,
-    n_levels: int,
-    futility: float,
-) -> NDArray[np.bool_]:
-    """Conditional power, under the current trend, of a clear verdict at the final look.
-
-    If the remaining trials behave like those so far, the final log ratio is normal around
-    today's estimate with variance ``v (n_final - n_c) / n_final**2`` (the new trials only
-    move the current mean).  The session factor is already baked into today's estimate, which
-    is why extra trials so rarely change the outcome once session noise dominates.  Stopping
-    here never rejects anything, so it cannot raise the false-alarm rate.
-    """
-    var_c = core.var_c if core.var_c is not None else core.var_b
-    if var_c is None:
-        return np.zeros(core.d.shape, dtype=bool)  # no noise estimate: keep measuring
-    se_now2 = core.se**2
-    w_now, _ = _within_terms(core.var_b, n_b, core.var_c, n_c, core.d.size)
-    w_fin, denom_fin = _within_terms(core.var_b, n_b, var_c, n_final, core.d.size)
-    se_fin2 = se_now2 - w_now + w_fin
-    df_fin = se_fin2**2 / denom_fin
-    se_fin = np.sqrt(se_fin2)
-    tau = np.sqrt(var_c * (n_final - n_c)) / n_final
-    m_lo = math.log1p(-tolerance)
-    c_reg = _st.t.ppf(1.0 - alpha_final / n_levels, df_fin)
-    c_pass = _st.t.ppf(1.0 - alpha_final, df_fin)
-    cp_reg = _st.norm.cdf((m_lo - c_reg * se_fin - core.d) / tau)
-    cp_pass = _st.norm.cdf((core.d - m_lo - c_pass * se_fin) / tau)
-    return np.maximum(cp_reg, cp_pass) < futility
+    powered = mdd_now <= detectable_drop
+    if n_c >= max_trials:
+        reason[:] = StopReason.MAX_TRIALS.value
+        reason[powered] = StopReason.POWERED.value
+        return answer(reason, np.zeros(rows, dtype=np.int64))
+    if core.var_b is None and core.var_c is None:  # one trial each: get a second one
+        return answer(reason, np.ones(rows, dtype=np.int64))
+    target = np.zeros(rows, dtype=np.int64)
+    for n in range(max_trials, n_c, -1):  # downwards: the smallest n that suffices wins
+        target[
+            _projected_mdd(core, n_b, n, session_sigma, tolerance, alpha, power) <= detectable_drop
+        ] = n
+    reason[target == 0] = StopReason.FUTILITY.value
+    reason[powered] = StopReason.POWERED.value
+    return answer(reason, target - n_c)
 
 
 def decide(
     baseline: Sequence[float],
     current: Sequence[float],
     *,
-    look: int,
+    look: int = 0,
     tolerance: float = DEFAULT_TOLERANCE,
     alpha: float = DEFAULT_ALPHA,
     session_sigma: float = DEFAULT_SESSION_SIGMA,
     min_trials: int = DEFAULT_MIN_TRIALS,
     max_trials: int = DEFAULT_MAX_TRIALS,
     n_levels: int = 1,
-    futility: float = DEFAULT_FUTILITY,
     power: float = DEFAULT_POWER,
+    detectable_drop: float = DEFAULT_DETECTABLE_DROP,
 ) -> Decision:
-    """Between trials: stop now, or run ``next_trials`` more and call again with ``look + 1``.
+    """Between trials: stop now, or run ``next_trials`` more current trials and call again.
 
-    Protocol: run ``look_schedule(min_trials, max_trials)[0]`` trials, call with ``look=0``;
-    while ``not stop`` run ``next_trials`` more and call with the next look.  When a level
-    stops, keep :attr:`Decision.alpha_weight` and hand it to :func:`compare_test` with the
-    other levels for the final, Holm-adjusted verdicts.  Stops at a clear regression, a clear
-    pass, futility (conditional power of either below ``futility``; 0 disables) or the last
-    look.  ``n_levels`` is the number of levels in the test (see :func:`decide_batch`).  For an
-    A/B run the caller may add the same number of trials to both sides.
+    Protocol: run ``min_trials`` trials and call; while ``not stop`` run ``next_trials`` more
+    and call again (``look`` counts the calls, for display).  Stops when the level is powered
+    (``min_detectable_drop <= detectable_drop``), when even ``max_trials`` could not power it
+    (futility), or at ``max_trials``; otherwise ``next_trials`` is the smallest top-up that
+    powers the level under the variances estimated so far.  Finish with :func:`compare_test`
+    over all levels of the test.  The rule never reads the estimated ratio, so stopping costs
+    no alpha.  A level without a baseline runs all ``max_trials``.  ``n_levels`` is accepted
+    for compatibility and does not change the rule (power is per level, at ``alpha``).  The
+    caller bounds the trials it runs when trials can fail without giving a figure: the rule
+    only sees the figures.  For an A/B run the caller may add the same number of trials to
+    both sides.
     """
     dec = decide_batch(
         [list(baseline)],
@@ -734,8 +757,8 @@ def decide(
         min_trials=min_trials,
         max_trials=max_trials,
         n_levels=n_levels,
-        futility=futility,
         power=power,
+        detectable_drop=detectable_drop,
     )
     comparison = compare_level(
         baseline,
@@ -743,15 +766,15 @@ def decide(
         tolerance=tolerance,
         alpha=alpha,
         session_sigma=session_sigma,
-        alpha_weight=dec.alpha_weight,
         power=power,
+        detectable_drop=detectable_drop,
     )
     return Decision(
         stop=bool(dec.stop[0]),
         next_trials=int(dec.next_trials[0]),
         reason=StopReason(str(dec.reason[0])),
         look=look,
-        alpha_weight=dec.alpha_weight,
+        alpha_weight=1.0,
         comparison=comparison,
     )
 
@@ -784,14 +807,13 @@ __all__ = [
     "BatchDecision",
     "CI_LEVEL",
     "DEFAULT_ALPHA",
-    "DEFAULT_FUTILITY",
+    "DEFAULT_DETECTABLE_DROP",
     "DEFAULT_MAX_TRIALS",
     "DEFAULT_MIN_TRIALS",
     "DEFAULT_POWER",
     "DEFAULT_SESSION_SIGMA",
     "DEFAULT_TOLERANCE",
     "Decision",
-    "FINAL_LOOK_SHARE",
     "LevelComparison",
     "MIN_LOG_SD",
     "StopReason",
@@ -804,5 +826,5 @@ __all__ = [
     "estimate_session_sigma",
     "holm",
     "look_schedule",
-    "look_weights",
+    "smallest_vouchable_drop",
 ]
