@@ -76,7 +76,7 @@ class AdaptiveTrials:
     """Trial policy: after the first trials, ask :func:`stats.decide` whether the level is
     powered (a drop of ``detectable_drop`` would be caught), and run the top-up it asks for.
 
-    The top-ups follow the variances only, never the estimated ratio, so they cost no alpha.
+    The top-ups follow the variances only, never the estimated ratio: no alpha is spent on looks.
     Levels without a baseline run the fixed number of trials (all ``max_trials`` when recording,
     since a baseline with more samples makes every later comparison stronger).
     """
