@@ -562,7 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--detectable-drop",
         type=float,
         default=DEFAULT_DETECTABLE_DROP,
-        help=f"true drop a level must catch with {DEFAULT_POWER * 100:g}%% probability to pass, "
+        help=f"true drop a level must catch with probability {DEFAULT_POWER:g} to pass, "
         f"else it is underpowered (default {DEFAULT_DETECTABLE_DROP})",
     )
     p.add_argument("--markdown", metavar="PATH", help="also write the comparison as Markdown")

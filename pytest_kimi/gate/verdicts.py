@@ -16,10 +16,11 @@ Verdicts of a level, strongest first:
 - ``invalid``: the figure cannot be trusted (wrong token counts under ``ignore_eos``, empty 200
   responses, no steady-state window, or a saturated client), so none is published;
 - ``fail``: an absolute target (floor or ceiling) was missed;
-- ``regression`` / ``improved`` / ``inconclusive`` / ``underpowered``: the comparison with the
+- ``regression`` / ``improved`` / ``underpowered``: the comparison with the
   baseline (:mod:`pytest_kimi.gate.stats`) of a level that passed its targets;
 - ``no-baseline``: the level passed its targets and there is nothing to compare with;
-- ``pass``.
+- ``pass``;
+- ``inconclusive``: kept for reports of versions before 0.2 (the gate no longer says it).
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ _HEADLINES = {
 }
 
 _MEANINGS = {
-    Verdict.PASS: "throughput within tolerance of the baseline (or above the target)",
+    Verdict.PASS: "no drop beyond the tolerance, and a drop of the detectable size would have "
+    "been caught (or above the target, without a baseline)",
     Verdict.IMPROVED: "significantly faster than the baseline: update it so the slack cannot "
     "hide a later regression",
     Verdict.REGRESSION: "significantly slower than the baseline beyond the tolerance",
@@ -141,8 +143,10 @@ _MEANINGS = {
     Verdict.INVALID: "the measurement cannot be trusted (client overloaded, too few requests, ...)",
     Verdict.ERROR: "the level could not be measured (requests failed, endpoint down)",
     Verdict.NOT_RUN: "skipped because an earlier level of the test errored",
-    Verdict.INCONCLUSIVE: "neither within tolerance nor a significant regression",
-    Verdict.UNDERPOWERED: "too noisy / too few trials to detect a drop of the tolerance",
+    Verdict.INCONCLUSIVE: "neither within tolerance nor a significant regression (reports "
+    "before 0.2; the gate no longer says it)",
+    Verdict.UNDERPOWERED: "too noisy: this run could not have caught a drop of the detectable "
+    "size (--perf-detectable-drop)",
     Verdict.NO_BASELINE: "nothing recorded to compare with (record with --update-baselines)",
 }
 
