@@ -37,6 +37,7 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "perf_html": None,
     "perf_trials": 3,
     "perf_workers": 1,
+    "perf_protocol": "stationary",
     "baseline_dir": Path("baselines"),
     "baseline_profile": None,
     "perf_tolerance": 0.05,
@@ -413,14 +414,15 @@ def test_settings_that_make_pass_unreachable_are_said_up_front(pytester: pytest.
     """5% session noise: no number of trials can catch a 15% drop with 95% probability, so
     every compared level would be underpowered; said once, before any trial, with the fix."""
     pytester.makepyfile(test_x="def test_x(): pass")
-    result = pytester.runpytest("--perf-session-sigma=0.05")
+    # in a subprocess: in-process, a warning about the already imported plugin joins the count
+    result = pytester.runpytest_subprocess("--perf-session-sigma=0.05")
     result.assert_outcomes(passed=1, warnings=1)
     out = result.stdout.str()
     assert out.count("no compared level can pass") == 2  # the header, the warnings summary
     assert "smaller than 19.4%" in out and "detectable drop is 15.0% (default)" in out
     assert "Raise --perf-detectable-drop to 19.5% or more" in out
-    quiet = pytester.runpytest()  # the defaults can pass: nothing said
+    quiet = pytester.runpytest_subprocess()  # the defaults can pass: nothing said
     quiet.assert_outcomes(passed=1)
     assert "no compared level can pass" not in quiet.stdout.str()
-    wide = pytester.runpytest("--perf-session-sigma=0.05", "--perf-detectable-drop=0.2")
+    wide = pytester.runpytest_subprocess("--perf-session-sigma=0.05", "--perf-detectable-drop=0.2")
     assert "no compared level can pass" not in wide.stdout.str()
