@@ -532,6 +532,8 @@ async def _write_events(
                 await resp.write(data)
             _drop_connection(request)
             return
+        if params.continuous_usage and data and not profile.no_usage:
+            data = _with_usage(data, enc, params.prompt_tokens, sent)
         if seq.state is SeqState.FINISHED and sent >= seq.target:
             tail = [data, enc.finish(seq.finish_reason)]
             if params.include_usage and not profile.no_usage:
@@ -541,8 +543,6 @@ async def _write_events(
             await resp.write_eof()
             return
         if data:
-            if params.continuous_usage and not profile.no_usage:
-                data = _with_usage(data, enc, params.prompt_tokens, sent)
             await resp.write(data)
 
 
