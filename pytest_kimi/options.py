@@ -187,34 +187,30 @@ class Option(Generic[T]):
         return self.flag.lstrip("-").replace("-", "_")
 
 
-def positive_int(text: str) -> int:
+N = TypeVar("N", int, float)
+
+
+def _number(text: str, convert: Callable[[str], N], ok: Callable[[N], bool], expected: str) -> N:
+    """``text`` as a number that passes ``ok``; the error says what was ``expected``."""
     try:
-        value = int(text)
+        value = convert(text)
     except ValueError:
-        raise ValueError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise ValueError(f"expected a positive integer, got {text!r}")
+        raise ValueError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):
+        raise ValueError(f"expected {expected}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 1, "a positive integer")
 
 
 def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a number between 0 and 1, got {text!r}") from None
-    if not 0 < value < 1:
-        raise ValueError(f"expected a number between 0 and 1 (exclusive), got {text!r}")
-    return value
+    return _number(text, float, lambda v: 0 < v < 1, "a number between 0 and 1 (exclusive)")
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise ValueError(f"expected a number >= 0, got {text!r}")
-    return value
+    return _number(text, float, lambda v: v >= 0, "a number >= 0")
 
 
 def boolean(text: str) -> bool:
