@@ -64,6 +64,10 @@ def test_single():
     pass
 """
     )
+    # In process on purpose: the marker error ends the session at collection, before the
+    # session fixture that would start a simulator, so nothing is spawned (asserted below:
+    # the simulator leaves its logs and records under .kimi/ the moment it starts).
     result = pytester.runpytest("--endpoint=sim")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_single*min_toks (did you mean min_tok_s?)*"])
+    assert not (pytester.path / ".kimi").exists(), "a simulator was started"

@@ -2,7 +2,9 @@
 
 The schedule math is checked offline on large samples; the sending is checked against the
 simulator in its own process (speed 20), so the client's timing is not disturbed by a server
-on the same event loop.
+on the same event loop.  How late a send may be is not a fixed figure: it is bounded by the
+client's own lag monitor (a send is late only while the loop was held up), so the bounds hold
+on a machine that shares its cores with other work.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from pytest_kimi.load import (
     poisson_arrivals,
 )
 from pytest_kimi.load.openloop import deal
-from pytest_kimi.load.runner import peak_inflight
+from pytest_kimi.load.runner import LAG_INTERVAL_S, TrialRecords, peak_inflight
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimProfile
+from timing import send_late_bound_s
 
 CHAT = "/v1/chat/completions"
 
@@ -59,6 +62,11 @@ def gaps(xs: list[float]) -> list[float]:
 
 def cv(xs: list[float]) -> float:
     return statistics.pstdev(xs) / statistics.fmean(xs)
+
+
+def late_bound_s(tr: TrialRecords) -> float:
+    """The most any send of ``tr`` may be late: what its lag monitor saw."""
+    return send_late_bound_s(tr.loop_lag_max_s, LAG_INTERVAL_S)
 
 
 # ------------------------------------------------------------------------- schedule (offline)
@@ -128,30 +136,27 @@ async def test_rate_schedule_delay_and_records(sim: str) -> None:
     assert [r.index for r in recs] == list(range(n)) and all(r.worker == r.index for r in recs)
     assert all(r.ok for r in recs), [r.error for r in recs if r.error][:3]
     assert [r.completion_tokens for r in recs] == [8 + (i % 2) for i in range(n)]  # body i % 2
-    # scheduled = the plan, to the float
+    # scheduled = the plan, to the float: Poisson-shaped (cv near 1) at exactly the rate
     planned = plan.arrivals()
     assert [r.scheduled - tr.started for r in recs] == pytest.approx(planned, abs=1e-9)
+    assert statistics.fmean(gaps(planned)) == pytest.approx(1 / rate)
+    assert 0.75 < cv(gaps(planned)) < 1.25
     assert tr.offered_rate == rate
-    assert tr.achieved_rate is not None and abs(tr.achieved_rate / rate - 1) < 0.05
-    # lateness: typically ~1 ms (the loop's timer resolution); bounds leave room for other
-    # jobs preempting this process on a shared CI machine
+    # lateness: ~1 ms on an idle machine (the loop's timer resolution); any more is a stall
+    # of the whole loop (the machine), which the lag monitor sees too, not the scheduler
     delays = [r.sent - r.scheduled for r in recs]
-    assert min(delays) >= 0 and statistics.median(delays) < 0.005
-    # a late send beyond that is explained by a stall of the whole loop (the machine), which
-    # the lag monitor sees too, not by the scheduler
+    bound = late_bound_s(tr)
+    assert 0 <= min(delays) and max(delays) <= bound, (max(delays), bound, tr.loop_lag_p99_s)
     assert tr.schedule_delay_p99_s is not None
-    assert tr.schedule_delay_p99_s < 0.02 or tr.schedule_delay_p99_s < tr.loop_lag_max_s + 0.01, (
-        tr.schedule_delay_p99_s,
-        tr.loop_lag_max_s,
-        tr.loop_lag_p99_s,
-    )
-    # the sends themselves are Poisson-ish: mean gap 1/rate, cv near 1
+    assert min(delays) <= tr.schedule_delay_p99_s <= max(delays)
+    # so the sends keep the plan's shape, and the rate that left is the plan's give or take
+    # the lateness of the first and the last send
     sends = sorted(r.sent for r in recs)
-    assert statistics.fmean(gaps(sends)) == pytest.approx(1 / rate, rel=0.05)
-    assert 0.75 < cv(gaps(sends)) < 1.25
+    assert tr.achieved_rate == pytest.approx((n - 1) / (sends[-1] - sends[0]))
+    assert abs((sends[-1] - sends[0]) - planned[-1]) <= bound
     assert tr.concurrency == peak_inflight(recs) >= 1
     assert tr.lag_samples > 0 and tr.client_cpu_s > 0 and tr.stopped_early is None
-    assert tr.ended - tr.started == pytest.approx(planned[-1], abs=0.5)
+    assert tr.ended >= max(r.end for r in recs) >= tr.started + planned[-1]
 
 
 @pytest.mark.asyncio
@@ -170,8 +175,9 @@ async def test_no_cap_on_in_flight_when_the_server_is_slow() -> None:
     assert all(r.ok for r in opened.records)
     assert peak_inflight(closed.records) <= 2
     assert opened.concurrency >= 10, opened.concurrency
-    # ...and yet every request left on time: the client is not what queued them
-    assert statistics.median(r.sent - r.scheduled for r in opened.records) < 0.01
+    # ...and yet every request left on time (late only by what the loop's lag explains):
+    # the client is not what queued them
+    assert max(r.sent - r.scheduled for r in opened.records) <= late_bound_s(opened)
     ttfts = [r.ttft for r in opened.records if r.ttft is not None]
     assert max(ttfts) > 5 * min(ttfts)  # queueing shows up as TTFT, as it should
 
@@ -186,25 +192,30 @@ def _dead_url() -> str:
 
 @pytest.mark.asyncio
 async def test_max_failures_stops_a_dead_server_quickly() -> None:
+    """No send after the fifth failure (allowing a send already due while the loop was held
+    up), and then only the requests in flight to wait for: 5 of 10,000 planned, not 50 s."""
     plan = OpenLoopPlan(rate=200.0, bodies=[body()], requests=10_000, timeout_s=5, max_failures=5)
-    t0 = time.perf_counter()
     async with LoadClient() as client:
         tr = await client.run_open_loop(Target(_dead_url()), plan)
-    assert time.perf_counter() - t0 < 2.0
     assert tr.stopped_early is not None and tr.stopped_early.startswith("max_failures reached: 5")
     assert "server looks down" in tr.stopped_early
-    assert 5 <= len(tr.records) < 40 and all(not r.ok for r in tr.records)
+    assert all(not r.ok for r in tr.records) and 5 <= len(tr.records) < 10_000
+    fifth = sorted(r.end for r in tr.records)[4]
+    assert max(r.sent for r in tr.records) <= fifth + late_bound_s(tr)
+    assert tr.ended <= fifth + max(r.end - r.sent for r in tr.records) + late_bound_s(tr)
 
 
 @pytest.mark.asyncio
 async def test_stop_wakes_a_sleeping_scheduler() -> None:
-    """At 1 req/s the next arrival is a second away; a stop must not wait for it."""
-    plan = OpenLoopPlan(rate=1.0, bodies=[body()], requests=100, timeout_s=5, max_failures=1)
+    """At 0.01 req/s the next arrival is minutes away; a stop must not wait for it."""
+    plan = OpenLoopPlan(rate=0.01, bodies=[body()], requests=100, timeout_s=5, max_failures=1)
+    second = plan.arrivals()[1]
+    assert second > 60
     t0 = time.perf_counter()
     async with LoadClient() as client:
         tr = await client.run_open_loop(Target(_dead_url()), plan)
     assert len(tr.records) == 1 and tr.stopped_early is not None
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < second, "the scheduler slept until the next arrival"
 
 
 @pytest.mark.asyncio

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pty
+import select
 import subprocess
 import sys
 import time
@@ -12,11 +13,13 @@ import pytest
 
 from pytest_kimi.measure.trials import Progress
 from pytest_kimi.report.progress import PLAIN_HEARTBEAT_S, ProgressPrinter, format_progress
+from timing import SESSION_S
 
 SUITE = """
 from pytest_kimi import throughput
 
-@throughput(concurrency=[1, 2], max_tokens=64, trials=2, warmup=0)
+# whole requests: a trial of one request per stream, which the lines below count
+@throughput(concurrency=[1, 2], max_tokens=64, trials=2, warmup=0, protocol="whole-requests")
 def test_sweep():
     pass
 """
@@ -91,17 +94,29 @@ def test_tty_session_rewrites_the_line(pytester: pytest.Pytester) -> None:
     )
     os.close(slave)
     chunks = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    proc.wait(timeout=30)
-    os.close(master)
+    # A read of the pty blocks until output comes: wait for it with select, so that the
+    # deadline can fire even while the session prints nothing.
+    deadline = time.monotonic() + SESSION_S
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, "the session did not finish: " + b"".join(chunks).decode()[-2000:]
+            ready, _, _ = select.select([master], [], [], left)
+            if not ready:
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the session exited and closed its end
+                break
+            if not data:
+                break
+            chunks.append(data)
+        proc.wait(timeout=SESSION_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
     out = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0, out[-2000:]
     assert "\r[kimi] C=1 trial 1/2" in out

@@ -284,9 +284,9 @@ def test_reports_show_server_columns_only_when_present() -> None:
         "workload": {"api": "chat"},
         "levels": [level],
     }
-    assert "server" not in "\n".join(format_test(test)) and "server" not in render_markdown(
-        {"tests": [test]}
-    )
+    columns = ("server tok/s", "server tokens")
+    plain = "\n".join(format_test(test)) + render_markdown({"tests": [test]})
+    assert not any(c in plain for c in columns)
     level["server"] = {"tokens": 4096, "client_tokens": 4096, "tok_s": 997.5}
     lines = format_test(test)
     assert "server tok/s" in lines[1] and "997.5" in lines[2] and "4096 (exact)" in lines[2]
@@ -426,7 +426,15 @@ def test_simulator_counts_agree_with_the_client(
     assert server["metric"] == "sglang:generation_tokens_total"
     assert server["tokens"] == server["client_tokens"] == tokens
     assert server["exact"] is True and server["counting"] == "per-token"
-    assert server["tok_s"] is not None and server["max_deviation_pct"] < 2
+    # the rate check ran, and every trial's rates agreed within what the plugin allowed it:
+    # the 2% tolerance plus that trial's measured scrape round trips and step granularity
+    assert server["tok_s"] is not None
+    rated = [t for t in server["trials"] if t["deviation_pct"] is not None]
+    assert rated and all(abs(t["deviation_pct"]) <= t["allowed_pct"] for t in rated), rated
+    assert all(t["allowed_pct"] >= server["tolerance_pct"] for t in rated)
+    assert server["max_deviation_pct"] == pytest.approx(
+        max(abs(t["deviation_pct"]) for t in rated), abs=1e-3
+    )
     assert server["prompt_tokens"] == server["client_prompt_tokens"]
     assert server["requests"] == server["client_requests"] == trials * 12
     assert [t["trial"] for t in server["trials"]] == list(range(trials))

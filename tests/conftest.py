@@ -1,0 +1,121 @@
+"""Fixtures shared by the test modules that measure the simulator directly (no pytester)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+
+from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.measure.results import LevelResult
+from pytest_kimi.measure.session import PerfSession, build_spec
+from pytest_kimi.sim.process import SimProcess
+from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.spec.markers import parse_throughput
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass
+class SimMeasurement:
+    """One level measured through the plugin's pipeline against a simulator of its own, with
+    the simulator's counters read after it (so they speak of this level alone)."""
+
+    level: LevelResult
+    sim_stats: dict[str, Any] = field(default_factory=dict)
+    truths: list[dict[str, Any] | None] = field(default_factory=list)
+    """Per trial, what the engine delivered over exactly the steps the trial's window held
+    (``/sim/truth``: tokens, steps, ``wall_tok_s``); None for a trial without a window."""
+
+    @property
+    def sim_lag_s(self) -> float:
+        """The latest the simulator delivered any step behind its schedule (its own count,
+        from its start to the end of the level): how far a token may be from the time its step
+        model says."""
+        return float(self.sim_stats["max_lag_s"])
+
+    @property
+    def client_lag_s(self) -> float:
+        """The client's longest event-loop stall over the level's trials."""
+        return max(t.client.loop_lag_max_s for t in self.level.trials)
+
+    def edge_slack_s(self, trial: TrialResult) -> float:
+        """How far the measured ends of a trial's steady-state window may sit from the steps
+        that bound it: each end is late by the simulator's lateness at that step and by the
+        client's stall then (its lag monitor's word); both are measured, not assumed."""
+        assert trial.window is not None
+        start, end = trial.window
+        return 2 * self.sim_lag_s + trial.client.stall_at(start) + trial.client.stall_at(end)
+
+    def window_slack(self, trial: TrialResult) -> float:
+        """The relative error the ends of ``trial``'s window may put on its tok/s, as measured."""
+        return self.edge_slack_s(trial) / trial.window_s
+
+    def request_slack(self) -> float:
+        """The relative error the ends of the level's requests may put on their decode rates
+        (first to last token), as measured: the largest over the requests."""
+        return max(
+            (
+                2 * self.sim_lag_s
+                + t.client.stall_at(r.first_token)
+                + t.client.stall_at(r.last_token)
+            )
+            / (r.last_token - r.first_token)
+            for t in self.level.trials
+            for r in t.records
+            if r.ok
+        )
+
+    def assert_valid_but_for_the_machine(self) -> None:
+        """Every trial is valid, or voided only for a reason the plugin calls transient: its
+        client stalled because another process took the core (the machine, not the server or
+        the measurement; the figures of such a trial are still held to the bounds)."""
+        for trial in self.level.trials:
+            assert set(trial.invalid) <= set(trial.transient), trial.invalid
+        assert self.level.verdict in ("pass", "invalid"), (self.level.verdict, self.level.reasons)
+
+
+def sim_stats(url: str) -> dict[str, Any]:
+    with _NO_PROXY.open(url + "/sim/stats", timeout=30) as resp:
+        data: dict[str, Any] = json.load(resp)
+    return data
+
+
+def sim_truth(url: str, start: float, end: float) -> dict[str, Any]:
+    with _NO_PROXY.open(f"{url}/sim/truth?start={start!r}&end={end!r}", timeout=30) as resp:
+        data: dict[str, Any] = json.load(resp)
+    return data
+
+
+@pytest.fixture(scope="module")
+def sim_measure(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Callable[..., SimMeasurement]:
+    """``sim_measure(profile, name, **throughput)``: start a simulator for ``profile``, measure
+    one level (the ``@throughput`` arguments, one concurrency) through a :class:`PerfSession`,
+    read the simulator's counters, stop it.  A simulator per level, so that its counters (how
+    late it ever was) describe that level and no heavier one before it."""
+
+    def measure(profile: SimProfile, name: str, **throughput: Any) -> SimMeasurement:
+        sim = SimProcess(profile, log_dir=tmp_path_factory.mktemp("simlogs"))
+        sim.start()
+        session = PerfSession()
+        try:
+            assert sim.url is not None
+            endpoint = session.discover(sim.url, api_key=None, model=None)
+            workload, targets = parse_throughput((), throughput)
+            spec = build_spec(endpoint, name, workload, targets, rootdir=pytestconfig.rootpath)
+            (level,) = session.measure(spec).levels
+            truths = [
+                sim_truth(sim.url, *t.window) if t.window is not None else None
+                for t in level.trials
+            ]
+            return SimMeasurement(level, sim_stats(sim.url), truths)
+        finally:
+            session.close()
+            sim.stop()
+
+    return measure
