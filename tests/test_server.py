@@ -40,6 +40,7 @@ from pytest_kimi.server import (
     server_args,
 )
 from pytest_kimi.endpoint.discovery import discover
+from timing import DEADLINE_S, poll_until
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_SGLANG = Path(__file__).resolve().parent / "fake_sglang"
@@ -478,7 +479,8 @@ def test_crash_at_start_reports_traceback_quickly(tmp_path: Path, servers: list[
     with pytest.raises(ServerStartError) as info:
         server.launch()
     elapsed = time.monotonic() - t0
-    assert elapsed < 15, f"crash reported after {elapsed:.1f} s"
+    # reported when it happens, not when the startup timeout runs out
+    assert elapsed < profile.startup_timeout_s, f"crash reported after {elapsed:.1f} s"
     err = info.value
     message = str(err)
     assert err.reason == "exited" and err.returncode == 1
@@ -508,8 +510,9 @@ def test_never_ready_times_out_and_is_stopped(tmp_path: Path, servers: list[Any]
         server.launch()
     elapsed = time.monotonic() - t0
     message = str(info.value)
+    # the configured timeout ended it (its reason and its words), and not before
     assert info.value.reason == "timeout"
-    assert 1.9 <= elapsed < 12
+    assert elapsed >= 1.9
     assert "not ready after 2 s" in message
     assert "startup_timeout_s in" in message and str(profile.path) in message
     assert "Loading safetensors checkpoint shards" in message
@@ -535,9 +538,7 @@ def test_crash_mid_sweep_is_detected(tmp_path: Path, servers: list[Any]) -> None
             failed = True
             break
     assert failed, "the fake should have crashed"
-    deadline = time.monotonic() + 5
-    while server.crashed() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    poll_until(lambda: server.crashed() is not None, "the crash noticed")
     assert server.crashed() == 1
     assert not server.alive()
     assert "simulated crash after 3 generation requests" in server.log_tail()
@@ -562,7 +563,8 @@ def test_ignore_sigterm_group_is_killed(tmp_path: Path, servers: list[Any]) -> N
     t0 = time.monotonic()
     server.stop()
     elapsed = time.monotonic() - t0
-    assert 0.9 <= elapsed < 10, f"stop took {elapsed:.1f} s"  # the grace was honoured
+    # the grace was honoured; then SIGKILL (-9 below), which a server ignoring SIGTERM needs
+    assert elapsed >= 0.9, f"stop took {elapsed:.1f} s"
     assert not pid_alive(leader), "server survived stop()"
     assert not pid_alive(child), "the server's child survived stop()"
     assert server.returncode == -9
@@ -570,24 +572,25 @@ def test_ignore_sigterm_group_is_killed(tmp_path: Path, servers: list[Any]) -> N
 
 def test_stop_while_starting(tmp_path: Path, servers: list[Any]) -> None:
     profile = load_profile(fake_profile(tmp_path, startup_s=60))
-    server = open_server(profile, tmp_path / "logs")
+    server = open_server(profile, tmp_path / "logs", progress_every_s=0.05)
     servers.append(server)
     server.start()
     errors: list[BaseException] = []
+    waiting = threading.Event()
 
     def wait() -> None:
         try:
-            server.wait_ready()
+            server.wait_ready(progress=lambda _: waiting.set())
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             errors.append(exc)
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(0.5)
+    assert waiting.wait(DEADLINE_S), "never waiting for readiness"  # stop while it waits
     pid = server.pid
     assert pid is not None and pid_alive(pid)
     server.stop()
-    waiter.join(timeout=10)
+    waiter.join(timeout=DEADLINE_S)
     assert not waiter.is_alive()
     assert len(errors) == 1 and isinstance(errors[0], ServerStartError)
     assert errors[0].reason == "stopped"
@@ -673,7 +676,8 @@ def test_external_start_failure_is_fast(tmp_path: Path, servers: list[Any]) -> N
     t0 = time.monotonic()
     with pytest.raises(ServerStartError) as info:
         server.launch()
-    assert time.monotonic() - t0 < 10
+    # the start command's exit is final: not a wait for the startup timeout
+    assert time.monotonic() - t0 < server.profile.startup_timeout_s
     assert info.value.reason == "start-failed"
     assert "start command exited with code 255" in str(info.value)
     assert "No route to host" in str(info.value)

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from array import array
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ from pytest_kimi.load import (
     TrialRecords,
     WorkerError,
 )
-from pytest_kimi.load.runner import peak_inflight
+from pytest_kimi.load.runner import LAG_INTERVAL_S, peak_inflight
 from pytest_kimi.load.workers import (
     interleave,
     shard_closed,
@@ -45,6 +46,7 @@ from pytest_kimi.load.workers import (
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimProfile
+from timing import DEADLINE_S, TIMER_SLACK_S, apoll_until, poll_until, send_late_bound_s
 
 CHAT = "/v1/chat/completions"
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +81,7 @@ def alive(pid: int) -> bool:
         return True
 
 
-def wait_gone(pids: list[int], timeout: float = 5.0) -> list[int]:
+def wait_gone(pids: list[int], timeout: float = DEADLINE_S) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.02)
@@ -183,8 +185,8 @@ def test_records_pickle_with_arrays() -> None:
 async def test_clocks_agree_across_processes(sharded: ShardedClient) -> None:
     samples = await sharded.check_clocks()
     assert [s.worker for s in samples] == [0, 1] and [s.pid for s in samples] == sharded.pids
+    # one system-wide clock: each worker's reading falls inside the parent's round trip
     assert all(s.before <= s.worker_t <= s.after for s in samples)
-    assert all(s.after - s.before < 1.0 for s in samples)
     assert len(set(sharded.pids)) == 2 and os.getpid() not in sharded.pids
 
 
@@ -223,7 +225,8 @@ async def test_two_workers_give_one_clients_records(sharded: ShardedClient, sim:
     )
     assert tr.client_cpu_s == pytest.approx(sum(s.client_cpu_s for s in tr.shards))
     assert tr.loop_lag_max_s == max(s.loop_lag_max_s for s in tr.shards)
-    assert 0 <= tr.start_spread_s < 0.5
+    # both processes start at the agreed instant; a late first send is a held-up loop
+    assert 0 <= tr.start_spread_s <= sum(tr.lag_values) + LAG_INTERVAL_S + TIMER_SLACK_S
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -251,14 +254,16 @@ async def test_open_loop_over_workers(sharded: ShardedClient, sim: Target) -> No
     assert [r.scheduled - tr.started for r in tr.records] == pytest.approx(
         plan.arrivals(), abs=1e-9
     )
-    assert (
-        tr.offered_rate == 50.0
-        and tr.achieved_rate is not None
-        and abs(tr.achieved_rate / 50 - 1) < 0.05
+    # every arrival left on time, late only by what its process's lag monitor saw (the
+    # merged trial keeps the worst process's); so the rate that left is the plan's
+    late = [r.sent - r.scheduled for r in tr.records]
+    bound = send_late_bound_s(tr.loop_lag_max_s, LAG_INTERVAL_S)
+    assert 0 <= min(late) and max(late) <= bound, (max(late), bound)
+    sends = sorted(r.sent for r in tr.records)
+    assert tr.offered_rate == 50.0 and tr.achieved_rate == pytest.approx(
+        (len(sends) - 1) / (sends[-1] - sends[0])
     )
-    assert tr.schedule_delay_p99_s is not None and tr.schedule_delay_p99_s < max(
-        0.05, tr.loop_lag_max_s + 0.01
-    )
+    assert tr.schedule_delay_p99_s is not None and tr.schedule_delay_p99_s <= max(late)
     assert [s.requests for s in tr.shards] == [50, 50] and (live.done, live.failed) == (100, 0)
 
 
@@ -292,12 +297,11 @@ async def test_dead_server_stops_every_worker(sharded: ShardedClient) -> None:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
+    plan = TrialPlan(concurrency=4, bodies=[body()], requests=10_000, max_failures=6, timeout_s=5)
     t0 = time.perf_counter()
-    tr = await sharded.run_trial(
-        Target(f"http://127.0.0.1:{port}{CHAT}"),
-        TrialPlan(concurrency=4, bodies=[body()], requests=10_000, max_failures=6, timeout_s=5),
-    )
-    assert time.perf_counter() - t0 < 5
+    tr = await sharded.run_trial(Target(f"http://127.0.0.1:{port}{CHAT}"), plan)
+    # refused at once: no request waited out its timeout
+    assert time.perf_counter() - t0 < plan.timeout_s
     assert tr.stopped_early is not None and "max_failures" in tr.stopped_early
     assert all(s.stopped_early for s in tr.shards) and len(tr.records) < 100
 
@@ -321,19 +325,17 @@ async def test_no_process_left_after_close(sim: Target) -> None:
 async def test_killed_worker_is_a_clear_error(sim: Target) -> None:
     async with ShardedClient(2) as client:
         pids = client.pids
-        trial = asyncio.ensure_future(
-            client.run_trial(
-                sim, TrialPlan(concurrency=4, bodies=[body(400)], requests=40, timeout_s=20)
-            )
-        )
-        await asyncio.sleep(0.5)
+        live = LiveTrial(total=40)
+        plan = TrialPlan(concurrency=4, bodies=[body(400)], requests=40, timeout_s=20)
+        trial = asyncio.ensure_future(client.run_trial(sim, plan, live))
+        await apoll_until(lambda: live.approx_tokens() > 0, "the trial streaming")
         os.kill(pids[1], signal.SIGKILL)
-        t0 = time.perf_counter()
         with pytest.raises(
             WorkerError, match=rf"load worker 1 \(pid {pids[1]}\) was killed by SIGKILL"
         ):
-            await asyncio.wait_for(trial, 20)
-        assert time.perf_counter() - t0 < 5
+            await asyncio.wait_for(trial, DEADLINE_S)
+        # noticed while the trial ran: not after the surviving worker sent its half
+        assert live.done < plan.requests // 2, live.done
         with pytest.raises(WorkerError, match="unusable: load worker 1"):
             await client.run_trial(sim, TrialPlan(concurrency=2, bodies=[body(4)], requests=2))
     assert wait_gone(pids) == []
@@ -361,23 +363,38 @@ CHILD = """
 """
 
 
+def _received(sim: Target) -> int:
+    url = sim.url.split("/v1/")[0] + "/sim/stats"
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=30) as r:
+        return int(json.load(r)["requests_received"])
+
+
+def _streaming(sim: Target) -> Callable[[], bool]:
+    """Whether two more requests than now have reached the simulator (the child's trial is
+    streaming: one per worker)."""
+    before = _received(sim)
+    return lambda: _received(sim) >= before + 2
+
+
 def test_workers_die_with_their_parent(sim: Target) -> None:
     """SIGKILL leaves no atexit to run: the workers must notice on their own."""
+    streaming = _streaming(sim)
     proc = _child(CHILD.replace("sys.argv[1]", repr(sim.url)))
     assert proc.stdout is not None
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert len(pids) == 2 and all(alive(p) for p in pids)
-    time.sleep(0.3)
+    poll_until(streaming, "the child's trial streaming")
     proc.kill()
     proc.wait(10)
     assert wait_gone(pids) == []
 
 
 def test_ctrl_c_in_the_parent_reaps_the_workers(sim: Target) -> None:
+    streaming = _streaming(sim)
     proc = _child(CHILD.replace("sys.argv[1]", repr(sim.url)))
     assert proc.stdout is not None
     pids = [int(p) for p in proc.stdout.readline().split()]
-    time.sleep(0.5)  # a trial is streaming
+    poll_until(streaming, "the child's trial streaming")
     proc.send_signal(signal.SIGINT)
     assert proc.wait(20) != 0  # KeyboardInterrupt
-    assert wait_gone(pids, 2.0) == []
+    assert wait_gone(pids) == []
