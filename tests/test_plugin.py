@@ -450,7 +450,8 @@ def test_latency_targets_and_goodput(
         f"""
         from pytest_kimi import throughput
 
-        @throughput(concurrency=2, {SMALL}, max_ttft_s=5, max_itl_s=1.0, max_e2e_s=10, percentile=90, min_goodput=0.9)
+        # ceilings in the simulator's clock (speed 50): 5 s, 1 s and 10 s of the wall clock
+        @throughput(concurrency=2, {SMALL}, max_ttft_s=250, max_itl_s=50, max_e2e_s=500, percentile=90, min_goodput=0.9)
         def test_met():
             pass
 
@@ -471,7 +472,7 @@ def test_latency_targets_and_goodput(
     )
     met = json.loads(report.read_text())["tests"][0]["levels"][0]
     assert met["percentile"] == 90 and met["goodput"] == 1.0
-    assert 0 < met["ttft_s_pct"] < 5 and 0 < met["itl_s_pct"] < 1 and 0 < met["e2e_s_pct"] < 10
+    assert 0 < met["ttft_s_pct"] < 250 and 0 < met["itl_s_pct"] < 50 and 0 < met["e2e_s_pct"] < 500
 
 
 def test_open_loop_rates_and_length_sweeps(
