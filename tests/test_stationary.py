@@ -86,12 +86,16 @@ def test_protocol_is_chosen_per_level() -> None:
         assert workload.protocol_for(closed) == WHOLE_REQUESTS, sized
     forced, _ = parse_throughput((), {"concurrency": 8, "protocol": "whole-requests"})
     assert forced.protocol_for(closed, STATIONARY) == WHOLE_REQUESTS
+    for judged in ({"max_e2e_s": 9}, {"max_ttft_s": 1, "min_goodput": 0.5}):
+        workload, _ = parse_throughput((), {"concurrency": 8, **judged})
+        assert workload.protocol_for(closed) == WHOLE_REQUESTS, judged  # whole requests
 
 
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
         ({"protocol": "stationary", "requests": 8}, "drop it, or use protocol='whole-requests'"),
+        ({"protocol": "stationary", "max_e2e_s": 9}, "judges whole requests"),
         ({"protocol": "steady"}, "expected one of 'stationary', 'whole-requests'"),
     ],
 )
@@ -123,11 +127,13 @@ def test_running_usage_rides_on_every_token_chunk(sim: SimProcess) -> None:
         tokens = [e for e in events if e["choices"] and e["choices"][0]["delta"].get("content")]
         counts = [e["usage"]["completion_tokens"] for e in tokens if e.get("usage")]
         if running:
-            assert len(counts) == len(tokens) and counts == sorted(counts) and counts[-1] == 40
+            # the last token chunk of each write carries it (a busy writer may pack two)
+            assert counts and counts == sorted(counts) and counts[-1] == 40
+            assert tokens[-1].get("usage")
             seen = counts
         else:
             assert counts == []  # only the final usage-only chunk
-    assert seen and seen[0] < 40
+    assert seen
 
 
 def test_truth_endpoint_counts_the_steps_of_a_window(sim: SimProcess) -> None:

@@ -636,9 +636,11 @@ def level_figures(
     server seconds) multiplied."""
     samples = [t.tok_s / clock for t in trials if t.valid and t.tok_s is not None]
     ok = [r for t in trials for r in t.records if r.ok]
-    # streams a time box cut have no end: out of end-to-end latency and goodput
-    everyone = [r for t in trials for r in t.records if not r.cut]
-    whole = [r for r in ok if not r.cut]
+    # streams a time box cut have no end, and a stationary trial's staggered first requests
+    # (their own max_tokens) are shorter than the level's: both out of end-to-end latency
+    # and goodput
+    everyone = [r for t in trials for r in t.records if not r.cut and not r.max_tokens]
+    whole = [r for r in ok if not r.cut and not r.max_tokens]
     rates = [x / clock for x in (r.decode_tok_s for r in ok) if x is not None]
     ttfts = [x * clock for x in (r.ttft for r in ok) if x is not None]
     itls = inter_token_latencies(ok) * clock

@@ -340,6 +340,17 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
             f"protocol='stationary' times its trials itself; {exclusive[0]}= sizes whole-request "
             "trials: drop it, or use protocol='whole-requests'"
         )
+    whole = [name for name in ("max_e2e_s", "min_goodput") if name in values]
+    if whole:
+        # A stationary trial cuts its streams when its time box ends, so few requests of a
+        # long max_tokens complete in it: end-to-end latency (and goodput, which judges it)
+        # needs trials that wait for whole requests.
+        if values.get("protocol") == STATIONARY:
+            raise MarkerError(
+                f"{whole[0]}= judges whole requests, which a stationary trial cuts short: "
+                "drop protocol='stationary' (whole-request trials are then used)"
+            )
+        values["protocol"] = WHOLE_REQUESTS
     if "requests_per_stream" in values and all(lv.concurrency is None for lv in levels):
         raise MarkerError(
             "requests_per_stream applies to concurrency levels; an open-loop (rate=) trial is "
