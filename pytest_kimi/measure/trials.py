@@ -394,7 +394,8 @@ async def measure_level(
     observer = spec.observer
     replaced: list[str] = []
     while len(trials) < planned:
-        live = LiveTrial(total=spec.workload.requests_for(level))
+        stationary = spec.workload.protocol_for(level, spec.protocol) == STATIONARY
+        live = LiveTrial(total=None if stationary else spec.workload.requests_for(level))
         if observer is not None:
             await observer.before_trial()
         ticker = None

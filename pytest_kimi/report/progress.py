@@ -25,8 +25,10 @@ def format_progress(p: Progress) -> str:
             f"{p.failed} failed, {p.elapsed_s:.1f} s"
         )
     rate = "-" if p.tok_s is None else f"{'~' if p.kind == 'tick' else ''}{p.tok_s:,.1f}"
+    # a stationary trial is a time box, not a number of requests: just the count so far
+    done = f"{p.done} requests" if p.total is None else f"{p.done}/{total} requests"
     return (
-        f"{p.label} trial {p.trial}/{p.trials}: {p.done}/{total} requests, "
+        f"{p.label} trial {p.trial}/{p.trials}: {done}, "
         f"{rate} tok/s, {p.failed} errors, {p.elapsed_s:.1f} s"
     )
 
