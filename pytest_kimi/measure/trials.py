@@ -453,7 +453,7 @@ async def measure_level(
         result.extra["replaced_trials"] = replaced
         result.errors.extend(f"note: {r}" for r in replaced)
     if observer is not None:
-        result.extra.update(observer.level_summary())
+        result.extra.update(_in_server_clock(observer.level_summary(), spec.clock))
     if progress is not None:
         f = result.figures
         progress(
@@ -505,6 +505,19 @@ async def measure_test(
             await observer.close()
         _account(result, spec.clock)
     return result
+
+
+def _in_server_clock(summary: dict[str, Any], clock: float) -> dict[str, Any]:
+    """An observer's level summary with its rates in the server's clock, like the level's own
+    figures (the observer compares wall-clock rates with wall-clock rates, as it must)."""
+    server = summary.get("server")
+    if clock == 1.0 or not isinstance(server, dict):
+        return summary
+    for entry in (server, *server.get("trials", [])):
+        for key in ("tok_s", "client_tok_s"):
+            if isinstance(entry.get(key), (int, float)):
+                entry[key] = round(entry[key] / clock, 2)
+    return summary
 
 
 def _account(result: ThroughputResult, clock: float) -> None:
