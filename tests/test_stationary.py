@@ -310,8 +310,14 @@ def test_reports_state_clock_and_price_and_protocols_never_mix(pytester: pytest.
     assert "server time" in (pytester.path / "r.md").read_text()
     baseline = next((pytester.path / "baselines").rglob("test_sweep.yaml")).read_text()
     assert "protocol: stationary" in baseline
-    again = pytester.runpytest_subprocess(*args, "--perf-json=a.json", timeout=600)
+    again = pytester.runpytest_subprocess(
+        *args, "--perf-json=a.json", "--perf-server-metrics", timeout=600
+    )
     again.assert_outcomes(passed=1)
+    for lv in json.loads((pytester.path / "a.json").read_text())["tests"][0]["levels"]:
+        server = lv["server"]  # counters beside a stationary trial: the rate check only
+        assert server["exact"] is None and server["tok_s"] == pytest.approx(lv["tok_s"], rel=0.1)
+        assert any("the time box cut" in n for t in server["trials"] for n in t["notes"])
     verdicts = [
         lv["verdict"]
         for lv in json.loads((pytester.path / "a.json").read_text())["tests"][0]["levels"]
