@@ -92,9 +92,17 @@ from typing import Any, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import stats as _st
 
 from pytest_kimi.gate.verdicts import Verdict
+
+
+def _st() -> Any:
+    """scipy.stats, imported on first use: the plugin imports this module in every session
+    (and each subprocess session), and scipy costs about a second that a session without a
+    baseline comparison never needs."""
+    from scipy import stats
+
+    return stats
 
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_ALPHA = 0.05
@@ -333,7 +341,7 @@ def _mdd(
     power: float,
 ) -> NDArray[np.float64]:
     """The true drop flagged with probability ``power`` at this standard error (module doc)."""
-    k = _st.t.ppf(1.0 - np.asarray(alpha, dtype=np.float64), df) + _st.t.ppf(power, df)
+    k = _st().t.ppf(1.0 - np.asarray(alpha, dtype=np.float64), df) + _st().t.ppf(power, df)
     out: NDArray[np.float64] = -np.expm1(math.log1p(-tolerance) - k * se)
     return out
 
@@ -349,7 +357,7 @@ def smallest_vouchable_drop(
     normal quantiles).  When it exceeds ``detectable_drop`` every compared level ends
     ``underpowered`` (or significant): ``pass`` is unreachable with these settings."""
     _check_params(tolerance, alpha, session_sigma, power, 0.5)
-    k = float(_st.norm.ppf(1.0 - alpha) + _st.norm.ppf(power))
+    k = float(_st().norm.ppf(1.0 - alpha) + _st().norm.ppf(power))
     return float(-math.expm1(math.log1p(-tolerance) - k * session_sigma))
 
 
@@ -367,9 +375,9 @@ def _tests(
     se = np.where(valid, core.se, 1.0)
     df = np.where(valid, core.df, 1.0)
     m_lo, m_hi = math.log1p(-tolerance), math.log1p(tolerance)
-    p_reg = _st.t.cdf((core.d - m_lo) / se, df)
-    p_imp = _st.t.sf((core.d - m_hi) / se, df)
-    q = _st.t.ppf(0.5 + CI_LEVEL / 2.0, df)
+    p_reg = _st().t.cdf((core.d - m_lo) / se, df)
+    p_imp = _st().t.sf((core.d - m_hi) / se, df)
+    q = _st().t.ppf(0.5 + CI_LEVEL / 2.0, df)
     ci_lo, ci_hi = np.exp(core.d - q * se), np.exp(core.d + q * se)
     mdd = _mdd(se, df, tolerance, np.asarray(alpha_eff, dtype=np.float64), power)
     one = np.ones_like(core.d)

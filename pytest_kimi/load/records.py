@@ -70,7 +70,9 @@ class RequestRecord:
 
     @property
     def ok(self) -> bool:
-        """A 200 stream with no error: completed, or cut by the trial's time box."""
+        """A 200 stream with no error: completed, or cut by the trial's time box once its
+        response had begun (a stream cut before its headers has status 0: not ok, but
+        ``cut``, so it is not counted as failed either)."""
         return self.error is None and self.status == 200
 
     @property
