@@ -104,6 +104,7 @@ def _st() -> Any:
 
     return stats
 
+
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_ALPHA = 0.05
 DEFAULT_SESSION_SIGMA = 0.03
