@@ -472,6 +472,7 @@ def kimi_load(
         _perf_nodeid(request.node),
         Path(request.config.rootpath),
         kimi_options(request.config).perf_trials,
+        kimi_options(request.config).perf_protocol,
     )
 
 

@@ -308,6 +308,23 @@ def test_kimi_load_from_an_async_test(pytester: pytest.Pytester, sim_url: str) -
     result.assert_outcomes(passed=1)
 
 
+def test_kimi_load_sweep_sync_from_a_plain_test(pytester: pytest.Pytester, sim_url: str) -> None:
+    """``sweep_sync`` from a plain ``def`` test: the same measurement, the session's
+    ``--perf-protocol`` included, and the simulator's clock."""
+    pytester.makepyfile(
+        """
+        def test_sweep(kimi_load):
+            result = kimi_load.sweep_sync(concurrency=[1, 4], max_tokens=64, trials=2, warmup=0)
+            assert [lv.verdict for lv in result.levels] == ["pass", "pass"]
+            assert [lv.to_dict()["protocol"] for lv in result.levels] == [None, None]
+            assert all(lv.extra["server_time_s"] > 0 for lv in result.levels)
+            assert result.level(4).figures.tok_s > result.level(1).figures.tok_s
+        """
+    )
+    result = pytester.runpytest(f"--endpoint={sim_url}", "--perf-protocol=whole-requests")
+    result.assert_outcomes(passed=1)
+
+
 def test_endpoint_sim_starts_and_reaps_a_simulator(
     pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

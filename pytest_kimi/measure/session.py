@@ -169,12 +169,14 @@ class KimiLoad:
         nodeid: str,
         rootdir: Path,
         trials: int | None,
+        protocol: str = DEFAULT_PROTOCOL,
     ) -> None:
         self._session = session
         self.endpoint = endpoint
         self._nodeid = nodeid
         self._rootdir = rootdir
         self._trials = trials
+        self._protocol = protocol
 
     def _spec(self, kwargs: dict[str, Any]) -> MeasureSpec:
         workload, targets = parse_throughput((), kwargs)
@@ -186,6 +188,7 @@ class KimiLoad:
             rootdir=self._rootdir,
             trials=self._trials,
             sizer=self._session.prompt_sizer,
+            protocol=self._protocol,
         )
 
     async def sweep(self, **kwargs: Any) -> ThroughputResult:
