@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import re
 from array import array
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import aiohttp
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.openloop import OpenLoopPlan
 from pytest_kimi.load.request import Target, silence_timeout, stream_request
+from pytest_kimi.load.sse import running_usage
 
 try:  # POSIX only; elsewhere the default limit has to do
     import resource
@@ -245,18 +245,15 @@ class LiveTrial:
         return int(self.tokens + self.remote_inflight_tokens + inflight * per_block)
 
 
-_USAGE_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-
-
 def _tokens_per_read(running: Sequence[RequestRecord], finished: Sequence[int]) -> float:
     """Tokens a read carries, for a stationary trial's budget: from the running usage of a few
     streams in flight (``continuous_usage_stats``; a server may pack several tokens into one
     event), else from the finished streams, else 1."""
     tokens = reads = 0
     for rec in running[:8]:
-        found = _USAGE_TOKENS.findall(rec.last_read[-512:]) if rec.last_read else None
-        if found:
-            tokens += int(found[-1])
+        told = running_usage(rec.last_read[-512:]) if rec.last_read else None
+        if told is not None:
+            tokens += told
             reads += len(rec.chunk_times)
     if reads:
         return tokens / reads

@@ -55,6 +55,7 @@ Event semantics (shared with the JSON-decoding reference used in the tests):
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pytest_kimi.load.records import Api, RequestRecord
@@ -487,3 +488,14 @@ def parse_blocks(blocks: list[tuple[float, bytes]], api: Api = "chat") -> Reques
         p.feed(t, data)
     p.close()
     return rec
+
+
+_RUNNING_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+def running_usage(block: bytes) -> int | None:
+    """The last ``completion_tokens`` a read block carries (``continuous_usage_stats`` puts
+    the usage so far on every chunk), or None.  Read once per cut stream and by a stationary
+    trial's budget on a few streams per poll -- never per chunk."""
+    found = _RUNNING_USAGE.findall(block)
+    return int(found[-1]) if found else None

@@ -33,7 +33,6 @@ rate is its per-request decode rate, (tokens - 1) / (last - first).
 
 from __future__ import annotations
 
-import re
 from array import array
 from dataclasses import dataclass, field
 from statistics import median
@@ -44,6 +43,7 @@ import numpy as np
 from pytest_kimi.load.runner import TrialRecords
 from pytest_kimi.spec.markers import LevelSpec
 from pytest_kimi.load.records import RequestRecord
+from pytest_kimi.load.sse import running_usage
 
 CLIENT_LAG_LIMIT_S = 0.02
 """Event-loop lag (p99) or send delay (p99) above this may mean the client set the pace.
@@ -256,9 +256,6 @@ def tokens_between(records: Iterable[RequestRecord], start: float, end: float) -
     return total
 
 
-_RUNNING_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-
-
 def count_cut_tokens(records: Sequence[RequestRecord]) -> int:
     """Give the streams a time box cut their token counts; returns how many were estimated.
 
@@ -275,10 +272,10 @@ def count_cut_tokens(records: Sequence[RequestRecord]) -> int:
     for rec in records:
         if not rec.cut or not rec.chunk_events:
             continue
-        found = _RUNNING_USAGE.findall(rec.last_read)
+        told = running_usage(rec.last_read)
         rec.last_read = b""
-        if found:
-            rec.completion_tokens = int(found[-1])
+        if told is not None:
+            rec.completion_tokens = told
         else:
             rec.completion_tokens = round(rec.events * per_event)
             estimated += 1
