@@ -553,3 +553,61 @@ def test_a_server_without_metrics_fails_before_any_load(pytester: pytest.Pyteste
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def _packed_stream(
+    index: int, sent: float, tokens: int, per_event: int, dt: float
+) -> RequestRecord:
+    """A stream whose server generates a token every ``dt`` and sends ``per_event`` at a time."""
+    rec = RequestRecord(
+        index=index, worker=0, scheduled=sent, sent=sent, status=200, completion_tokens=tokens
+    )
+    events = [sent + dt * (k + 1) * per_event for k in range(tokens // per_event)]
+    rec.chunk_times = array("d", events)
+    rec.chunk_events = array("I", [1] * len(events))  # one event carrying per_event tokens
+    rec.first_token = events[0]
+    rec.end = events[-1]
+    return rec
+
+
+def test_tokens_generated_before_a_streams_first_event_are_within_the_allowance() -> None:
+    """A server that packs 8 tokens per event is up to 7 tokens ahead of the client for every
+    stream in flight, including one that has not sent its first event yet: a span between two
+    such moments differs from the client's by those tokens, and that is not another client."""
+    dt, per_event, tokens = 0.01, 8, 64
+    records = [
+        _packed_stream(i, i * (tokens * dt + 0.002), tokens, per_event, dt) for i in range(6)
+    ]
+    tr = TrialRecords(records=records, started=0.0, ended=records[-1].end, concurrency=1)
+    trial = summarize_trial(
+        0, LevelSpec(1, None, tokens), tr, client=ClientSignals(), ignore_eos=True
+    )
+    generated = np.sort([r.sent + dt * (i + 1) for r in records for i in range(tokens)])
+
+    def scrape(t: float) -> Scrape:
+        return Scrape(
+            t=t, half_rtt_s=0.001, generation=float(np.searchsorted(generated, t, "right"))
+        )
+
+    t1 = records[1].sent + 0.0005  # request 1 just sent: the client has every token so far
+    t2 = records[3].sent + 7.5 * dt  # request 3 generated 7 tokens and sent none
+    assert trial.window is not None and trial.window[0] < t1 < t2 <= trial.window[1]
+    before, after = scrape(-0.01), scrape(records[-1].end + 0.01)
+    mid = scrape(records[2].sent + 0.3)  # a stream mid-way tells how the counter counts
+    check, reasons = check_trial(
+        trial, before, [scrape(t1), mid, scrape(t2), after], after, metric="m"
+    )
+    assert check.exact is True and check.counting == "per-token" and check.window_samples == 3
+    assert check.deviation_pct is not None and check.deviation_pct > RATE_TOLERANCE * 100 + 3
+    assert reasons == [] and abs(check.deviation_pct) <= check.allowed_pct
+    # Another client's 30 % more tokens over the same span still shows.
+    busy = [
+        Scrape(t=s.t, half_rtt_s=s.half_rtt_s, generation=s.generation + 30.0 * (s.t - t1))
+        for s in (scrape(t1), mid, scrape(t2))
+    ]
+    _, reasons = check_trial(trial, before, [*busy, after], after, metric="m")
+    assert reasons and "another client is using this server" in reasons[-1]
+    # A client stall widens the allowance by what an end of the span can miss during it.
+    trial.client = ClientSignals(lag_times=array("d", [t1 + 0.01]), lag_values=array("d", [0.05]))
+    stalled, _ = check_trial(trial, before, [scrape(t1), mid, scrape(t2), after], after, metric="m")
+    assert stalled.allowed_pct == pytest.approx(check.allowed_pct + 2 * 0.05 / (t2 - t1) * 100)
