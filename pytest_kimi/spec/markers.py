@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from pytest_kimi.load.records import Api
+from pytest_kimi.spec.ramp import Ramp, RampError, check as check_ramp
 
 MARKER_SIGNATURE = (
     "throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None, min_request_tok_s=None, "
-    "max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, min_goodput=None, prompts='diverse', input_tokens=None, requests=None, requests_per_stream=1, duration_s=None, "
+    "max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, min_goodput=None, prompts='diverse', input_tokens=None, dataset=None, num_prompts=None, shared_prefix_tokens=None, prefix_groups=None, requests=None, requests_per_stream=1, duration_s=None, turns=1, "
     "trials=None, warmup=2, ignore_eos=True, timeout_s=600, api='chat', max_error_rate=0, "
     "tolerance=None, alpha=None, seed=0, protocol=None): measure output tok/s at each concurrency level against an "
     "OpenAI-compatible endpoint before the test body runs, and fail on a missed target"
@@ -93,8 +94,25 @@ class Workload:
     api: Api = "chat"
     max_error_rate: float = 0.0
     seed: int = 0
+    turns: int = 1
+    """Closed loop: each stream runs conversations of this many turns, every turn sending the
+    history so far (:mod:`pytest_kimi.load.conversation`); 1: independent requests."""
+    ramp: Ramp | None = None
+    """The ``rate=ramp(...)`` the open-loop levels came from (each step is one level)."""
     protocol: str | None = None
     """The marker's ``protocol=``; None: chosen by :meth:`protocol_for`."""
+    dataset: str | None = None
+    """``dataset=``: a ShareGPT JSON or JSONL file (a path from the rootdir, or
+    ``builtin:sharegpt-small``) replayed with each entry's own output length
+    (:mod:`pytest_kimi.spec.dataset`); its trials are whole requests, one pass over the sample."""
+    num_prompts: int | None = None
+    """Entries sampled from the dataset (seeded by ``seed``); None until the dataset is read,
+    then the sample's size (all entries, up to :data:`~pytest_kimi.spec.dataset.DEFAULT_NUM_PROMPTS`)."""
+    shared_prefix_tokens: int | None = None
+    """Every request opens with its group's system prompt of this many tokens, so a server's
+    prefix cache is exercised on purpose (:mod:`pytest_kimi.spec.prefix`)."""
+    prefix_groups: int | None = None
+    """How many distinct system prompts (groups) ``shared_prefix_tokens`` deals out, round robin."""
 
     @property
     def swept(self) -> frozenset[str]:
@@ -131,13 +149,21 @@ class Workload:
         return default
 
     def requests_for(self, level: LevelSpec) -> int | None:
-        """Requests in one trial at this level (None: bounded by ``duration_s`` alone)."""
+        """Requests in one trial at this level (None: bounded by ``duration_s`` alone).
+
+        A dataset's trial replays its sample once (``num_prompts`` requests) unless the marker
+        sizes trials itself: every trial then sends the same requests, in the same order."""
         if self.requests is not None:
             return self.requests
         if self.duration_s is not None:
             return None
+        if self.dataset is not None and self.num_prompts is not None:
+            if self.requests_per_stream is None or level.concurrency is None:
+                return self.num_prompts
         if level.concurrency is not None:
-            return (self.requests_per_stream or REQUESTS_PER_WORKER) * level.concurrency
+            # a conversation's turns are requests in a row: one whole conversation per stream
+            per_stream = self.requests_per_stream or max(REQUESTS_PER_WORKER, self.turns)
+            return per_stream * level.concurrency
         return max(MIN_OPEN_LOOP, round((level.rate or 0) * OPEN_LOOP_SECONDS))
 
 
@@ -206,8 +232,9 @@ def _levels(kwargs: Mapping[str, Any]) -> tuple[LevelSpec, ...]:
         raise MarkerError(
             "concurrency and rate are exclusive: closed loop (concurrency) or open loop (rate)"
         )
+    loads: list[tuple[int | None, float | None]]
     if kwargs.get("rate") is not None:
-        loads = [(None, r) for r in _sweep("rate", kwargs["rate"], _positive_float)]
+        loads = [(None, r) for r in _rates(kwargs["rate"])]
     else:
         loads = [
             (c, None) for c in _sweep("concurrency", kwargs.get("concurrency", 1), _positive_int)
@@ -216,6 +243,21 @@ def _levels(kwargs: Mapping[str, Any]) -> tuple[LevelSpec, ...]:
     raw_inputs = kwargs.get("input_tokens")
     inputs = (None,) if raw_inputs is None else _sweep("input_tokens", raw_inputs, _positive_int)
     return tuple(LevelSpec(c, r, m, i) for (c, r) in loads for m in lengths for i in inputs)
+
+
+def _rates(value: Any) -> tuple[float, ...]:
+    """``rate=``: a number, a list of them, or a :func:`~pytest_kimi.spec.ramp.ramp`."""
+    if isinstance(value, Ramp):
+        try:
+            return check_ramp(value).rates
+        except RampError as exc:
+            raise MarkerError(f"rate={value!r}: {exc}") from None
+    if isinstance(value, Mapping):
+        raise MarkerError(
+            f"rate={dict(value)!r}: a ramp is written rate=ramp(start, stop, steps=4) "
+            "(from pytest_kimi import ramp); a sweep of rates is a list"
+        )
+    return _sweep("rate", value, _positive_float)
 
 
 def _floors(value: Any, levels: tuple[LevelSpec, ...]) -> dict[float, float]:
@@ -264,6 +306,15 @@ def _bool(name: str, value: Any) -> bool:
     return value
 
 
+def _dataset(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise MarkerError(
+            f"{name}={value!r}: expected a path to a ShareGPT JSON or JSONL file (relative to "
+            "the rootdir) or 'builtin:sharegpt-small'"
+        )
+    return value
+
+
 _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
     "requests": _positive_int,
     "requests_per_stream": _positive_int,
@@ -284,6 +335,11 @@ _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
     "alpha": lambda n, v: _fraction(n, v, open_low=True),
     "seed": lambda n, v: _positive_int(n, v, minimum=0),
     "protocol": lambda n, v: _choice(n, v, PROTOCOLS),
+    "turns": _positive_int,
+    "dataset": _dataset,
+    "num_prompts": _positive_int,
+    "shared_prefix_tokens": _positive_int,
+    "prefix_groups": _positive_int,
 }
 
 ALLOWED_ARGS = (
@@ -326,6 +382,7 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
     prompts = _prompts(kwargs.get("prompts"))
     if prompts is not None and kwargs.get("input_tokens") is not None:
         raise MarkerError("prompts and input_tokens are exclusive: give one or the other")
+    _check_dataset_and_prefix(values, prompts, kwargs.get("input_tokens"), levels)
     requests = values.get("requests")
     exclusive = [
         name for name in ("requests", "requests_per_stream", "duration_s") if name in values
@@ -368,6 +425,8 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
             f"requests={requests} is below concurrency {top}: a trial needs at "
             "least one request per in-flight slot"
         )
+    _check_turns(values, levels)
+    _check_ramp(values, kwargs.get("rate"))
     targets = Targets(
         min_tok_s=_floors(kwargs.get("min_tok_s"), levels),
         min_request_tok_s=values.pop("min_request_tok_s", None),
@@ -380,6 +439,108 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
         alpha=values.pop("alpha", None),
     )
     return Workload(levels=levels, prompts=prompts, **values), targets
+
+
+def _check_dataset_and_prefix(
+    values: dict[str, Any],
+    prompts: Any,
+    input_tokens: Any,
+    levels: tuple[LevelSpec, ...],
+) -> None:
+    """``dataset=`` / ``num_prompts=`` and ``shared_prefix_tokens=`` / ``prefix_groups=``.
+
+    A dataset run is a replay: each trial sends the sample's requests, each with its own output
+    length, and waits for them (``whole-requests``).  A stationary trial's staggered openers and
+    its time box assume one length for every request, and a time box of ~160 steps would see a
+    different slice of the dataset in every trial; a whole pass keeps every trial the same
+    workload, so the protocol is chosen here (and recorded in the baseline key as usual).
+    """
+    dataset = values.get("dataset")
+    if dataset is not None:
+        given = {"prompts": prompts, "input_tokens": input_tokens}
+        other = next((name for name, value in given.items() if value is not None), None)
+        if other is not None:
+            raise MarkerError(
+                f"dataset and {other} are exclusive: the dataset's entries are the prompts"
+            )
+        if values.get("protocol") == STATIONARY:
+            raise MarkerError(
+                "dataset= replays whole requests of the dataset's own lengths, which a "
+                "stationary trial cuts short: drop protocol='stationary' (whole-request trials "
+                "are then used)"
+            )
+        values["protocol"] = WHOLE_REQUESTS
+        num = values.get("num_prompts")
+        top = max((lv.concurrency or 0) for lv in levels)
+        sized = any(k in values for k in ("requests", "requests_per_stream", "duration_s"))
+        if num is not None and num < top and not sized:
+            raise MarkerError(
+                f"num_prompts={num} is below concurrency {top}: a trial replays the sample once, "
+                "so it needs at least one prompt per in-flight slot (several per stream is better)"
+            )
+    elif "num_prompts" in values:
+        raise MarkerError("num_prompts= samples a dataset: give dataset= too")
+    if "prefix_groups" in values and "shared_prefix_tokens" not in values:
+        raise MarkerError(
+            "prefix_groups= says how many system prompts shared_prefix_tokens deals out: give "
+            "shared_prefix_tokens= too"
+        )
+    if "shared_prefix_tokens" in values:
+        values.setdefault("prefix_groups", 1)
+
+
+def _check_turns(values: dict[str, Any], levels: tuple[LevelSpec, ...]) -> None:
+    """``turns=``: conversations run in a closed loop, as whole requests.
+
+    A turn is sent when the previous answer is in, which is what a closed-loop stream does; an
+    open-loop arrival has no previous answer.  A conversation needs every answer whole, so a
+    stationary trial (which cuts its streams at its time box and opens them with shortened
+    requests) cannot carry one: multi-turn levels run ``whole-requests`` trials, one
+    conversation per stream by default (``requests_per_stream`` = ``turns``), and the protocol
+    and ``turns`` are both part of the baseline key (``docs/workloads.md``).
+    """
+    turns = values.get("turns", 1)
+    if turns < 2:
+        return
+    if any(lv.concurrency is None for lv in levels):
+        raise MarkerError(
+            f"turns={turns} applies to concurrency levels: a turn is sent when the previous "
+            "answer is in (a closed loop); drop rate= or turns="
+        )
+    if values.get("protocol") == STATIONARY:
+        raise MarkerError(
+            f"turns={turns} sends every answer back whole, which a stationary trial cuts short: "
+            "drop protocol='stationary' (whole-request trials are then used)"
+        )
+    if values.get("dataset") is not None:
+        raise MarkerError(
+            f"dataset= and turns={turns} are exclusive: a dataset's entries are replayed as "
+            "they are; turns= builds conversations from prompts= or input_tokens="
+        )
+    per_stream = values.get("requests_per_stream")
+    if per_stream is not None and per_stream % turns:
+        raise MarkerError(
+            f"requests_per_stream={per_stream} with turns={turns}: a stream runs whole "
+            f"conversations in a trial, so give a multiple of {turns} (or leave it out: one "
+            "conversation per stream)"
+        )
+    values["protocol"] = WHOLE_REQUESTS
+
+
+def _check_ramp(values: dict[str, Any], rate: Any) -> None:
+    """``rate=ramp(..., duration_s=D)`` sizes each step's trial at ``D / steps`` seconds."""
+    if not isinstance(rate, Ramp):
+        return
+    values["ramp"] = rate
+    if rate.duration_s is None:
+        return
+    sized = [name for name in ("requests", "duration_s") if name in values]
+    if sized:
+        raise MarkerError(
+            f"rate={rate!r} sizes each step (duration_s / steps seconds of arrivals): drop "
+            f"{sized[0]}=, or the ramp's duration_s"
+        )
+    values["duration_s"] = rate.step_s
 
 
 def merge_marker_kwargs(

@@ -70,6 +70,8 @@ LEAD_TOKENS_ESTIMATE = 10
 into short tokens)."""
 SIZE_TOLERANCE = 3
 """A sized prompt this many tokens from the asked count or closer counts as exact."""
+PREFIX_SEPARATOR = "\n\n"
+"""Between a shared prefix and the rest of a completions prompt (chat: a message boundary)."""
 
 
 class WorkloadError(ValueError):
@@ -255,6 +257,9 @@ class PromptSizer:
     _sized: dict[tuple[str, str, str, int, int], tuple[tuple[int, ...], tuple[int, ...], str]] = (
         field(default_factory=dict)
     )
+    memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    """Other sizings kept for the session, keyed by what and where they were sized: shared
+    prefixes (:mod:`.prefix`), a dataset's token counts per hash (:mod:`.dataset`)."""
 
     def tokenizer(self, base_url: str, headers: dict[str, str], model: str, api: Api) -> Tokenizer:
         key = (base_url, model, api)
@@ -372,18 +377,28 @@ def resolve_prompts(
 
 
 def request_body(
-    prompt: str, *, model: str, api: Api, max_tokens: int, ignore_eos: bool
+    prompt: str,
+    *,
+    model: str,
+    api: Api,
+    max_tokens: int,
+    ignore_eos: bool,
+    system: str | None = None,
 ) -> dict[str, Any]:
     """One OpenAI-compatible streaming request (``prompt``: the whole user content).
 
     ``ignore_eos`` is SGLang's (and vLLM's) top-level sampling extension: with it every request
     yields exactly ``max_tokens`` tokens, so levels and runs compare like with like.
+    ``system``: a shared prefix (:mod:`pytest_kimi.spec.prefix`): a system message before the
+    user's in the chat API, the start of the prompt (then a blank line) in the completions API.
     """
     body: dict[str, Any] = {"model": model}
     if api == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
+        if system is not None:
+            body["messages"].insert(0, {"role": "system", "content": system})
     else:
-        body["prompt"] = prompt
+        body["prompt"] = prompt if system is None else system + PREFIX_SEPARATOR + prompt
     body.update(
         max_tokens=max_tokens,
         temperature=0,
@@ -403,18 +418,33 @@ def encode_bodies(
     max_tokens: int,
     ignore_eos: bool,
     unique: str | None = None,
+    prefixes: Sequence[str] | None = None,
 ) -> list[bytes]:
     """Pre-encode one body per prompt; the runner cycles through them.
 
     ``unique``: the run token; each prompt then starts with :func:`lead`, whose
     :data:`UNIQUE_SLOT` the runner fills per request.  None: the prompts as given (every
     pass over them repeats the same bodies, which a prefix cache serves).
+    ``prefixes``: shared system prompts, dealt round robin: body ``k`` is prompt ``k % n``
+    after prefix ``k % len(prefixes)``, ``max(n, len(prefixes))`` bodies in all (the lead
+    stays at the start of the user content, after the shared part).
     """
+    prompts = source.prompts
+    count = len(prompts) if not prefixes else max(len(prompts), len(prefixes))
     out = []
-    for p in source.prompts:
+    for k in range(count):
+        p = prompts[k % len(prompts)]
         text = p if unique is None else lead(unique) + p
+        system = prefixes[k % len(prefixes)] if prefixes else None
         raw = json.dumps(
-            request_body(text, model=model, api=api, max_tokens=max_tokens, ignore_eos=ignore_eos),
+            request_body(
+                text,
+                model=model,
+                api=api,
+                max_tokens=max_tokens,
+                ignore_eos=ignore_eos,
+                system=system,
+            ),
             separators=(",", ":"),
         ).encode()
         if unique is not None and raw.count(UNIQUE_SLOT.encode()) != 1:

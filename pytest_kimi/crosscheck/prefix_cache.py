@@ -1,0 +1,149 @@
+"""The server's prefix-cache hit rate over a level, from its own Prometheus counters.
+
+Why: a workload with shared prefixes (``shared_prefix_tokens=``) is only the workload it claims
+when the server's cache really serves the shared part; a cache that is off, too small, or keyed
+differently than assumed turns the run into an unshared one with a flattering name.  And a
+workload meant to have *no* sharing (every prompt unique) should show a rate near zero.  So
+every level reads the server's prefix-cache counters before its first trial and after its last,
+and reports the share of prompt tokens the cache served.
+
+The counters (token counts, summed over their label sets):
+
+* vLLM (V1 engine): ``vllm:prefix_cache_queries_total`` (prompt tokens looked up) and
+  ``vllm:prefix_cache_hits_total`` (tokens found), ``vllm/v1/metrics/loggers.py``; older
+  releases name them ``vllm:gpu_prefix_cache_queries_total``/``..._hits_total``.
+* SGLang 0.5 (``--enable-metrics``): ``sglang:prompt_tokens_total`` and
+  ``sglang:cached_tokens_total`` (labelled by ``cache_source``: device, host, storage), both
+  counted when a request finishes (``sglang/srt/observability/metrics_collector.py``,
+  ``observe_one_finished_request``).  The cached counter has no sample until the first hit
+  (a labelled counter), so a page that *declares* it (``# TYPE``) and shows none means zero.
+
+A server without either pair (no ``/metrics``, SGLang without ``--enable-metrics``) gets no
+hit rate: the level's JSON then has no ``prefix_cache_hit_rate`` key, never a made-up zero.
+Reading is best effort: one GET before and after a level, a short timeout, and the first
+failure turns the probe off for the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from pytest_kimi.crosscheck.server_metrics import parse_metrics
+
+PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
+    ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
+    ("vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"),
+    ("sglang:prompt_tokens_total", "sglang:cached_tokens_total"),
+)
+"""(prompt tokens looked up, prompt tokens served from the cache), in the order looked for."""
+READ_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCounters:
+    """The two counters at one instant."""
+
+    queries_metric: str
+    hits_metric: str
+    queries: float
+    hits: float
+
+
+def _declared(text: str, name: str) -> bool:
+    return re.search(rf"^# (?:TYPE|HELP) {re.escape(name)}\s", text, re.M) is not None
+
+
+def read_cache_counters(text: str) -> CacheCounters | None:
+    """The first pair of :data:`PREFIX_CACHE_COUNTERS` the page has, or None."""
+    names = [n for pair in PREFIX_CACHE_COUNTERS for n in pair]
+    totals = parse_metrics(text, names)
+    for queries, hits in PREFIX_CACHE_COUNTERS:
+        q = totals.get(queries)
+        if q is None:
+            continue
+        h = totals.get(hits)
+        if h is None:
+            if not _declared(text, hits):
+                continue
+            h = 0.0
+        return CacheCounters(queries, hits, q, h)
+    return None
+
+
+def hit_rate(before: CacheCounters | None, after: CacheCounters | None) -> dict[str, Any] | None:
+    """The level's ``prefix_cache`` entry: prompt tokens looked up and served over the level,
+    and their ratio; None without two readings of the same pair, or when no prompt token was
+    counted between them."""
+    if before is None or after is None or before.queries_metric != after.queries_metric:
+        return None
+    queries = after.queries - before.queries
+    hits = after.hits - before.hits
+    if queries <= 0 or hits < 0:
+        return None
+    return {
+        "hit_rate": round(hits / queries, 4),
+        "prompt_tokens": round(queries),
+        "cached_tokens": round(hits),
+        "metrics": [after.hits_metric, after.queries_metric],
+    }
+
+
+class PrefixCacheProbe:
+    """Reads the prefix-cache counters at ``GET /metrics`` on the load loop.
+
+    A short-lived session per reading (two a level) keeps it off the load client's connection
+    pool; after the first failure or a page without the counters it stops asking.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.headers = {k: v for k, v in (headers or {}).items() if k.lower() == "authorization"}
+        self.timeout_s = timeout_s
+        self.unavailable: str | None = None
+        """Why there is no hit rate (None: none missing so far)."""
+        self._before: CacheCounters | None = None
+
+    async def start_level(self) -> None:
+        """The counters before a level's first trial (after the warm-up's requests)."""
+        self._before = await self.read()
+
+    async def end_level(self) -> dict[str, Any]:
+        """``prefix_cache_hit_rate`` and ``prefix_cache`` for the level's JSON, or nothing."""
+        before, self._before = self._before, None
+        if before is None:
+            return {}
+        entry = hit_rate(before, await self.read())
+        if entry is None:
+            return {}
+        return {"prefix_cache_hit_rate": entry["hit_rate"], "prefix_cache": entry}
+
+    async def read(self) -> CacheCounters | None:
+        if self.unavailable is not None:
+            return None
+        try:
+            async with aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            ) as session:
+                async with session.get(self.url, headers=self.headers) as resp:
+                    status = resp.status
+                    text = await resp.text(errors="replace")
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            self.unavailable = f"{self.url}: {exc.__class__.__name__}"
+            return None
+        if status != 200:
+            self.unavailable = f"{self.url} answered HTTP {status}"
+            return None
+        counters = read_cache_counters(text)
+        if counters is None:
+            self.unavailable = f"{self.url} has no prefix-cache counters"
+        return counters
