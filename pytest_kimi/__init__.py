@@ -19,10 +19,12 @@ if TYPE_CHECKING:
     import pytest
 
     from pytest_kimi.measure.results import LevelResult, ThroughputResult
+    from pytest_kimi.spec.ramp import ramp
 
     throughput: pytest.MarkDecorator
+    capacity: pytest.MarkDecorator
 
-__all__ = ["throughput", "ThroughputResult", "LevelResult", "__version__"]
+__all__ = ["throughput", "capacity", "ramp", "ThroughputResult", "LevelResult", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -33,6 +35,17 @@ def __getattr__(name: str) -> Any:
         # made once and kept, so every import gets the same object.
         mark = globals()["throughput"] = pytest.mark.throughput
         return mark
+    if name == "capacity":
+        import pytest
+
+        # ``@capacity(max_itl_s=0.05, concurrency=(1, 512))``: ``pytest.mark.capacity``, kept
+        mark = globals()["capacity"] = pytest.mark.capacity
+        return mark
+    if name == "ramp":
+        # ``@throughput(rate=ramp(1, 16, steps=4))``: open-loop levels from 1 to 16 requests/s
+        from pytest_kimi.spec.ramp import ramp
+
+        return ramp
     if name in ("ThroughputResult", "LevelResult"):
         from pytest_kimi.measure import results
 

@@ -5,10 +5,18 @@
 * ``compare``    the regression statistics between two saved ``--perf-json`` reports, e.g. a
                  run from before and after a deploy whose baselines were never recorded, or
                  two deployments measured on different days;
-* ``plot``       the HTML page and PNGs of a saved report (CI machines often lack matplotlib).
+* ``plot``       the HTML page and PNGs of a saved report (CI machines often lack matplotlib);
+* ``history``    the run history pytest records (``--perf-history``): ``changes`` (the runs
+                 after which a level's throughput moved, with what changed across them: a
+                 slow drift that passed every gate shows here), ``noise`` (session-to-session
+                 noise from runs of unchanged builds, and the ``--perf-session-sigma`` to
+                 use), ``runs`` (what is stored);
+* ``dashboard``  a static HTML dashboard of the history, change points marked.
 
 Exit codes: 0 fine, 1 the answer is "bad" (a regression; a corrupt baseline file), 2 the
-command could not do its job (missing or malformed input, bad option, missing extra).
+command could not do its job (missing or malformed input, bad option, missing extra, no
+history, a database that does not answer).  ``history changes`` reports and exits 0 whatever
+it finds: failing builds is the gate's job.
 """
 
 from __future__ import annotations
@@ -458,6 +466,8 @@ def cmd_baselines(ns: argparse.Namespace) -> int:
                 print(
                     f"  {label.ljust(width)}  {lv.tok_s:>10.1f} tok/s  {n} trial{'s' if n != 1 else ''}"
                 )
+            if baseline.capacity is not None:  # a @capacity test's record
+                print(f"  capacity {baseline.capacity.text()}")
     print(
         f"{shown} baseline file{'s' if shown != 1 else ''} in {root}"
         + (f", {broken} unreadable" if broken else "")
@@ -510,7 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="pytest-kimi offline tools: simulator, baselines, report comparison, plots.",
+        description="pytest-kimi offline tools: simulator, baselines, report comparison, plots, "
+        "the run history.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -574,6 +585,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="perf-html", metavar="DIR", help="output directory (default: ./perf-html)"
     )
     p.set_defaults(func=cmd_plot)
+
+    from pytest_kimi.history.cli import add_commands
+
+    add_commands(sub)
     return parser
 
 

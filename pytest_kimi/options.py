@@ -19,7 +19,7 @@ or ``ini kimi_perf_trials``), so a stale variable in a CI job is found before an
 spent; :attr:`KimiOptions.sources` keeps that for later messages.
 
 Paths (``--baseline-dir``, ``--perf-json``, ``--perf-markdown``, ``--perf-html``,
-``--server-profile``): a relative one resolves against one base whatever its source, the
+``--server-profile``, and the file of a ``sqlite:///`` ``--perf-history``): a relative one resolves against one base whatever its source, the
 rootdir (where the ini file and ``baselines/`` live).  pytest's own convention differs by
 source (the invocation directory for arguments, the ini file's directory for ini paths, the
 process's directory for anything read from the environment), so the same text could name two
@@ -41,7 +41,10 @@ import pytest
 from pytest_kimi.baseline.paths import DEFAULT_DIRNAME, DEFAULT_PROFILE
 from pytest_kimi.gate import stats
 from pytest_kimi.gate.policy import GateSettings
+from pytest_kimi.history.urls import DEFAULT_URL as DEFAULT_HISTORY_URL
+from pytest_kimi.history.urls import check_url, resolve_history_url
 from pytest_kimi.measure.trials import DEFAULT_TRIALS
+from pytest_kimi.scrub import scrub_text
 from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, PROTOCOLS
 
 T = TypeVar("T")
@@ -81,10 +84,16 @@ class KimiOptions:
     perf_session_sigma: float = stats.DEFAULT_SESSION_SIGMA
     perf_detectable_drop: float = stats.DEFAULT_DETECTABLE_DROP
     perf_max_trials: int = stats.DEFAULT_MAX_TRIALS
+    perf_sessions: int = 1
+    """Fresh server starts per run (``--perf-sessions``): every perf test runs in each, and the
+    scatter between them measures the session noise.  Only for deployments the plugin starts."""
     perf_require_baseline: bool = False
     perf_strict: bool = False
     perf_server_metrics: bool = False
     update_baselines: UpdateMode | None = None
+    perf_history: str | None = DEFAULT_HISTORY_URL
+    """Database every run is stored in (SQLAlchemy URL); None: ``--perf-history=off``.  A
+    relative SQLite path is made absolute against the rootdir, as paths are."""
     """Command line only: ``yes`` (bare flag), ``force`` or None."""
     server_profile: tuple[Path, ...] = ()
     sources: Mapping[str, str] = field(
@@ -138,6 +147,8 @@ class KimiOptions:
             if opt.path and not opt.many and getattr(self, name) is not None
         }
         changes["server_profile"] = tuple(absolute(p) for p in self.server_profile)
+        if self.perf_history is not None:
+            changes["perf_history"] = resolve_history_url(self.perf_history, root)
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -247,6 +258,11 @@ def path_value(text: str) -> Path:
     return Path(non_empty(text))
 
 
+def history_url(text: str) -> str | None:
+    """A history database URL, None for ``off`` (:func:`pytest_kimi.history.urls.check_url`)."""
+    return check_url(non_empty(text))
+
+
 RELATIVE = "; a relative path is taken from the rootdir"
 
 OPTIONS: dict[str, Option[Any]] = {
@@ -316,6 +332,17 @@ OPTIONS: dict[str, Option[Any]] = {
             path_value,
             metavar="DIR",
             path=True,
+        ),
+        Option(
+            "--perf-history",
+            "kimi_perf_history",
+            "KIMI_PERF_HISTORY",
+            "database every run that measured something is stored in, for kimi-perf history "
+            "and dashboard (default {default}, a SQLite file under the rootdir): "
+            "sqlite:///relative/path (from the rootdir), sqlite:////absolute/path, "
+            "postgresql://user@host:port/db (needs the 'postgres' extra: psycopg), or 'off'",
+            history_url,
+            metavar="URL",
         ),
         Option(
             "--perf-trials",
@@ -406,6 +433,17 @@ OPTIONS: dict[str, Option[Any]] = {
             "KIMI_PERF_MAX_TRIALS",
             "adaptive trials: at most this many per level while the verdict is unclear "
             "(default {default})",
+            positive_int,
+            metavar="N",
+        ),
+        Option(
+            "--perf-sessions",
+            "kimi_perf_sessions",
+            "KIMI_PERF_SESSIONS",
+            "restart the deployment (a --server-profile, or the simulator) N times and run "
+            "every perf test in each fresh session, to measure the session noise and "
+            "recommend a --perf-session-sigma (default {default}: one session); with two or "
+            "more server profiles the sessions run in ABBA order",
             positive_int,
             metavar="N",
         ),
@@ -533,7 +571,7 @@ def _lookup(
         try:
             parsed = [opt.parse(str(item)) for item in items]
         except ValueError as exc:
-            shown = "<hidden>" if opt.secret else repr(raw)
+            shown = "<hidden>" if opt.secret else scrub_text(repr(raw))
             raise pytest.UsageError(f"{source}: bad value {shown}: {exc}") from None
         return (tuple(parsed) if opt.many else parsed[0]), source
     return None

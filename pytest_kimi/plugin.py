@@ -41,11 +41,13 @@ from pytest_kimi.spec.markers import (
     merge_marker_kwargs,
     parse_throughput,
 )
+from pytest_kimi.spec.capacity import CAPACITY_SIGNATURE, CapacitySpec, parse_capacity
+from pytest_kimi.gate.capacity import capacity_failure, measure_capacity_gated
 from pytest_kimi.report.json_report import build_report, write_json, write_text
 from pytest_kimi.baseline.update import update_baselines
 from pytest_kimi.report.junit import junit_properties
 from pytest_kimi.report.progress import ProgressPrinter
-from pytest_kimi.report.terminal import format_test
+from pytest_kimi.report.terminal import format_session_noise, format_test
 from pytest_kimi.measure.results import ThroughputResult, workload_dict
 from pytest_kimi.server import (
     ProfileError,
@@ -56,9 +58,18 @@ from pytest_kimi.server import (
     open_server,
 )
 from pytest_kimi.scrub import is_secret_name, register_secret, scrub, scrub_text
+from pytest_kimi.history.urls import url_secrets
 from pytest_kimi.server.interrupts import Interrupts
 from pytest_kimi.endpoint.serverinfo import clean_server_info
 from pytest_kimi.measure.session import KimiLoad, PerfSession
+from pytest_kimi.measure.sessions import (
+    PERF_SERVER,
+    PERF_SESSION,
+    pool_sessions,
+    run_order,
+    session_id,
+    session_noise,
+)
 
 REPORT_ATTR = "kimi_perf"
 """Attribute on TestReport carrying a test's result dict (serialised by xdist with the report)."""
@@ -88,6 +99,8 @@ class RunState:
 class PerfItem:
     workload: Workload
     targets: Targets
+    capacity: CapacitySpec | None = None
+    """Set for a ``@capacity`` test: the search; ``workload`` then holds its one level shape."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,12 +155,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_SIGNATURE)
-    config.addinivalue_line("markers", "perf: a throughput test (added to every @throughput test)")
+    config.addinivalue_line("markers", CAPACITY_SIGNATURE)
+    config.addinivalue_line(
+        "markers", "perf: a throughput test (added to every @throughput and @capacity test)"
+    )
     opts = config.stash[KIMI_OPTIONS] = KimiOptions.from_config(config)
     register_secret(opts.api_key)
+    for secret in url_secrets(opts.perf_history):  # a history URL's password
+        register_secret(secret)
     config.stash[STATE] = RunState()
     config.stash[GATE] = _gate_context(opts)
     config.stash[DEPLOYMENTS] = _load_deployments(opts)
+    if _check_perf_sessions(opts, config.stash[DEPLOYMENTS]) > 1:
+        config.pluginmanager.register(SessionOrder(config), "kimi-session-order")
     if opts.perf_html is not None and not hasattr(config, "workerinput"):
         from pytest_kimi.report.plots import PlotUnavailable, require_matplotlib
 
@@ -260,17 +280,79 @@ def _register_profile_secrets(profile: ServerProfile) -> None:
             register_secret(value)
 
 
+def _check_perf_sessions(opts: KimiOptions, deployments: list[ServerProfile]) -> int:
+    """The number of sessions; a UsageError where the plugin cannot restart the deployment.
+
+    A session is a fresh server start, and only a deployment the plugin starts can be started
+    afresh: the simulator and server profiles with ``command``/``args`` or ``start:``.  An
+    external ``--endpoint`` URL (or a profile with only ``url:``) would give N runs against
+    one server start, whose scatter says nothing about the noise between starts.
+    """
+    n = opts.perf_sessions
+    if n == 1:
+        return n
+    given = f"{opts.source('perf_sessions')} = {n}"
+    fix = (
+        "give a --server-profile the plugin launches (command/args, or start:/stop:), or "
+        "measure the simulator with --endpoint=sim, or run the sessions as separate pytest runs "
+        "(restarting the server between them) and let the history estimate the noise"
+    )
+    if opts.endpoint is not None and not opts.is_sim:
+        raise pytest.UsageError(
+            f"{given}: {opts.source('endpoint')} names a server that someone else runs, which "
+            f"the plugin cannot restart between sessions; {fix}"
+        )
+    fixed = [d.name for d in deployments if d.external and d.start is None]
+    if fixed:
+        raise pytest.UsageError(
+            f"{given}: server profile {', '.join(fixed)} has only url: (a running server the "
+            f"plugin never starts or stops), so it cannot be restarted between sessions; {fix}"
+        )
+    return n
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """With server profiles, every perf test runs once per deployment, grouped by deployment.
 
     ``kimi_deployment`` is session-scoped, so pytest orders the tests deployment by deployment
-    and tears one server down before it launches the next: one server up at a time.
+    and tears one server down before it launches the next: one server up at a time.  With
+    ``--perf-sessions N`` perf tests are also parametrized over ``kimi_perf_session`` (ids
+    ``s1``..``sN``), on which the server and the simulator depend: each session is a fresh start.
     """
     deployments = metafunc.config.stash[DEPLOYMENTS]
-    if deployments and metafunc.definition.get_closest_marker("throughput") is not None:
+    if deployments and _is_perf(metafunc.definition):
         metafunc.parametrize(
-            "kimi_deployment", deployments, ids=[d.name for d in deployments], scope="session"
+            "kimi_deployment",
+            deployments,
+            ids=[d.name for d in deployments],
+            scope="session",
+            indirect=True,  # one fixture for every test: see kimi_deployment
         )
+    sessions = perf_sessions(metafunc.config)
+    if sessions > 1 and _is_perf(metafunc.definition):
+        # session-scoped too: each server start is torn down before the next (SessionOrder)
+        metafunc.parametrize(
+            "kimi_perf_session",
+            range(sessions),
+            ids=[session_id(k) for k in range(sessions)],
+            scope="session",
+            indirect=True,
+        )
+
+
+def _is_perf(node: pytest.Item) -> bool:
+    """A ``@throughput`` or ``@capacity`` test: measured, and parametrized over deployments."""
+    return any(node.get_closest_marker(name) is not None for name in PERF_MARKERS)
+
+
+PERF_MARKERS = ("throughput", "capacity")
+
+
+def perf_sessions(config: pytest.Config) -> int:
+    """``--perf-sessions`` where it applies: a deployment the plugin starts (else 1: without an
+    endpoint the perf tests skip once each; an external one was refused at start-up)."""
+    opts = kimi_options(config)
+    return opts.perf_sessions if opts.is_sim or config.stash[DEPLOYMENTS] else 1
 
 
 PERF_GROUP = "kimi-perf"
@@ -298,18 +380,22 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def _perf_nodeid(item: pytest.Item) -> str:
-    """The test's id without xdist's ``@group`` suffix or the deployment's parameter id.
+    """The test's id without xdist's ``@group`` suffix or the deployment's and session's ids.
 
     Baselines are keyed by it, so they do not depend on ``-n`` or on which deployments run.
     """
     suffix = "@" + PERF_GROUP
     nodeid = item.nodeid[: -len(suffix)] if item.nodeid.endswith(suffix) else item.nodeid
     callspec = getattr(item, "callspec", None)
-    deployment = callspec.params.get("kimi_deployment") if callspec is not None else None
-    if deployment is None or not nodeid.endswith("]"):
+    params = callspec.params if callspec is not None else {}
+    # our ids, in the order pytest_generate_tests adds them: "ep8", "s2" or "ep8-s2"
+    ours = [params["kimi_deployment"].name] if params.get("kimi_deployment") is not None else []
+    if isinstance(params.get("kimi_perf_session"), int):
+        ours.append(session_id(params["kimi_perf_session"]))
+    if not ours or not nodeid.endswith("]"):
         return nodeid
     head, _, inner = nodeid[:-1].rpartition("[")
-    name = deployment.name
+    name = "-".join(ours)
     if inner == name:
         return head
     if inner.endswith("-" + name):
@@ -328,22 +414,114 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     problems: list[str] = []
     endpoint = kimi_options(config).endpoint or config.stash[DEPLOYMENTS] or None
     for item in items:
-        marks = list(item.iter_markers("throughput"))
-        if not marks:
+        parsed = _perf_item(item)
+        if parsed is None:
             continue
-        args, kwargs = merge_marker_kwargs([(m.args, m.kwargs) for m in marks])
-        try:
-            workload, targets = parse_throughput(args, kwargs)
-        except MarkerError as exc:
-            problems.append(f"{item.nodeid}: @throughput {exc}")
+        if isinstance(parsed, str):
+            problems.append(parsed)
             continue
-        item.stash[PERF_ITEM] = PerfItem(workload, targets)
+        item.stash[PERF_ITEM] = parsed
         item.add_marker(pytest.mark.perf)
         item.add_marker(pytest.mark.xdist_group(PERF_GROUP))
         if endpoint is None:
             item.add_marker(pytest.mark.skip(reason=NO_ENDPOINT_REASON))
     if problems:
-        raise pytest.UsageError("malformed @throughput marker:\n  " + "\n  ".join(problems))
+        kind = "@capacity" if all(": @capacity " in p for p in problems) else "@throughput"
+        raise pytest.UsageError(f"malformed {kind} marker:\n  " + "\n  ".join(problems))
+
+
+def _perf_item(item: pytest.Item) -> PerfItem | str | None:
+    """The item's ``@throughput`` or ``@capacity`` arguments, validated; a problem's text; or
+    None for a test that carries neither."""
+    throughput = list(item.iter_markers("throughput"))
+    capacity = list(item.iter_markers("capacity"))
+    if throughput and capacity:
+        return (
+            f"{item.nodeid}: @throughput and @capacity on one test: a test measures fixed levels "
+            "or searches its capacity, not both"
+        )
+    marks = throughput or capacity
+    if not marks:
+        return None
+    args, kwargs = merge_marker_kwargs([(m.args, m.kwargs) for m in marks])
+    try:
+        if capacity:
+            search, workload, targets = parse_capacity(args, kwargs)
+            return PerfItem(workload, targets, search)
+        workload, targets = parse_throughput(args, kwargs)
+    except MarkerError as exc:
+        return f"{item.nodeid}: @{marks[0].name} {exc}"
+    return PerfItem(workload, targets)
+
+
+class SessionOrder:
+    """``--perf-sessions``: perf tests run server start by server start, in ABBA order.
+
+    Registered only for N > 1.  pytest's own ordering groups the items of a session-scoped
+    parameter together, but picks the order of the groups itself; this hook runs after it
+    (trylast) and lays the perf tests out start by start as :func:`run_order` says (A1 B1 B2 A2
+    ...), the tests in the same order in every start, as one block where the first perf test
+    was.  Since each start's tests are contiguous, pytest tears its server down (the parameter
+    changes) before the next one launches: one server up at a time.  Under xdist every worker
+    computes the same order and the perf tests are one group on one worker, run in it.
+    """
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items[:] = _session_ordered(
+            items, self.config.stash[DEPLOYMENTS], perf_sessions(self.config)
+        )
+        _name_the_perf_group(self.config, items)
+
+
+def _name_the_perf_group(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, give perf tests the ``@kimi-perf`` suffix ``--dist loadgroup`` groups by.
+
+    xdist's worker sets ``item._nodeid``, which pytest 9.2 no longer reads (a node's id is the
+    structured ``_id``), so without this every perf test is a group of its own and the tests of
+    one session spread over the workers, each launching a server of its own for it: two
+    deployments up at once, and sessions that are not one start each.  Older pytest: xdist's
+    own suffix is in place and this does nothing.
+    """
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or not workerinput.get("kimi_loadgroup"):
+        return
+    try:
+        from _pytest.nodeid import NodeId  # pytest >= 9.2
+    except ImportError:
+        return
+    suffix = "@" + PERF_GROUP
+    for item in items:
+        if item.stash.get(PERF_ITEM, None) is not None and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
+
+
+def _session_ordered(
+    items: list[pytest.Item], deployments: list[ServerProfile], sessions: int
+) -> list[pytest.Item]:
+    names = [d.name for d in deployments]
+    rank = {start: i for i, start in enumerate(run_order(len(names), sessions))}
+    perf: list[tuple[int, int, pytest.Item]] = []
+    first_seen: dict[str, int] = {}
+    rest: list[pytest.Item] = []
+    at: int | None = None
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if not isinstance(params.get("kimi_perf_session"), int):
+            rest.append(item)
+            continue
+        at = len(rest) if at is None else at
+        deployment = params.get("kimi_deployment")
+        d = names.index(deployment.name) if deployment is not None else 0
+        test = first_seen.setdefault(_perf_nodeid(item), len(first_seen))
+        perf.append((rank[(d, params["kimi_perf_session"])], test, item))
+    if at is None:
+        return items
+    perf.sort(key=lambda entry: entry[:2])
+    return [*rest[:at], *(item for _, _, item in perf), *rest[at:]]
 
 
 @pytest.fixture(scope="session")
@@ -356,19 +534,36 @@ def _kimi_session(pytestconfig: pytest.Config) -> Iterator[PerfSession]:
 
 
 @pytest.fixture(scope="session")
-def kimi_deployment() -> ServerProfile | None:
-    """The server profile under test; parametrized over ``--server-profile`` for perf tests."""
-    return None
+def kimi_deployment(request: pytest.FixtureRequest) -> ServerProfile | None:
+    """The server profile under test; parametrized over ``--server-profile`` for perf tests.
+
+    Parametrized indirectly, so that a test that is not parametrized (a plain test using
+    ``kimi_load``) and the perf tests share this one fixture: a direct parametrization is a
+    fixture of its own, and a server or simulator first set up for a plain test would then be
+    kept (its cache key unchanged) for every deployment and session after it.
+    """
+    return getattr(request, "param", None)
+
+
+@pytest.fixture(scope="session")
+def kimi_perf_session(request: pytest.FixtureRequest) -> int:
+    """The session (0-based fresh server start) under test; parametrized (indirectly, as
+    ``kimi_deployment``) over ``--perf-sessions N`` for perf tests, 0 everywhere else."""
+    return int(getattr(request, "param", 0))
 
 
 @pytest.fixture(scope="session")
 def kimi_server(
-    pytestconfig: pytest.Config, kimi_deployment: ServerProfile | None
+    pytestconfig: pytest.Config, kimi_deployment: ServerProfile | None, kimi_perf_session: int
 ) -> Iterator[Any]:
-    """The managed deployment (launched, ready, torn down at the end), or None without a profile."""
+    """The managed deployment (launched, ready, torn down at the end), or None without a profile.
+
+    Depends on ``kimi_perf_session`` so that each ``--perf-sessions`` session is a fresh launch.
+    """
     if kimi_deployment is None:
         yield None
         return
+    label = kimi_deployment.name + _session_label(pytestconfig, kimi_perf_session)
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
     capman = pytestconfig.pluginmanager.get_plugin("capturemanager")
 
@@ -380,7 +575,7 @@ def kimi_server(
                 else contextlib.nullcontext()
             ):
                 reporter.ensure_newline()
-                reporter.write_line(scrub_text(f"[kimi {kimi_deployment.name}] {message}"))
+                reporter.write_line(scrub_text(f"[kimi {label}] {message}"))
 
     server = open_server(kimi_deployment, Path(pytestconfig.rootpath) / ".kimi" / "logs")
     problem = None
@@ -406,9 +601,13 @@ def kimi_server(
 
 @pytest.fixture(scope="session")
 def kimi_endpoint(
-    pytestconfig: pytest.Config, _kimi_session: PerfSession, kimi_server: Any
+    pytestconfig: pytest.Config,
+    _kimi_session: PerfSession,
+    kimi_server: Any,
+    kimi_perf_session: int,
 ) -> Iterator[EndpointInfo]:
-    """The endpoint under test: URL, model and server info (launching the simulator for ``sim``)."""
+    """The endpoint under test: URL, model and server info (launching the simulator for ``sim``,
+    afresh for each ``--perf-sessions`` session, with the spec's seed plus the session index)."""
     opts = kimi_options(pytestconfig)
     if opts.endpoint is None and kimi_server is None:
         pytest.skip(NO_ENDPOINT_REASON)
@@ -421,7 +620,7 @@ def kimi_endpoint(
             api_key = api_key or getattr(kimi_server, "api_key", None)
             base = normalize_url(kimi_server.url, f"server profile {kimi_server.profile.name}")
         elif opts.is_sim:
-            sim = _start_sim(pytestconfig, opts, api_key)
+            sim = _start_sim(pytestconfig, opts, api_key, kimi_perf_session)
             base = sim.url
         else:
             base = normalize_url(str(opts.endpoint), opts.source("endpoint"))
@@ -445,7 +644,9 @@ def kimi_endpoint(
             sim.stop()
 
 
-def _start_sim(config: pytest.Config, opts: KimiOptions, api_key: str | None) -> Any:
+def _start_sim(
+    config: pytest.Config, opts: KimiOptions, api_key: str | None, perf_session: int = 0
+) -> Any:
     from pytest_kimi.sim.process import SimProcess
     from pytest_kimi.sim.profile import SimConfigError, parse_sim_spec
 
@@ -455,10 +656,32 @@ def _start_sim(config: pytest.Config, opts: KimiOptions, api_key: str | None) ->
         raise pytest.UsageError(str(exc)) from None
     if api_key and profile.api_key is None:
         profile = dataclasses.replace(profile, api_key=api_key)
+    if perf_session:
+        # a restart redraws the session factor (the ``noise`` knob) as a real server's would
+        profile = dataclasses.replace(profile, seed=(profile.seed + perf_session) % 2**63)
     kimi = Path(config.rootpath) / ".kimi"
     sim = SimProcess(profile, log_dir=kimi / "logs", record_dir=kimi / "servers")
     sim.start()
+    label = _session_label(config, perf_session)
+    if label:
+        _say(config, f"[kimi sim{label}] started (pid {sim.pid}, seed {profile.seed}) at {sim.url}")
     return sim
+
+
+def _session_label(config: pytest.Config, perf_session: int) -> str:
+    """`` s2`` in a server's progress lines with ``--perf-sessions``; nothing without."""
+    return f" {session_id(perf_session)}" if perf_sessions(config) > 1 else ""
+
+
+def _say(config: pytest.Config, text: str) -> None:
+    """A line on the terminal past output capture (a fixture's setup is captured)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(scrub_text(text))
 
 
 @pytest.fixture
@@ -478,13 +701,15 @@ def kimi_load(
 
 @pytest.fixture(autouse=True)
 def _kimi_measure(
-    request: pytest.FixtureRequest, kimi_deployment: ServerProfile | None
+    request: pytest.FixtureRequest, kimi_deployment: ServerProfile | None, kimi_perf_session: int
 ) -> ThroughputResult | None:
     """Measure a ``@throughput`` test before its body runs and judge it against its baseline.
 
     Never raises on a bad level (verdicts say what went wrong); a corrupt or incomparable
     baseline fails the test before any load is sent.  In a same-run A/B, deployments after the
-    first are judged against the first one's figures from this very run.
+    first are judged against the first one's figures from this very run (with
+    ``--perf-sessions``, the reference's latest session).  ``kimi_perf_session`` is requested
+    here so that it is in every test's closure and ``--perf-sessions`` can parametrize it.
     """
     item = request.node
     perf = item.stash.get(PERF_ITEM, None)
@@ -503,35 +728,72 @@ def _kimi_measure(
     problem: str | None = None
     try:
         with _one_measurement_at_a_time(config):
-            result = measure_gated(
-                request.getfixturevalue("_kimi_session"),
-                request.getfixturevalue("kimi_endpoint"),
-                nodeid,
-                perf.workload,
-                perf.targets,
-                gate.settings,
-                comparison,
+            common: dict[str, Any] = dict(
                 rootdir=Path(config.rootpath),
                 trials=kimi_options(config).perf_trials,
                 server=request.getfixturevalue("kimi_server"),
-                progress=_progress_printer(config, nodeid),
+                progress=_progress_printer(
+                    config, nodeid + _session_label(config, kimi_perf_session)
+                ),
                 server_metrics=kimi_options(config).perf_server_metrics,
                 protocol=kimi_options(config).perf_protocol,
             )
+            session = request.getfixturevalue("_kimi_session")
+            endpoint = request.getfixturevalue("kimi_endpoint")
+            if perf.capacity is not None:  # @capacity: a search (pytest_kimi/gate/capacity.py)
+                result = measure_capacity_gated(
+                    session,
+                    endpoint,
+                    nodeid,
+                    perf.capacity,
+                    perf.workload,
+                    perf.targets,
+                    gate.settings,
+                    comparison,
+                    **common,
+                )
+            else:
+                result = measure_gated(
+                    session,
+                    endpoint,
+                    nodeid,
+                    perf.workload,
+                    perf.targets,
+                    gate.settings,
+                    comparison,
+                    **common,
+                )
     except GateProblem as exc:
         problem = str(exc)
     except MeasurementInterrupted as exc:
+        exc.result.extra.update(_session_fields(request, kimi_perf_session))
         _report_interrupted(config, exc.result)
         raise KeyboardInterrupt from None  # what pytest and users know an interrupt by
     if problem is not None:
         pytest.fail(problem, pytrace=False)
     result.extra["measured"] = [round(x, 3) for x in config.stash[STATE].intervals[-1]]
+    result.extra.update(_session_fields(request, kimi_perf_session))
     item.stash[RESULT] = result
     item.user_properties.extend(
         (name, scrub_text(value) if isinstance(value, str) else value)
         for name, value in junit_properties(result.to_dict())
     )
     return result
+
+
+def _session_fields(request: pytest.FixtureRequest, perf_session: int) -> dict[str, Any]:
+    """With ``--perf-sessions``: the test's session and which server start measured it (its
+    pid; the simulator's seed), for the session-noise report and the history."""
+    if perf_sessions(request.config) == 1:
+        return {}
+    server = request.getfixturevalue("kimi_server")
+    info = request.getfixturevalue("kimi_endpoint").server_info or {}
+    sim = info.get("sim")
+    sim = sim if isinstance(sim, dict) else {}
+    who: dict[str, Any] = {"pid": getattr(server, "pid", None) or sim.get("pid")}
+    if "seed" in sim:
+        who["seed"] = sim["seed"]
+    return {PERF_SESSION: perf_session, PERF_SERVER: who}
 
 
 def _report_interrupted(config: pytest.Config, result: ThroughputResult) -> None:
@@ -607,21 +869,38 @@ def _progress_printer(config: pytest.Config, nodeid: str) -> ProgressPrinter | N
 def throughput_result(
     request: pytest.FixtureRequest, _kimi_measure: ThroughputResult | None
 ) -> ThroughputResult:
-    """All levels, trials and per-request records of this test's measurement."""
+    """All levels, trials and per-request records of this test's measurement (a ``@capacity``
+    test's: the levels its search measured)."""
     if _kimi_measure is None:
-        pytest.fail("throughput_result needs the test to carry @throughput(...)", pytrace=False)
+        pytest.fail(
+            "throughput_result needs the test to carry @throughput(...) or @capacity(...)",
+            pytrace=False,
+        )
     return _kimi_measure
+
+
+@pytest.fixture
+def capacity_result(throughput_result: ThroughputResult) -> dict[str, Any]:
+    """A ``@capacity`` test's capacity: the report's ``capacity`` object (value, bracket,
+    boundary estimate, the search's levels, baseline and verdict)."""
+    capacity = throughput_result.extra.get("capacity")
+    if not isinstance(capacity, dict):
+        pytest.fail("capacity_result needs the test to carry @capacity(...)", pytrace=False)
+    return capacity
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     result = item.stash.get(RESULT, None)
     if result is not None:
-        failing = result.failing_levels(item.config.stash[GATE].settings.failing_verdicts())
-        if failing:
+        verdicts = item.config.stash[GATE].settings.failing_verdicts()
+        failing = result.failing_levels(verdicts)
+        capacity = capacity_failure(result.extra, verdicts)  # a @capacity test's own verdict
+        if failing or capacity:
             kinds = ", ".join(dict.fromkeys(_headline(lv.verdict) for lv in failing))
+            headline = capacity or f"throughput {kinds}"  # a search's failed level is in it
             lines = format_test(result.to_dict())[1:]
-            pytest.fail(scrub_text(f"throughput {kinds}:\n" + "\n".join(lines)), pytrace=False)
+            pytest.fail(scrub_text(f"{headline}:\n" + "\n".join(lines)), pytrace=False)
     return (yield)
 
 
@@ -655,6 +934,9 @@ def pytest_runtest_makereport(
             "outcome": "error",
             "error": scrub_text(_error_text(report))[:2000],
         }
+        session = getattr(getattr(item, "callspec", None), "params", {}).get("kimi_perf_session")
+        if isinstance(session, int):
+            data[PERF_SESSION] = session
     if data is not None:
         endpoint = item.config.stash[STATE].endpoint
         if endpoint is not None:
@@ -701,6 +983,44 @@ def write_reports(config: pytest.Config, report: dict[str, Any], failing: frozen
         write_html(report, opts.perf_html, failing_verdicts=failing)
 
 
+def store_history(
+    config: pytest.Config, report: dict[str, Any], endpoints: dict[str, dict[str, Any]]
+) -> tuple[str, bool] | None:
+    """Append the run to ``--perf-history``; the summary's line, and whether it failed.
+
+    Nothing is written for ``off`` or a run that measured nothing.  A database that is down or
+    refuses the write costs this one line (URL without password, and why), never the run's
+    results or exit code: every exception is caught here, not only the store's own.
+    """
+    from pytest_kimi.history.record import measured_anything
+
+    opts = kimi_options(config)
+    if opts.perf_history is None or not measured_anything(report):
+        return None
+    from pytest_kimi.history.urls import HistoryError, display_url
+
+    rootdir = Path(config.rootpath)
+    shown = display_url(opts.perf_history, rootdir)
+    try:
+        from pytest_kimi.history.store import RunMeta, open_history
+
+        names = [d.name for d in config.stash[DEPLOYMENTS]]
+        meta = RunMeta.collect(
+            report,
+            suite_dir=rootdir,
+            deployment=",".join(names) if names else config.stash[GATE].profile,
+            endpoints=endpoints,
+        )
+        with open_history(opts.perf_history) as history:
+            run_id = history.record_run(scrub(report), meta)
+    except Exception as exc:  # the history must never cost the run, whatever went wrong
+        why = str(exc) if isinstance(exc, HistoryError) else f"{type(exc).__name__}: {exc}"
+        why = why.removeprefix(f"history {display_url(opts.perf_history)}: ")
+        where = f"{shown} ({opts.source('perf_history')})"  # shown: password hidden already
+        return f"history: run not stored in {where}: {scrub_text(why)}", True
+    return f"history: run {run_id} -> {shown}", False
+
+
 class PerfReporter:
     """Collects the figures from test reports (also those xdist workers send) and writes reports."""
 
@@ -709,6 +1029,10 @@ class PerfReporter:
         self.state = config.stash[STATE]
         self.updates: list[str] = []
         self.refused: list[str] = []
+        self.session_noise: dict[str, Any] | None = None
+        """``--perf-sessions``: the session-noise section (controller side, at the end)."""
+        self.history: tuple[str, bool] | None = None
+        """``--perf-history``: the summary's line (where the run went, or why not: True)."""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = getattr(report, REPORT_ATTR, None)
@@ -732,6 +1056,10 @@ class PerfReporter:
         for test in self.state.tests:
             for line in format_test(test):
                 terminalreporter.write_line(scrub_text(line))
+        if self.session_noise is not None:
+            terminalreporter.section("pytest-kimi session noise")
+            for line in format_session_noise(self.session_noise):
+                terminalreporter.write_line(scrub_text(line))
         if self.updates or self.refused:
             terminalreporter.section("pytest-kimi baselines")
             for text in self.updates:
@@ -743,19 +1071,26 @@ class PerfReporter:
                     "Review the YAML diff and commit it in a pull request: its approval is the "
                     "approval of the new baseline."
                 )
+        if self.history is not None:
+            text, failed = self.history
+            terminalreporter.write_line(text, yellow=failed)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workerinput"):
             return  # the controller writes, from the reports the workers sent
-        report = build_report(self.state.endpoint, self.state.tests)
+        self.session_noise = session_noise(
+            self.state.tests, current_sigma=kimi_options(self.config).perf_session_sigma
+        )
+        report = build_report(self.state.endpoint, self.state.tests, self.session_noise)
         write_reports(self.config, report, self.config.stash[GATE].settings.failing_verdicts())
+        self.history = store_history(self.config, report, self.state.endpoints)
         gate = self.config.stash[GATE]
         if gate.update is not None and self.state.tests:
             self.updates, self.refused = update_baselines(
                 gate.root,
                 gate.profile,
                 gate.update,
-                self.state.tests,
+                pool_sessions(self.state.tests),  # --perf-sessions: one baseline of all starts
                 self.state.endpoints,
                 Path(self.config.rootpath),
             )

@@ -49,11 +49,35 @@ def _loaded_after(statement: str) -> set[str]:
         ("import pytest_kimi.gate.stats", ("numpy", "scipy")),
         ("import pytest_kimi.sim.process", ()),
         ("import pytest_kimi.sim.app", ("aiohttp",)),
+        ("import pytest_kimi.history", ()),
+        ("import pytest_kimi.history.model", ()),
+        ("import pytest_kimi.history.urls", ()),
+        ("import pytest_kimi.history.record", ()),
+        ("import pytest_kimi.history.store", ()),
     ],
 )
 def test_core_modules_import_no_heavy_dependency(statement: str, allowed: tuple[str, ...]) -> None:
     loaded = _loaded_after(statement)
     assert not (loaded & set(HEAVY)) - set(allowed), sorted(loaded & set(HEAVY))
+
+
+DATABASE = ("sqlalchemy", "alembic", "psycopg", "mako")
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import pytest_kimi.history",
+        "import pytest_kimi.history.model",
+        "import pytest_kimi.history.urls",
+        "import pytest_kimi.options",  # every session reads --perf-history
+        "import pytest_kimi.plugin",  # and opens the history only when it measured something
+    ],
+)
+def test_history_faces_import_no_database_library(statement: str) -> None:
+    """Most sessions never open the history (nothing measured): they do not pay for it."""
+    loaded = _loaded_after(statement)
+    assert not loaded & set(DATABASE), sorted(loaded & set(DATABASE))
 
 
 def test_package_face_still_offers_the_marker_and_results() -> None:

@@ -45,10 +45,12 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "perf_session_sigma": 0.03,
     "perf_detectable_drop": 0.15,
     "perf_max_trials": 10,
+    "perf_sessions": 1,
     "perf_require_baseline": False,
     "perf_strict": False,
     "perf_server_metrics": False,
     "update_baselines": None,
+    "perf_history": "sqlite:///.kimi/history.db",
 }
 """What README and ``--help`` promise, written out once more on purpose."""
 

@@ -27,6 +27,8 @@ def test_values_are_the_report_strings() -> None:
         "inconclusive",
         "underpowered",
         "no-baseline",
+        "held",
+        "broke",
     }
     assert str.__eq__(Verdict.NOT_RUN, "not-run") and str(Verdict.NO_BASELINE) == "no-baseline"
     assert f"{Verdict.REGRESSION}" == "regression"

@@ -23,6 +23,7 @@ from pytest_kimi.baseline.merge import merge
 from pytest_kimi.baseline.model import (
     BaselineError,
     BaselineExistsError,
+    CapacityBaseline,
     LevelBaseline,
     ProvenanceConflict,
     TestBaseline,
@@ -58,6 +59,7 @@ __all__ = [
     "ProvenanceConflict",
     "WorkloadKey",
     "LevelBaseline",
+    "CapacityBaseline",
     "Provenance",
     "TestBaseline",
     "FieldChange",

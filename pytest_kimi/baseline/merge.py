@@ -33,19 +33,29 @@ def merge(old: TestBaseline | None, new: TestBaseline, *, drop_stale: bool = Fal
         raise ValueError(f"cannot merge {old.test} [{old.profile}] into {new.test} [{new.profile}]")
     measured = set(new.workloads)
     stale = [level for level in old.levels if level.workload not in measured]
-    if not stale:
+    # a capacity this run did not measure is kept like a level it did not measure
+    stale_capacity = old.capacity if new.capacity is None else None
+    if not stale and stale_capacity is None:
         return new
     if drop_stale:
         return new
     changes = provenance_diff(old.provenance, new.provenance)
     if changes:
         shown = "; ".join(str(c) for c in changes[:8]) + ("; ..." if len(changes) > 8 else "")
+        what = [level.workload.label() for level in stale]
+        if stale_capacity is not None:
+            what.append(f"capacity {stale_capacity.text()}")
         raise ProvenanceConflict(
-            f"{new.test} [{new.profile}]: levels {', '.join(level.workload.label() for level in stale)} "
+            f"{new.test} [{new.profile}]: levels {', '.join(what)} "
             f"were recorded under a different setup ({shown}) and this run did not re-measure "
             f"them; re-record every level of the test, or drop the stale levels"
         )
     session_ids = list(old.provenance.session_ids)
     session_ids += [s for s in new.provenance.session_ids if s not in session_ids]
     provenance = dataclasses.replace(new.provenance, session_ids=tuple(session_ids))
-    return dataclasses.replace(new, provenance=provenance, levels=new.levels + tuple(stale))
+    return dataclasses.replace(
+        new,
+        provenance=provenance,
+        levels=new.levels + tuple(stale),
+        capacity=new.capacity if new.capacity is not None else stale_capacity,
+    )

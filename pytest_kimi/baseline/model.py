@@ -38,6 +38,7 @@ __all__ = [
     "ProvenanceConflict",
     "WorkloadKey",
     "LevelBaseline",
+    "CapacityBaseline",
     "TestBaseline",
     "round_tok_s",
     "round_seconds",
@@ -325,6 +326,117 @@ class LevelBaseline:
         return round_tok_s(statistics.median(self.trials_tok_s))
 
 
+# ------------------------------------------------------------------------------------ capacity
+
+
+def round_load(value: float) -> float | int:
+    """A load as a reviewer reads it: a whole concurrency as an int, a rate to 4 digits."""
+    value = float(value)
+    if value.is_integer():
+        return int(value)
+    return round(value, 3 - math.floor(math.log10(abs(value))))
+
+
+def _optional_positive(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number or null, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class CapacityBaseline:
+    """A ``@capacity`` test's recorded capacity (``docs/workloads.md``, *Capacity under an SLO*).
+
+    ``workload`` keys it like a level: the metric searched (``concurrency`` or ``rate``), the
+    ceilings and their percentile, the lengths, prompts, api and protocol.  A run that asks
+    for another ceiling finds no baseline: a capacity under another SLO is another number.
+    The figures are those of :class:`~pytest_kimi.measure.capacity.CapacityEstimate`: the
+    bracket (``low`` held, ``high`` broke; one of them null when the capacity lay outside the
+    searched range), the interpolated boundary ``estimate`` with its trial-noise standard
+    error ``log_se`` (of ``ln(estimate)``; ``log_se_df`` degrees of freedom), and ``slope``, how fast the binding latency's
+    margin falls per unit of ``ln(load)``, with which the gate turns latency noise into
+    capacity noise.  ``held`` and ``broke`` list the loads the search measured.
+    """
+
+    workload: WorkloadKey
+    low: float | None
+    high: float | None
+    estimate: float | None = None
+    log_se: float | None = None
+    slope: float | None = None
+    held: tuple[float, ...] = ()
+    broke: tuple[float, ...] = ()
+    log_se_df: int | None = None
+    """Degrees of freedom of ``log_se`` (the fewer trials of the bracket's ends, less one)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workload", WorkloadKey.of(self.workload))
+        df = self.log_se_df
+        if df is not None and (isinstance(df, bool) or not isinstance(df, int) or df < 1):
+            raise ValueError(f"log_se_df must be an integer >= 1 or null, got {df!r}")
+        metric = self.workload.get("metric")
+        if metric not in ("concurrency", "rate"):
+            raise ValueError(f"workload.metric must be 'concurrency' or 'rate', got {metric!r}")
+        low = _optional_positive("low", self.low)
+        high = _optional_positive("high", self.high)
+        if low is None and high is None:
+            raise ValueError("low and high are both null: a capacity needs one end of its bracket")
+        if low is not None and high is not None and not low < high:
+            raise ValueError(f"low ({self.low!r}) must be below high ({self.high!r})")
+        estimate = _optional_positive("estimate", self.estimate)
+        if estimate is not None:
+            if low is None or high is None:
+                raise ValueError("estimate needs both ends of the bracket (low and high)")
+            if not low * 0.999 <= estimate <= high * 1.001:
+                raise ValueError(
+                    f"estimate {self.estimate!r} lies outside its bracket [{self.low!r}, "
+                    f"{self.high!r}]"
+                )
+        log_se = self.log_se
+        if log_se is not None and (
+            not _is_number(log_se) or not math.isfinite(log_se) or log_se < 0
+        ):
+            raise ValueError(f"log_se must be a non-negative number or null, got {log_se!r}")
+        slope = _optional_positive("slope", self.slope)
+        for name in ("held", "broke"):
+            loads = getattr(self, name)
+            if isinstance(loads, (str, bytes, Mapping)) or not isinstance(loads, Iterable):
+                raise ValueError(f"{name} must be a list of loads, got {loads!r}")
+            clean = tuple(
+                round_load(v) for v in (_optional_positive(f"{name} item", x) for x in loads) if v
+            )
+            object.__setattr__(self, name, tuple(sorted(clean)))
+        object.__setattr__(self, "low", None if low is None else round_load(low))
+        object.__setattr__(self, "high", None if high is None else round_load(high))
+        object.__setattr__(self, "estimate", None if estimate is None else round_load(estimate))
+        object.__setattr__(self, "log_se", None if log_se is None else round(float(log_se), 5))
+        object.__setattr__(self, "slope", None if slope is None else round(slope, 4))
+
+    @property
+    def metric(self) -> str:
+        return str(self.workload.get("metric"))
+
+    @property
+    def value(self) -> float | None:
+        """The capacity: the highest load that held (``low``)."""
+        return self.low
+
+    def text(self) -> str:
+        """``C=40 [40..44], boundary 41.3``: how an update summary names it."""
+
+        def load(x: float | None) -> str:
+            return "-" if x is None else f"{x:g}"
+
+        name = "C" if self.metric == "concurrency" else "rate"
+        head = f"{name}={load(self.low)}" if self.low is not None else f"{name}<{load(self.high)}"
+        if self.high is None:
+            head = f"{name}>={load(self.low)}"
+        out = f"{head} [{load(self.low)}..{load(self.high)}]"
+        return out + (f", boundary {self.estimate:g}" if self.estimate is not None else "")
+
+
 # ------------------------------------------------------------------------------------ test file
 
 
@@ -340,8 +452,12 @@ class TestBaseline:
     provenance: Provenance
     levels: tuple[LevelBaseline, ...]
     """Sorted by workload; no two levels share a workload."""
+    capacity: CapacityBaseline | None = None
+    """A ``@capacity`` test's capacity (its file may then hold no levels)."""
 
     def __post_init__(self) -> None:
+        if self.capacity is not None and not isinstance(self.capacity, CapacityBaseline):
+            raise ValueError(f"capacity is not a CapacityBaseline: {self.capacity!r}")
         if not isinstance(self.test, str) or "::" not in self.test:
             raise ValueError(
                 f"test must be a pytest nodeid like 'tests/x.py::test_y', got {self.test!r}"

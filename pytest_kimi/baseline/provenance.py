@@ -126,21 +126,39 @@ def _plugin_version() -> str | None:
         return __version__
 
 
+def _git(suite_dir: Path | None, *args: str) -> str:
+    """One git command in the suite's directory, its output stripped.
+
+    Raises ``OSError`` (no git) or ``subprocess.SubprocessError`` (not a checkout, a timeout).
+    """
+    return subprocess.run(
+        ["git", *args],
+        cwd=str(suite_dir) if suite_dir is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=5,
+        check=True,
+    ).stdout.strip()
+
+
 def _git_commit(suite_dir: Path | None) -> str | None:
     """Short commit of the suite, ``+dirty`` when tracked files are modified; None outside git."""
-    cwd = str(suite_dir) if suite_dir is not None else None
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5, check=True
-        ).stdout.strip()
-
     try:
-        head = git("rev-parse", "--short=12", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        head = _git(suite_dir, "rev-parse", "--short=12", "HEAD")
+        dirty = _git(suite_dir, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{head}+dirty" if head and dirty else (head or None)
+
+
+def _git_branch(suite_dir: Path | None) -> str | None:
+    """The suite's checked-out branch; None outside git and on a detached HEAD (as CI checks
+    out a pull request), where the caller may know it from CI's environment instead."""
+    try:
+        branch = _git(suite_dir, "rev-parse", "--abbrev-ref", "HEAD")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return None if branch in ("", "HEAD") else branch
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pytest_kimi.baseline.model import _ABSENT, TestBaseline, WorkloadKey, _scalar_text
+from pytest_kimi.baseline.model import (
+    _ABSENT,
+    CapacityBaseline,
+    TestBaseline,
+    WorkloadKey,
+    _scalar_text,
+)
 from pytest_kimi.baseline.provenance import FieldChange, provenance_diff
 
 __all__ = ["LevelChange", "UpdateSummary", "git_review_commands", "summarize_update"]
@@ -59,11 +65,15 @@ class UpdateSummary:
     provenance_changes: tuple[FieldChange, ...]
     git_commands: tuple[str, ...]
     """Review then commit, e.g. ``git diff -- <path>`` and ``git add <path> && git commit ...``."""
+    capacity: str | None = None
+    """A ``@capacity`` test's line: old -> new capacity (None when neither side has one)."""
 
     def lines(self) -> list[str]:
         out = [
             f"{self.test} [{self.profile}] -> {self.path}{' (new file)' if self.created else ''}"
         ]
+        if self.capacity is not None:
+            out.append(f"  {self.capacity}")
         out += [f"  {change}" for change in self.levels]
         out += [f"  provenance: {change}" for change in self.provenance_changes]
         return out
@@ -143,4 +153,32 @@ def summarize_update(
         new_paths=[path] if created else [],
         cwd=cwd,
     )
-    return UpdateSummary(path, new.test, new.profile, created, tuple(changes), prov, commands)
+    return UpdateSummary(
+        path,
+        new.test,
+        new.profile,
+        created,
+        tuple(changes),
+        prov,
+        commands,
+        capacity_change(old.capacity if old else None, new.capacity),
+    )
+
+
+def capacity_change(old: CapacityBaseline | None, new: CapacityBaseline | None) -> str | None:
+    """``capacity C=40 [40..44], boundary 41.3 -> C=36 [36..39], boundary 37.2 (-9.9%)``: the
+    change is the boundary's (else the capacity's), as the gate compares them."""
+    if new is None:
+        return None if old is None else f"capacity {old.text()} (kept)"
+    if old is None:
+        return f"capacity {new.text()} (new)"
+    if old == new:
+        return f"capacity {new.text()} (unchanged)"
+    before = old.estimate if old.estimate is not None else old.value
+    after = new.estimate if new.estimate is not None else new.value
+    change = (
+        f" ({(after / before - 1) * 100:+.1f}%)"
+        if before and after and old.workload == new.workload
+        else ""
+    )
+    return f"capacity {old.text()} -> {new.text()}{change}"

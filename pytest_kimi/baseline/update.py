@@ -11,6 +11,7 @@ from typing import Any
 
 from pytest_kimi.baseline.model import (
     BaselineError,
+    CapacityBaseline,
     LevelBaseline,
     ProvenanceConflict,
     TestBaseline,
@@ -45,6 +46,21 @@ def update_baselines(
                 "--update-baselines=force"
             )
             continue
+        capacity = None
+        if isinstance(test.get("capacity"), dict):
+            # a @capacity test records its capacity, not the levels its search happened to pick
+            verdict = Verdict.of(test["capacity"].get("verdict"))
+            if (verdict is None or not verdict.recordable) and mode != "force":
+                refused.append(
+                    f"{test['nodeid']}: not recorded (capacity {test['capacity'].get('verdict')}); "
+                    "fix the run, or record anyway with --update-baselines=force"
+                )
+                continue
+            try:
+                capacity = capacity_record(test["capacity"])
+            except (KeyError, TypeError, ValueError) as exc:
+                refused.append(f"{test['nodeid']}: not recorded: capacity: {exc}")
+                continue
         levels = [
             LevelBaseline(
                 workload=WorkloadKey.from_dict(level_key(lv, test["workload"])),
@@ -53,9 +69,9 @@ def update_baselines(
                 ttft_s=_summary(p50=lv.get("ttft_s_p50"), p95=lv.get("ttft_s_p95")),
             )
             for lv in test["levels"]
-            if lv.get("trials_tok_s")
+            if lv.get("trials_tok_s") and capacity is None
         ]
-        if not levels:
+        if not levels and capacity is None:
             refused.append(f"{test['nodeid']}: not recorded: no level gave a throughput figure")
             continue
         endpoint = endpoints.get(test.get("profile") or "", {})
@@ -67,7 +83,11 @@ def update_baselines(
         )
         store = BaselineStore(root, test.get("baseline_profile") or default_profile)
         new = TestBaseline(
-            test=test["nodeid"], profile=store.profile, provenance=provenance, levels=tuple(levels)
+            test=test["nodeid"],
+            profile=store.profile,
+            provenance=provenance,
+            levels=tuple(levels),
+            capacity=capacity,
         )
         try:
             summary = store.update(new, cwd=rootdir)
@@ -76,6 +96,22 @@ def update_baselines(
             continue
         written.append(str(summary))
     return written, refused
+
+
+def capacity_record(capacity: dict[str, Any]) -> CapacityBaseline:
+    """A report's ``capacity`` object as its baseline record (:class:`CapacityBaseline`)."""
+    levels = capacity.get("levels") or []
+    return CapacityBaseline(
+        workload=WorkloadKey.from_dict(capacity["workload"]),
+        low=capacity.get("low"),
+        high=capacity.get("high"),
+        estimate=capacity.get("estimate"),
+        log_se=capacity.get("log_se"),
+        log_se_df=capacity.get("log_se_df"),
+        slope=capacity.get("slope"),
+        held=tuple(lv["load"] for lv in levels if lv.get("held") is True),
+        broke=tuple(lv["load"] for lv in levels if lv.get("held") is False),
+    )
 
 
 def _summary(**values: float | None) -> dict[str, float]:

@@ -25,6 +25,7 @@ import yaml
 from pytest_kimi import yamlstrict
 from pytest_kimi.baseline.model import (
     BaselineError,
+    CapacityBaseline,
     LevelBaseline,
     TestBaseline,
     WorkloadKey,
@@ -116,12 +117,32 @@ def _document(baseline: TestBaseline) -> dict[str, Any]:
         "session_ids": _FlowSeq(p.session_ids),
         "server_info": _styled(p.server_info),  # last: it can be long
     }
-    return {
+    document: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "test": baseline.test,
         "profile": baseline.profile,
         "levels": levels,  # before provenance: the numbers are what a reviewer looks for
-        "provenance": provenance,
+    }
+    if baseline.capacity is not None:
+        document["capacity"] = _capacity_document(baseline.capacity)
+    document["provenance"] = provenance
+    return document
+
+
+def _capacity_document(capacity: CapacityBaseline) -> dict[str, Any]:
+    """A ``@capacity`` test's record: the capacity first (what a reviewer reads), the search's
+    loads last; absent keys (a bracket end outside the range) are written as null."""
+    return {
+        "workload": _FlowMap(capacity.workload.items),
+        "value": capacity.value,
+        "low": capacity.low,
+        "high": capacity.high,
+        "estimate": capacity.estimate,
+        "log_se": capacity.log_se,
+        "log_se_df": capacity.log_se_df,
+        "slope": capacity.slope,
+        "held": _FlowSeq(capacity.held),
+        "broke": _FlowSeq(capacity.broke),
     }
 
 
@@ -139,7 +160,19 @@ def dumps(baseline: TestBaseline) -> str:
     return _HEADER + body
 
 
-_TOP_KEYS = ("schema", "test", "profile", "levels", "provenance")
+_TOP_KEYS = ("schema", "test", "profile", "levels", "capacity", "provenance")
+_CAPACITY_KEYS = (
+    "workload",
+    "value",
+    "low",
+    "high",
+    "estimate",
+    "log_se",
+    "log_se_df",
+    "slope",
+    "held",
+    "broke",
+)
 _LEVEL_KEYS = ("workload", "tok_s", "trials_tok_s", "request_tok_s", "ttft_s")
 _PROVENANCE_KEYS = (
     "model",
@@ -278,8 +311,10 @@ def _from_data(data: Any) -> TestBaseline:
     if "provenance" not in top:
         raise _Invalid("missing 'provenance'")
     provenance = _parse_provenance(top["provenance"])
+    capacity = _parse_capacity(top["capacity"]) if top.get("capacity") is not None else None
     raw_levels = top.get("levels")
-    if not isinstance(raw_levels, list) or not raw_levels:
+    # a @capacity test's file may hold its capacity alone (files before it always had levels)
+    if not isinstance(raw_levels, list) or not (raw_levels or capacity is not None):
         raise _Invalid(f"'levels' must be a non-empty list, got {raw_levels!r}")
     levels = [_parse_level(i, raw) for i, raw in enumerate(raw_levels)]
     first: dict[WorkloadKey, int] = {}
@@ -292,10 +327,49 @@ def _from_data(data: Any) -> TestBaseline:
         first[level.workload] = i
     try:
         return TestBaseline(
-            test=top["test"], profile=top["profile"], provenance=provenance, levels=tuple(levels)
+            test=top["test"],
+            profile=top["profile"],
+            provenance=provenance,
+            levels=tuple(levels),
+            capacity=capacity,
         )
     except ValueError as exc:
         raise _Invalid(str(exc)) from None
+
+
+def _parse_capacity(raw: Any) -> CapacityBaseline:
+    what = "capacity"
+    entry = _require_mapping(raw, what)
+    _reject_unknown(entry, _CAPACITY_KEYS, what)
+    if "workload" not in entry:
+        raise _Invalid(f"{what} has no 'workload'")
+    try:
+        workload = WorkloadKey.from_dict(_require_mapping(entry["workload"], f"{what}.workload"))
+    except ValueError as exc:
+        raise _Invalid(f"{what}.workload: {exc}") from None
+    for name in ("held", "broke"):
+        if not isinstance(entry.get(name, []), list):
+            raise _Invalid(f"{what}.{name} must be a list of loads, got {entry[name]!r}")
+    try:
+        capacity = CapacityBaseline(
+            workload=workload,
+            low=entry.get("low"),
+            high=entry.get("high"),
+            estimate=entry.get("estimate"),
+            log_se=entry.get("log_se"),
+            log_se_df=entry.get("log_se_df"),
+            slope=entry.get("slope"),
+            held=tuple(entry.get("held") or ()),
+            broke=tuple(entry.get("broke") or ()),
+        )
+    except ValueError as exc:
+        raise _Invalid(f"{what}: {exc}") from None
+    if "value" in entry and entry["value"] != capacity.value:
+        raise _Invalid(
+            f"{what}: value {entry['value']!r} is not low ({capacity.value!r}); the capacity is "
+            "the highest load that held: fix or delete it"
+        )
+    return capacity
 
 
 def loads(text: str, *, source: Path | str = "<string>") -> TestBaseline:

@@ -21,6 +21,11 @@ Verdicts of a level, strongest first:
 - ``no-baseline``: the level passed its targets and there is nothing to compare with;
 - ``pass``;
 - ``inconclusive``: kept for reports of versions before 0.2 (the gate no longer says it).
+
+A ``@capacity`` test's levels are the points its search measured; each says whether every
+latency ceiling held there (``held``) or not (``broke``).  Neither fails a test: a level past
+the capacity is what the search looks for.  The test's own verdict is its capacity's
+(:mod:`pytest_kimi.gate.capacity`).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class Verdict(str, Enum):
     INCONCLUSIVE = "inconclusive"
     UNDERPOWERED = "underpowered"
     NO_BASELINE = "no-baseline"
+    HELD = "held"
+    BROKE = "broke"
 
     def __str__(self) -> str:
         # The JSON word in f-strings and str() on every Python (3.12 would say "Verdict.PASS").
@@ -148,6 +155,9 @@ _MEANINGS = {
     Verdict.UNDERPOWERED: "too noisy: this run could not have caught a drop of the detectable "
     "size (--perf-detectable-drop)",
     Verdict.NO_BASELINE: "nothing recorded to compare with (record with --update-baselines)",
+    Verdict.HELD: "a capacity search's level where every latency ceiling held",
+    Verdict.BROKE: "a capacity search's level where a latency ceiling was exceeded (beyond the "
+    "capacity; not a failure)",
 }
 
 __all__ = ["Verdict"]

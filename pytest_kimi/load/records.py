@@ -67,6 +67,13 @@ class RequestRecord:
     cut: bool = False
     """The trial's time box ended the stream on purpose (stationary protocol): not an error;
     its tokens up to the cut count, its length and end-to-end latency do not."""
+    turn: int = 0
+    """Multi-turn workloads (``turns=``): which turn of its stream's conversation the request
+    was (1, 2, ...); 0 for a request that is not part of a conversation."""
+    blocks: list[bytes] | None = None
+    """Every raw read block of the stream, kept only while a conversation needs the answer
+    (one reference per read, no copy); the runner takes the answer from them once the stream
+    has ended and releases them (:mod:`pytest_kimi.load.conversation`).  None otherwise."""
 
     @property
     def ok(self) -> bool:

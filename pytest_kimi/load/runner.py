@@ -29,6 +29,7 @@ from typing import Any, AsyncIterator, Protocol, Sequence
 
 import aiohttp
 
+from pytest_kimi.load.conversation import Conversation, Conversations
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.openloop import OpenLoopPlan
 from pytest_kimi.load.request import Target, silence_timeout, stream_request
@@ -131,10 +132,18 @@ class TrialPlan:
     """Stationary protocol: cut the trial (cancel every stream in flight, keeping what it
     received) once about this many tokens have arrived: the trial's time box, in tokens so
     that it holds the same number of steps whatever the server's speed."""
+    turns: int = 1
+    """Multi-turn conversations: each stream sends its next request as the next turn of its
+    own conversation (the history, the answer it streamed, a follow-up) for this many turns,
+    then opens a new one (:mod:`pytest_kimi.load.conversation`).  1: independent requests."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if self.turns < 1:
+            raise ValueError("turns must be >= 1")
+        if self.turns > 1 and self.first_bodies is not None:
+            raise ValueError("a conversation's turns are whole requests: no first_bodies")
         if not self.bodies:
             raise ValueError("bodies must not be empty")
         if self.first_bodies is not None and len(self.first_bodies) < self.concurrency:
@@ -546,6 +555,7 @@ class LoadClient:
         stop: list[str] = []
         inflight: dict[int, RequestRecord] = {}
         finished = [0, 0]  # tokens and token-carrying reads of finished requests
+        talks = None if warmup or plan.turns < 2 else Conversations(plan.turns, target.api, slot)
         if start_at is not None:
             await sleep_until(start_at)
         started = perf_counter() if start_at is None else start_at
@@ -556,6 +566,7 @@ class LoadClient:
 
         async def worker(w: int) -> None:
             opening = first is not None
+            talk: Conversation | None = None  # this stream's conversation (turns > 1)
             while not stop:
                 # Due now: the worker is free (its previous stream, including the end of the
                 # HTTP body, is done).  Not the trial start for the first request: workers
@@ -571,7 +582,10 @@ class LoadClient:
                 if live is not None:
                     live.inflight[i] = rec
                 g = table[i] if table is not None else i * stride + offset
-                if opening:
+                uid = None
+                if talk is not None:
+                    body = talk.body()
+                elif opening:
                     assert first is not None
                     opening = False
                     rec.max_tokens = first_max[w] if first_max is not None else 0
@@ -584,7 +598,14 @@ class LoadClient:
                     body = bodies[i % nb]
                 else:
                     head, tail = parts[i % nb]
-                    body = b"".join((head, unique_id(base + g), tail))
+                    uid = unique_id(base + g)
+                    body = b"".join((head, uid, tail))
+                if talks is not None:
+                    if talk is None:
+                        talk = talks.open(i % nb, bodies[i % nb], uid)
+                    rec.turn = talk.turn
+                    if talk.wants_answer():
+                        rec.blocks = []
                 inflight[i] = rec
                 await stream_request(
                     session,
@@ -599,6 +620,8 @@ class LoadClient:
                 )
                 del inflight[i]
                 rec.last_read = b""
+                if talk is not None and not talk.reply(rec):
+                    talk = None
                 finished[0] += rec.completion_tokens
                 finished[1] += len(rec.chunk_times)
                 append(rec)

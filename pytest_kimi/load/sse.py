@@ -149,6 +149,7 @@ class StreamParser:
         "_multi",
         "_times",
         "_counts",
+        "_keep",
     )
 
     def __init__(self, record: RequestRecord, api: Api = "chat") -> None:
@@ -180,6 +181,8 @@ class StreamParser:
         self._multi = False
         self._times = record.chunk_times
         self._counts = record.chunk_events
+        self._keep = record.blocks
+        """The record's list of raw blocks when a conversation needs the answer; else None."""
 
     @property
     def finished(self) -> bool:
@@ -191,6 +194,8 @@ class StreamParser:
         """Take one read block that arrived at ``t`` (``time.perf_counter()``)."""
         if self.done or self.failed:
             return
+        if self._keep is not None:
+            self._keep.append(data)  # a reference; the answer is read once the stream ends
         buf = self._pending + data if self._pending else data
         if self._crlf or b"\r" in data:
             # Normalise CRLF once per block; a trailing lone "\r" stays in the pending tail

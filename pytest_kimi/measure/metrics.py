@@ -136,6 +136,8 @@ class TrialResult:
     offered_rate: float | None = None
     """Open loop: the arrival rate asked for, and the one the client achieved."""
     achieved_rate: float | None = None
+    completed_rate: float | None = None
+    """Open loop: requests/s the server finished inside the window (:func:`completed_rate`)."""
     transient: list[str] = field(default_factory=list)
     """The subset of ``invalid`` caused by the moment, not by the server or the workload (a
     client stall): when every reason is transient, another trial may replace this one."""
@@ -397,6 +399,25 @@ def open_loop_window(records: Sequence[RequestRecord]) -> tuple[float, float] | 
     return (start, end) if end > start else None
 
 
+def completed_rate(
+    records: Sequence[RequestRecord], window: tuple[float, float] | None
+) -> float | None:
+    """Open loop: the rate at which requests finished inside the window, ``(k - 1) / span``
+    over the ``k`` successful ends in it (intervals per second, like the achieved send rate).
+
+    The client sends on schedule whatever the server does, so the send rate matches the
+    offered one even past capacity; the completions are what fall behind: a server that
+    cannot keep up finishes requests at its own pace while the queue grows.
+    """
+    if window is None:
+        return None
+    start, end = window
+    ends = sorted(r.end for r in records if r.ok and start <= r.end <= end)
+    if len(ends) < 2 or ends[-1] <= ends[0]:
+        return None
+    return (len(ends) - 1) / (ends[-1] - ends[0])
+
+
 def summarize_trial(
     index: int,
     level: LevelSpec,
@@ -520,6 +541,7 @@ def summarize_trial(
         records=records,
         offered_rate=level.rate,
         achieved_rate=getattr(tr, "achieved_rate", None),
+        completed_rate=completed_rate(ok, window) if open_loop else None,
         window=window,
         transient=transient,
     )
@@ -552,6 +574,8 @@ class LevelFigures:
     1.0 for a real server): tok/s are divided by it, latencies multiplied."""
     achieved_rate: float | None = None
     """Open loop: median achieved request rate of the trials, per server second."""
+    completed_rate: float | None = None
+    """Open loop: median rate of finished requests in the trials' windows, per server second."""
 
 
 @dataclass(slots=True)
@@ -650,6 +674,7 @@ def level_figures(
         )
         goodput = sum(1 for r in everyone if r.ok and wall.met_by(r)) / len(everyone)
     achieved = [t.achieved_rate / clock for t in trials if t.achieved_rate is not None]
+    completed = [t.completed_rate / clock for t in trials if t.completed_rate is not None]
     return LevelFigures(
         tok_s=mid,
         trials_tok_s=samples,
@@ -668,4 +693,5 @@ def level_figures(
         reasoning=reasoning_figures(ok, percentile_q, clock),
         clock=clock,
         achieved_rate=median(achieved) if achieved else None,
+        completed_rate=median(completed) if completed else None,
     )

@@ -82,7 +82,12 @@ class LevelResult:
         if f.reasoning is not None:
             out.update(reasoning_dict(f.reasoning))
         if self.spec.rate is not None:
+            # the load asked for, the rate the client sent at, and the rate the server
+            # finished requests at in the window: a step of a ramp past the server's capacity
+            # shows completed well below offered (docs/workloads.md, "Rate ramps")
+            out["offered_rate"] = self.spec.rate
             out["achieved_rate"] = _round(f.achieved_rate, 3)
+            out["completed_rate"] = _round(f.completed_rate, 3)
         out.update(self.extra)
         return out
 
@@ -138,7 +143,15 @@ class ThroughputResult:
 
 def workload_dict(workload: Workload) -> dict[str, Any]:
     """What is common to every level of the test (the levels carry their own lengths and load)."""
-    return {"api": workload.api, "ignore_eos": workload.ignore_eos}
+    out: dict[str, Any] = {"api": workload.api, "ignore_eos": workload.ignore_eos}
+    if workload.turns > 1:
+        out["turns"] = workload.turns  # a conversation's turns re-send its history: keyed
+    if workload.shared_prefix_tokens is not None:
+        # shared system prompts change what is prefilled: keyed (a dataset is keyed by its
+        # ``prompts``: content hash, sample size, seed)
+        out["shared_prefix_tokens"] = workload.shared_prefix_tokens
+        out["prefix_groups"] = workload.prefix_groups or 1
+    return out
 
 
 def spec_key(level: LevelSpec, prompts_key: str, workload: Workload) -> dict[str, Any]:

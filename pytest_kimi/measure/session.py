@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
 
 from pytest_kimi.endpoint.discovery import EndpointInfo, discover
 from pytest_kimi.load.request import Target
 from pytest_kimi.load.runner import LoadClient
 from pytest_kimi.load.workers import ShardedClient
 from pytest_kimi.load.loop_thread import LoopThread
-from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, Targets, Workload, parse_throughput
+from pytest_kimi.spec.markers import (
+    DEFAULT_PROTOCOL,
+    LevelSpec,
+    Targets,
+    Workload,
+    parse_throughput,
+)
 from pytest_kimi.measure.trials import (
     DEFAULT_TRIALS,
     FixedTrials,
@@ -30,10 +37,18 @@ from pytest_kimi.spec.workload import (
     API_PATHS,
     UNIQUE_SLOT,
     PromptSizer,
+    PromptSource,
+    WorkloadError,
     encode_bodies,
     lead,
     resolve_prompts,
 )
+from pytest_kimi.spec.dataset import DatasetSample, TextTokenizer, prepare_dataset
+from pytest_kimi.spec.prefix import SharedPrefixes, SystemTokenizer, shared_prefixes
+from pytest_kimi.crosscheck.prefix_cache import PrefixCacheProbe
+
+
+T = TypeVar("T")
 
 
 class PerfSession:
@@ -71,6 +86,15 @@ class PerfSession:
         self, spec: MeasureSpec, progress: ProgressFn | None = None
     ) -> ThroughputResult:
         return await self._loop.run_async(self._measure(spec, progress))
+
+    def run_job(self, job: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``job(client)`` on the load loop with the session's client: a measurement that
+        is not a fixed sweep (a ``@capacity`` search chooses its next level from the last)."""
+
+        async def _job() -> T:
+            return await job(await self._client_instance())
+
+        return self._loop.run(_job())
 
     def close(self) -> None:
         async def _close() -> None:
@@ -121,8 +145,17 @@ def build_spec(
             lead_text=lead_text,
         )
 
+    sample = _dataset(endpoint, workload, rootdir, sizer)
+    if sample is not None:
+        workload = replace(workload, num_prompts=len(sample.entries))
+        _check_sample_size(workload, sample)
+    prefixes = _prefixes(endpoint, workload, sizer)
+    output_tokens: dict[int | None, list[int]] = {}
     for input_tokens in dict.fromkeys(lv.input_tokens for lv in workload.levels):
-        source = resolve_prompts(workload.prompts, input_tokens, rootdir, size=size)
+        if sample is not None:
+            source = PromptSource(sample.prompts, sample.key)
+        else:
+            source = resolve_prompts(workload.prompts, input_tokens, rootdir, size=size)
         bodies[input_tokens] = encode_bodies(
             source,
             model=endpoint.model,
@@ -130,10 +163,16 @@ def build_spec(
             max_tokens=0,
             ignore_eos=workload.ignore_eos,
             unique=run_token,
+            prefixes=prefixes.texts if prefixes is not None else None,
         )
         keys[input_tokens] = source.key
         if source.sizing is not None:
             sizing[input_tokens] = source.sizing
+        if sample is not None:
+            own = sample.output_tokens
+            output_tokens[input_tokens] = [
+                own[k % len(own)] for k in range(len(bodies[input_tokens]))
+            ]
     target = Target(
         url=endpoint.url + API_PATHS[workload.api], headers=endpoint.headers(), api=workload.api
     )
@@ -151,7 +190,106 @@ def build_spec(
         unique_slot=UNIQUE_SLOT.encode() if unique_prompts else None,
         unique_salt=int(run_token, 16) if run_token is not None else 0,
         sizing=sizing,
+        output_tokens=output_tokens,
+        level_info=_level_info(workload, sample, prefixes),
+        level_probe=PrefixCacheProbe(endpoint.url, endpoint.headers()),
+        warmup_bodies=max(2, workload.prefix_groups or 0),
     )
+
+
+def _dataset(
+    endpoint: EndpointInfo, workload: Workload, rootdir: Path, sizer: PromptSizer
+) -> DatasetSample | None:
+    """The marker's ``dataset=``, sampled and with its output lengths counted by the server's
+    tokenizer (once per dataset and endpoint for the session: ``sizer.memo``)."""
+    if workload.dataset is None:
+        return None
+    key = ("text-tokenizer", endpoint.url, endpoint.model)
+    tokenizer = sizer.memo.get(key)
+    if not isinstance(tokenizer, TextTokenizer):
+        tokenizer = sizer.memo[key] = TextTokenizer(
+            endpoint.url, endpoint.headers(), endpoint.model
+        )
+    return prepare_dataset(
+        workload.dataset,
+        rootdir=rootdir,
+        num_prompts=workload.num_prompts,
+        seed=workload.seed,
+        tokenizer=tokenizer,
+        memo=sizer.memo,
+        endpoint_key=(endpoint.url, endpoint.model),
+    )
+
+
+def _check_sample_size(workload: Workload, sample: DatasetSample) -> None:
+    """A dataset trial replays the sample once: it must fill every in-flight slot."""
+    for level in workload.levels:
+        requests = workload.requests_for(level)
+        if level.concurrency is not None and requests is not None and requests < level.concurrency:
+            raise WorkloadError(
+                f"dataset {sample.dataset.path.name}: a trial replays its {requests} sampled "
+                f"entries once, fewer than concurrency {level.concurrency}: give num_prompts "
+                f"(several per stream), or requests="
+            )
+
+
+def _prefixes(
+    endpoint: EndpointInfo, workload: Workload, sizer: PromptSizer
+) -> SharedPrefixes | None:
+    """The groups' system prompts, sized with the server's tokenizer once per run."""
+    if workload.shared_prefix_tokens is None:
+        return None
+    key = ("system-tokenizer", endpoint.url, endpoint.model, workload.api)
+    tokenizer = sizer.memo.get(key)
+    if not isinstance(tokenizer, SystemTokenizer):
+        tokenizer = sizer.memo[key] = SystemTokenizer(
+            endpoint.url, endpoint.headers(), endpoint.model, workload.api
+        )
+    return shared_prefixes(
+        workload.shared_prefix_tokens,
+        workload.prefix_groups or 1,
+        tokenizer=tokenizer,
+        memo=sizer.memo,
+        endpoint_key=(endpoint.url, endpoint.model),
+        api=workload.api,
+    )
+
+
+SAMPLE_PER_STREAM = 4
+"""Requests per stream below which a dataset level notes that its window is short: a trial's
+window ends when the first stream has run out of the sample's requests."""
+
+
+def _level_info(
+    workload: Workload, sample: DatasetSample | None, prefixes: SharedPrefixes | None
+) -> Callable[[LevelSpec], tuple[dict[str, Any], list[str]]] | None:
+    """What every level's JSON says about its dataset sample (at the level's cap: the mean
+    output length it asked for) and its shared prefix, and the notes its reports carry."""
+    if sample is None and prefixes is None:
+        return None
+
+    def info(level: LevelSpec) -> tuple[dict[str, Any], list[str]]:
+        out: dict[str, Any] = {}
+        notes: list[str] = []
+        if sample is not None:
+            out["dataset"] = sample.summary(level.max_tokens)
+            out["output_tokens_mean"] = out["dataset"]["output_tokens_mean"]
+            notes += sample.notes
+            requests = workload.requests_for(level)
+            c = level.concurrency
+            if c is not None and requests is not None and requests < SAMPLE_PER_STREAM * c:
+                notes.append(
+                    f"the dataset sample gives each of the {c} streams about {requests / c:.1f} "
+                    "requests a trial, and the window ends when the first stream runs out: give "
+                    f"num_prompts >= {SAMPLE_PER_STREAM * c} for a window over most of the trial"
+                )
+        if prefixes is not None:
+            out["shared_prefix"] = prefixes.summary()
+            if prefixes.note:
+                notes.append(prefixes.note)
+        return out, notes
+
+    return info
 
 
 class KimiLoad:

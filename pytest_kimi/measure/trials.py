@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
 from pytest_kimi.load.request import Target
 from pytest_kimi.load.openloop import OpenLoopPlan
@@ -27,6 +27,7 @@ from pytest_kimi.measure.metrics import (
     summarize_trial,
 )
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, judge_level, not_run_level
+from pytest_kimi.measure.shapes import fill_up_note, turn_figures
 from pytest_kimi.gate.verdicts import Verdict
 
 WARMUP_MAX_TOKENS = 16
@@ -72,6 +73,17 @@ class TrialObserver(Protocol):
     def level_summary(self) -> dict[str, Any]: ...
 
     async def close(self) -> None: ...
+
+
+class LevelProbe(Protocol):
+    """Reads the server before a level's first trial and after its last (the prefix-cache
+    hit rate plugs in here: :class:`~pytest_kimi.crosscheck.prefix_cache.PrefixCacheProbe`).
+    Best effort: it never raises, and ``end_level`` returns the fields to merge into the
+    level's JSON (none when the server had nothing to read)."""
+
+    async def start_level(self) -> None: ...
+
+    async def end_level(self) -> dict[str, Any]: ...
 
 
 @dataclass(slots=True)
@@ -145,14 +157,32 @@ class MeasureSpec:
     partial: ThroughputResult | None = None
     """Set by :func:`measure_test`: the result it fills level by level, so an interrupted
     measurement (Ctrl-C, SIGTERM) can still report the levels it finished."""
+    output_tokens: dict[int | None, list[int]] = field(default_factory=dict)
+    """A dataset's own output length of each body (0: the level's ``max_tokens``); a level
+    caps them at its ``max_tokens`` (:meth:`lengths_for`).  Empty: every body has the level's."""
+    level_info: Callable[[LevelSpec], tuple[dict[str, Any], list[str]]] | None = None
+    """Per level: fields for its JSON (a dataset's sample at the level's cap, the shared
+    prefix) and notes for its reports (estimated lengths, a sample too small for C)."""
+    level_probe: LevelProbe | None = None
+    """Reads the server around each level (its prefix-cache hit rate); None: nothing read."""
+    warmup_bodies: int = 2
+    """Distinct bodies the warm-up cycles through: one per shared-prefix group, so the groups'
+    system prompts are in the server's cache before the first level."""
+
+    def lengths_for(self, level: LevelSpec) -> list[int] | None:
+        """Each body's ``max_tokens`` at this level; None when all have the level's."""
+        own = self.output_tokens.get(level.input_tokens)
+        if own is None:
+            return None
+        return [min(n, level.max_tokens) if n else level.max_tokens for n in own]
 
     def bodies_for(self, level: LevelSpec) -> list[bytes]:
         stationary = self.workload.protocol_for(level, self.protocol) == STATIONARY
+        raws = self.bodies[level.input_tokens]
+        lengths = self.lengths_for(level) or [level.max_tokens] * len(raws)
         return [
-            _running_usage(raw, stationary).replace(
-                MAX_TOKENS_SLOT, b'"max_tokens":%d' % level.max_tokens, 1
-            )
-            for raw in self.bodies[level.input_tokens]
+            _running_usage(raw, stationary).replace(MAX_TOKENS_SLOT, b'"max_tokens":%d' % n, 1)
+            for raw, n in zip(raws, lengths)
         ]
 
     def stationary_openers(self, level: LevelSpec, offset: int) -> tuple[list[bytes], list[int]]:
@@ -198,15 +228,19 @@ def _running_usage(raw: bytes, on: bool) -> bytes:
     return raw.replace(_USAGE_OPTION, _RUNNING_USAGE_OPTION, 1) if on else raw
 
 
-def _rotated(bodies: list[bytes], offset: int) -> list[bytes]:
-    """Bodies starting at ``offset``: successive trials continue through the prompt set."""
+_T = TypeVar("_T")
+
+
+def _rotated(bodies: list[_T], offset: int) -> list[_T]:
+    """Bodies (or their lengths) starting at ``offset``: successive trials continue through
+    the prompt set."""
     k = offset % len(bodies)
     return bodies[k:] + bodies[:k]
 
 
-def _warmup_bodies(bodies: list[bytes]) -> list[bytes]:
+def _warmup_bodies(bodies: list[bytes], count: int = 2) -> list[bytes]:
     out = []
-    for raw in bodies[:2]:
+    for raw in bodies[:count]:
         body = json.loads(raw)
         body["max_tokens"] = WARMUP_MAX_TOKENS
         out.append(json.dumps(body, separators=(",", ":")).encode())
@@ -308,6 +342,7 @@ async def run_trial(
             timeout_s=w.timeout_s,
             max_failures=max_failures,
             warmup=0,
+            turns=w.turns,
             **spec.next_unique(),
         )
         tr = await client.run_trial(spec.target, plan, live)
@@ -323,13 +358,35 @@ async def run_trial(
             **spec.next_unique(),
         )
         tr = await client.run_open_loop(spec.target, open_plan, live)
-    return summarize_trial(
+    lengths = spec.lengths_for(level)
+    trial = summarize_trial(
         index,
         level,
         tr,
         client=_signals(tr),
-        ignore_eos=w.ignore_eos,
+        ignore_eos=w.ignore_eos and lengths is None,
     )
+    if lengths is not None and w.ignore_eos:
+        check_own_lengths(trial, _rotated(lengths, offset))
+    return trial
+
+
+def check_own_lengths(trial: TrialResult, lengths: Sequence[int]) -> None:
+    """The ``ignore_eos`` check where every body has its own ``max_tokens`` (a dataset):
+    request ``g`` (its global index) sent body ``g % len(lengths)`` of the trial's rotated
+    list, so it must have returned exactly that many tokens."""
+    short = [
+        (r.completion_tokens, lengths[r.index % len(lengths)])
+        for r in trial.records
+        if r.ok and not r.cut and r.completion_tokens != lengths[r.index % len(lengths)]
+    ]
+    if short:
+        got, asked = short[0]
+        trial.invalid.append(
+            f"{len(short)} request(s) returned a token count other than their own max_tokens "
+            f"under ignore_eos (first: {got} for max_tokens={asked}): the server ignores "
+            "ignore_eos, or the context length truncates"
+        )
 
 
 async def _ticker(
@@ -361,14 +418,17 @@ async def _ticker(
 
 
 async def warm_up(client: TrialClient, spec: MeasureSpec) -> list[str]:
-    """Short requests that absorb one-time costs (JIT, CUDA graphs); their errors are returned."""
+    """Short requests that absorb one-time costs (JIT, CUDA graphs) and put each shared-prefix
+    group's system prompt in the server's cache; their errors are returned."""
     n = spec.workload.warmup
     if n <= 0:
         return []
     first = next(iter(spec.bodies.values()))
+    if spec.warmup_bodies > 2:
+        n = max(n, spec.warmup_bodies)  # one request per shared-prefix group at least
     plan = TrialPlan(
         concurrency=min(n, 8),
-        bodies=_warmup_bodies(first),
+        bodies=_warmup_bodies(first, spec.warmup_bodies),
         requests=n,
         duration_s=None,
         timeout_s=spec.workload.timeout_s,
@@ -389,6 +449,8 @@ async def measure_level(
     trials: list[TrialResult] = []
     planned = spec.trials
     offset = 0
+    if spec.level_probe is not None:
+        await spec.level_probe.start_level()
     level_start = perf_counter()
     label = spec.workload.label(level)
     observer = spec.observer
@@ -441,6 +503,10 @@ async def measure_level(
     result.protocol = protocol if protocol == STATIONARY else None
     result.extra["server_time_s"] = round((perf_counter() - level_start) * spec.clock, 3)
     result.extra["prompt_tokens"] = prompt_tokens_summary(trials)
+    if spec.workload.turns > 1:
+        result.extra["turns"] = turn_figures(trials, spec.clock)
+    if level.rate is not None and (note := fill_up_note(trials, spec.clock)) is not None:
+        result.extra["fill_up"] = note
     sizing = spec.sizing.get(level.input_tokens)
     if sizing is not None:
         result.extra["input_tokens_sizing"] = sizing
@@ -452,6 +518,12 @@ async def measure_level(
     if replaced:
         result.extra["replaced_trials"] = replaced
         result.errors.extend(f"note: {r}" for r in replaced)
+    if spec.level_info is not None:
+        extra, notes = spec.level_info(level)
+        result.extra.update(extra)
+        result.errors.extend(f"note: {n}" for n in notes)
+    if spec.level_probe is not None:
+        result.extra.update(await spec.level_probe.end_level())
     if observer is not None:
         result.extra.update(_in_server_clock(observer.level_summary(), spec.clock))
     if progress is not None:

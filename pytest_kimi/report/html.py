@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.report.capacity import capacity_html
 from pytest_kimi.report.markdown import (
     run_facts,
     VERDICT_HELP,
@@ -122,6 +123,9 @@ def _test_section(
         parts.append(f'<p class="meta">{" · ".join(meta)}</p>')
     levels = list(test.get("levels") or [])
     parts.append(_table(levels, failing) if levels else "<p><em>no levels measured</em></p>")
+    capacity = test.get("capacity")
+    if isinstance(capacity, Mapping):  # a @capacity test: its capacity and search
+        parts.append(capacity_html(test, _verdict_class(str(capacity.get("verdict")), failing)))
     if test.get("error"):
         parts.append(f'<pre class="error">{html.escape(str(test["error"]))}</pre>')
     notes = []

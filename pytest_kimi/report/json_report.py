@@ -13,13 +13,22 @@ from pytest_kimi import __version__
 SCHEMA_VERSION = 1
 
 
-def build_report(endpoint: dict[str, Any] | None, tests: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
+def build_report(
+    endpoint: dict[str, Any] | None,
+    tests: list[dict[str, Any]],
+    session_noise: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report dict; ``session_noise`` (``--perf-sessions``, see
+    :func:`pytest_kimi.measure.sessions.session_noise`) only when there is one."""
+    report = {
         "schema": SCHEMA_VERSION,
         "plugin_version": __version__,
         "endpoint": endpoint or {},
         "tests": tests,
     }
+    if session_noise is not None:
+        report["session_noise"] = session_noise
+    return report
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:

@@ -18,6 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.report.capacity import capacity_markdown
+from pytest_kimi.report.workload_cells import RATES_HEADER, has_rates, rates_cell, shape_lines
+from pytest_kimi.report.dataset_cells import (
+    CACHE_HEADER,
+    cache_hit_cell,
+    dataset_lines,
+    has_cache_column,
+)
 from pytest_kimi.report.terminal import (
     price_text,
     num as _num,
@@ -25,6 +33,7 @@ from pytest_kimi.report.terminal import (
     reasoning_tokens_cell,
     server_tok_s_cell,
     server_tokens_cell,
+    session_text,
     tok_s_cell as _current,
 )
 
@@ -144,6 +153,8 @@ def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
         Column("baseline tok/s", lambda lv: _num(lv.get("baseline_tok_s"), ".1f")),
         Column("current tok/s", _current),
     ]
+    if has_rates(levels):
+        cols.append(Column(RATES_HEADER, rates_cell))
     if any(lv.get("server") for lv in levels):
         cols += [
             Column("server tok/s", server_tok_s_cell),
@@ -159,6 +170,9 @@ def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
     if any(lv.get("prompt_tokens") for lv in levels):
         # what the server counted (usage): input_tokens is sized, or estimated, before the run
         cols.append(Column("prompt tokens", prompt_tokens_cell))
+    if has_cache_column(levels):
+        # the server's prefix-cache hit rate (shared prefixes really served from its cache)
+        cols.append(Column(CACHE_HEADER, cache_hit_cell))
     if any(lv.get("reasoning_tokens_mean") is not None for lv in levels):
         # reasoning streams only: where the output went, and how long the answer took to start
         pct = next((lv.get("percentile") for lv in levels if lv.get("percentile") is not None), 95)
@@ -193,7 +207,8 @@ def test_title(test: Mapping[str, Any]) -> str:
     """``nodeid``, or ``nodeid on <deployment>`` for the entries of a same-run A/B, where one
     nodeid appears once per deployment (test-level ``profile``)."""
     profile = test.get("profile")
-    return f"{test.get('nodeid', '?')} on {profile}" if profile else str(test.get("nodeid", "?"))
+    title = f"{test.get('nodeid', '?')} on {profile}" if profile else str(test.get("nodeid", "?"))
+    return title + session_text(test)
 
 
 def workload_text(workload: Mapping[str, Any]) -> str:
@@ -284,6 +299,9 @@ def render_markdown(
         out += ["", text(str(note))]
     for test in tests:
         out += ["", *_render_test(test, failing)]
+    noise = report.get("session_noise")
+    if isinstance(noise, Mapping):
+        out += ["", *render_session_noise(noise)]
     out += ["", "---", "", LEGEND, ""]
     return "\n".join(out)
 
@@ -292,6 +310,7 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
     outcome = str(test.get("outcome", "?"))
     shown = f"**{outcome.upper()}**" if outcome in ("failed", "error") else outcome
     where = f" on {code(str(test['profile']))}" if test.get("profile") else ""
+    where += text(session_text(test))
     lines = [f"### {code(str(test.get('nodeid', '?')))}{where} {shown}"]
     meta = []
     workload = test.get("workload") or {}
@@ -323,6 +342,7 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
             )
     else:
         lines += ["", "_no levels measured_"]
+    lines += capacity_markdown(test, lambda v: marker(v, failing), cell, text)
     if test.get("error"):
         lines += ["", "```text", str(test["error"]).replace("```", "'''"), "```"]
     notes: list[str] = []
@@ -338,6 +358,8 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
             notes.append(
                 f"- {level_label(lv, test)}: {len(errors) - MAX_ERRORS_SHOWN} more errors in the JSON report"
             )
+    notes += [f"- {text(line)}" for line in shape_lines(levels)]
+    notes += [f"- {text(line)}" for line in dataset_lines(test)]
     if notes:
         lines += ["", *notes]
     if test.get("baseline_note"):
@@ -346,4 +368,50 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
     if changes:
         against = f"vs {test['compared_with']}" if test.get("compared_with") else "since baseline"
         lines += ["", f"changed {text(against)}: " + text("; ".join(str(c) for c in changes))]
+    return lines
+
+
+def _interval(estimate: Mapping[str, Any]) -> tuple[str, str]:
+    return f"{estimate['sigma']:.3f}", f"{estimate['low']:.3f} .. {estimate['high']:.3f}"
+
+
+def render_session_noise(section: Mapping[str, Any]) -> list[str]:
+    """``--perf-sessions``: the session noise per level, pooled per deployment, and the
+    recommended ``--perf-session-sigma`` (the JSON's ``session_noise`` section)."""
+    confidence = float(section.get("confidence", 0.9))
+    lines = [
+        "### Session noise",
+        "",
+        "session_sigma is the sd of log(tok/s) between two fresh server starts: what "
+        f"`--perf-session-sigma` means. Intervals are {confidence:.0%}.",
+        "",
+        f"| where | level | session_sigma | {confidence:.0%} interval | sessions | tok/s per session |",
+        "|:---|:---|---:|:---|---:|:---|",
+    ]
+    for level in section.get("levels") or []:
+        where = str(level.get("nodeid", "?"))
+        if level.get("profile"):
+            where += f" on {level['profile']}"
+        estimate = level.get("estimate")
+        sigma, interval = _interval(estimate) if estimate else ("-", "-")
+        per_session = " ".join(f"{x:g}" for x in level.get("session_tok_s") or [])
+        lines.append(
+            f"| {cell(where)} | {cell(str(level.get('label', '?')))} | {sigma} | {interval} | "
+            f"{len(level.get('sessions') or [])} | {cell(per_session)} |"
+        )
+    for dep in section.get("deployments") or []:
+        estimate = dep.get("estimate")
+        if estimate is None:
+            continue
+        sigma, interval = _interval(estimate)
+        name = str(dep.get("profile") or "deployment")
+        lines.append(
+            f"| {cell(name)} | **{estimate['levels']} levels pooled** | **{sigma}** | {interval} | "
+            f"{estimate['sessions']} | |"
+        )
+    advice = section.get("recommendation")
+    if isinstance(advice, Mapping):
+        lines += ["", f"**Recommended:** {text(str(advice['text']))}"]
+    for note in section.get("notes") or []:
+        lines += [f"- {text(str(note))}"]
     return lines

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from pytest_kimi.report.capacity import capacity_lines
+
+from pytest_kimi.report.workload_cells import RATES_HEADER, has_rates, rates_cell, shape_lines
+from pytest_kimi.report.dataset_cells import (
+    CACHE_HEADER,
+    cache_hit_cell,
+    dataset_lines,
+    has_cache_column,
+)
+
 Column = tuple[str, Callable[[dict[str, Any]], str]]
 
 
@@ -69,7 +79,8 @@ def prompt_tokens_cell(level: Mapping[str, Any]) -> str:
 
 
 def prompt_notes(test: Mapping[str, Any]) -> list[str]:
-    """Where prompt lengths are estimates, and a prefix-cache flush that failed: one line each."""
+    """Where prompt lengths are estimates, the dataset sample and shared prefix, and a
+    prefix-cache flush that failed: one line each."""
     notes: list[str] = []
     for lv in test.get("levels") or []:
         sizing = lv.get("input_tokens_sizing")
@@ -77,6 +88,7 @@ def prompt_notes(test: Mapping[str, Any]) -> list[str]:
             line = f"input_tokens={lv.get('input_tokens')}: {sizing}"
             if line not in notes:
                 notes.append(line)
+    notes += dataset_lines(test)
     if test.get("cache_flush"):
         notes.append(str(test["cache_flush"]))
     return notes
@@ -134,9 +146,17 @@ def columns_for(levels: Sequence[dict[str, Any]]) -> list[Column]:
     """:data:`COLUMNS`, with :data:`SERVER_COLUMNS` after ``tok/s`` and
     :data:`REASONING_COLUMNS` after TTFT when any level has them."""
     columns = COLUMNS
+    if has_rates(levels):
+        # open loop (ramps): offered, sent and completed requests/s beside tok/s
+        at = [name for name, _ in columns].index("tok/s") + 1
+        columns = [*columns[:at], (RATES_HEADER, rates_cell), *columns[at:]]
     if any(lv.get("prompt_tokens") for lv in levels):
         at = [name for name, _ in columns].index("ITL p50 ms") + 1
         columns = [*columns[:at], *PROMPT_COLUMNS, *columns[at:]]
+    if has_cache_column(levels):
+        # the server's prefix-cache hit rate: shared prefixes really served from its cache
+        at = [name for name, _ in columns].index("ITL p50 ms") + 1
+        columns = [*columns[:at], (CACHE_HEADER, cache_hit_cell), *columns[at:]]
     if any(lv.get("reasoning_tokens_mean") is not None for lv in levels):
         at = [name for name, _ in columns].index("TTFT p50/p95 s") + 1
         columns = [*columns[:at], *REASONING_COLUMNS, *columns[at:]]
@@ -193,9 +213,15 @@ def price_text(test: Mapping[str, Any]) -> str | None:
     return out
 
 
+def session_text(test: Mapping[str, Any]) -> str:
+    """`` (s2)`` after a test's title when it ran in one of several ``--perf-sessions``."""
+    k = test.get("perf_session")
+    return f" (s{k + 1})" if isinstance(k, int) else ""
+
+
 def format_test(test: dict[str, Any]) -> list[str]:
     w = test.get("workload", {})
-    where = f" on {test['profile']}" if test.get("profile") else ""
+    where = (f" on {test['profile']}" if test.get("profile") else "") + session_text(test)
     title = (
         f"{test['nodeid']}{where} [{test.get('outcome', '?')}] "
         f"{_lengths(test.get('levels', []))} api={w.get('api')}"
@@ -204,6 +230,7 @@ def format_test(test: dict[str, Any]) -> list[str]:
         lines = [title, *("  " + line for line in format_table(test["levels"]))]
     else:
         lines = [title, "  no levels measured"]
+    lines += ["  " + line for line in capacity_lines(test)]  # a @capacity test's search
     if test.get("error"):
         lines += ["  " + line for line in str(test["error"]).splitlines()[:10]]
     price = price_text(test)
@@ -212,8 +239,65 @@ def format_test(test: dict[str, Any]) -> list[str]:
     if test.get("baseline_note"):
         lines.append("  " + test["baseline_note"])
     lines += ["  note: " + note for note in prompt_notes(test)]
+    lines += ["  " + line for line in shape_lines(test.get("levels") or [])]
     changes = test.get("provenance_changes")
     if changes:
         against = f"vs {test['compared_with']}" if test.get("compared_with") else "since baseline"
         lines.append(f"  changed {against}: " + "; ".join(changes))
+    return lines
+
+
+def _estimate_text(estimate: Mapping[str, Any]) -> str:
+    """``0.071 (0.041..0.21)``: the estimate of ``--perf-session-sigma`` and its interval."""
+    return f"{estimate['sigma']:.3f} ({estimate['low']:.3f}..{estimate['high']:.3f})"
+
+
+def _server_text(server: Mapping[str, Any]) -> str:
+    k = server.get("perf_session")
+    parts = [f"s{k + 1}" if isinstance(k, int) else "?"]
+    if server.get("pid") is not None:
+        parts.append(f"pid {server['pid']}")
+    if server.get("seed") is not None:
+        parts.append(f"seed {server['seed']}")
+    return " ".join(parts)
+
+
+def format_session_noise(section: Mapping[str, Any]) -> list[str]:
+    """``--perf-sessions``: the session noise per level and deployment, pooled, and the
+    ``--perf-session-sigma`` it recommends (the ``session_noise`` section of the JSON)."""
+    confidence = section.get("confidence", 0.9)
+    lines = [
+        "session_sigma: sd of log(tok/s) between two fresh server starts (what "
+        f"--perf-session-sigma means), with its {confidence:.0%} interval"
+    ]
+    for level in section.get("levels") or []:
+        where = f" on {level['profile']}" if level.get("profile") else ""
+        head = f"  {level['nodeid']}{where} {level['label']}: "
+        per_session = " ".join(f"{x:g}" for x in level.get("session_tok_s") or [])
+        estimate = level.get("estimate")
+        if estimate is None:
+            lines.append(head + f"no estimate; tok/s per session {per_session}")
+            continue
+        lines.append(
+            head + f"{_estimate_text(estimate)}; tok/s per session {per_session}, "
+            f"trial noise {estimate['within_sd']:.2%}"
+        )
+    for dep in section.get("deployments") or []:
+        name = dep.get("profile") or "deployment"
+        estimate = dep.get("estimate")
+        servers = ", ".join(_server_text(s) for s in dep.get("servers") or [])
+        if estimate is not None:
+            lines.append(
+                f"  {name}, levels pooled: {_estimate_text(estimate)} from "
+                f"{estimate['sessions']} sessions x {estimate['levels']} levels"
+            )
+        if servers:
+            lines.append(f"  {name} server starts: {servers}")
+    pooled = section.get("pooled")
+    if pooled is not None and len(section.get("deployments") or []) > 1:
+        lines.append(f"  all deployments pooled: {_estimate_text(pooled)}")
+    advice = section.get("recommendation")
+    if advice is not None:
+        lines.append(f"recommended: {advice['text']}")
+    lines += [f"  note: {note}" for note in section.get("notes") or []]
     return lines

@@ -917,10 +917,37 @@ async def _metrics(request: web.Request) -> web.Response:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {mtype}")
         lines.append(f"{name}{label} {float(value)}")
+    lines += _prefix_cache_metrics(engine, label)
     return web.Response(
         text="\n".join(lines) + "\n",
         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
     )
+
+
+def _prefix_cache_metrics(engine: SimEngine, label: str) -> list[str]:
+    """The prefix cache's counters under both engines' names, in prompt tokens, so each reader
+    of :mod:`pytest_kimi.crosscheck.prefix_cache` has a server to read: SGLang's
+    ``sglang:cached_tokens_total`` (labelled by ``cache_source``; its ``prompt_tokens_total``
+    above is the denominator) and vLLM's ``vllm:prefix_cache_queries_total`` /
+    ``vllm:prefix_cache_hits_total``.  The simulator counts both at admission, when a prompt
+    is matched against the cache (vLLM does the same; SGLang adds a request's counts when it
+    finishes)."""
+    cached = float(engine.cached_prompt_tokens)
+    source = label[:-1] + ',cache_source="device"}'
+    return [
+        "# HELP sglang:cached_tokens_total Number of cached prompt tokens by source "
+        "(device/host/storage).",
+        "# TYPE sglang:cached_tokens_total counter",
+        f"sglang:cached_tokens_total{source} {cached}",
+        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of "
+        "queried tokens.",
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        f"vllm:prefix_cache_queries_total{label} {float(engine.prompt_tokens)}",
+        "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached "
+        "tokens.",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f"vllm:prefix_cache_hits_total{label} {cached}",
+    ]
 
 
 async def _sim_stats(request: web.Request) -> web.Response:

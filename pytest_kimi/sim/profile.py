@@ -351,6 +351,23 @@ class SimProfile:
         wait = self.step_time(max(b - 1, 1), include_noise=include_noise)
         return wait + self.step_time(b, include_noise=include_noise) + pf
 
+    def expected_e2e_s(
+        self, output_tokens: int, c: int = 1, prompt_tokens: int = 0, *, include_noise: bool = False
+    ) -> float:
+        """End-to-end latency of a request when ``c`` requests of ``output_tokens`` tokens
+        start together (a whole-requests trial): one step admits all ``c`` and pays their
+        prefill (an upper bound: cached prompt pages cost none), then ``output_tokens - 1``
+        decode steps over the batch.  The true latency of every request of such a trial, so
+        ``@capacity`` tests have a boundary to check against (the client adds its own time to
+        send and read).  Queueing beyond ``max_running_requests`` is not included.
+        """
+        if output_tokens < 1:
+            raise ValueError(f"output_tokens must be >= 1, got {output_tokens}")
+        b = self.batch_size(max(c, 1))
+        step = self.step_time(b, include_noise=include_noise)
+        prefill = self.prefill_time(prompt_tokens * b, include_noise=include_noise)
+        return output_tokens * step + prefill
+
     def expected_ttfc_s(
         self, prompt_tokens: int, c: int = 1, *, include_noise: bool = False
     ) -> float:
