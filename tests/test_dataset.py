@@ -396,3 +396,16 @@ def test_an_edited_dataset_finds_no_baseline(pytester: pytest.Pytester) -> None:
     (edited,) = tests["test_edited"]["levels"]
     assert edited["dataset"]["output_tokens"] == "from the file (output_tokens)"
     assert edited["verdict"] not in ("invalid", "error")
+
+
+def test_a_corrupt_dataset_fails_the_test_naming_the_argument_and_the_file(
+    pytester: pytest.Pytester,
+) -> None:
+    data = pytester.mkdir("data")
+    (data / "a.json").write_text('[{"conversations": [{"from": "human", "value": "hi"}]')
+    pytester.makepyfile(test_perf=KEYED_TEST.split('@throughput(concurrency=4, dataset="data/b')[0])
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--endpoint=sim:speed=10,stream_interval=8", timeout=600
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*@throughput dataset: *a.json*"])

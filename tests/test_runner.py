@@ -110,7 +110,9 @@ async def handler(request: web.Request) -> web.StreamResponse:
                 await asyncio.sleep(30)
             if mode == "stall_late" and i == 4:
                 await asyncio.sleep(30)
-            await resp.write(chunk(f" t{i}"))
+            # empty_text: tokens whose text the server holds back (a byte-level model's partial
+            # UTF-8), streamed as empty deltas: vLLM does this with a tiny random model
+            await resp.write(chunk("" if mode == "empty_text" else f" t{i}"))
             if delay:
                 await asyncio.sleep(delay)
         await resp.write(chunk("", finish="length"))
@@ -412,6 +414,26 @@ async def test_zero_tokens_is_an_error(server: tuple[str, Stats], client: LoadCl
         client.session, Target(url), body(max_tokens=0), index=0, worker=0, scheduled=0, timeout_s=5
     )
     assert rec.status == 200 and rec.error == "200 response with no tokens"
+
+
+@pytest.mark.asyncio
+async def test_tokens_without_text_are_not_an_error(
+    server: tuple[str, Stats], client: LoadClient
+) -> None:
+    """The server generated tokens (its usage says so) whose text was empty: not a failed
+    request, only one without a first token, so it adds tokens but no TTFT."""
+    url, _ = server
+    rec = await stream_request(
+        client.session,
+        Target(url),
+        body(mode="empty_text", max_tokens=4),
+        index=0,
+        worker=0,
+        scheduled=0,
+        timeout_s=5,
+    )
+    assert rec.ok and rec.error is None and rec.events == 0
+    assert rec.completion_tokens == 4 and rec.first_token is None and rec.ttft is None
 
 
 @pytest.mark.asyncio

@@ -107,7 +107,10 @@ def measure_gated(
             compared_with = str(path)
         check_comparable(baseline, current, compared_with)
     except WorkloadError as exc:
-        raise GateProblem(f"@throughput prompts: {exc}") from None
+        from pytest_kimi.spec.dataset import DatasetError
+
+        argument = "dataset" if isinstance(exc, DatasetError) else "prompts"
+        raise GateProblem(f"@throughput {argument}: {exc}") from None
     except (BaselineError, IncomparableBaseline) as exc:
         raise GateProblem(str(exc)) from None
     flush_note = flush_cache(server)

@@ -354,7 +354,10 @@ async def stream_request(
             rec.error = f"stream ended without [DONE] after {parser.events} tokens"
             if ctype and "event-stream" not in ctype:
                 rec.error += f" (Content-Type {ctype[:60]}, not an SSE stream)"
-        elif parser.events == 0:
+        elif parser.events == 0 and rec.completion_tokens == 0:
+            # Tokens the server's usage counts but whose text it never sent (a byte-level
+            # model's partial UTF-8, held back by the detokenizer) are no failure: the record
+            # adds those tokens, and no first token.
             rec.error = "200 response with no tokens"
     if rec.error is not None:
         secrets = target.secrets()

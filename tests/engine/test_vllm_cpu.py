@@ -104,23 +104,52 @@ def external_vllm(profiles: dict[str, Path], tmp_path_factory: pytest.TempPathFa
     _assert_group_gone(server.pgid)
 
 
+def _measure_external(pytester: pytest.Pytester, url: str, suite: str) -> tuple[dict, dict]:
+    """Run ``suite`` against the external server with the engine gate: (its one test, report)."""
+    pytester.makepyfile(test_suite=suite)
+    path = pytester.path / "perf.json"
+    result = pytester.runpytest("-m", "perf", f"--endpoint={url}", *GATE, f"--perf-json={path}")
+    result.assert_outcomes(passed=1)
+    (test,) = _report(path).values()
+    return test, json.loads(path.read_text())
+
+
 def test_external_endpoint_matches_the_server_counters(
     pytester: pytest.Pytester, external_vllm
 ) -> None:
-    pytester.makepyfile(test_suite=SUITE)
-    report = pytester.path / "perf.json"
-    result = pytester.runpytest(
-        "-m", "perf", f"--endpoint={external_vllm.url}", *GATE, f"--perf-json={report}"
-    )
-    result.assert_outcomes(passed=1)
-    (test,) = _report(report).values()
-    assert json.loads(report.read_text())["endpoint"]["server_info"] == {"version": "0.32.0"}
+    test, report = _measure_external(pytester, external_vllm.url, SUITE)
+    assert report["endpoint"]["server_info"] == {"version": "0.32.0"}
     levels = _levels(test)
     for level in levels.values():
         assert level["verdict"] == "no-baseline", level
         _assert_server_counts_agree(level)
     # real continuous batching: eight streams share each decode step
     assert levels[8]["tok_s"] > 2.5 * levels[1]["tok_s"], levels
+
+
+DATASET_SUITE = """
+from pytest_kimi import throughput
+
+@throughput(concurrency=4, dataset="builtin:sharegpt-small", num_prompts=16, max_tokens=32)
+def test_replay():
+    pass
+"""
+
+
+def test_the_shipped_dataset_replays_with_lengths_the_server_counted(
+    pytester: pytest.Pytester, external_vllm
+) -> None:
+    """The shipped ShareGPT-style sample against a real engine: vLLM's /tokenize counts each
+    answer's length (no estimate), and every request returns exactly its own length."""
+    test, _ = _measure_external(pytester, external_vllm.url, DATASET_SUITE)
+    (level,) = test["levels"]
+    dataset = level["dataset"]
+    assert dataset["sampled"] == 16 and dataset["estimated"] is False, dataset
+    assert 1 <= dataset["output_tokens_min"] <= dataset["output_tokens_max"] <= 32, dataset
+    assert level["requests_failed"] == 0 and level["requests_ok"] >= 16, level
+    # whole-request trials, keyed (protocol None) as every baseline before 0.2 was
+    assert level["protocol"] is None and level["verdict"] == "no-baseline", level
+    _assert_server_counts_agree(level)
 
 
 def test_deploy_change_story(engine_project: pytest.Pytester) -> None:
