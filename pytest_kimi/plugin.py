@@ -159,6 +159,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "perf: a throughput test (added to every @throughput and @capacity test)"
     )
+    if config.option.help:
+        # pytest configures plugins before it prints --help: a bad KIMI_* variable or ini
+        # value must not take every project's help away (the next real run reports it)
+        return
     opts = config.stash[KIMI_OPTIONS] = KimiOptions.from_config(config)
     register_secret(opts.api_key)
     for secret in url_secrets(opts.perf_history):  # a history URL's password

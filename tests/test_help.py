@@ -9,6 +9,7 @@ argparse formats help strings with ``%``: a bare ``%`` in a help text either cra
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -24,10 +25,11 @@ GARBLING = ("{'option_strings'", "%%", "%(", "<argparse.")
 """What escaped-format accidents leave in argparse output."""
 
 
-def _run(*args: str, cwd: Path = ROOT) -> str:
+def _run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run(
         [sys.executable, *args],
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=120,
@@ -56,6 +58,24 @@ def test_pytest_help_with_the_plugin() -> None:
     out = _run("-m", "pytest", "--help")
     _assert_clean(out, "pytest --help")
     assert "pytest-kimi" in out and "--perf-json" in out, "the plugin's options are missing"
+
+
+def test_pytest_help_survives_bad_plugin_settings(tmp_path: Path) -> None:
+    """A machine-wide KIMI_* variable or a project's ini with a bad value must not break
+    ``pytest --help`` for every project there: the values are checked by a real run."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\nkimi_perf_trials = three\n")
+    bad = {"KIMI_PERF_ALPHA": "x", "KIMI_PERF_HISTORY": "bogus://", "KIMI_PERF_SESSIONS": "0"}
+    out = _run("-m", "pytest", "--help", cwd=tmp_path, env=bad)
+    assert "--perf-history" in out
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest"],
+        cwd=tmp_path,
+        env={**os.environ, **bad},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stderr[-2000:]
 
 
 def test_pytest_markers_with_the_plugin() -> None:

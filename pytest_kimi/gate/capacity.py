@@ -43,16 +43,15 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from pytest_kimi.baseline import (
-    BaselineError,
     CapacityBaseline,
-    Provenance,
     TestBaseline,
     WorkloadKey,
 )
 from pytest_kimi.baseline.model import round_load
 from pytest_kimi.endpoint.discovery import EndpointInfo
-from pytest_kimi.gate.policy import GateSettings, IncomparableBaseline, check_comparable
+from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.gate.run import (
+    prepare_gated,
     Comparison,
     GateProblem,
     MeasurementInterrupted,
@@ -388,39 +387,22 @@ def measure_capacity_gated(
     before any load is sent; the result's ``extra["capacity"]`` is the report's object.
     """
     from pytest_kimi.crosscheck.server_metrics import ServerMetricsError, ServerMetricsObserver
-    from pytest_kimi.measure.session import build_spec
-    from pytest_kimi.spec.workload import WorkloadError
 
     settings = settings.for_test(targets)
-    path = comparison.store.path_for(nodeid)
-    current = Provenance.collect(
-        model=endpoint.model,
-        server_info=endpoint.server_info,
-        session_ids=[session.session_id],
-        suite_dir=rootdir,
+    prepared = prepare_gated(
+        "@capacity",
+        session,
+        endpoint,
+        nodeid,
+        workload,
+        targets,
+        comparison,
+        rootdir=rootdir,
+        trials=trials,
+        protocol=protocol,
     )
-    try:
-        spec = build_spec(
-            endpoint,
-            nodeid,
-            workload,
-            targets,
-            rootdir=rootdir,
-            trials=trials,
-            sizer=session.prompt_sizer,
-            protocol=protocol,
-        )
-        if comparison.is_candidate:
-            stored = (comparison.references or {}).get(nodeid)
-            compared_with = f"deployment {comparison.reference} (same run)"
-        else:
-            stored = comparison.store.load(nodeid)
-            compared_with = str(path)
-        check_comparable(stored, current, compared_with)
-    except WorkloadError as exc:
-        raise GateProblem(f"@capacity prompts: {exc}") from None
-    except (BaselineError, IncomparableBaseline) as exc:
-        raise GateProblem(str(exc)) from None
+    path, spec, stored = prepared.path, prepared.spec, prepared.baseline
+    current, compared_with = prepared.current, prepared.compared_with
     flush_note = flush_cache(server)
     if server_metrics:
         spec.observer = ServerMetricsObserver(endpoint.url, endpoint.headers())

@@ -22,7 +22,7 @@ from pytest_kimi.gate.policy import (
     check_comparable,
 )
 from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, Targets, Workload
-from pytest_kimi.measure.trials import ProgressFn
+from pytest_kimi.measure.trials import MeasureSpec, ProgressFn
 from pytest_kimi.baseline.update import reference_baseline
 from pytest_kimi.measure.results import ThroughputResult, spec_key
 from pytest_kimi.crosscheck.server_metrics import ServerMetricsError, ServerMetricsObserver
@@ -59,28 +59,37 @@ class MeasurementInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def measure_gated(
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A gated test before any load: where its baseline lives, what to measure, what it is
+    judged against, and the provenance of this run."""
+
+    path: Path
+    spec: MeasureSpec
+    baseline: TestBaseline | None
+    current: Provenance
+    compared_with: str
+
+
+def prepare_gated(
+    marker: str,
     session: PerfSession,
     endpoint: EndpointInfo,
     nodeid: str,
     workload: Workload,
     targets: Targets,
-    settings: GateSettings,
     comparison: Comparison,
     *,
     rootdir: Path,
     trials: int | None,
-    server: Any = None,
-    progress: ProgressFn | None = None,
-    server_metrics: bool = False,
-    protocol: str = DEFAULT_PROTOCOL,
-) -> ThroughputResult:
-    """Measure with adaptive trials, then set verdicts against the baseline or the reference.
+    protocol: str,
+) -> Prepared:
+    """Before any load: the baseline file, the measurement spec and what the test is judged
+    against (its baseline, or the reference deployment's run), checked comparable.
 
-    ``server_metrics``: check every trial against the server's own counters
-    (``--perf-server-metrics``); a server without them fails the test before any load.
+    Shared by ``@throughput`` and ``@capacity``: a corrupt or incomparable baseline and a
+    workload that cannot be built raise :class:`GateProblem` naming the marker's argument.
     """
-    settings = settings.for_test(targets)  # marker tolerance=/alpha= > the session's options
     path = comparison.store.path_for(nodeid)
     current = Provenance.collect(
         model=endpoint.model,
@@ -110,9 +119,48 @@ def measure_gated(
         from pytest_kimi.spec.dataset import DatasetError
 
         argument = "dataset" if isinstance(exc, DatasetError) else "prompts"
-        raise GateProblem(f"@throughput {argument}: {exc}") from None
+        raise GateProblem(f"{marker} {argument}: {exc}") from None
     except (BaselineError, IncomparableBaseline) as exc:
         raise GateProblem(str(exc)) from None
+    return Prepared(path, spec, baseline, current, compared_with)
+
+
+def measure_gated(
+    session: PerfSession,
+    endpoint: EndpointInfo,
+    nodeid: str,
+    workload: Workload,
+    targets: Targets,
+    settings: GateSettings,
+    comparison: Comparison,
+    *,
+    rootdir: Path,
+    trials: int | None,
+    server: Any = None,
+    progress: ProgressFn | None = None,
+    server_metrics: bool = False,
+    protocol: str = DEFAULT_PROTOCOL,
+) -> ThroughputResult:
+    """Measure with adaptive trials, then set verdicts against the baseline or the reference.
+
+    ``server_metrics``: check every trial against the server's own counters
+    (``--perf-server-metrics``); a server without them fails the test before any load.
+    """
+    settings = settings.for_test(targets)  # marker tolerance=/alpha= > the session's options
+    prepared = prepare_gated(
+        "@throughput",
+        session,
+        endpoint,
+        nodeid,
+        workload,
+        targets,
+        comparison,
+        rootdir=rootdir,
+        trials=trials,
+        protocol=protocol,
+    )
+    path, spec, baseline = prepared.path, prepared.spec, prepared.baseline
+    current, compared_with = prepared.current, prepared.compared_with
     flush_note = flush_cache(server)
     keys = {lv: spec_key(lv, spec.prompts_key(lv), workload) for lv in workload.levels}
     policy = AdaptiveTrials(
