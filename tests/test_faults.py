@@ -159,7 +159,7 @@ def test_max_error_rate_relaxes_and_completions_api(pytester: pytest.Pytester) -
             assert lv.figures.requests_failed > 0 and lv.verdict != "error"
 
         @throughput(concurrency=2, max_tokens=16, trials=2, warmup=0, api="completions",
-                    protocol="whole-requests")
+                    requests_per_stream=4)
         def test_completions(throughput_result):
             assert all(r.completion_tokens == 16 for t in throughput_result.level(2).trials for r in t.records)
         """
