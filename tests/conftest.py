@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -15,6 +15,8 @@ from pytest_kimi.measure.session import PerfSession, build_spec
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimProfile
 from pytest_kimi.spec.markers import parse_throughput
+
+from busy_machine import rerun_when_the_machine_voided
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -119,3 +121,16 @@ def sim_measure(
             sim.stop()
 
     return measure
+
+
+@pytest.fixture
+def pytester(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[pytest.Pytester]:
+    """pytest's ``pytester``, whose sessions are run again when the machine voided them
+    (:func:`busy_machine.rerun_when_the_machine_voided`): the verdicts they test are the code's."""
+    busy = [False]
+    for name in ("runpytest", "runpytest_inprocess", "runpytest_subprocess"):
+        wrapped = rerun_when_the_machine_voided(pytester, getattr(pytester, name), busy)
+        monkeypatch.setattr(pytester, name, wrapped)
+    yield pytester
