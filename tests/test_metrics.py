@@ -141,6 +141,24 @@ def test_stalled_client_is_invalid_only_when_a_stall_touches_the_window_edges() 
     )
 
 
+def test_late_sends_are_a_stall_when_the_client_was_idle_and_saturation_when_busy() -> None:
+    """A send 50 ms late inside the window starves the server of a request either way; at 5%
+    of a core the client waited for a CPU (the machine's moment: another trial may replace it),
+    at 80% it ran out of one (the client's limit: shard it)."""
+    level = LevelSpec(2, None, 51)
+    second = _rec(0, 0.57, 51, 0.01, index=2)
+    second.scheduled = 0.51  # worker 0's first stream ended then; it sent 50 ms later
+    recs = [_rec(0, 0.0, 51, 0.01), _rec(1, 0.0, 51, 0.02, index=1), second]
+    idle = _trial(recs, level, cpu_share=0.05)
+    assert not idle.valid
+    assert idle.invalid[0].startswith("load client stalled: its sends were late by 50.0 ms")
+    assert idle.invalid[0].endswith("give the client a quieter core")
+    assert idle.transient == idle.invalid
+    busy = _trial(recs, level, cpu_share=0.8)
+    assert not busy.valid and busy.invalid[0].startswith("load client saturated")
+    assert busy.transient == []
+
+
 def test_no_window_when_a_worker_ends_before_another_starts() -> None:
     trial = _trial(
         [_rec(0, 0.0, 11, 0.01), _rec(1, 5.0, 11, 0.01, index=1)], LevelSpec(2, None, 11)

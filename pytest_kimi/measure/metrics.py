@@ -482,17 +482,24 @@ def summarize_trial(
     notes: list[str] = []
     transient: list[str] = []
     busy = client.cpu_share > CLIENT_BUSY_CPU
-    if (
-        delay > CLIENT_LAG_LIMIT_S
-        or client.cpu_share > CLIENT_CPU_LIMIT
-        or (lag > lag_limit and busy)
-    ):
+    late_sends = delay > CLIENT_LAG_LIMIT_S
+    if client.cpu_share > CLIENT_CPU_LIMIT or (busy and (late_sends or lag > lag_limit)):
         invalid.append(
             f"load client saturated (event-loop lag p99 {lag * 1e3:.1f} ms vs limit "
             f"{lag_limit * 1e3:.1f} ms, send delay p99 {delay * 1e3:.1f} ms, "
             f"CPU {client.cpu_share:.0%} of a core): the figure would be the client's limit; "
             "shard the client with --perf-workers"
         )
+    elif late_sends:
+        # Sends late while the client was mostly idle: it waited for a CPU (descheduled), it
+        # did not run out of one.  The server still had fewer requests than asked, so the
+        # trial is void, but for the moment only: another trial may replace it.
+        invalid.append(
+            f"load client stalled: its sends were late by {delay * 1e3:.1f} ms (p99) while it "
+            f"used {client.cpu_share:.0%} of a core; another process or the machine took its "
+            "core, so the server had fewer requests than asked: give the client a quieter core"
+        )
+        transient.append(invalid[-1])
     elif lag > lag_limit and window is not None:
         stall = client.lag_max_within(*window)
         bound = (client.stall_at(window[0]) + client.stall_at(window[1])) / window_s
