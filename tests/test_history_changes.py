@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_kimi.baseline.model import _ABSENT
+from pytest_kimi.baseline.model import ABSENT
 from pytest_kimi.cli import main
 from pytest_kimi.gate import stats
 from pytest_kimi.history import changes as changes_mod
@@ -317,7 +317,7 @@ def test_to_dict_is_json_with_the_fields_the_cli_promises() -> None:
     assert data["provenance_changes"] == [{"field": "enable_eplb", "old": None, "new": True}]
     assert data["changed"] == ["enable_eplb: (absent) -> true"]
     assert data["key"] == {"concurrency": 64} and data["deployment"] == "sim"
-    assert change.provenance_changes[0].old is _ABSENT
+    assert change.provenance_changes[0].old is ABSENT
     text = "\n".join(change.describe())
     assert "from run 7" in text and "commit c06" in text and "enable_eplb" in text
 

@@ -112,7 +112,8 @@ def utc_timestamp(when: _dt.datetime | None = None) -> str:
 
 # ------------------------------------------------------------------------------------- workload
 
-_ABSENT: Any = type("_AbsentType", (), {"__repr__": lambda self: "<absent>"})()
+ABSENT: Any = type("_AbsentType", (), {"__repr__": lambda self: "<absent>"})()
+"""A field on one side of a comparison only (a change from or to nothing, not to ``None``)."""
 
 
 def _is_number(value: Any) -> bool:
@@ -121,7 +122,7 @@ def _is_number(value: Any) -> bool:
 
 def _scalar_text(value: Any) -> str:
     """A value as a reviewer reads it in YAML: ``true``, ``null``, ``512``, ``builtin:diverse``."""
-    if value is _ABSENT:
+    if value is ABSENT:
         return "(absent)"
     if value is None:
         return "null"
@@ -237,8 +238,8 @@ class WorkloadKey:
             parts.append(f"C={_scalar_text(self.get('concurrency'))}")
         wanted = ["max_tokens", *[k for k in extra_keys if k not in ("concurrency", "max_tokens")]]
         for key in wanted:
-            value = self.get(key, _ABSENT)
-            if value is not _ABSENT:
+            value = self.get(key, ABSENT)
+            if value is not ABSENT:
                 parts.append(f"{key}={_scalar_text(value)}")
         return " ".join(parts) if parts else str(self)
 
@@ -504,16 +505,14 @@ class TestBaseline:
         for key in keys:
             distinct: list[Any] = []
             for w in self.workloads:
-                v = w.get(key, _ABSENT)
+                v = w.get(key, ABSENT)
                 if not any(_same(v, d) for d in distinct):
                     distinct.append(v)
-            values[key] = sorted(
-                distinct, key=lambda v: (-1, 0) if v is _ABSENT else _value_rank(v)
-            )
-        outside = [k for k in keys if not any(_same(want.get(k, _ABSENT), v) for v in values[k])]
+            values[key] = sorted(distinct, key=lambda v: (-1, 0) if v is ABSENT else _value_rank(v))
+        outside = [k for k in keys if not any(_same(want.get(k, ABSENT), v) for v in values[k])]
 
         def show(key: str, vals: Sequence[Any]) -> str:
-            return f"{key} {', '.join('unset' if v is _ABSENT else _scalar_text(v) for v in vals)}"
+            return f"{key} {', '.join('unset' if v is ABSENT else _scalar_text(v) for v in vals)}"
 
         varying = [show(k, values[k]) for k in keys if len(values[k]) > 1]
         constant = [
@@ -526,7 +525,7 @@ class TestBaseline:
         else:
             has = "; ".join(varying or constant)
         if outside:
-            asks = ", ".join(show(k, [want.get(k, _ABSENT)]) for k in outside)
+            asks = ", ".join(show(k, [want.get(k, ABSENT)]) for k in outside)
             why = f"{head}: baseline has {has}; this run asks {asks}"
             if "protocol" in outside:
                 # 'unset' is the whole-requests protocol: baselines before 0.2 have no key
@@ -545,6 +544,6 @@ class TestBaseline:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if a is _ABSENT or b is _ABSENT:
+    if a is ABSENT or b is ABSENT:
         return a is b
     return WorkloadKey((("k", a),)) == WorkloadKey((("k", b),))

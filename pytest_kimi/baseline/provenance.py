@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pytest_kimi.baseline.model import _ABSENT, _is_number, _scalar_text, utc_timestamp
+from pytest_kimi.baseline.model import ABSENT, _is_number, _scalar_text, utc_timestamp
 from pytest_kimi.endpoint.serverinfo import VOLATILE_SERVER_INFO, clean_server_info
 
 __all__ = ["SERVER_INFO_IGNORE", "Provenance", "FieldChange", "provenance_diff", "incomparable"]
@@ -106,15 +106,15 @@ class Provenance:
         return cls(
             model=model,
             server_info=server_info or {},
-            plugin_version=_plugin_version(),
-            git_commit=_git_commit(suite_dir),
+            plugin_version=plugin_version(),
+            git_commit=git_commit(suite_dir),
             recorded_at=utc_timestamp(),
             client_host=socket.gethostname() or None,
             session_ids=tuple(session_ids),
         )
 
 
-def _plugin_version() -> str | None:
+def plugin_version() -> str | None:
     """Installed distribution version, else the package's ``__version__`` (source checkout)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -141,7 +141,7 @@ def _git(suite_dir: Path | None, *args: str) -> str:
     ).stdout.strip()
 
 
-def _git_commit(suite_dir: Path | None) -> str | None:
+def git_commit(suite_dir: Path | None) -> str | None:
     """Short commit of the suite, ``+dirty`` when tracked files are modified; None outside git."""
     try:
         head = _git(suite_dir, "rev-parse", "--short=12", "HEAD")
@@ -151,7 +151,7 @@ def _git_commit(suite_dir: Path | None) -> str | None:
     return f"{head}+dirty" if head and dirty else (head or None)
 
 
-def _git_branch(suite_dir: Path | None) -> str | None:
+def git_branch(suite_dir: Path | None) -> str | None:
     """The suite's checked-out branch; None outside git and on a detached HEAD (as CI checks
     out a pull request), where the caller may know it from CI's environment instead."""
     try:
@@ -174,19 +174,29 @@ class FieldChange:
         return f"{self.field}: {_scalar_text(self.old)} -> {_scalar_text(self.new)}"
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    """Dotted keys for nested mappings; lists of mappings by index; other lists whole."""
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys for nested mappings; lists of mappings by index; other lists whole
+    (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``).  The one flat form of provenance: the baseline
+    diff and the history (which stores and compares it) both use it."""
+    out: dict[str, Any] = {}
+    _flatten_into(value, prefix, out)
+    return out
+
+
+def _flatten_into(value: Any, prefix: str, out: dict[str, Any]) -> None:
     if isinstance(value, Mapping) and value:
         for key, sub in value.items():
-            _flatten(sub, f"{prefix}.{key}" if prefix else str(key), out)
+            _flatten_into(sub, f"{prefix}.{key}" if prefix else str(key), out)
     elif isinstance(value, list) and any(isinstance(v, Mapping) for v in value):
         for i, sub in enumerate(value):
-            _flatten(sub, f"{prefix}[{i}]", out)
+            _flatten_into(sub, f"{prefix}[{i}]", out)
     else:
         out[prefix] = value
 
 
-def _ignored(key: str, patterns: Sequence[str]) -> bool:
+def is_ignored(key: str, patterns: Sequence[str]) -> bool:
+    """Whether a flat server_info key matches an ignore pattern: a dotted pattern matches a
+    key prefix (``launch_command.*``), a plain one any component (``*_port``)."""
     components = [c for c in re.split(r"\.|\[\d+\]", key) if c]
     prefixes = []
     for match in re.finditer(r"\.|\[\d+\]|$", key):
@@ -198,6 +208,31 @@ def _ignored(key: str, patterns: Sequence[str]) -> bool:
         elif any(fnmatch.fnmatchcase(c, pattern) for c in components):
             return True
     return False
+
+
+def flat_changes(
+    old: Mapping[str, Any], new: Mapping[str, Any], keys: Sequence[str] | None = None
+) -> list[FieldChange]:
+    """What differs between two flat provenances, over ``keys`` (all of both, sorted, when
+    None): a key on one side only (the other side :data:`ABSENT`), or a value that differs as
+    configuration (``false != 0``, ``1 == 1.0``)."""
+    changes: list[FieldChange] = []
+    for key in sorted(set(old) | set(new)) if keys is None else keys:
+        a, b = old.get(key, ABSENT), new.get(key, ABSENT)
+        if a is ABSENT or b is ABSENT or _canon_json(a) != _canon_json(b):
+            changes.append(FieldChange(key, a, b))
+    return changes
+
+
+def named_once(changes: Sequence[FieldChange]) -> list[FieldChange]:
+    """A flag changed on the command line shows twice: as asked (launch_command.args.X) and as
+    resolved (X).  Name it once, as resolved; a launch arg stays when only it changed."""
+    resolved = {c.field for c in changes}
+    return [
+        c
+        for c in changes
+        if not (c.field.startswith(_LAUNCH_ARGS) and c.field[len(_LAUNCH_ARGS) :] in resolved)
+    ]
 
 
 def provenance_diff(
@@ -212,24 +247,13 @@ def provenance_diff(
     for name in ("model", "plugin_version"):
         if getattr(old, name) != getattr(new, name):
             changes.append(FieldChange(name, getattr(old, name), getattr(new, name)))
-    flat_old: dict[str, Any] = {}
-    flat_new: dict[str, Any] = {}
-    _flatten(old.server_info, "", flat_old)
-    _flatten(new.server_info, "", flat_new)
-    for key in sorted(set(flat_old) | set(flat_new)):
-        if not key or _ignored(key, ignore):
-            continue
-        a, b = flat_old.get(key, _ABSENT), flat_new.get(key, _ABSENT)
-        if a is _ABSENT or b is _ABSENT or _canon_json(a) != _canon_json(b):
-            changes.append(FieldChange(key, a, b))
-    # A flag changed on the command line shows twice: as asked (launch_command.args.X) and as
-    # resolved (X).  Name it once, as resolved; a launch arg stays when only it changed.
-    resolved = {c.field for c in changes}
-    return [
-        c
-        for c in changes
-        if not (c.field.startswith(_LAUNCH_ARGS) and c.field[len(_LAUNCH_ARGS) :] in resolved)
-    ]
+
+    def info(p: Provenance) -> dict[str, Any]:
+        flat = flatten(p.server_info)
+        return {k: v for k, v in flat.items() if k and not is_ignored(k, ignore)}
+
+    changes += flat_changes(info(old), info(new))
+    return named_once(changes)
 
 
 _LAUNCH_ARGS = "launch_command.args."

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from pytest_kimi.baseline.model import (
-    _ABSENT,
+    ABSENT,
     CapacityBaseline,
     TestBaseline,
     WorkloadKey,
@@ -124,7 +124,7 @@ def summarize_update(
             k
             for w in all_keys
             for k in w.keys()
-            if len({_scalar_text(x.get(k, _ABSENT)) for x in all_keys}) > 1
+            if len({_scalar_text(x.get(k, ABSENT)) for x in all_keys}) > 1
         }
     )
     changes: list[LevelChange] = []

@@ -83,14 +83,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pytest_kimi.baseline.model import _ABSENT
+from pytest_kimi.baseline.model import ABSENT
 from pytest_kimi.baseline.provenance import (
-    _LAUNCH_ARGS,
     SERVER_INFO_IGNORE,
     FieldChange,
     Provenance,
-    _canon_json,
-    _ignored,
+    flat_changes,
+    is_ignored,
+    named_once,
 )
 from pytest_kimi.gate.verdicts import Verdict
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
@@ -157,7 +157,7 @@ def comparable_provenance(
         if head in VOLATILE_PROVENANCE:
             continue
         if head == "server_info" and dot:
-            if not rest or _ignored(rest, ignore):
+            if not rest or is_ignored(rest, ignore):
                 continue
             out[rest] = value
         else:
@@ -178,22 +178,12 @@ def provenance_changes(
     a, b = comparable_provenance(old, ignore=ignore), comparable_provenance(new, ignore=ignore)
     first = [k for k in ("model", "plugin_version") if k in a or k in b]
     rest = sorted((set(a) | set(b)) - set(first))
-    changes = []
-    for key in first + rest:
-        va, vb = a.get(key, _ABSENT), b.get(key, _ABSENT)
-        if va is _ABSENT or vb is _ABSENT or _canon_json(va) != _canon_json(vb):
-            changes.append(FieldChange(key, va, vb))
-    resolved = {c.field for c in changes}
-    return tuple(
-        c
-        for c in changes
-        if not (c.field.startswith(_LAUNCH_ARGS) and c.field[len(_LAUNCH_ARGS) :] in resolved)
-    )
+    return tuple(named_once(flat_changes(a, b, first + rest)))
 
 
 def _field_dict(change: FieldChange) -> dict[str, Any]:
     def plain(value: Any) -> Any:
-        return None if value is _ABSENT else value
+        return None if value is ABSENT else value
 
     return {"field": change.field, "old": plain(change.old), "new": plain(change.new)}
 

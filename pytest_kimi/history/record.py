@@ -38,10 +38,10 @@ from typing import Any
 
 from pytest_kimi.baseline.provenance import (
     Provenance,
-    _flatten,
-    _git_branch,
-    _git_commit,
-    _plugin_version,
+    flatten,
+    git_branch,
+    git_commit,
+    plugin_version as installed_version,
 )
 from pytest_kimi.scrub import scrub, scrub_text
 
@@ -104,7 +104,7 @@ class RunMeta:
         variables from ``environ``, provenance from the report's endpoint (and ``endpoints``:
         the endpoint of each deployment by profile name, '' without profiles)."""
         env = os.environ if environ is None else environ
-        version = _plugin_version()
+        version = installed_version()
         host = socket.gethostname() or None
         per_deployment = {
             name: flat_provenance(endpoint, plugin_version=version, client_host=host)
@@ -113,8 +113,8 @@ class RunMeta:
         }
         return cls(
             time=time or datetime.now(timezone.utc),
-            commit=_git_commit(suite_dir),
-            branch=_git_branch(suite_dir)
+            commit=git_commit(suite_dir),
+            branch=git_branch(suite_dir)
             or env.get("GITHUB_HEAD_REF")
             or env.get("GITHUB_REF_NAME")
             or None,
@@ -168,8 +168,7 @@ def flat_provenance(
         "client_host": client_host,
         "server_info": server_info,
     }
-    out: dict[str, Any] = {}
-    _flatten(nested, "", out)
+    out = flatten(nested)
     return {k: v for k, v in clean_json(scrub(out)).items() if v is not None and v != {}}
 
 
