@@ -512,9 +512,7 @@ async def _write_events(
     interval = profile.stream_interval
     while True:
         await seq.wait_progress(sent)
-        # SGLang's --stream-interval: the first token at once, then an event whenever
-        # `interval` tokens are unsent (0.5.23, scheduler_components/output_streamer.py).
-        while interval > 1 and sent and seq.generated < sent + interval and not seq.done:
+        while interval > 1 and seq.generated < sent + interval and not seq.done:
             await seq.wait_progress(seq.generated)
         if seq.state is SeqState.ABORTED:
             _drop_connection(request)

@@ -139,11 +139,7 @@ _KNOBS: dict[str, _Knob] = {
         "request finishes, as SGLang does, not per token",
     ),
     "stream_interval": _Knob(
-        "int",
-        lo=1,
-        hi=10_000,
-        help="tokens per streamed event after the first (sent at once), like SGLang's "
-        "--stream-interval",
+        "int", lo=1, hi=10_000, help="tokens per streamed event, like SGLang's --stream-interval"
     ),
     "disable_radix_cache": _Knob(
         "bool",
