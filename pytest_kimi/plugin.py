@@ -200,10 +200,8 @@ def _pass_unreachable(opts: KimiOptions) -> str | None:
     trials run; if ``--perf-detectable-drop`` asks for that, every compared level ends
     ``underpowered`` (or significant) and the trials are spent for nothing.
     """
-    floor = stats.smallest_vouchable_drop(
-        opts.perf_tolerance, opts.perf_alpha, opts.perf_session_sigma, stats.DEFAULT_POWER
-    )
-    if floor <= opts.perf_detectable_drop:
+    floor = opts.gate_settings().pass_floor()
+    if floor is None:
         return None
     return (
         f"pytest-kimi: no compared level can pass: with session noise "
@@ -425,6 +423,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problems.append(parsed)
             continue
         item.stash[PERF_ITEM] = parsed
+        _warn_if_the_marker_cannot_pass(config, item, parsed.targets)
         item.add_marker(pytest.mark.perf)
         item.add_marker(pytest.mark.xdist_group(PERF_GROUP))
         if endpoint is None:
@@ -432,6 +431,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if problems:
         kind = "@capacity" if all(": @capacity " in p for p in problems) else "@throughput"
         raise pytest.UsageError(f"malformed {kind} marker:\n  " + "\n  ".join(problems))
+
+
+def _warn_if_the_marker_cannot_pass(
+    config: pytest.Config, item: pytest.Item, targets: Targets
+) -> None:
+    """A marker's own ``tolerance=`` or ``alpha=`` can make ``pass`` unreachable where the
+    session's settings do not (with 3% session noise, a 12% tolerance cannot vouch for a 15%
+    detectable drop): said at collection, on the test, before any trial is spent on it."""
+    if targets.tolerance is None and targets.alpha is None:
+        return
+    settings = config.stash[GATE].settings
+    if settings.pass_floor() is not None:
+        return  # the session-wide warning (pytest_configure) already says so
+    mine = settings.for_test(targets)
+    floor = mine.pass_floor()
+    if floor is None:
+        return
+    item.warn(
+        pytest.PytestConfigWarning(
+            f"{item.nodeid}: no level of this test can pass: with the marker's tolerance "
+            f"{mine.tolerance:.1%} and alpha {mine.alpha:g} and session noise "
+            f"{settings.session_sigma:g}, no number of trials catches a drop smaller than "
+            f"{floor:.1%} with {stats.DEFAULT_POWER:.0%} probability, but the detectable drop "
+            f"is {settings.detectable_drop:.1%}; every level without a significant change will "
+            "be underpowered.  Use a smaller tolerance= (or a larger alpha=) in the marker, or "
+            f"raise --perf-detectable-drop to {math.ceil(floor * 1000) / 10:g}% or more."
+        )
+    )
 
 
 def _perf_item(item: pytest.Item) -> PerfItem | str | None:

@@ -428,3 +428,35 @@ def test_settings_that_make_pass_unreachable_are_said_up_front(pytester: pytest.
     assert "no compared level can pass" not in quiet.stdout.str()
     wide = pytester.runpytest_subprocess("--perf-session-sigma=0.05", "--perf-detectable-drop=0.2")
     assert "no compared level can pass" not in wide.stdout.str()
+
+
+def test_a_marker_tolerance_that_makes_pass_unreachable_is_said_on_its_test(
+    pytester: pytest.Pytester,
+) -> None:
+    """A marker's own tolerance=12%: with 3% session noise no number of trials can catch a 15%
+    drop with 95% probability; said at collection, on that test, with the fix (the session's
+    own settings can pass, so the session-wide warning stays quiet)."""
+    pytester.makepyfile(
+        test_x="""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=1, tolerance=0.12)
+        def test_loose():
+            pass
+
+        @throughput(concurrency=1, tolerance=0.04, alpha=0.01)
+        def test_tight():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-W", "always::pytest.PytestConfigWarning")
+    result.assert_outcomes(skipped=2, warnings=1)  # no endpoint: skipped, still warned
+    out = result.stdout.str()
+    assert "no compared level can pass" not in out
+    result.stdout.fnmatch_lines(
+        [
+            "*test_x.py::test_loose: no level of this test can pass: with the marker's "
+            "tolerance 12.0% and alpha 0.05*smaller than 20.3%*detectable drop is 15.0%*",
+        ]
+    )
+    assert "test_tight" not in out.split("warnings summary")[-1]

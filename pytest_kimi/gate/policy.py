@@ -62,6 +62,15 @@ class GateSettings:
             alpha=self.alpha if targets.alpha is None else targets.alpha,
         )
 
+    def pass_floor(self) -> float | None:
+        """When no number of trials can make a compared level ``pass`` under these settings:
+        the smallest drop they can vouch for (:func:`stats.smallest_vouchable_drop`), which
+        then exceeds ``detectable_drop``; None when ``pass`` is reachable."""
+        floor = stats.smallest_vouchable_drop(
+            self.tolerance, self.alpha, self.session_sigma, stats.DEFAULT_POWER
+        )
+        return floor if floor > self.detectable_drop else None
+
     def failing_verdicts(self) -> frozenset[str]:
         """The verdict values that fail a test under these flags (reports mark them)."""
         return Verdict.failing(strict=self.strict, require_baseline=self.require_baseline)
