@@ -438,7 +438,7 @@ def test_a_marker_tolerance_that_makes_pass_unreachable_is_said_on_its_test(
     own settings can pass, so the session-wide warning stays quiet)."""
     pytester.makepyfile(
         test_x="""
-        from pytest_kimi import throughput
+        from pytest_kimi import capacity, throughput
 
         @throughput(concurrency=1, tolerance=0.12)
         def test_loose():
@@ -447,10 +447,15 @@ def test_a_marker_tolerance_that_makes_pass_unreachable_is_said_on_its_test(
         @throughput(concurrency=1, tolerance=0.04, alpha=0.01)
         def test_tight():
             pass
+
+        # a capacity's gate is a test on the boundary, with no power rule: nothing to say
+        @capacity(max_e2e_s=10, tolerance=0.12)
+        def test_capacity():
+            pass
         """
     )
     result = pytester.runpytest_subprocess("-W", "always::pytest.PytestConfigWarning")
-    result.assert_outcomes(skipped=2, warnings=1)  # no endpoint: skipped, still warned
+    result.assert_outcomes(skipped=3, warnings=1)  # no endpoint: skipped, still warned
     out = result.stdout.str()
     assert "no compared level can pass" not in out
     result.stdout.fnmatch_lines(
@@ -459,4 +464,5 @@ def test_a_marker_tolerance_that_makes_pass_unreachable_is_said_on_its_test(
             "tolerance 12.0% and alpha 0.05*smaller than 20.3%*detectable drop is 15.0%*",
         ]
     )
-    assert "test_tight" not in out.split("warnings summary")[-1]
+    summary = out.split("warnings summary")[-1]
+    assert "test_tight" not in summary and "test_capacity" not in summary
