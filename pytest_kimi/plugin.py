@@ -30,7 +30,7 @@ from pytest_kimi.options import KimiOptions
 from pytest_kimi.baseline import BaselineStore, TestBaseline
 from pytest_kimi.gate import stats
 from pytest_kimi.gate.policy import GateSettings
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.gate.run import Comparison, GateProblem, MeasurementInterrupted, measure_gated
 from pytest_kimi.endpoint.discovery import EndpointError, EndpointInfo, normalize_url
 from pytest_kimi.spec.markers import (

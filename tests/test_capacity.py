@@ -36,7 +36,7 @@ from pytest_kimi.baseline import (
 from pytest_kimi.baseline.update import update_baselines
 from pytest_kimi.gate.capacity import compare_capacity, judge_capacity
 from pytest_kimi.gate.policy import GateSettings
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.capacity import (
     CapacitySearch,
     LevelOutcome,

@@ -19,7 +19,7 @@ from pytest_kimi.gate.policy import (
     merge_verdicts,
     result_level_key,
 )
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.metrics import LevelFigures
 from pytest_kimi.measure.results import LevelResult, ThroughputResult
 from pytest_kimi.spec.markers import LevelSpec, Targets, Workload

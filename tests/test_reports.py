@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.report.markdown import LEGEND, cell, render_markdown
 
 DATA = Path(__file__).parent / "data"

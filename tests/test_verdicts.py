@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pytest_kimi.gate import stats
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 
 ALWAYS_FAILING = {"fail", "invalid", "error", "regression"}
 UNTRUSTWORTHY = {"error", "invalid", "not-run"}

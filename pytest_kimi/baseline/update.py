@@ -19,7 +19,7 @@ from pytest_kimi.baseline.model import (
 )
 from pytest_kimi.baseline.provenance import Provenance
 from pytest_kimi.baseline.store import BaselineStore
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.results import ThroughputResult, level_key, workload_dict
 
 

@@ -58,7 +58,7 @@ from pytest_kimi.gate.run import (
     flush_cache,
     note_server_crash,
 )
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.capacity import CapacityEstimate, SearchSettings, run_capacity
 from pytest_kimi.measure.results import ThroughputResult, spec_key
 from pytest_kimi.measure.trials import ProgressFn

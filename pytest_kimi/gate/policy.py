@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from pytest_kimi.gate import stats
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.baseline import (
     FieldChange,
     Provenance,

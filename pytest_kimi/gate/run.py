@@ -28,7 +28,7 @@ from pytest_kimi.measure.results import ThroughputResult, spec_key
 from pytest_kimi.crosscheck.server_metrics import ServerMetricsError, ServerMetricsObserver
 from pytest_kimi.measure.session import PerfSession, build_spec
 from pytest_kimi.spec.workload import WorkloadError
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 
 
 class GateProblem(RuntimeError):

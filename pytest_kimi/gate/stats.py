@@ -60,7 +60,7 @@ Verdict, first match wins
    would have been caught with probability ``power``.
 ``no-baseline`` is returned when the baseline is empty; the caller decides what that means.
 ``inconclusive`` is no longer produced (version 1 used it for a well-powered level that was
-neither pass nor regression); :class:`pytest_kimi.gate.verdicts.Verdict` keeps it so old
+neither pass nor regression); :class:`pytest_kimi.verdicts.Verdict` keeps it so old
 reports still read.
 
 Significant results rank above ``underpowered``: a significant test is valid whatever its
@@ -93,7 +93,7 @@ from typing import Any, Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 
 
 def _st() -> Any:

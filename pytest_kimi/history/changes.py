@@ -92,7 +92,7 @@ from pytest_kimi.baseline.provenance import (
     is_ignored,
     named_once,
 )
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
 
 __all__ = [

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 from urllib.parse import urlsplit
 
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
 from pytest_kimi.report.markdown import VERDICT_HELP, level_label, summary_columns, workload_text
 from pytest_kimi.report.plots import safe_name

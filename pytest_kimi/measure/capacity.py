@@ -634,7 +634,7 @@ def outcome_of(level: Any, percentile: float) -> LevelOutcome:
     that the server never had every stream running at once: that load is beyond what the
     server runs, so it is *beyond* (broken), not unjudgeable.
     """
-    from pytest_kimi.gate.verdicts import Verdict
+    from pytest_kimi.verdicts import Verdict
     from pytest_kimi.measure.metrics import level_figures
 
     f = level.figures
@@ -760,7 +760,7 @@ def _merged(first: Any, more: Any, spec: Any) -> Any:
 def _label_level(level: Any, judged: CapacityLevel) -> None:
     """A search level's verdict says what the search learned there: ``held`` or ``broke``
     (a missed ceiling is the point of the search, not a failure); others keep theirs."""
-    from pytest_kimi.gate.verdicts import Verdict
+    from pytest_kimi.verdicts import Verdict
 
     if judged.held is True:
         level.verdict = Verdict.HELD.value

@@ -1,7 +1,7 @@
 """Level and test results, their verdicts, and the one JSON shape every report reads.
 
 A level gets its absolute verdict here (``pass``, ``fail``, ``invalid``, ``error``,
-``not-run``: see :class:`pytest_kimi.gate.verdicts.Verdict`); the gate then compares it with
+``not-run``: see :class:`pytest_kimi.verdicts.Verdict`); the gate then compares it with
 its baseline.  ``LevelResult.verdict`` holds the plain string value, as the JSON does.
 """
 
@@ -19,7 +19,7 @@ from pytest_kimi.measure.metrics import (
     TrialResult,
     level_figures,
 )
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 
 
 @dataclass(slots=True)

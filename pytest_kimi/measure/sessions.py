@@ -29,7 +29,7 @@ from pytest_kimi.gate.session_noise import (
     pooled,
     recommend,
 )
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.results import level_key
 
 PERF_SESSION = "perf_session"

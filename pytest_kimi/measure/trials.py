@@ -28,7 +28,7 @@ from pytest_kimi.measure.metrics import (
 )
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, judge_level, not_run_level
 from pytest_kimi.measure.shapes import fill_up_note, turn_figures
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 
 WARMUP_MAX_TOKENS = 16
 TTFT_ALLOWANCE_S = 0.1

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from pytest_kimi.gate.verdicts import Verdict
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.report.capacity import capacity_html
 from pytest_kimi.report.markdown import (
     run_facts,
