@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pytest_kimi.spec.markers import PROTOCOLS, STATIONARY, parse_throughput  # noqa: E402
-from pytest_kimi.measure.session import PerfSession, build_spec  # noqa: E402
+from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
 from pytest_kimi.sim.profile import SimProfile  # noqa: E402
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = worst_window = 0.0
     with SimProcess(profile) as sim:
         assert sim.url is not None
-        session = PerfSession()
+        session = Measurer()
         try:
             endpoint = session.discover(sim.url, api_key=None, model=None)
             for c in levels:

@@ -55,7 +55,7 @@ from pytest_kimi.measure.capacity import (  # noqa: E402
     run_capacity,
     search_offline,
 )
-from pytest_kimi.measure.session import PerfSession, build_spec  # noqa: E402
+from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
 from pytest_kimi.sim.profile import SimProfile  # noqa: E402
 from pytest_kimi.spec.capacity import parse_capacity  # noqa: E402
@@ -98,7 +98,7 @@ def cmd_truth(args: argparse.Namespace) -> int:
     within = 0
     with SimProcess(profile) as sim:
         assert sim.url is not None
-        session = PerfSession()
+        session = Measurer()
         try:
             endpoint = session.discover(sim.url, api_key=None, model=None)
             for run in range(args.runs):

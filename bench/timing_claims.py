@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pytest_kimi.load import LoadClient, OpenLoopPlan, Target  # noqa: E402
 from pytest_kimi.measure.results import LevelResult  # noqa: E402
-from pytest_kimi.measure.session import PerfSession, build_spec  # noqa: E402
+from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
 from pytest_kimi.sim.profile import SimProfile  # noqa: E402
 from pytest_kimi.spec.markers import parse_throughput  # noqa: E402
@@ -56,7 +56,7 @@ def _measure(profile: SimProfile, **throughput: Any) -> tuple[LevelResult, dict[
     """One level on a simulator of its own, and the simulator's counters after it."""
     with SimProcess(profile) as sim:
         assert sim.url is not None
-        session = PerfSession()
+        session = Measurer()
         try:
             endpoint = session.discover(sim.url, api_key=None, model=None)
             workload, targets = parse_throughput((), throughput)

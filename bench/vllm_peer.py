@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from pytest_kimi.spec.markers import parse_throughput  # noqa: E402
 from pytest_kimi.server import load_profile, open_server  # noqa: E402
-from pytest_kimi.measure.session import PerfSession, build_spec  # noqa: E402
+from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 
 VLLM_BENCH = """
 import json, sys
@@ -64,7 +64,7 @@ def generation_tokens(url: str) -> float:
 
 
 def run_ours(
-    session: PerfSession, info, c: int, max_tokens: int, requests: int, trials: int
+    session: Measurer, info, c: int, max_tokens: int, requests: int, trials: int
 ) -> dict[str, float]:
     workload, targets = parse_throughput(
         (),
@@ -152,7 +152,7 @@ def main() -> int:
     server = open_server(profile, tempfile.mkdtemp(prefix="vllm-peer-"))
     print(f"# launching {args.profile} ...", flush=True)
     server.launch(progress=lambda m: print("#", m, flush=True))
-    session = PerfSession()
+    session = Measurer()
     try:
         assert server.url is not None
         info = session.discover(server.url, api_key=None, model=None)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from pytest_kimi.errors import CliError
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.results import level_key
 from pytest_kimi.report.markdown import test_title
@@ -38,10 +39,6 @@ EXIT_BAD = 1
 EXIT_ERROR = 2
 
 PROG = "kimi-perf"
-
-
-class CliError(Exception):
-    """A problem with the input that the user fixes (message printed as one line, exit 2)."""
 
 
 # ----------------------------------------------------------------------------------- reports

@@ -8,7 +8,7 @@ stated here and nowhere else in the plugin (the statistical ones are taken from
 :mod:`pytest_kimi.gate.stats`' ``DEFAULT_*`` constants, which stay the defaults of its
 pytest-free functions; a test checks that ``GateSettings`` and ``kimi-perf compare`` agree).
 Help texts are formatted from the same field defaults.  ``pytest_configure`` builds the object
-once (:meth:`KimiOptions.from_config`) and stores it on ``config.stash``; the plugin, the gate
+once (:meth:`KimiOptions.from_sources`, through :mod:`pytest_kimi.plugin.options`) and stores it on ``config.stash``; the plugin, the gate
 and the reports read only that.
 
 Precedence: command line > environment > ini > default.  Marker arguments (``trials=``,
@@ -29,14 +29,12 @@ the suite committed it in the ini.  One base makes a value name the same file ev
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Generic, Literal, Mapping, TypeVar, cast
-
-import pytest
 
 from pytest_kimi.baseline.paths import DEFAULT_DIRNAME, DEFAULT_PROFILE
 from pytest_kimi.gate import stats
@@ -152,23 +150,32 @@ class KimiOptions:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_config(
-        cls, config: pytest.Config, environ: Mapping[str, str] | None = None
+    def from_sources(
+        cls,
+        getoption: Callable[[str], Any],
+        getini: Callable[[str], Any],
+        environ: Mapping[str, str],
+        rootdir: Path,
     ) -> KimiOptions:
         """Every option from command line > environment > ini > default, checked once at
-        start-up (a bad value stops the run before any test), paths against the rootdir.
+        start-up (a bad value stops the run before any test), paths against ``rootdir``.
 
-        Raises ``pytest.UsageError`` naming the bad value's source.
+        ``getoption(dest)`` and ``getini(name)`` read the command line and the ini file (the
+        plugin passes pytest's, ``kimi-perf`` its own); raises :class:`OptionError` naming the
+        bad value's source.
         """
-        env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
         for name, opt in OPTIONS.items():
-            found = _lookup(config, opt, env)
+            found = _lookup(getoption, getini, opt, environ)
             if found is not None:
                 values[name], sources[name] = found
         made = cls(**values, sources=MappingProxyType(sources))
-        return made.with_base(Path(config.rootpath))
+        return made.with_base(rootdir)
+
+
+class OptionError(ValueError):
+    """A bad option value; the message names its source (``--perf-trials``, ``env X``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,63 +514,19 @@ def help_text(name: str) -> str:
     return opt.help.replace("{default}", shown)
 
 
-def add_options(parser: pytest.Parser) -> None:
-    group = parser.getgroup("kimi", "pytest-kimi: throughput targets for LLM endpoints")
-    for name, opt in OPTIONS.items():
-        text = help_text(name)
-        env = f" [env {opt.env}]" if opt.env else ""
-        # argparse %-formats option help (``%(default)s``), ini help is printed as it is:
-        # a bare "%" in the text crashed ``pytest --help`` for every user of the machine.
-        cli_help = text.replace("%", "%%") + env
-        if opt.many:
-            group.addoption(
-                opt.flag,
-                dest=opt.dest,
-                action="append",
-                default=None,
-                metavar=opt.metavar,
-                help=cli_help,
-            )
-        elif opt.switch:
-            group.addoption(
-                opt.flag,
-                dest=opt.dest,
-                action="store_const",
-                const="true",
-                default=None,
-                help=cli_help,
-            )
-        elif opt.dest == "update_baselines":
-            group.addoption(
-                opt.flag,
-                dest=opt.dest,
-                nargs="?",
-                const="yes",
-                default=None,
-                metavar=opt.metavar,
-                help=cli_help,
-            )
-        else:
-            group.addoption(
-                opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=cli_help
-            )
-        if opt.ini is not None:
-            if opt.many:
-                parser.addini(opt.ini, text, type="args", default=[])
-            else:
-                parser.addini(opt.ini, text, default="")
-
-
 def _lookup(
-    config: pytest.Config, opt: Option[Any], env: Mapping[str, str]
+    getoption: Callable[[str], Any],
+    getini: Callable[[str], Any],
+    opt: Option[Any],
+    env: Mapping[str, str],
 ) -> tuple[Any, str] | None:
     """The first source that sets ``opt`` (command line, environment, ini) as (value, source);
     None: unset, the field's default applies."""
-    candidates: list[tuple[str, Any]] = [(opt.flag, config.getoption(opt.dest))]
+    candidates: list[tuple[str, Any]] = [(opt.flag, getoption(opt.dest))]
     if opt.env:
         candidates.append((f"env {opt.env}", env.get(opt.env)))
     if opt.ini is not None:
-        candidates.append((f"ini {opt.ini}", config.getini(opt.ini)))
+        candidates.append((f"ini {opt.ini}", getini(opt.ini)))
     for source, raw in candidates:
         if raw is None or raw == "" or raw == []:
             continue
@@ -572,6 +535,34 @@ def _lookup(
             parsed = [opt.parse(str(item)) for item in items]
         except ValueError as exc:
             shown = "<hidden>" if opt.secret else scrub_text(repr(raw))
-            raise pytest.UsageError(f"{source}: bad value {shown}: {exc}") from None
+            raise OptionError(f"{source}: bad value {shown}: {exc}") from None
         return (tuple(parsed) if opt.many else parsed[0]), source
     return None
+
+
+GATE_OPTIONS = ("perf_tolerance", "perf_alpha", "perf_session_sigma", "perf_detectable_drop")
+"""The gate's statistical options, which ``kimi-perf compare`` takes too (without ``perf-``)."""
+
+
+def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the gate's options on a ``kimi-perf`` command from the same table the plugin
+    declares them from: one flag text, parser, default and help for both (``--perf-tolerance``
+    in pytest is ``--tolerance`` in ``kimi-perf compare``)."""
+    for name in GATE_OPTIONS:
+        opt = OPTIONS[name]
+
+        def parse(text: str, opt: Option[Any] = opt) -> Any:
+            try:
+                return opt.parse(text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+
+        parser.add_argument(
+            "--" + opt.flag.removeprefix("--perf-"),
+            dest=name.removeprefix("perf_"),
+            type=parse,
+            default=default_of(name),
+            metavar=opt.metavar,
+            # a saved report has no marker to override the option
+            help=help_text(name).split("; the marker")[0].replace("%", "%%"),
+        )

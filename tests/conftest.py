@@ -11,7 +11,7 @@ import pytest
 
 from pytest_kimi.measure.metrics import TrialResult
 from pytest_kimi.measure.results import LevelResult
-from pytest_kimi.measure.session import PerfSession, build_spec
+from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimProfile
 from pytest_kimi.spec.markers import parse_throughput
@@ -97,14 +97,14 @@ def sim_measure(
     tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Callable[..., SimMeasurement]:
     """``sim_measure(profile, name, **throughput)``: start a simulator for ``profile``, measure
-    one level (the ``@throughput`` arguments, one concurrency) through a :class:`PerfSession`,
+    one level (the ``@throughput`` arguments, one concurrency) through a :class:`Measurer`,
     read the simulator's counters, stop it.  A simulator per level, so that its counters (how
     late it ever was) describe that level and no heavier one before it."""
 
     def measure(profile: SimProfile, name: str, **throughput: Any) -> SimMeasurement:
         sim = SimProcess(profile, log_dir=tmp_path_factory.mktemp("simlogs"))
         sim.start()
-        session = PerfSession()
+        session = Measurer()
         try:
             assert sim.url is not None
             endpoint = session.discover(sim.url, api_key=None, model=None)

@@ -19,7 +19,7 @@ import pytest
 from pytest_kimi.spec.markers import parse_throughput
 from pytest_kimi.server.launcher import ManagedServer
 from pytest_kimi.server.profile import ServerProfile
-from pytest_kimi.measure.session import PerfSession, build_spec
+from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.sim.engine import RADIX_PAGE_TOKENS
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimProfile
@@ -52,7 +52,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def runs(sim: SimProcess, pytestconfig: pytest.Config):
     """The same workload with repeated prompts (the old behaviour) and with the default."""
-    session = PerfSession()
+    session = Measurer()
     try:
         endpoint = session.discover(sim.url, api_key=None, model=None)
         workload, targets = parse_throughput(
@@ -131,7 +131,7 @@ def test_ttft_drops_only_for_repeated_prompts(runs) -> None:
 def test_estimated_lengths_are_reported_as_estimates(tmp_path: Path) -> None:
     sim = SimProcess(SimProfile(speed=20.0, no_tokenize=True), log_dir=tmp_path)
     sim.start()
-    session = PerfSession()
+    session = Measurer()
     try:
         endpoint = session.discover(sim.url, api_key=None, model=None)
         workload, targets = parse_throughput(
@@ -220,7 +220,7 @@ def test_managed_flush_sends_the_admin_key_and_reports_refusals(tmp_path: Path) 
 def test_a_refused_flush_is_a_note_on_the_test() -> None:
     from types import SimpleNamespace
 
-    from pytest_kimi.gate.run import flush_cache
+    from pytest_kimi.run.conductor import flush_cache
 
     def server(path: str | None, ok: bool) -> SimpleNamespace:
         return SimpleNamespace(

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_kimi.baseline.model import ABSENT
+from pytest_kimi.baseline.values import ABSENT
 from pytest_kimi.cli import main
 from pytest_kimi.gate import stats
 from pytest_kimi.history import changes as changes_mod

@@ -23,6 +23,7 @@ from pytest_kimi.gate import stats
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.options import OPTIONS, KimiOptions, default_of, help_text
 from pytest_kimi.plugin import KIMI_OPTIONS
+from pytest_kimi.plugin.options import options_from_config
 from pytest_kimi.spec.markers import Targets
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -203,10 +204,10 @@ def test_server_profiles_cli_over_ini(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nkimi_server_profile = a.yaml b.yaml\n")
     config = pytester.parseconfig("--server-profile=c.yaml")
     # parseconfig only: building the options loads nothing; loading the profiles is the plugin's
-    opts = KimiOptions.from_config(config, environ={})
+    opts = options_from_config(config, environ={})
     assert opts.server_profile == (pytester.path / "c.yaml",)
     assert opts.source("server_profile") == "--server-profile"
-    opts = KimiOptions.from_config(pytester.parseconfig(), environ={})
+    opts = options_from_config(pytester.parseconfig(), environ={})
     assert opts.server_profile == (pytester.path / "a.yaml", pytester.path / "b.yaml")
     assert opts.source("server_profile") == "ini kimi_server_profile"
 
@@ -325,7 +326,7 @@ def test_relative_paths_from_every_source_resolve_against_the_rootdir(
     monkeypatch.chdir(sub)
     config = pytester.parseconfig("--perf-html=reports/html")
     assert Path(config.rootpath) == pytester.path
-    opts = KimiOptions.from_config(config)
+    opts = options_from_config(config)
     root = pytester.path
     assert opts.baseline_dir == root / "store"
     assert opts.perf_json == root / "reports" / "perf.json"
@@ -335,7 +336,7 @@ def test_relative_paths_from_every_source_resolve_against_the_rootdir(
     # the default too, and an absolute path is kept as it is
     monkeypatch.setenv("KIMI_PERF_JSON", str(sub / "abs.json"))
     monkeypatch.delenv("KIMI_BASELINE_DIR")
-    opts = KimiOptions.from_config(pytester.parseconfig())
+    opts = options_from_config(pytester.parseconfig())
     assert opts.baseline_dir == root / DEFAULT_DIRNAME
     assert opts.perf_json == sub / "abs.json"
 

@@ -30,7 +30,7 @@ from pytest_kimi.gate.session_noise import (
     pooled,
     recommend,
 )
-from pytest_kimi.measure.sessions import pool_sessions, run_order, session_noise
+from pytest_kimi.run.server_starts import pool_sessions, run_order, session_noise
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.plugin import KIMI_OPTIONS
 from pytest_kimi.sim.profile import SimProfile

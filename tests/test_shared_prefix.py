@@ -24,7 +24,7 @@ from pytest_kimi.crosscheck.prefix_cache import (
     read_cache_counters,
 )
 from pytest_kimi.measure.results import workload_dict
-from pytest_kimi.measure.session import PerfSession, build_spec
+from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.sim.engine import RADIX_PAGE_TOKENS
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.profile import SimProfile
@@ -213,7 +213,7 @@ def _cached(prefix: str) -> int:
 def runs(sim: SimProcess, pytestconfig: pytest.Config) -> Iterator[dict[str, Any]]:
     """One request at a time (every TTFT is one step plus its own prefill), with and without
     a shared prefix of the same total prompt length."""
-    session = PerfSession()
+    session = Measurer()
     try:
         endpoint = session.discover(sim.url, api_key=None, model=None)
         common = dict(concurrency=1, requests=10, max_tokens=2, trials=1, warmup=2)

@@ -22,7 +22,7 @@ from pytest_kimi.endpoint.discovery import EndpointInfo
 from pytest_kimi.load import LoadClient, OpenLoopPlan, ShardedClient, Target, TrialPlan
 from pytest_kimi.load.runner import WARMUP_IDS, split_at_slot, unique_id
 from pytest_kimi.spec.markers import parse_throughput
-from pytest_kimi.measure.session import PerfSession, build_spec
+from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.spec.workload import UNIQUE_SLOT, PromptSource, WorkloadError, encode_bodies
 
 SEEN = web.AppKey("seen", list)
@@ -209,7 +209,7 @@ def test_a_measurement_never_repeats_a_prompt(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    session = PerfSession()
+    session = Measurer()
     try:
         endpoint = EndpointInfo(url=str(srv.make_url("")).rstrip("/"), model="m")
         workload, targets = parse_throughput(

@@ -6,6 +6,7 @@ and changing it should go through the same review as a code change.  One module 
 * :mod:`~pytest_kimi.baseline.model`: what a file holds (:class:`TestBaseline`, its levels,
   :class:`WorkloadKey`), rounding, and the errors;
 * :mod:`~pytest_kimi.baseline.paths`: where a test's file lives, what a profile name may be;
+* :mod:`~pytest_kimi.baseline.values`: how a value is spelled (absent, as text, timestamps);
 * :mod:`~pytest_kimi.baseline.provenance`: who and what recorded the numbers, what differs;
 * :mod:`~pytest_kimi.baseline.yaml_io`: the file text (styled writer, strict reader);
 * :mod:`~pytest_kimi.baseline.merge`: the file after recording on top of it;
@@ -30,7 +31,6 @@ from pytest_kimi.baseline.model import (
     WorkloadKey,
     round_seconds,
     round_tok_s,
-    utc_timestamp,
 )
 from pytest_kimi.baseline.paths import DEFAULT_DIRNAME, DEFAULT_PROFILE, baseline_relpath
 from pytest_kimi.baseline.provenance import (
@@ -48,6 +48,7 @@ from pytest_kimi.baseline.review import (
 )
 from pytest_kimi.baseline.store import BaselineLookup, BaselineStore, profile_names
 from pytest_kimi.baseline.yaml_io import SCHEMA_VERSION, dumps, loads
+from pytest_kimi.baseline.values import utc_timestamp
 
 __all__ = [
     "SCHEMA_VERSION",

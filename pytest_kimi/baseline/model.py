@@ -17,20 +17,17 @@ The errors every baseline module raises live here too.  No pytest, no I/O.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-import json
 import math
 import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 from pytest_kimi.baseline.paths import check_profile
-
-if TYPE_CHECKING:
-    from pytest_kimi.baseline.provenance import Provenance
+from pytest_kimi.baseline.provenance import Provenance
+from pytest_kimi.baseline.values import ABSENT, is_number, scalar_text
 
 __all__ = [
     "BaselineError",
@@ -42,7 +39,8 @@ __all__ = [
     "TestBaseline",
     "round_tok_s",
     "round_seconds",
-    "utc_timestamp",
+    # for pytest_kimi.history.changes, which imports it from here
+    "ABSENT",
 ]
 
 Scalar = Union[str, int, float, bool, None]
@@ -102,44 +100,14 @@ def round_seconds(value: float) -> float:
     return round(value, min(3 - exponent, 4))
 
 
-def utc_timestamp(when: _dt.datetime | None = None) -> str:
-    """``2026-11-29T08:00:00Z``: second resolution, UTC, the form written to ``recorded_at``."""
-    when = when or _dt.datetime.now(_dt.timezone.utc)
-    if when.tzinfo is not None:
-        when = when.astimezone(_dt.timezone.utc)
-    return when.replace(tzinfo=None, microsecond=0).isoformat() + "Z"
-
-
 # ------------------------------------------------------------------------------------- workload
-
-ABSENT: Any = type("_AbsentType", (), {"__repr__": lambda self: "<absent>"})()
-"""A field on one side of a comparison only (a change from or to nothing, not to ``None``)."""
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _scalar_text(value: Any) -> str:
-    """A value as a reviewer reads it in YAML: ``true``, ``null``, ``512``, ``builtin:diverse``."""
-    if value is ABSENT:
-        return "(absent)"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value
-    if _is_number(value):
-        return repr(value)
-    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _value_rank(value: Any) -> tuple[int, Any]:
     """Total order over workload values of mixed types (bool < number < str)."""
     if isinstance(value, bool):
         return (1, value)
-    if _is_number(value):
+    if is_number(value):
         return (2, value)
     return (3, str(value))
 
@@ -213,7 +181,7 @@ class WorkloadKey:
         def tag(v: Any) -> tuple[str, Any]:
             if isinstance(v, bool):
                 return ("b", v)
-            if _is_number(v):
+            if is_number(v):
                 return ("n", v)
             return ("s", v)
 
@@ -235,16 +203,16 @@ class WorkloadKey:
         """Short human label, e.g. ``C=8 max_tokens=512`` (plus ``extra_keys`` when set)."""
         parts: list[str] = []
         if "concurrency" in dict(self.items):
-            parts.append(f"C={_scalar_text(self.get('concurrency'))}")
+            parts.append(f"C={scalar_text(self.get('concurrency'))}")
         wanted = ["max_tokens", *[k for k in extra_keys if k not in ("concurrency", "max_tokens")]]
         for key in wanted:
             value = self.get(key, ABSENT)
             if value is not ABSENT:
-                parts.append(f"{key}={_scalar_text(value)}")
+                parts.append(f"{key}={scalar_text(value)}")
         return " ".join(parts) if parts else str(self)
 
     def __str__(self) -> str:
-        return "{" + ", ".join(f"{k}: {_scalar_text(v)}" for k, v in self.items) + "}"
+        return "{" + ", ".join(f"{k}: {scalar_text(v)}" for k, v in self.items) + "}"
 
     def __repr__(self) -> str:
         return f"WorkloadKey({self.to_dict()!r})"
@@ -273,7 +241,7 @@ def _normalise_summary(
         value = values[key]
         if not isinstance(key, str) or not key:
             raise ValueError(f"{name} keys must be statistic names like p50, got {key!r}")
-        if not _is_number(value) or not math.isfinite(value) or value < 0:
+        if not is_number(value) or not math.isfinite(value) or value < 0:
             raise ValueError(f"{name}.{key} must be a non-negative number, got {value!r}")
         out[key] = rounder(value)
     return out
@@ -305,7 +273,7 @@ class LevelBaseline:
             raise ValueError("trials_tok_s must be a non-empty list of positive numbers, got []")
         rounded: list[float] = []
         for i, value in enumerate(trials):
-            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+            if not is_number(value) or not math.isfinite(value) or value <= 0:
                 raise ValueError(
                     f"trials_tok_s must be a list of positive numbers; item {i} is {value!r}"
                 )
@@ -341,7 +309,7 @@ def round_load(value: float) -> float | int:
 def _optional_positive(name: str, value: Any) -> float | None:
     if value is None:
         return None
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+    if not is_number(value) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive number or null, got {value!r}")
     return float(value)
 
@@ -397,7 +365,7 @@ class CapacityBaseline:
                 )
         log_se = self.log_se
         if log_se is not None and (
-            not _is_number(log_se) or not math.isfinite(log_se) or log_se < 0
+            not is_number(log_se) or not math.isfinite(log_se) or log_se < 0
         ):
             raise ValueError(f"log_se must be a non-negative number or null, got {log_se!r}")
         slope = _optional_positive("slope", self.slope)
@@ -512,7 +480,7 @@ class TestBaseline:
         outside = [k for k in keys if not any(_same(want.get(k, ABSENT), v) for v in values[k])]
 
         def show(key: str, vals: Sequence[Any]) -> str:
-            return f"{key} {', '.join('unset' if v is ABSENT else _scalar_text(v) for v in vals)}"
+            return f"{key} {', '.join('unset' if v is ABSENT else scalar_text(v) for v in vals)}"
 
         varying = [show(k, values[k]) for k in keys if len(values[k]) > 1]
         constant = [

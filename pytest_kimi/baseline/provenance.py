@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pytest_kimi.baseline.model import ABSENT, _is_number, _scalar_text, utc_timestamp
+from pytest_kimi.baseline.values import ABSENT, is_number, scalar_text, utc_timestamp
 from pytest_kimi.endpoint.serverinfo import VOLATILE_SERVER_INFO, clean_server_info
 
 __all__ = ["SERVER_INFO_IGNORE", "Provenance", "FieldChange", "provenance_diff", "incomparable"]
@@ -171,7 +171,7 @@ class FieldChange:
     new: Any
 
     def __str__(self) -> str:
-        return f"{self.field}: {_scalar_text(self.old)} -> {_scalar_text(self.new)}"
+        return f"{self.field}: {scalar_text(self.old)} -> {scalar_text(self.new)}"
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -263,7 +263,7 @@ def _canon_json(value: Any) -> str:
     # type-exact comparison: false != 0, 1 == 1.0 is fine for config numbers
     if isinstance(value, bool):
         return "b" + str(value)
-    if _is_number(value):
+    if is_number(value):
         return "n" + repr(float(value))
     return json.dumps(value, sort_keys=True)
 

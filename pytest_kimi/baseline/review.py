@@ -15,14 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pytest_kimi.baseline.model import (
-    ABSENT,
-    CapacityBaseline,
-    TestBaseline,
-    WorkloadKey,
-    _scalar_text,
-)
+from pytest_kimi.baseline.model import CapacityBaseline, TestBaseline, WorkloadKey
 from pytest_kimi.baseline.provenance import FieldChange, provenance_diff
+from pytest_kimi.baseline.values import ABSENT, scalar_text
 
 __all__ = ["LevelChange", "UpdateSummary", "git_review_commands", "summarize_update"]
 
@@ -124,7 +119,7 @@ def summarize_update(
             k
             for w in all_keys
             for k in w.keys()
-            if len({_scalar_text(x.get(k, ABSENT)) for x in all_keys}) > 1
+            if len({scalar_text(x.get(k, ABSENT)) for x in all_keys}) > 1
         }
     )
     changes: list[LevelChange] = []

@@ -4,9 +4,9 @@ Why files in git rather than a database: a throughput target is a claim about th
 and changing it should go through the same review as a code change.  This module is the file
 system side of that: it walks ``<root>/<profile>`` (:meth:`BaselineStore.paths`, the one walk
 of a baseline directory), checks that a file sits where its test says it belongs, refuses to
-overwrite a target by accident, and writes atomically (temp file, fsync, rename), so a reader or
-a crash never sees half a file.  The format is :mod:`pytest_kimi.baseline.yaml_io`, the merge
-rule :mod:`pytest_kimi.baseline.merge`.
+overwrite a target by accident, and writes atomically (:func:`pytest_kimi.files.write_atomic`),
+so a reader or a crash never sees half a file.  The format is
+:mod:`pytest_kimi.baseline.yaml_io`, the merge rule :mod:`pytest_kimi.baseline.merge`.
 
 This module must not import pytest: the plugin, CLI helpers and offline scripts share it.
 """
@@ -29,6 +29,7 @@ from pytest_kimi.baseline.model import (
 from pytest_kimi.baseline.paths import DEFAULT_PROFILE, baseline_relpath, check_profile
 from pytest_kimi.baseline.review import UpdateSummary, summarize_update
 from pytest_kimi.baseline.yaml_io import dumps, loads
+from pytest_kimi.files import write_atomic
 
 __all__ = ["BaselineLookup", "BaselineStore", "profile_names"]
 
@@ -154,59 +155,20 @@ def profile_names(root: Path) -> list[str]:
 
 
 def _atomic_write(path: Path, text: str, *, overwrite: bool) -> None:
-    """Temp file in the same directory, fsync, then rename into place.
-
-    Readers (and a crash) see the old file or the new one, never half of one.  Without
-    ``overwrite`` the rename is a hard link, which fails atomically if the target appeared in
-    the meantime (two workers recording the same test); filesystems without hard links fall
-    back to check-then-rename.
-    """
+    """:func:`~pytest_kimi.files.write_atomic`, its :class:`FileExistsError` (no ``overwrite``,
+    the file exists or appeared while writing: two workers recording the same test) said as
+    :class:`BaselineExistsError`."""
     if not overwrite and path.exists():
         raise BaselineExistsError(
             f"{path}: a baseline already exists; pass overwrite=True (a deliberate re-record) to replace it"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = text.encode("utf-8")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies, unlike mkstemp
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise BaselineExistsError(
-                    f"{path}: a baseline was created concurrently; not overwriting it"
-                ) from None
-            except OSError:
-                if path.exists():
-                    raise BaselineExistsError(f"{path}: a baseline already exists") from None
-                os.replace(tmp, path)
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable; not possible on every platform, so best effort."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        write_atomic(path, text, overwrite=overwrite)
+    except FileExistsError as exc:
+        # os.link's own error (an errno) is the race; write_atomic's (none) is its check, or the
+        # fallback of a filesystem without hard links finding the file there
+        if exc.errno is None:
+            raise BaselineExistsError(f"{path}: a baseline already exists") from None
+        raise BaselineExistsError(
+            f"{path}: a baseline was created concurrently; not overwriting it"
+        ) from None

@@ -29,10 +29,9 @@ from pytest_kimi.baseline.model import (
     LevelBaseline,
     TestBaseline,
     WorkloadKey,
-    _is_number,
-    utc_timestamp,
 )
 from pytest_kimi.baseline.provenance import Provenance
+from pytest_kimi.baseline.values import is_number, utc_timestamp
 
 __all__ = ["SCHEMA_VERSION", "dumps", "loads"]
 
@@ -262,7 +261,7 @@ def _parse_level(index: int, raw: Any) -> LevelBaseline:
         raise _Invalid(f"{what}: {exc}") from None
     if "tok_s" in entry:
         stated = entry["tok_s"]
-        if not _is_number(stated) or stated != level.tok_s:
+        if not is_number(stated) or stated != level.tok_s:
             raise _Invalid(
                 f"{what}: tok_s {stated!r} is not the median of trials_tok_s ({level.tok_s}); "
                 f"it is derived from the trials: fix or delete it"

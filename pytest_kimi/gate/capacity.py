@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from pytest_kimi.baseline import (
@@ -48,24 +47,13 @@ from pytest_kimi.baseline import (
     WorkloadKey,
 )
 from pytest_kimi.baseline.model import round_load
-from pytest_kimi.endpoint.discovery import EndpointInfo
 from pytest_kimi.gate.policy import GateSettings
-from pytest_kimi.gate.run import (
-    prepare_gated,
-    Comparison,
-    GateProblem,
-    MeasurementInterrupted,
-    flush_cache,
-    note_server_crash,
-)
-from pytest_kimi.verdicts import Verdict
-from pytest_kimi.measure.capacity import CapacityEstimate, SearchSettings, run_capacity
-from pytest_kimi.measure.results import ThroughputResult, spec_key
-from pytest_kimi.measure.trials import ProgressFn
+from pytest_kimi.measure.capacity import CapacityEstimate
+from pytest_kimi.measure.results import spec_key
 from pytest_kimi.spec.capacity import CapacitySpec
-from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, Targets, Workload
+from pytest_kimi.spec.markers import Workload
+from pytest_kimi.verdicts import Verdict
 
-Z90 = 1.6448536269514722
 MIN_SLOPE = 0.02
 """Floor of the slope the session term divides by: a latency flat in load (slope near 0)
 would make any capacity change look like noise; below 2% per unit ln(load) the gate treats it
@@ -351,142 +339,9 @@ def capacity_dict(
     return out
 
 
-def capacity_failure(test: Mapping[str, Any], failing: frozenset[str]) -> str | None:
+def capacity_failure(capacity: Mapping[str, Any] | None, failing: frozenset[str]) -> str | None:
     """The failing test's headline for its capacity (None when the capacity does not fail)."""
-    capacity = test.get("capacity")
     if not isinstance(capacity, Mapping) or capacity.get("verdict") not in failing:
         return None
     known = Verdict.of(capacity.get("verdict"))
     return f"capacity {known.headline if known is not None else capacity.get('verdict')}"
-
-
-# ------------------------------------------------------------------------------------- the job
-
-
-def measure_capacity_gated(
-    session: Any,
-    endpoint: EndpointInfo,
-    nodeid: str,
-    capacity: CapacitySpec,
-    workload: Workload,
-    targets: Targets,
-    settings: GateSettings,
-    comparison: Comparison,
-    *,
-    rootdir: Path,
-    trials: int | None,
-    server: Any = None,
-    progress: ProgressFn | None = None,
-    server_metrics: bool = False,
-    protocol: str = DEFAULT_PROTOCOL,
-) -> ThroughputResult:
-    """Search the capacity, then judge it against ``min_capacity`` and the baseline's.
-
-    The plugin's per-test job for ``@capacity``, as :func:`~pytest_kimi.gate.run.measure_gated`
-    is for ``@throughput``: a corrupt or incomparable baseline raises :class:`GateProblem`
-    before any load is sent; the result's ``extra["capacity"]`` is the report's object.
-    """
-    from pytest_kimi.crosscheck.server_metrics import ServerMetricsError, ServerMetricsObserver
-
-    settings = settings.for_test(targets)
-    prepared = prepare_gated(
-        "@capacity",
-        session,
-        endpoint,
-        nodeid,
-        workload,
-        targets,
-        comparison,
-        rootdir=rootdir,
-        trials=trials,
-        protocol=protocol,
-    )
-    path, spec, stored = prepared.path, prepared.spec, prepared.baseline
-    current, compared_with = prepared.current, prepared.compared_with
-    flush_note = flush_cache(server)
-    if server_metrics:
-        spec.observer = ServerMetricsObserver(endpoint.url, endpoint.headers())
-    template = workload.levels[0]
-    level_protocol = workload.protocol_for(template, protocol)
-    key = capacity_key(capacity, workload, spec.prompts_key(template), level_protocol)
-    search = SearchSettings(
-        metric=capacity.metric,
-        low=capacity.low,
-        high=capacity.high,
-        ceilings=capacity.ceilings,
-        percentile=capacity.percentile,
-        resolution=capacity.resolution,
-        max_levels=capacity.max_levels,
-        first_trials=spec.trials,
-        max_trials=max(settings.max_trials, spec.trials),
-        must_probe=capacity.min_capacity,
-    )
-    try:
-        run = session.run_job(lambda client: run_capacity(client, spec, search, progress))
-    except ServerMetricsError as exc:
-        raise GateProblem(f"--perf-server-metrics: {exc}") from None
-    except KeyboardInterrupt:
-        if spec.partial is None:
-            raise
-        partial = spec.partial
-        partial.extra.update(
-            baseline_file=str(path),
-            baseline_profile=comparison.store.profile,
-            session_id=session.session_id,
-            interrupted="measurement interrupted (Ctrl-C or SIGTERM); "
-            "only the levels it finished are reported",
-        )
-        note_server_crash(partial, server)
-        raise MeasurementInterrupted(partial) from None
-    result: ThroughputResult = run.result
-    estimate = run.estimate
-    record = record_of(estimate, key) if estimate.problem is None and estimate.levels else None
-    stored_capacity = None
-    note = None
-    if stored is not None:
-        if stored.capacity is not None and stored.capacity.workload == WorkloadKey.from_dict(key):
-            stored_capacity = stored.capacity
-        else:
-            note = explain_miss(stored, key)
-    judged = judge_capacity(estimate, capacity, record, stored_capacity, settings, result.levels)
-    if note is not None and judged.verdict == Verdict.NO_BASELINE:
-        judged.reasons.append(note)
-    result.extra["capacity"] = capacity_dict(estimate, capacity, key, judged)
-    result.extra.update(
-        baseline_file=str(path),
-        baseline_profile=comparison.store.profile,
-        provenance_changes=[],
-        session_id=session.session_id,
-    )
-    if stored is not None:
-        from pytest_kimi.baseline import provenance_diff
-
-        result.extra["provenance_changes"] = [
-            str(c) for c in provenance_diff(stored.provenance, current)
-        ]
-    elif not comparison.is_candidate:
-        result.extra["baseline_note"] = (
-            f"no baseline yet: {path} (record it with --update-baselines)"
-        )
-    if comparison.deployment is not None:
-        result.extra["profile"] = comparison.deployment
-        for level in result.levels:
-            level.extra["profile"] = comparison.deployment
-        if comparison.reference is not None:
-            result.extra["compared_with"] = compared_with
-        if (
-            comparison.deployment == comparison.reference
-            and comparison.references is not None
-            and record is not None
-        ):
-            comparison.references[nodeid] = TestBaseline(
-                test=nodeid,
-                profile=comparison.reference,
-                provenance=current,
-                levels=(),
-                capacity=record,
-            )
-    if flush_note is not None:
-        result.extra["cache_flush"] = flush_note
-    note_server_crash(result, server)
-    return result

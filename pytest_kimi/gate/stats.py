@@ -93,6 +93,7 @@ from typing import Any, Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from pytest_kimi.logscale import MIN_LOG_SD
 from pytest_kimi.verdicts import Verdict
 
 
@@ -114,10 +115,6 @@ DEFAULT_DETECTABLE_DROP = 0.15
 DEFAULT_MIN_TRIALS = 3
 DEFAULT_MAX_TRIALS = 10
 CI_LEVEL = 0.90
-MIN_LOG_SD = 1e-4
-"""Floor of the within-session log standard deviation (0.01%).  Identical samples (a
-noiseless simulator) would otherwise give a zero standard error and a division by zero; the
-floor is far below any real timer or token-count resolution, so it never masks real noise."""
 
 
 class StopReason(str, Enum):
@@ -272,7 +269,8 @@ def _log_samples(name: str, values: ArrayLike, ndim: int, where: str = "") -> ND
 
 
 def _within_var(log_x: NDArray[np.float64]) -> NDArray[np.float64] | None:
-    """Per-row sample variance with the :data:`MIN_LOG_SD` floor; None below two samples."""
+    """Per-row sample variance with the :data:`~pytest_kimi.logscale.MIN_LOG_SD` floor; None
+    below two samples."""
     if log_x.shape[1] < 2:
         return None
     var: NDArray[np.float64] = np.maximum(log_x.var(axis=1, ddof=1), MIN_LOG_SD**2)

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_kimi.errors import CliError
 from pytest_kimi.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_MIN_MAGNITUDE
 
 if TYPE_CHECKING:
@@ -40,14 +41,6 @@ ENV = "KIMI_PERF_HISTORY"
 EXIT_OK = 0
 
 
-def _error(message: str) -> Exception:
-    """The CLI's one-line error (exit 2); imported here so ``pytest_kimi.cli`` stays the one
-    home of the error type and its exit code."""
-    from pytest_kimi.cli import CliError
-
-    return CliError(message)
-
-
 # ----------------------------------------------------------------------------- the store
 
 
@@ -61,10 +54,10 @@ def history_url(value: str | None, base: Path | None = None) -> str:
     try:
         url = resolve_history_url(given, where)
     except HistoryError as exc:
-        raise _error(str(exc)) from None
+        raise CliError(str(exc)) from None
     if url is None:
         source = "--history" if value is not None else ENV
-        raise _error(f"the history is off ({source}={given}): there is nothing to read")
+        raise CliError(f"the history is off ({source}={given}): there is nothing to read")
     return url
 
 
@@ -77,7 +70,7 @@ def opened(value: str | None, base: Path | None = None) -> Iterator[HistoryStore
     url = history_url(value, where)
     path = sqlite_path(url)
     if path and not Path(path).exists():
-        raise _error(
+        raise CliError(
             f"no history at {display_url(url, where)} yet: pytest records every run that "
             f"measured something there (--perf-history URL, env {ENV}); pass --history URL "
             "to read another"
@@ -85,17 +78,17 @@ def opened(value: str | None, base: Path | None = None) -> Iterator[HistoryStore
     try:
         from pytest_kimi.history.store import open_history
     except ModuleNotFoundError as exc:
-        raise _error(
+        raise CliError(
             f"reading the history needs {exc.name} (pip install pytest-kimi brings it)"
         ) from None
     try:
         store = open_history(url)
     except HistoryError as exc:
-        raise _error(str(exc)) from None
+        raise CliError(str(exc)) from None
     try:
         yield store
     except HistoryError as exc:
-        raise _error(str(exc)) from None
+        raise CliError(str(exc)) from None
     finally:
         store.close()
 
@@ -113,7 +106,7 @@ def _find_changes(series: Sequence[LevelSeries], ns: argparse.Namespace) -> list
     try:
         return find_changes(series, max_pvalue=ns.max_pvalue, min_magnitude=ns.min_magnitude)
     except (ChangePointsUnavailable, ValueError) as exc:
-        raise _error(str(exc)) from None
+        raise CliError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------- commands
@@ -174,7 +167,7 @@ def cmd_noise(ns: argparse.Namespace) -> int:
             min_magnitude=ns.min_magnitude,
         )
     except (ChangePointsUnavailable, ValueError) as exc:
-        raise _error(str(exc)) from None
+        raise CliError(str(exc)) from None
     if ns.json:
         print(json.dumps(report.to_dict(), indent=2))
         return EXIT_OK
@@ -235,11 +228,11 @@ def cmd_dashboard(ns: argparse.Namespace) -> int:
         print(f"{exc}; the dashboard is drawn without them", file=sys.stderr)
         found = []
     except ValueError as exc:
-        raise _error(str(exc)) from None
+        raise CliError(str(exc)) from None
     try:
         index = write_dashboard(series, found, Path(ns.out), runs)
     except OSError as exc:
-        raise _error(f"{ns.out}: cannot write: {exc}") from None
+        raise CliError(f"{ns.out}: cannot write: {exc}") from None
     print(f"wrote {index}")
     return EXIT_OK
 

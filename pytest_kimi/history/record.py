@@ -14,7 +14,7 @@ the level's whole report dict.
 Series identity: a series is one (test, level key, deployment).  The test is the report's
 node id with the parametrization ids the plugin adds stripped: the deployment's
 (``[ep8-tuned]``: the test's server profile or baseline profile) and the ``--perf-sessions``
-session's (``[s2]``, ``[ep8-s2]``: :func:`pytest_kimi.measure.sessions.session_id` of the
+session's (``[s2]``, ``[ep8-s2]``: :func:`pytest_kimi.measure.results.session_id` of the
 test's ``perf_session``), as a whole bracket or as its first or last part; the test's own
 parameters stay.  So a test measured on two deployments, or in three sessions of one run,
 is one test name with a deployment and a session beside it.  The plugin's node ids have these
@@ -269,7 +269,7 @@ def build_rows(report: Mapping[str, Any], meta: RunMeta) -> RunRows:
     # The baseline's own key function and the sessions' parameter ids; they bring the load
     # engine's imports, paid only here.
     from pytest_kimi.measure.results import level_key
-    from pytest_kimi.measure.sessions import PERF_SESSION, session_id
+    from pytest_kimi.measure.results import PERF_SESSION, session_id
 
     clean: dict[str, Any] = clean_json(scrub(dict(report)))
     tests = [t for t in clean.get("tests") or () if isinstance(t, Mapping)]

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Literal, Mapping, Sequence
 
+from pytest_kimi.logscale import MIN_LOG_SD, Z90
 from pytest_kimi.spec.capacity import DEFAULT_MAX_LEVELS, DEFAULT_RESOLUTION
 
 Metric = Literal["concurrency", "rate"]
@@ -71,11 +72,6 @@ MIN_GROWTH = 2.0
 MAX_GROWTH = 4.0
 """Growth per level before anything broke: at least doubling (so a wide range costs log2 of
 its width), at most quadrupling (an extrapolation from far below the boundary overshoots)."""
-MIN_LOG_SD = 1e-4
-"""Floor of a level's trial scatter (log scale), as in :mod:`pytest_kimi.gate.stats`: a
-noiseless simulator would otherwise claim certainty it cannot have."""
-Z90 = 1.6448536269514722
-"""Normal quantile of a two-sided 90% interval."""
 DEFAULT_SLOPE = 0.5
 """The latency's elasticity with load assumed before two levels measure it (the simulator's
 decode step has 0.3 at C=16, 0.58 at C=40, 0.7 at C=256)."""
@@ -702,7 +698,7 @@ async def run_capacity(
             await observer.open()
         warm_start = perf_counter()
         await warm_up(client, spec)
-        result.extra["warmup_server_time_s"] = round((perf_counter() - warm_start) * spec.clock, 3)
+        result.warmup_server_time_s = round((perf_counter() - warm_start) * spec.clock, 3)
         while (probe := search.next_probe()) is not None:
             level_spec = dataclasses.replace(
                 template,

@@ -93,15 +93,64 @@ class LevelResult:
 
 
 @dataclass(slots=True)
+class ServerExit:
+    """A managed server that died during the measurement: its exit code and last log lines."""
+
+    returncode: int
+    log: str
+    log_tail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"returncode": self.returncode, "log": self.log, "log_tail": self.log_tail}
+
+
+@dataclass(slots=True)
 class ThroughputResult:
-    """All levels of one test; what ``throughput_result`` gives a test body."""
+    """All levels of one test and what each stage added to it; what ``throughput_result``
+    gives a test body, and what every report is produced from (:meth:`to_dict`).
+
+    The fields after ``levels`` were once an untyped ``extra`` dict filled by string keys from
+    four modules; each is now a field with its writer named, so ``mypy --strict`` checks every
+    reader and the JSON keys are produced in one place.
+    """
 
     nodeid: str
     workload: Workload
     targets: Targets
     levels: list[LevelResult] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Test-level report fields later stages add (baseline file, provenance changes)."""
+    # -- the measurement (measure/trials.py, measure/capacity.py)
+    server_time_s: float | None = None
+    """The measurement's cost in the server's seconds: warm-up and every level."""
+    warmup_server_time_s: float | None = None
+    server_clock: dict[str, Any] | None = None
+    """The simulator's clock (``kind``, ``speed``) where figures are in its seconds."""
+    # -- what it was judged against (run/conductor.py)
+    baseline_file: str | None = None
+    baseline_profile: str | None = None
+    baseline_note: str | None = None
+    """Set when the test has no baseline yet: where it would be and how to record it."""
+    provenance_changes: list[str] | None = None
+    """What changed in the server's config since the baseline (set once judged)."""
+    session_id: str | None = None
+    """The measuring run's id, as baselines record it."""
+    deployment: str | None = None
+    """The server profile measured (JSON ``profile``); None without ``--server-profile``."""
+    compared_with: str | None = None
+    """Same-run A/B: what a deployment was compared with (the reference, or its baseline)."""
+    capacity: dict[str, Any] | None = None
+    """A ``@capacity`` test's capacity: the report's ``capacity`` object (report/capacity.py)."""
+    cache_flush: str | None = None
+    """Why a managed server's prefix cache was not flushed before the test."""
+    server_exit: ServerExit | None = None
+    interrupted: str | None = None
+    """Set on a measurement stopped by Ctrl-C or SIGTERM: only its finished levels are here."""
+    # -- where and when it ran (the plugin: run/ knows nothing of pytest's ids and stash)
+    measured: tuple[float, float] | None = None
+    """Wall-clock (start, end) of the measurement: a report shows runs did not overlap."""
+    perf_session: int | None = None
+    """``--perf-sessions``: the server start (0-based) that measured it."""
+    perf_server: dict[str, Any] | None = None
+    """``--perf-sessions``: which start that was (``pid``; the simulator's ``seed``)."""
 
     def level(
         self,
@@ -133,12 +182,48 @@ class ThroughputResult:
         return [lv for lv in self.levels if lv.verdict in failing]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The test's object in ``--perf-json`` (docs/json-report.md): fields left unset are
+        absent, as they always were."""
+        out: dict[str, Any] = {
             "nodeid": self.nodeid,
             "workload": workload_dict(self.workload),
             "levels": [lv.to_dict() for lv in self.levels],
-            **self.extra,
         }
+        optional: dict[str, Any] = {
+            "server_time_s": self.server_time_s,
+            "warmup_server_time_s": self.warmup_server_time_s,
+            "server_clock": self.server_clock,
+            "capacity": self.capacity,
+            "baseline_file": self.baseline_file,
+            "baseline_profile": self.baseline_profile,
+            "session_id": self.session_id,
+            "baseline_note": self.baseline_note,
+            "profile": self.deployment,
+            "compared_with": self.compared_with,
+            "cache_flush": self.cache_flush,
+            "server_exit": None if self.server_exit is None else self.server_exit.to_dict(),
+            "interrupted": self.interrupted,
+            "measured": None if self.measured is None else [round(x, 3) for x in self.measured],
+            PERF_SESSION: self.perf_session,
+            PERF_SERVER: self.perf_server,
+            "provenance_changes": self.provenance_changes,
+        }
+        out.update((k, v) for k, v in optional.items() if v is not None)
+        return out
+
+
+PERF_SESSION = "perf_session"
+"""Key of a test's JSON object: the ``--perf-sessions`` start (0-based) it ran in; present only
+with ``--perf-sessions`` > 1.  The history store reads it: do not rename."""
+
+PERF_SERVER = "perf_server"
+"""Key of a test's JSON object: which server start measured it (``pid``; ``seed`` for the
+simulator)."""
+
+
+def session_id(index: int) -> str:
+    """The test id suffix of a ``--perf-sessions`` start: ``s1`` for index 0."""
+    return f"s{index + 1}"
 
 
 def workload_dict(workload: Workload) -> dict[str, Any]:

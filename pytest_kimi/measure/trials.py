@@ -558,7 +558,7 @@ async def measure_test(
             await observer.open()  # before any load: a check that cannot run stops the test here
         warm_start = perf_counter()
         await warm_up(client, spec)  # a dead server shows in the first level's errors
-        result.extra["warmup_server_time_s"] = round((perf_counter() - warm_start) * spec.clock, 3)
+        result.warmup_server_time_s = round((perf_counter() - warm_start) * spec.clock, 3)
         stop_reason: str | None = None
         for level in spec.workload.levels:
             if stop_reason is not None:
@@ -597,9 +597,9 @@ def _account(result: ThroughputResult, clock: float) -> None:
     from its first request to its last; replaced trials included: they held the server too),
     and the clock the figures are in.  Also on an interrupted run: the partial result says
     what it cost."""
-    spent = result.extra.get("warmup_server_time_s", 0.0) + sum(
+    spent = (result.warmup_server_time_s or 0.0) + sum(
         lv.extra.get("server_time_s", 0.0) for lv in result.levels
     )
-    result.extra["server_time_s"] = round(spent, 3)
+    result.server_time_s = round(spent, 3)
     if clock != 1.0:
-        result.extra["server_clock"] = {"kind": "simulator", "speed": clock}
+        result.server_clock = {"kind": "simulator", "speed": clock}

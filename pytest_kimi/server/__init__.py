@@ -29,6 +29,7 @@ from pytest_kimi.server.profile import (
     described_server_info,
     load_profile,
     parse_profile,
+    profile_secrets,
     server_args,
 )
 
@@ -51,5 +52,6 @@ __all__ = [
     "open_server",
     "parse_profile",
     "described_server_info",
+    "profile_secrets",
     "server_args",
 ]

@@ -42,7 +42,7 @@ from pytest_kimi.scrub import is_secret_name, known_secrets, scrub_argv, scrub_t
 from pytest_kimi.server import leftovers
 from pytest_kimi.server.procgroup import DEAD_LEADER_GRACE_S
 from pytest_kimi.server.procgroup import group_members as _group_members  # noqa: F401 - tests/engine use it
-from pytest_kimi.server.profile import ServerProfile, argv
+from pytest_kimi.server.profile import ServerProfile, argv, profile_secrets
 from pytest_kimi.server.supervisor import Supervised, SupervisedHandle
 
 __all__ = [
@@ -642,17 +642,10 @@ class _ServerBase(SupervisedHandle):
         )
 
     def secrets(self) -> list[str]:
-        """Literal values never to be shown: secret-named args (``api-key``,
-        ``admin-api-key``), env values whose name says secret or that ``secret_env`` lists,
-        and whatever the process registered (``--api-key`` given to pytest)."""
-        out = set(known_secrets())
-        for key, value in self.profile.args.items():
-            if is_secret_name(key) and isinstance(value, str):
-                out.add(value)
-        for key, value in self.profile.env.items():
-            if value and (is_secret_name(key) or key in self.profile.secret_env):
-                out.add(value)
-        return sorted(out)
+        """Literal values never to be shown: the profile's (:func:`profile_secrets`: secret
+        args, secret env values, the values of the variables ``secret_env`` names) and
+        whatever the process registered (``--api-key`` given to pytest)."""
+        return sorted(known_secrets() | set(profile_secrets(self.profile)))
 
     def _scrub(self, text: str) -> str:
         return scrub_text(text, self.secrets())

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from pytest_kimi import yamlstrict
+from pytest_kimi.scrub import is_secret_name
 from pytest_kimi.server.engines import ENGINES, Engine, get_engine
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "argv",
     "load_profile",
     "parse_profile",
+    "profile_secrets",
     "server_args",
 ]
 
@@ -284,6 +286,39 @@ def server_args(profile: ServerProfile) -> dict[str, Any]:
         for key, v in profile.args.items()
         if v is not None
     }
+
+
+def profile_secrets(profile: ServerProfile, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Every secret value the profile brings, sorted, each once: what must never be shown.
+
+    The one answer for the launcher (its log, records and errors) and the plugin (which
+    registers them with the scrubber for every report, baseline and terminal line):
+
+    * the values of secret-named ``args`` (``api-key``, ``admin-api-key``; each string of a
+      list value);
+    * the values of ``env`` entries whose name says secret (``HF_TOKEN``) or that
+      ``secret_env`` lists;
+    * the values, in ``environ`` (the plugin's environment, which the server inherits), of
+      the variables ``secret_env`` lists: a profile marks a variable it does not set, as
+      much as one it does.  A variable the profile removes (``env: {X: null}``) is still
+      scrubbed: its value is a secret whoever holds it.
+
+    Empty values are not secrets (the scrubber would redact every empty string).
+    """
+    out: set[str] = set()
+    for key, value in profile.args.items():
+        if not is_secret_name(key):
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        out.update(v for v in values if isinstance(v, str) and v)
+    for key, env_value in profile.env.items():
+        if env_value and (is_secret_name(key) or key in profile.secret_env):
+            out.add(env_value)
+    for name in profile.secret_env:
+        inherited = environ.get(name)
+        if inherited:
+            out.add(inherited)
+    return sorted(out)
 
 
 def described_server_info(profile: ServerProfile, reported: Mapping[str, Any]) -> dict[str, Any]:

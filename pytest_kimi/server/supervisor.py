@@ -31,7 +31,8 @@ GROUP_GRACE`` and ``kill``; EOF = parent gone.  stdout: JSON lines ``started`` (
 (the whole group is gone; the last line).
 
 :class:`Supervised` is the parent's side; it is what the launcher and the simulator use.
-Standard library only: the script loads ``procgroup.py`` and ``../scrub.py`` by path.
+Standard library only: the script loads ``procgroup.py``, ``../scrub.py`` and ``../files.py``
+by path.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 if __package__:
+    from pytest_kimi import files as _files
     from pytest_kimi import scrub as _scrub
     from pytest_kimi.server import procgroup
 else:  # run as a script: load the siblings by path, never the pytest_kimi package
@@ -67,6 +69,7 @@ else:  # run as a script: load the siblings by path, never the pytest_kimi packa
     _HERE = Path(__file__).resolve().parent
     procgroup = _load("_kimi_procgroup", _HERE / "procgroup.py")
     _scrub = _load("_kimi_scrub", _HERE.parent / "scrub.py")
+    _files = _load("_kimi_files", _HERE.parent / "files.py")
 
 __all__ = ["Supervised", "SupervisorError", "hurry", "kill_all", "live"]
 
@@ -170,10 +173,9 @@ class _Supervisor:
         )
         path = Path(self.record)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-            os.replace(tmp, path)
+            # no fsync: a machine crash that loses the record ends the server too; but a later
+            # run's leftovers.py must never read half a record
+            _files.write_atomic(path, json.dumps(info, indent=1) + "\n", fsync=False)
         except OSError as exc:
             self.note(f"cannot write {path}: {exc}")
 

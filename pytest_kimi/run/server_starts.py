@@ -30,19 +30,7 @@ from pytest_kimi.gate.session_noise import (
     recommend,
 )
 from pytest_kimi.verdicts import Verdict
-from pytest_kimi.measure.results import level_key
-
-PERF_SESSION = "perf_session"
-"""Key of a test dict: the session (0-based) it ran in; present only with ``--perf-sessions`` > 1.
-The history store reads it: do not rename."""
-
-PERF_SERVER = "perf_server"
-"""Key of a test dict: which server start measured it (``pid``; ``seed`` for the simulator)."""
-
-
-def session_id(index: int) -> str:
-    """The parameter id of session ``index`` (0-based) in test ids: ``s1``, ``s2``, ..."""
-    return f"s{index + 1}"
+from pytest_kimi.measure.results import PERF_SERVER, PERF_SESSION, level_key, session_id
 
 
 def run_order(deployments: int, sessions: int) -> list[tuple[int, int]]:

@@ -1,6 +1,6 @@
 """The measuring side of a pytest session, without pytest: one loop, one client, one endpoint.
 
-:class:`PerfSession` owns the background loop and the single :class:`LoadClient` that every
+:class:`Measurer` owns the background loop and the single :class:`LoadClient` that every
 test shares; :class:`KimiLoad` is what ``async def`` tests get as ``kimi_load``.
 """
 
@@ -51,7 +51,7 @@ from pytest_kimi.crosscheck.prefix_cache import PrefixCacheProbe
 T = TypeVar("T")
 
 
-class PerfSession:
+class Measurer:
     """Background loop + shared load client bound to one endpoint."""
 
     def __init__(self, workers: int = 1) -> None:
@@ -302,7 +302,7 @@ class KimiLoad:
 
     def __init__(
         self,
-        session: PerfSession,
+        session: Measurer,
         endpoint: EndpointInfo,
         nodeid: str,
         rootdir: Path,

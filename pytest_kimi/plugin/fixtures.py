@@ -1,0 +1,281 @@
+"""The plugin's fixtures: the measurer, the deployment, the server, the endpoint, and the
+autouse fixture that runs a perf test's plan through the conductor before its body.
+
+Each fixture only wires pytest to a pytest-free stage: :mod:`pytest_kimi.run.setup` resolves
+the endpoint, :func:`pytest_kimi.run.conductor.conduct` measures and judges.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_kimi.endpoint.discovery import EndpointError, EndpointInfo
+from pytest_kimi.measure.results import ThroughputResult, session_id
+from pytest_kimi.plugin.nodeids import baseline_id
+from pytest_kimi.plugin.state import (
+    DEPLOYMENTS,
+    GATE,
+    PLAN,
+    RESULT,
+    STATE,
+    kimi_options,
+    perf_sessions,
+)
+from pytest_kimi.plugin.terminal import progress_printer, say
+from pytest_kimi.plugin.xdist import one_measurement_at_a_time
+from pytest_kimi.report.junit import junit_properties
+from pytest_kimi.run.conductor import (
+    Comparison,
+    Conditions,
+    GateProblem,
+    MeasurementInterrupted,
+    conduct,
+)
+from pytest_kimi.run.measurer import KimiLoad, Measurer
+from pytest_kimi.run.setup import NO_ENDPOINT_REASON, SetupError, open_endpoint
+from pytest_kimi.scrub import scrub_text
+from pytest_kimi.server import ServerProfile, ServerStartError, open_server
+
+
+def session_label(config: pytest.Config, perf_session: int) -> str:
+    """`` s2`` in a server's progress lines with ``--perf-sessions``; nothing without."""
+    return f" {session_id(perf_session)}" if perf_sessions(config) > 1 else ""
+
+
+@pytest.fixture(scope="session")
+def _kimi_measurer(pytestconfig: pytest.Config) -> Iterator[Measurer]:
+    measurer = Measurer(workers=kimi_options(pytestconfig).perf_workers)
+    try:
+        yield measurer
+    finally:
+        measurer.close()
+
+
+@pytest.fixture(scope="session")
+def kimi_deployment(request: pytest.FixtureRequest) -> ServerProfile | None:
+    """The server profile under test; parametrized over ``--server-profile`` for perf tests.
+
+    Parametrized indirectly, so that a test that is not parametrized (a plain test using
+    ``kimi_load``) and the perf tests share this one fixture: a direct parametrization is a
+    fixture of its own, and a server or simulator first set up for a plain test would then be
+    kept (its cache key unchanged) for every deployment and session after it.
+    """
+    return getattr(request, "param", None)
+
+
+@pytest.fixture(scope="session")
+def kimi_perf_session(request: pytest.FixtureRequest) -> int:
+    """The session (0-based fresh server start) under test; parametrized (indirectly, as
+    ``kimi_deployment``) over ``--perf-sessions N`` for perf tests, 0 everywhere else."""
+    return int(getattr(request, "param", 0))
+
+
+@pytest.fixture(scope="session")
+def kimi_server(
+    pytestconfig: pytest.Config, kimi_deployment: ServerProfile | None, kimi_perf_session: int
+) -> Iterator[Any]:
+    """The managed deployment (launched, ready, torn down at the end), or None without a profile.
+
+    Depends on ``kimi_perf_session`` so that each ``--perf-sessions`` session is a fresh launch.
+    """
+    if kimi_deployment is None:
+        yield None
+        return
+    label = kimi_deployment.name + session_label(pytestconfig, kimi_perf_session)
+
+    def progress(message: str) -> None:
+        say(pytestconfig, f"[kimi {label}] {message}")
+
+    server = open_server(kimi_deployment, Path(pytestconfig.rootpath) / ".kimi" / "logs")
+    problem = None
+    started = time.monotonic()
+    progress(f"launching {kimi_deployment.source} (up to {kimi_deployment.startup_timeout_s:g} s)")
+    try:
+        server.launch(progress=progress)
+        pid = f" (pid {server.pid})" if server.pid is not None else ""
+        progress(
+            f"ready at {server.url}{pid} after {time.monotonic() - started:.1f} s; log {server.log_path}"
+        )
+    except ServerStartError as exc:
+        problem = (
+            f"server profile {kimi_deployment.name} ({kimi_deployment.source}) did not start: {exc}"
+        )
+    if problem is not None:
+        pytest.fail(scrub_text(problem), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def kimi_endpoint(
+    pytestconfig: pytest.Config,
+    _kimi_measurer: Measurer,
+    kimi_server: Any,
+    kimi_perf_session: int,
+) -> Iterator[EndpointInfo]:
+    """The endpoint under test: URL, model and server info (launching the simulator for ``sim``,
+    afresh for each ``--perf-sessions`` session, with the spec's seed plus the session index)."""
+    opts = kimi_options(pytestconfig)
+    if opts.endpoint is None and kimi_server is None:
+        pytest.skip(NO_ENDPOINT_REASON)
+    label = session_label(pytestconfig, kimi_perf_session)
+    problem = None
+    try:
+        endpoint = open_endpoint(
+            opts,
+            _kimi_measurer,
+            kimi_server,
+            rootdir=Path(pytestconfig.rootpath),
+            perf_session=kimi_perf_session,
+            say=(lambda text: _say_sim(pytestconfig, label, text)) if label else None,
+        )
+    except SetupError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    except EndpointError as exc:
+        problem = str(exc)
+    if problem is not None:
+        pytest.fail(scrub_text(problem), pytrace=False)
+    if pytestconfig.stash[STATE].endpoint is None:
+        pytestconfig.stash[STATE].endpoint = endpoint.info.public()
+    try:
+        yield endpoint.info
+    finally:
+        endpoint.close()
+
+
+def _say_sim(config: pytest.Config, label: str, text: str) -> None:
+    say(config, f"[kimi sim{label}] {text}")
+
+
+@pytest.fixture
+def kimi_load(
+    request: pytest.FixtureRequest, kimi_endpoint: EndpointInfo, _kimi_measurer: Measurer
+) -> KimiLoad:
+    """The load engine bound to the endpoint: ``await kimi_load.sweep(concurrency=[1, 8])``."""
+    opts = kimi_options(request.config)
+    return KimiLoad(
+        _kimi_measurer,
+        kimi_endpoint,
+        baseline_id(request.node),
+        Path(request.config.rootpath),
+        opts.perf_trials,
+        opts.perf_protocol,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _kimi_measure(
+    request: pytest.FixtureRequest, kimi_deployment: ServerProfile | None, kimi_perf_session: int
+) -> ThroughputResult | None:
+    """Measure a perf test before its body runs and judge it: its plan, through the conductor.
+
+    Never raises on a bad level (verdicts say what went wrong); a corrupt or incomparable
+    baseline fails the test before any load is sent.  In a same-run A/B, deployments after the
+    first are judged against the first one's figures from this very run.  ``kimi_perf_session``
+    is requested here so that it is in every test's closure and ``--perf-sessions`` can
+    parametrize it.
+    """
+    item = request.node
+    plan = item.stash.get(PLAN, None)
+    if plan is None:
+        return None
+    config = request.config
+    opts = kimi_options(config)
+    gate = config.stash[GATE]
+    deployments = config.stash[DEPLOYMENTS]
+    nodeid = baseline_id(item)
+    name = kimi_deployment.name if kimi_deployment is not None else None
+    comparison = Comparison(
+        store=gate.store(name),
+        deployment=name,
+        reference=deployments[0].name if len(deployments) > 1 else None,
+        references=config.stash[STATE].references,
+    )
+    conditions = Conditions(
+        rootdir=Path(config.rootpath),
+        trials=opts.perf_trials,
+        protocol=opts.perf_protocol,
+        server_metrics=opts.perf_server_metrics,
+    )
+    problem: str | None = None
+    try:
+        with one_measurement_at_a_time(config):
+            result = conduct(
+                plan,
+                nodeid,
+                request.getfixturevalue("_kimi_measurer"),
+                request.getfixturevalue("kimi_endpoint"),
+                gate.settings,
+                comparison,
+                conditions,
+                server=request.getfixturevalue("kimi_server"),
+                progress=progress_printer(
+                    config, nodeid + session_label(config, kimi_perf_session)
+                ),
+            )
+    except GateProblem as exc:
+        problem = str(exc)
+    except MeasurementInterrupted as exc:
+        _where(request, exc.result, kimi_perf_session)
+        from pytest_kimi.plugin.reporter import report_interrupted
+
+        report_interrupted(config, exc.result)
+        raise KeyboardInterrupt from None  # what pytest and users know an interrupt by
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+    intervals = config.stash[STATE].intervals
+    result.measured = intervals[-1] if intervals else None
+    _where(request, result, kimi_perf_session)
+    item.stash[RESULT] = result
+    item.user_properties.extend(
+        (name, scrub_text(value) if isinstance(value, str) else value)
+        for name, value in junit_properties(result.to_dict())
+    )
+    return result
+
+
+def _where(request: pytest.FixtureRequest, result: ThroughputResult, perf_session: int) -> None:
+    """With ``--perf-sessions``: the test's session and which server start measured it (its
+    pid; the simulator's seed), for the session-noise report and the history."""
+    if perf_sessions(request.config) == 1:
+        return
+    server = request.getfixturevalue("kimi_server")
+    info = request.getfixturevalue("kimi_endpoint").server_info or {}
+    sim = info.get("sim")
+    sim = sim if isinstance(sim, dict) else {}
+    who: dict[str, Any] = {"pid": getattr(server, "pid", None) or sim.get("pid")}
+    if "seed" in sim:
+        who["seed"] = sim["seed"]
+    result.perf_session = perf_session
+    result.perf_server = who
+
+
+@pytest.fixture
+def throughput_result(
+    request: pytest.FixtureRequest, _kimi_measure: ThroughputResult | None
+) -> ThroughputResult:
+    """All levels, trials and per-request records of this test's measurement (a ``@capacity``
+    test's: the levels its search measured)."""
+    if _kimi_measure is None:
+        pytest.fail(
+            "throughput_result needs the test to carry @throughput(...) or @capacity(...)",
+            pytrace=False,
+        )
+    return _kimi_measure
+
+
+@pytest.fixture
+def capacity_result(throughput_result: ThroughputResult) -> dict[str, Any]:
+    """A ``@capacity`` test's capacity: the report's ``capacity`` object (value, bracket,
+    boundary estimate, the search's levels, baseline and verdict)."""
+    capacity = throughput_result.capacity
+    if capacity is None:
+        pytest.fail("capacity_result needs the test to carry @capacity(...)", pytrace=False)
+    return capacity

@@ -1,0 +1,290 @@
+"""The plugin's pytest hooks: configure the session, plan perf tests at collection, fail a
+missed target in the call phase, attach each test's record to its report.
+
+Flow: markers are planned at collection (a bad one stops the run before any GPU time is
+spent), each planned test is measured in its setup phase by the ``_kimi_measure`` fixture, a
+missed target fails the test in its call phase with the per-level table, and the record rides
+on the test report (so it survives pytest-xdist) into the reporter.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from pytest_kimi.plugin.nodeids import baseline_id
+from pytest_kimi.plugin.options import add_options, options_from_config
+from pytest_kimi.plugin.ordering import SessionOrder
+from pytest_kimi.plugin.reporter import REPORTER_NAME, PerfReporter
+from pytest_kimi.plugin.state import (
+    DEPLOYMENTS,
+    GATE,
+    INTERRUPTS,
+    KIMI_OPTIONS,
+    PASS_UNREACHABLE,
+    PLAN,
+    REPORT_ATTR,
+    RESULT,
+    STATE,
+    RunState,
+    is_worker,
+    kimi_options,
+    perf_sessions,
+)
+from pytest_kimi.plugin.terminal import say
+from pytest_kimi.plugin.xdist import PERF_GROUP, group_perf_tests, worker_groups
+from pytest_kimi.gate.capacity import capacity_failure
+from pytest_kimi.history.urls import url_secrets
+from pytest_kimi.report.record import TestRecord
+from pytest_kimi.report.terminal import format_test
+from pytest_kimi.run.gating import GateContext, marker_pass_unreachable, session_pass_unreachable
+from pytest_kimi.run.plan import PERF_MARKERS, PlanError, plan_test
+from pytest_kimi.measure.results import session_id
+from pytest_kimi.run.setup import (
+    NO_ENDPOINT_REASON,
+    SetupError,
+    check_server_starts,
+    load_deployments,
+)
+from pytest_kimi.scrub import register_secret, scrub_text
+from pytest_kimi.server.interrupts import Interrupts
+from pytest_kimi.spec.capacity import CAPACITY_SIGNATURE
+from pytest_kimi.spec.markers import MARKER_SIGNATURE
+from pytest_kimi.verdicts import Verdict
+
+ASYNCIO_LOOP_SCOPE = "asyncio_default_fixture_loop_scope"
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    add_options(parser)
+    _default_asyncio_loop_scope(parser, pluginmanager)
+
+
+def _default_asyncio_loop_scope(
+    parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager
+) -> None:
+    """Users of the plugin never see pytest-asyncio's "loop scope is unset" deprecation.
+
+    pytest-asyncio (a dependency: ``async def`` tests drive ``kimi_load``) declares its ini
+    ``asyncio_default_fixture_loop_scope`` with no default and warns in every session that does
+    not set it.  The plugin declares the same ini again with pytest-asyncio's coming default,
+    ``function``; a value in the user's ini or ``-o`` still wins, as for any ini.  The second
+    declaration must come after pytest-asyncio's, so where pytest-asyncio would be loaded after
+    this plugin it is registered here first, under its entry point's name ``asyncio`` (then
+    pytest's entry-point loop skips it); ``-p no:asyncio`` and disabled autoloading are left
+    alone.
+    """
+    if pluginmanager.is_blocked("asyncio"):
+        return
+    if pluginmanager.get_plugin("asyncio") is None:
+        if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+            return
+        try:
+            import pytest_asyncio.plugin as asyncio_plugin
+        except ImportError:
+            return
+        if not pluginmanager.is_registered(asyncio_plugin):
+            pluginmanager.register(asyncio_plugin, "asyncio")
+    parser.addini(
+        ASYNCIO_LOOP_SCOPE,
+        type="string",
+        help="default scope of the asyncio event loop used to execute async fixtures "
+        "(pytest-kimi sets 'function', pytest-asyncio's coming default)",
+        default="function",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER_SIGNATURE)
+    config.addinivalue_line("markers", CAPACITY_SIGNATURE)
+    config.addinivalue_line(
+        "markers", "perf: a throughput test (added to every @throughput and @capacity test)"
+    )
+    if config.option.help:
+        # pytest configures plugins before it prints --help: a bad KIMI_* variable or ini
+        # value must not take every project's help away (the next real run reports it)
+        return
+    opts = config.stash[KIMI_OPTIONS] = options_from_config(config)
+    register_secret(opts.api_key)
+    for secret in url_secrets(opts.perf_history):  # a history URL's password
+        register_secret(secret)
+    config.stash[STATE] = RunState()
+    config.stash[GATE] = GateContext.from_options(opts)
+    try:
+        config.stash[DEPLOYMENTS] = load_deployments(opts)
+        sessions = check_server_starts(opts, config.stash[DEPLOYMENTS])
+    except SetupError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if sessions > 1:
+        config.pluginmanager.register(SessionOrder(config), "kimi-session-order")
+    config.pluginmanager.register(PerfReporter(config), REPORTER_NAME)
+    group_perf_tests(config)
+    _install_interrupts(config)
+    unreachable = session_pass_unreachable(opts)
+    if unreachable is not None and not is_worker(config):
+        config.stash[PASS_UNREACHABLE] = unreachable
+        config.issue_config_time_warning(pytest.PytestConfigWarning(unreachable), stacklevel=2)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The gate's up-front warning, where the header is shown (``-q`` hides it; the same text
+    is in the warnings summary)."""
+    unreachable = config.stash.get(PASS_UNREACHABLE, None)
+    return [] if unreachable is None else [unreachable]
+
+
+def _install_interrupts(config: pytest.Config) -> None:
+    """SIGTERM (``timeout``, a cancelled CI job, a container stop) is handled like Ctrl-C:
+    the measurement stops, servers are stopped gracefully, reports are written, exit 2.  A
+    second SIGTERM or Ctrl-C kills the servers and exits at once.  See server/interrupts.py."""
+
+    def announce(text: str) -> None:
+        if not say(config, text, bold=True):
+            raise RuntimeError("no terminal")
+
+    interrupts = Interrupts(say=announce)
+    if interrupts.install():
+        config.stash[INTERRUPTS] = interrupts
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    interrupts = config.stash.get(INTERRUPTS, None)
+    if interrupts is not None:
+        interrupts.restore()
+        del config.stash[INTERRUPTS]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """With server profiles, every perf test runs once per deployment, grouped by deployment.
+
+    ``kimi_deployment`` is session-scoped, so pytest orders the tests deployment by deployment
+    and tears one server down before it launches the next: one server up at a time.  With
+    ``--perf-sessions N`` perf tests are also parametrized over ``kimi_perf_session`` (ids
+    ``s1``..``sN``), on which the server and the simulator depend: each session is a fresh start.
+    """
+    if not _is_perf(metafunc.definition):
+        return
+    deployments = metafunc.config.stash[DEPLOYMENTS]
+    if deployments:
+        metafunc.parametrize(
+            "kimi_deployment",
+            deployments,
+            ids=[d.name for d in deployments],
+            scope="session",
+            indirect=True,  # one fixture for every test: see kimi_deployment
+        )
+    sessions = perf_sessions(metafunc.config)
+    if sessions > 1:
+        # session-scoped too: each server start is torn down before the next (SessionOrder)
+        metafunc.parametrize(
+            "kimi_perf_session",
+            range(sessions),
+            ids=[session_id(k) for k in range(sessions)],
+            scope="session",
+            indirect=True,
+        )
+
+
+def _is_perf(node: pytest.Item) -> bool:
+    """A ``@throughput`` or ``@capacity`` test: measured, and parametrized over deployments."""
+    return any(node.get_closest_marker(name) is not None for name in PERF_MARKERS)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    worker_groups(config)
+    problems: list[str] = []
+    endpoint = kimi_options(config).endpoint or config.stash[DEPLOYMENTS] or None
+    settings = config.stash[GATE].settings
+    for item in items:
+        try:
+            plan = plan_test(
+                item.nodeid,
+                [(m.args, m.kwargs) for m in item.iter_markers("throughput")],
+                [(m.args, m.kwargs) for m in item.iter_markers("capacity")],
+            )
+        except PlanError as exc:
+            problems.append(str(exc))
+            continue
+        if plan is None:
+            continue
+        item.stash[PLAN] = plan
+        if plan.capacity is None:  # a capacity's gate has no power rule (gate/capacity.py)
+            warning = marker_pass_unreachable(item.nodeid, settings, plan.targets)
+            if warning is not None:
+                item.warn(pytest.PytestConfigWarning(warning))
+        item.add_marker(pytest.mark.perf)
+        item.add_marker(pytest.mark.xdist_group(PERF_GROUP))
+        if endpoint is None:
+            item.add_marker(pytest.mark.skip(reason=NO_ENDPOINT_REASON))
+    if problems:
+        kind = "@capacity" if all(": @capacity " in p for p in problems) else "@throughput"
+        raise pytest.UsageError(f"malformed {kind} marker:\n  " + "\n  ".join(problems))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    result = item.stash.get(RESULT, None)
+    if result is not None:
+        verdicts = item.config.stash[GATE].settings.failing_verdicts()
+        failing = result.failing_levels(verdicts)
+        capacity = capacity_failure(result.capacity, verdicts)  # a @capacity test's own verdict
+        if failing or capacity:
+            kinds = ", ".join(dict.fromkeys(_headline(lv.verdict) for lv in failing))
+            headline = capacity or f"throughput {kinds}"  # a search's failed level is in it
+            lines = format_test(result.to_dict())[1:]
+            pytest.fail(scrub_text(f"{headline}:\n" + "\n".join(lines)), pytrace=False)
+    return (yield)
+
+
+def _headline(verdict: str) -> str:
+    """How the failure message names a failing level's verdict (a word it does not know as itself)."""
+    known = Verdict.of(verdict)
+    return verdict if known is None else known.headline
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, Any]:
+    report = yield
+    record = _record(item, report)
+    if record is not None:
+        record.endpoint = item.config.stash[STATE].endpoint
+        setattr(report, REPORT_ATTR, record.to_json())
+    return report
+
+
+def _record(item: pytest.Item, report: pytest.TestReport) -> TestRecord | None:
+    """The test's record for the reports, from the phase that carries it: the call phase
+    (its figures), or a setup that failed (after measuring, or before: then the reports still
+    name the test and why, so a CI step that uploads them finds them)."""
+    result = item.stash.get(RESULT, None)
+    plan = item.stash.get(PLAN, None)
+    if result is not None and (
+        report.when == "call" or report.when == "setup" and not report.passed
+    ):
+        outcome = report.outcome if report.when == "call" else "error"
+        return TestRecord(result.nodeid, outcome, result.workload, result)
+    if plan is not None and report.when == "setup" and report.failed:
+        session = getattr(getattr(item, "callspec", None), "params", {}).get("kimi_perf_session")
+        return TestRecord(
+            baseline_id(item),
+            "error",
+            plan.workload,
+            error=scrub_text(_error_text(report))[:2000],
+            perf_session=session if isinstance(session, int) else None,
+        )
+    return None
+
+
+def _error_text(report: pytest.TestReport) -> str:
+    """What went wrong, without the traceback: the exception line, or a pytest.fail message."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None)
+    if isinstance(message, str) and message:
+        return message.removeprefix("Failed: ").strip()
+    return report.longreprtext.strip()

@@ -1,0 +1,69 @@
+"""The plugin's state: stash keys and what the session accumulates for its reports.
+
+Everything the plugin keeps lives on ``config.stash`` or ``item.stash`` under these keys
+(never as ad-hoc attributes), so two plugin instances in one process -- a ``pytester`` inner
+session inside a test run -- cannot see each other's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_kimi.baseline import TestBaseline
+from pytest_kimi.measure.results import ThroughputResult
+from pytest_kimi.options import KimiOptions
+from pytest_kimi.run.conductor import TestPlan
+from pytest_kimi.run.gating import GateContext
+from pytest_kimi.server import ServerProfile
+from pytest_kimi.server.interrupts import Interrupts
+
+REPORT_ATTR = "kimi_perf"
+"""Attribute on TestReport carrying a test's JSON object (serialised by xdist with the report)."""
+
+
+@dataclass(slots=True)
+class RunState:
+    """What the session accumulates for its reports (controller side under xdist)."""
+
+    endpoint: dict[str, Any] | None = None
+    tests: list[dict[str, Any]] = field(default_factory=list)
+    endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Endpoint (URL, model, server info) per deployment name ('' without profiles)."""
+    references: dict[str, TestBaseline] = field(default_factory=dict)
+    """Same-run A/B: the reference deployment's results per test, as a baseline for the others."""
+    intervals: list[tuple[float, float]] = field(default_factory=list)
+    """Wall-clock (start, end) of each measurement of this process."""
+
+
+STATE = pytest.StashKey[RunState]()
+DEPLOYMENTS = pytest.StashKey[list[ServerProfile]]()
+GATE = pytest.StashKey[GateContext]()
+KIMI_OPTIONS = pytest.StashKey[KimiOptions]()
+"""The session's options (defaults, precedence, paths: see :mod:`pytest_kimi.options`)."""
+PLAN = pytest.StashKey[TestPlan]()
+"""A perf test's plan, set at collection."""
+RESULT = pytest.StashKey[ThroughputResult]()
+"""A perf test's result, set by the measuring fixture."""
+INTERRUPTS = pytest.StashKey[Interrupts]()
+PASS_UNREACHABLE = pytest.StashKey[str]()
+"""Set when the gate's settings make ``pass`` unreachable: said before any trial runs."""
+
+
+def kimi_options(config: pytest.Config) -> KimiOptions:
+    """The session's options, built once in ``pytest_configure``."""
+    return config.stash[KIMI_OPTIONS]
+
+
+def perf_sessions(config: pytest.Config) -> int:
+    """``--perf-sessions`` where it applies: a deployment the plugin starts (else 1: without an
+    endpoint the perf tests skip once each; an external one was refused at start-up)."""
+    opts = kimi_options(config)
+    return opts.perf_sessions if opts.is_sim or config.stash[DEPLOYMENTS] else 1
+
+
+def is_worker(config: pytest.Config) -> bool:
+    """An xdist worker: it measures, the controller reports."""
+    return hasattr(config, "workerinput")

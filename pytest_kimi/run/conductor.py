@@ -1,0 +1,446 @@
+"""The one path a perf test takes: prepare, measure, judge, annotate.
+
+Before this module, ``@throughput`` and ``@capacity`` ran through two copies of this path
+(``measure_gated`` and ``measure_capacity_gated``), and the copies had drifted: an interrupted
+capacity test in an A/B lost its deployment's name, and the cache-flush note never reached a
+capacity's levels.  Now :func:`conduct` is the path and a :class:`TestPlan` says which of two
+*jobs* runs in its middle: a fixed sweep (:class:`SweepJob`) or a capacity search
+(:class:`CapacityJob`).  A job only measures and judges; everything around it -- the baseline
+and what the test is compared with, the prefix-cache flush, the server-counter check, an
+interrupt, the A/B reference, a server crash, the report fields -- happens here once, for both.
+
+No pytest here: the plugin resolves the endpoint and the deployment, calls :func:`conduct` and
+turns a :class:`GateProblem` into a test failure; ``bench/`` scripts call it the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pytest_kimi.baseline import (
+    BaselineError,
+    BaselineStore,
+    Provenance,
+    TestBaseline,
+    WorkloadKey,
+    provenance_diff,
+)
+from pytest_kimi.baseline.update import reference_baseline
+from pytest_kimi.crosscheck.server_metrics import ServerMetricsError, ServerMetricsObserver
+from pytest_kimi.endpoint.discovery import EndpointInfo
+from pytest_kimi.gate.capacity import (
+    capacity_dict,
+    capacity_key,
+    explain_miss,
+    judge_capacity,
+    record_of,
+)
+from pytest_kimi.gate.policy import (
+    AdaptiveTrials,
+    GateSettings,
+    IncomparableBaseline,
+    apply_gate,
+    baseline_samples,
+    check_comparable,
+)
+from pytest_kimi.measure.capacity import SearchSettings, run_capacity
+from pytest_kimi.measure.results import ServerExit, ThroughputResult, spec_key
+from pytest_kimi.measure.trials import MeasureSpec, ProgressFn
+from pytest_kimi.run.measurer import Measurer, build_spec
+from pytest_kimi.spec.capacity import CapacitySpec
+from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, Targets, Workload
+from pytest_kimi.spec.workload import WorkloadError
+from pytest_kimi.verdicts import Verdict
+
+INTERRUPTED = (
+    "measurement interrupted (Ctrl-C or SIGTERM); only the levels it finished are reported"
+)
+
+
+class GateProblem(RuntimeError):
+    """The test cannot be measured as asked (bad prompts file, corrupt or incomparable baseline,
+    a server without the counters ``--perf-server-metrics`` needs): it fails before any load."""
+
+
+class MeasurementInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a measurement; ``result`` holds the levels it finished,
+    annotated like a finished test's (baseline file, deployment, session)."""
+
+    def __init__(self, result: ThroughputResult) -> None:
+        super().__init__()
+        self.result = result
+
+
+@dataclass(frozen=True, slots=True)
+class TestPlan:
+    """What one perf test measures: its marker's workload and targets, and for ``@capacity``
+    the search (``workload`` then holds its one level shape)."""
+
+    __test__ = False  # not a pytest test class, whatever its name
+
+    workload: Workload
+    targets: Targets
+    capacity: CapacitySpec | None = None
+
+    @property
+    def marker(self) -> str:
+        return "@capacity" if self.capacity is not None else "@throughput"
+
+    def job(self) -> Job:
+        return SweepJob() if self.capacity is None else CapacityJob(self.capacity)
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """What one test is judged against: its stored baseline, or a reference deployment's run."""
+
+    store: BaselineStore
+    deployment: str | None = None
+    reference: str | None = None
+    """Same-run A/B: the first deployment's name (None without an A/B)."""
+    references: dict[str, TestBaseline] | None = None
+    """Same-run A/B: the reference deployment's results so far, by test id (filled here)."""
+
+    @property
+    def is_candidate(self) -> bool:
+        return self.reference is not None and self.deployment not in (None, self.reference)
+
+    @property
+    def is_reference(self) -> bool:
+        return self.reference is not None and self.deployment == self.reference
+
+
+@dataclass(frozen=True, slots=True)
+class Conditions:
+    """How the session measures every test (its options, resolved once by the caller)."""
+
+    rootdir: Path
+    trials: int | None = None
+    protocol: str = DEFAULT_PROTOCOL
+    server_metrics: bool = False
+    """``--perf-server-metrics``: check every trial against the server's own counters."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A test before any load: where its baseline lives, what to measure, what it is judged
+    against, and the provenance of this run."""
+
+    path: Path
+    spec: MeasureSpec
+    baseline: TestBaseline | None
+    current: Provenance
+    compared_with: str
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """What a job's judgement hands back to the path: the provenance changes to report and,
+    for the reference deployment of an A/B, the baseline its candidates are judged against."""
+
+    provenance_changes: list[str]
+    reference: TestBaseline | None
+
+
+class Job(Protocol):
+    """The middle of the path: what differs between a sweep and a capacity search."""
+
+    def measure(
+        self,
+        measurer: Measurer,
+        prepared: Prepared,
+        settings: GateSettings,
+        progress: ProgressFn | None,
+    ) -> ThroughputResult: ...
+
+    def judge(
+        self,
+        result: ThroughputResult,
+        prepared: Prepared,
+        settings: GateSettings,
+        targets: Targets,
+        name: str | None,
+    ) -> Judged: ...
+
+
+def conduct(
+    plan: TestPlan,
+    nodeid: str,
+    measurer: Measurer,
+    endpoint: EndpointInfo,
+    settings: GateSettings,
+    comparison: Comparison,
+    conditions: Conditions,
+    *,
+    server: Any = None,
+    progress: ProgressFn | None = None,
+) -> ThroughputResult:
+    """Measure one test and judge it: the whole path, for both markers.
+
+    Raises :class:`GateProblem` before any load when the test cannot be measured as asked,
+    and :class:`MeasurementInterrupted` (carrying the finished levels) on Ctrl-C or SIGTERM.
+    ``server`` is a managed deployment (its cache is flushed first, a crash is reported).
+    """
+    settings = settings.for_test(plan.targets)  # marker tolerance=/alpha= > the session's
+    prepared = prepare(plan, nodeid, measurer, endpoint, comparison, conditions)
+    flush_note = flush_cache(server)
+    if conditions.server_metrics:
+        prepared.spec.observer = ServerMetricsObserver(endpoint.url, endpoint.headers())
+    job = plan.job()
+    try:
+        result = job.measure(measurer, prepared, settings, progress)
+    except ServerMetricsError as exc:
+        raise GateProblem(f"--perf-server-metrics: {exc}") from None
+    except KeyboardInterrupt:
+        partial = prepared.spec.partial
+        if partial is None:
+            raise
+        _annotate(partial, measurer, prepared, comparison, flush_note, server)
+        partial.interrupted = INTERRUPTED
+        raise MeasurementInterrupted(partial) from None
+    judged = job.judge(
+        result,
+        prepared,
+        settings,
+        plan.targets,
+        comparison.reference if comparison.is_reference else None,
+    )
+    _annotate(result, measurer, prepared, comparison, flush_note, server)
+    result.provenance_changes = judged.provenance_changes
+    if prepared.baseline is None and not comparison.is_candidate:
+        result.baseline_note = (
+            f"no baseline yet: {prepared.path} (record it with --update-baselines)"
+        )
+    if comparison.reference is not None:
+        result.compared_with = prepared.compared_with
+    if judged.reference is not None and comparison.references is not None:
+        comparison.references[nodeid] = judged.reference
+    return result
+
+
+def prepare(
+    plan: TestPlan,
+    nodeid: str,
+    measurer: Measurer,
+    endpoint: EndpointInfo,
+    comparison: Comparison,
+    conditions: Conditions,
+) -> Prepared:
+    """Before any load: the baseline file, the measurement spec and what the test is judged
+    against (its baseline, or the reference deployment's run), checked comparable.
+
+    A corrupt or incomparable baseline and a workload that cannot be built raise
+    :class:`GateProblem` naming the marker's argument.
+    """
+    path = comparison.store.path_for(nodeid)
+    current = Provenance.collect(
+        model=endpoint.model,
+        server_info=endpoint.server_info,
+        session_ids=[measurer.session_id],
+        suite_dir=conditions.rootdir,
+    )
+    try:
+        spec = build_spec(
+            endpoint,
+            nodeid,
+            plan.workload,
+            plan.targets,
+            rootdir=conditions.rootdir,
+            trials=conditions.trials,
+            sizer=measurer.prompt_sizer,
+            protocol=conditions.protocol,
+        )
+        if comparison.is_candidate:
+            baseline = (comparison.references or {}).get(nodeid)
+            compared_with = f"deployment {comparison.reference} (same run)"
+        else:
+            baseline = comparison.store.load(nodeid)
+            compared_with = str(path)
+        check_comparable(baseline, current, compared_with)
+    except WorkloadError as exc:
+        from pytest_kimi.spec.dataset import DatasetError
+
+        argument = "dataset" if isinstance(exc, DatasetError) else "prompts"
+        raise GateProblem(f"{plan.marker} {argument}: {exc}") from None
+    except (BaselineError, IncomparableBaseline) as exc:
+        raise GateProblem(str(exc)) from None
+    return Prepared(path, spec, baseline, current, compared_with)
+
+
+def _annotate(
+    result: ThroughputResult,
+    measurer: Measurer,
+    prepared: Prepared,
+    comparison: Comparison,
+    flush_note: str | None,
+    server: Any,
+) -> None:
+    """The fields every test's result carries, finished or interrupted, sweep or search."""
+    result.baseline_file = str(prepared.path)
+    result.baseline_profile = comparison.store.profile
+    result.session_id = measurer.session_id
+    if comparison.deployment is not None:
+        result.deployment = comparison.deployment
+        for level in result.levels:
+            level.extra["profile"] = comparison.deployment
+    if flush_note is not None:
+        result.cache_flush = flush_note
+        for level in result.levels:
+            if f"note: {flush_note}" not in level.errors:
+                level.errors.append(f"note: {flush_note}")
+    note_server_crash(result, server)
+
+
+class SweepJob:
+    """``@throughput``: fixed levels with adaptive trials, each compared with its baseline."""
+
+    def __init__(self) -> None:
+        self._policy: AdaptiveTrials | None = None
+
+    def measure(
+        self,
+        measurer: Measurer,
+        prepared: Prepared,
+        settings: GateSettings,
+        progress: ProgressFn | None,
+    ) -> ThroughputResult:
+        spec = prepared.spec
+        keys = {
+            lv: spec_key(lv, spec.prompts_key(lv), spec.workload) for lv in spec.workload.levels
+        }
+        self._policy = AdaptiveTrials(
+            baseline_samples(prepared.baseline, keys), settings, len(keys), first_trials=spec.trials
+        )
+        spec.policy = self._policy
+        return measurer.measure(spec, progress)
+
+    def judge(
+        self,
+        result: ThroughputResult,
+        prepared: Prepared,
+        settings: GateSettings,
+        targets: Targets,
+        name: str | None,
+    ) -> Judged:
+        changes = apply_gate(
+            result,
+            prepared.baseline,
+            prepared.compared_with,
+            prepared.current,
+            settings,
+            tolerance=targets.tolerance,
+            alpha=targets.alpha,
+            alpha_weights=self._policy.alpha_weights if self._policy is not None else None,
+        )
+        reference = reference_baseline(result, prepared.current, name) if name is not None else None
+        return Judged([str(c) for c in changes], reference)
+
+
+class CapacityJob:
+    """``@capacity``: a search for the highest load that holds every ceiling, judged against
+    ``min_capacity`` and the baseline's capacity (:mod:`pytest_kimi.gate.capacity`)."""
+
+    def __init__(self, capacity: CapacitySpec) -> None:
+        self.capacity = capacity
+        self._run: Any = None
+        self._key: dict[str, Any] = {}
+
+    def measure(
+        self,
+        measurer: Measurer,
+        prepared: Prepared,
+        settings: GateSettings,
+        progress: ProgressFn | None,
+    ) -> ThroughputResult:
+        spec, capacity = prepared.spec, self.capacity
+        template = spec.workload.levels[0]
+        level_protocol = spec.workload.protocol_for(template, spec.protocol)
+        self._key = capacity_key(
+            capacity, spec.workload, spec.prompts_key(template), level_protocol
+        )
+        search = SearchSettings(
+            metric=capacity.metric,
+            low=capacity.low,
+            high=capacity.high,
+            ceilings=capacity.ceilings,
+            percentile=capacity.percentile,
+            resolution=capacity.resolution,
+            max_levels=capacity.max_levels,
+            first_trials=spec.trials,
+            max_trials=max(settings.max_trials, spec.trials),
+            must_probe=capacity.min_capacity,
+        )
+        self._run = measurer.run_job(lambda client: run_capacity(client, spec, search, progress))
+        result: ThroughputResult = self._run.result
+        return result
+
+    def judge(
+        self,
+        result: ThroughputResult,
+        prepared: Prepared,
+        settings: GateSettings,
+        targets: Targets,
+        name: str | None,
+    ) -> Judged:
+        estimate, key, stored = self._run.estimate, self._key, prepared.baseline
+        record = record_of(estimate, key) if estimate.problem is None and estimate.levels else None
+        stored_capacity = None
+        note = None
+        if stored is not None:
+            if stored.capacity is not None and stored.capacity.workload == WorkloadKey.from_dict(
+                key
+            ):
+                stored_capacity = stored.capacity
+            else:
+                note = explain_miss(stored, key)
+        judged = judge_capacity(
+            estimate, self.capacity, record, stored_capacity, settings, result.levels
+        )
+        if note is not None and judged.verdict == Verdict.NO_BASELINE:
+            judged.reasons.append(note)
+        result.capacity = capacity_dict(estimate, self.capacity, key, judged)
+        changes = (
+            [str(c) for c in provenance_diff(stored.provenance, prepared.current)]
+            if stored is not None
+            else []
+        )
+        reference = None
+        if name is not None and record is not None:
+            reference = TestBaseline(
+                test=result.nodeid,
+                profile=name,
+                provenance=prepared.current,
+                levels=(),
+                capacity=record,
+            )
+        return Judged(changes, reference)
+
+
+def flush_cache(server: Any) -> str | None:
+    """Empty a managed server's prefix cache before a test; a note when that failed.
+
+    Prompts are unique per request anyway (:mod:`pytest_kimi.spec.workload`), so a leftover cache
+    can only help through shared template tokens; still, a refused flush (the server busy past
+    the wait, a missing admin key) is reported rather than ignored.  An engine without a flush
+    endpoint (vLLM) is not a failure.
+    """
+    if server is None or getattr(getattr(server, "engine", None), "flush_path", None) is None:
+        return None
+    if server.flush_cache():
+        return None
+    why = getattr(server, "flush_error", None) or "refused"
+    return f"prefix cache not flushed before this test: {why}"
+
+
+def note_server_crash(result: ThroughputResult, server: Any) -> None:
+    """A managed server that died during the measurement: say so, with its last log lines."""
+    code = server.crashed() if server is not None else None
+    if code is None:
+        return
+    result.server_exit = ServerExit(code, str(server.log_path), server.log_tail(40))
+    for level in result.levels:
+        if Verdict.of(level.verdict) in (Verdict.ERROR, Verdict.NOT_RUN):
+            level.reasons.append(f"the server exited with code {code} (log {server.log_path})")
+            break

@@ -1,0 +1,172 @@
+"""The session's deployments and endpoint, resolved from the options without pytest.
+
+The plugin's fixtures call these and turn their errors into pytest's: a :class:`SetupError`
+is a bad command line or profile (``pytest.UsageError``: the run stops before any test), an
+:class:`~pytest_kimi.endpoint.discovery.EndpointError` a server that cannot be measured (the
+perf tests fail, naming it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_kimi.endpoint.discovery import EndpointError, EndpointInfo, normalize_url
+from pytest_kimi.endpoint.serverinfo import clean_server_info
+from pytest_kimi.options import KimiOptions
+from pytest_kimi.run.measurer import Measurer
+from pytest_kimi.scrub import register_secret
+from pytest_kimi.server.profile import profile_secrets
+from pytest_kimi.server import (
+    ProfileError,
+    ServerProfile,
+    described_server_info,
+    load_profile,
+)
+
+NO_ENDPOINT_REASON = (
+    "no endpoint given: pass --endpoint=URL (an OpenAI-compatible server, e.g. "
+    "http://127.0.0.1:30000), --endpoint=sim (the built-in simulator) or --server-profile=PATH "
+    "(a deployment to launch), or set KIMI_ENDPOINT or the ini key kimi_endpoint"
+)
+
+
+class SetupError(ValueError):
+    """A command line or profile the session cannot run with; the message says which and how
+    to fix it."""
+
+
+def load_deployments(opts: KimiOptions) -> list[ServerProfile]:
+    """The ``--server-profile`` deployments, checked; each one's secrets are registered with
+    the scrubber before any of its text can be printed."""
+    source = opts.source("server_profile")
+    profiles = []
+    for path in opts.server_profile:
+        try:
+            profiles.append(load_profile(path))
+        except ProfileError as exc:
+            raise SetupError(f"{source}: {exc}") from None
+    for profile in profiles:
+        for secret in profile_secrets(profile):
+            register_secret(secret)
+    names = [p.name for p in profiles]
+    if len(set(names)) != len(names):
+        raise SetupError(f"{source}: two server profiles share a name: {names}")
+    if profiles and opts.endpoint is not None:
+        raise SetupError(
+            f"{source} and {opts.source('endpoint')} both name the endpoint: "
+            "give a server profile or an endpoint, not both"
+        )
+    return profiles
+
+
+def check_server_starts(opts: KimiOptions, deployments: list[ServerProfile]) -> int:
+    """The number of ``--perf-sessions``; a SetupError where the plugin cannot restart the
+    deployment.
+
+    A session is a fresh server start, and only a deployment the plugin starts can be started
+    afresh: the simulator and server profiles with ``command``/``args`` or ``start:``.  An
+    external ``--endpoint`` URL (or a profile with only ``url:``) would give N runs against
+    one server start, whose scatter says nothing about the noise between starts.
+    """
+    n = opts.perf_sessions
+    if n == 1:
+        return n
+    given = f"{opts.source('perf_sessions')} = {n}"
+    fix = (
+        "give a --server-profile the plugin launches (command/args, or start:/stop:), or "
+        "measure the simulator with --endpoint=sim, or run the sessions as separate pytest runs "
+        "(restarting the server between them) and let the history estimate the noise"
+    )
+    if opts.endpoint is not None and not opts.is_sim:
+        raise SetupError(
+            f"{given}: {opts.source('endpoint')} names a server that someone else runs, which "
+            f"the plugin cannot restart between sessions; {fix}"
+        )
+    fixed = [d.name for d in deployments if d.external and d.start is None]
+    if fixed:
+        raise SetupError(
+            f"{given}: server profile {', '.join(fixed)} has only url: (a running server the "
+            f"plugin never starts or stops), so it cannot be restarted between sessions; {fix}"
+        )
+    return n
+
+
+@dataclass(slots=True)
+class OpenEndpoint:
+    """The endpoint under test and the simulator started for it (stopped by :meth:`close`)."""
+
+    info: EndpointInfo
+    sim: Any = None
+
+    def close(self) -> None:
+        if self.sim is not None:
+            self.sim.stop()
+            self.sim = None
+
+
+def open_endpoint(
+    opts: KimiOptions,
+    measurer: Measurer,
+    server: Any,
+    *,
+    rootdir: Path,
+    perf_session: int = 0,
+    say: Callable[[str], None] | None = None,
+) -> OpenEndpoint:
+    """The endpoint a perf test measures: a managed server's, the simulator's (started here,
+    with the spec's seed plus the ``--perf-sessions`` index) or the external URL's, discovered
+    (model, server info).  Raises EndpointError (the simulator, if started, is stopped) or
+    SetupError for a bad ``sim:`` spec."""
+    api_key = opts.api_key
+    sim = None
+    try:
+        if server is not None:
+            api_key = api_key or getattr(server, "api_key", None)
+            base = normalize_url(server.url, f"server profile {server.profile.name}")
+        elif opts.is_sim:
+            sim = start_sim(opts, api_key, rootdir, perf_session, say)
+            base = sim.url
+        else:
+            base = normalize_url(str(opts.endpoint), opts.source("endpoint"))
+        info = measurer.discover(base, api_key=api_key, model=opts.model)
+        if server is not None:
+            info.server_info = clean_server_info(
+                described_server_info(server.profile, info.server_info)
+            )
+    except EndpointError:
+        if sim is not None:
+            sim.stop()
+        raise
+    return OpenEndpoint(info, sim)
+
+
+def start_sim(
+    opts: KimiOptions,
+    api_key: str | None,
+    rootdir: Path,
+    perf_session: int = 0,
+    say: Callable[[str], None] | None = None,
+) -> Any:
+    """Start the simulator ``--endpoint=sim:...`` names; a restart (``perf_session`` > 0)
+    redraws the session factor (the ``noise`` knob) as a real server's would."""
+    from pytest_kimi.sim.process import SimProcess
+    from pytest_kimi.sim.profile import SimConfigError, parse_sim_spec
+
+    try:
+        profile = parse_sim_spec(str(opts.endpoint), opts.source("endpoint"))
+    except SimConfigError as exc:
+        raise SetupError(str(exc)) from None
+    if api_key and profile.api_key is None:
+        profile = dataclasses.replace(profile, api_key=api_key)
+    if perf_session:
+        profile = dataclasses.replace(profile, seed=(profile.seed + perf_session) % 2**63)
+    kimi = rootdir / ".kimi"
+    sim = SimProcess(profile, log_dir=kimi / "logs", record_dir=kimi / "servers")
+    sim.start()
+    if say is not None:
+        say(f"started (pid {sim.pid}, seed {profile.seed}) at {sim.url}")
+    return sim
