@@ -507,13 +507,7 @@ def cmd_sim(argv: Sequence[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     # The same constants the plugin's options take their defaults from (tests/test_options.py).
     from pytest_kimi.baseline.paths import DEFAULT_DIRNAME
-    from pytest_kimi.gate.stats import (
-        DEFAULT_ALPHA,
-        DEFAULT_DETECTABLE_DROP,
-        DEFAULT_POWER,
-        DEFAULT_SESSION_SIGMA,
-        DEFAULT_TOLERANCE,
-    )
+    from pytest_kimi.options import add_gate_arguments
 
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -547,32 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("old", metavar="OLD.json")
     p.add_argument("new", metavar="NEW.json")
-    p.add_argument(
-        "--tolerance",
-        type=float,
-        default=DEFAULT_TOLERANCE,
-        help=f"allowed drop as a fraction (default {DEFAULT_TOLERANCE})",
-    )
-    p.add_argument(
-        "--alpha",
-        type=float,
-        default=DEFAULT_ALPHA,
-        help=f"false-alarm rate per test (default {DEFAULT_ALPHA})",
-    )
-    p.add_argument(
-        "--session-sigma",
-        type=float,
-        default=DEFAULT_SESSION_SIGMA,
-        help="between-session noise, std of the log ratio (default "
-        f"{DEFAULT_SESSION_SIGMA}; 0 for an interleaved A/B on one machine)",
-    )
-    p.add_argument(
-        "--detectable-drop",
-        type=float,
-        default=DEFAULT_DETECTABLE_DROP,
-        help=f"true drop a level must catch with probability {DEFAULT_POWER:g} to pass, "
-        f"else it is underpowered (default {DEFAULT_DETECTABLE_DROP})",
-    )
+    add_gate_arguments(p)  # the plugin's --perf-tolerance etc., declared once (options.py)
     p.add_argument("--markdown", metavar="PATH", help="also write the comparison as Markdown")
     p.set_defaults(func=cmd_compare)
 

@@ -550,17 +550,11 @@ def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
     in pytest is ``--tolerance`` in ``kimi-perf compare``)."""
     for name in GATE_OPTIONS:
         opt = OPTIONS[name]
-
-        def parse(text: str, opt: Option[Any] = opt) -> Any:
-            try:
-                return opt.parse(text)
-            except ValueError as exc:
-                raise argparse.ArgumentTypeError(str(exc)) from None
-
         parser.add_argument(
             "--" + opt.flag.removeprefix("--perf-"),
             dest=name.removeprefix("perf_"),
-            type=parse,
+            # checked where the statistics take it, as a one-line error of the command's own
+            type=float,
             default=default_of(name),
             metavar=opt.metavar,
             # a saved report has no marker to override the option
