@@ -122,7 +122,7 @@ def cmd_truth(args: argparse.Namespace) -> int:
                 wall = time.monotonic() - started
                 est = out.estimate
                 prompt = statistics.fmean(
-                    (lv.extra.get("prompt_tokens") or {}).get("mean", 0) for lv in out.result.levels
+                    (lv.prompt_tokens or {}).get("mean", 0) for lv in out.result.levels
                 )
                 truth = _truth(args, int(round(prompt)))
                 found = est.value or 0

@@ -244,7 +244,7 @@ def compare_reports(
                 fields, note = compared_level(
                     cmp, base, tolerance=tolerance, alpha=alpha, changes=changes
                 )
-                row.update(fields, verdict=cmp.verdict.value)
+                row.update(fields.to_dict(), verdict=cmp.verdict.value)
                 if note:
                     row["reasons"].append(note)
                 if row["verdict"] == Verdict.REGRESSION:

@@ -87,10 +87,10 @@ def runs(sim: SimProcess, pytestconfig: pytest.Config):
 
 def test_input_tokens_are_sized_with_the_servers_tokenizer(runs) -> None:
     for level, _ in runs.values():
-        assert level.extra["input_tokens_sizing"].startswith("server tokenizer (/tokenize)")
+        assert (level.input_tokens_sizing or "").startswith("server tokenizer (/tokenize)")
         counts = [r.prompt_tokens for t in level.trials for r in t.records]
         assert counts and all(abs(c - 2000) <= SIZE_TOLERANCE for c in counts), counts
-        summary = level.extra["prompt_tokens"]
+        summary = level.prompt_tokens
         assert summary["min"] == min(counts) and summary["max"] == max(counts)
 
 
@@ -143,11 +143,11 @@ def test_estimated_lengths_are_reported_as_estimates(tmp_path: Path) -> None:
     finally:
         session.close()
         sim.stop()
-    sizing = level.extra["input_tokens_sizing"]
+    sizing = level.input_tokens_sizing
     assert sizing.startswith("estimate at 1.3 tokens per word") and "/tokenize: HTTP 404" in sizing
     assert any(e.startswith("note: input_tokens=64 is an estimate") for e in level.errors)
     counts = [r.prompt_tokens for t in level.trials for r in t.records]
-    assert level.extra["prompt_tokens"] == {
+    assert level.prompt_tokens == {
         "mean": round(sum(counts) / len(counts), 1),
         "min": min(counts),
         "max": max(counts),

@@ -21,7 +21,7 @@ from pytest_kimi.gate.policy import (
 )
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.metrics import LevelFigures
-from pytest_kimi.measure.results import LevelResult, ThroughputResult
+from pytest_kimi.measure.results import BaselineComparison, LevelResult, ThroughputResult
 from pytest_kimi.spec.markers import LevelSpec, Targets, Workload
 
 BASE = [1000.0, 1010.0, 990.0, 1005.0, 995.0]
@@ -107,8 +107,8 @@ def test_a_passing_level_takes_the_comparison_verdict(
         assert lv.reasons == []
     else:
         assert len(lv.reasons) == 1 and lv.reasons[0].startswith(note)
-    assert lv.extra["baseline_trials"] == 5 and lv.extra["baseline_trials_tok_s"] == BASE
-    assert lv.extra["change_pct"] == pytest.approx((samples[0] / BASE[0] - 1) * 100, abs=0.05)
+    assert lv.to_dict()["baseline_trials"] == 5 and lv.to_dict()["baseline_trials_tok_s"] == BASE
+    assert lv.to_dict()["change_pct"] == pytest.approx((samples[0] / BASE[0] - 1) * 100, abs=0.05)
     assert lv.to_dict()["verdict"] == verdict
 
 
@@ -125,7 +125,8 @@ def test_a_failing_level_stays_fail_with_the_regression_noted() -> None:
         "regression -20.0%"
     )
     assert fast.reasons[1].startswith("improved +20.0%")
-    assert slow.extra["p_value"] is not None and slow.extra["p_value"] < 0.05
+    assert slow.comparison is not None
+    assert slow.comparison.p_value is not None and slow.comparison.p_value < 0.05
 
 
 @pytest.mark.parametrize("verdict", ["error", "invalid", "not-run"])
@@ -133,14 +134,14 @@ def test_untrustworthy_levels_are_not_compared(verdict: str) -> None:
     result = _result(_level(1, verdict, SLOWER, ["why"]), _level(4, "pass", SLOWER))
     _gate(result, _baseline(result, {1: BASE, 4: BASE}))
     bad, good = result.levels
-    assert bad.verdict == verdict and bad.reasons == ["why"] and bad.extra == {}
+    assert bad.verdict == verdict and bad.reasons == ["why"] and bad.comparison is None
     assert good.verdict == "regression"
 
 
 def test_a_level_without_figures_is_not_compared() -> None:
     result = _result(_level(1, "pass", []))
     _gate(result, _baseline(result, {1: BASE}))
-    assert result.levels[0].verdict == "pass" and result.levels[0].extra == {}
+    assert result.levels[0].verdict == "pass" and result.levels[0].comparison is None
 
 
 def test_no_baseline_file() -> None:
@@ -151,7 +152,9 @@ def test_no_baseline_file() -> None:
     assert ok.verdict == "no-baseline" and ok.reasons == []
     assert failed.verdict == "fail" and failed.reasons == ["floor"]
     for lv in result.levels:
-        assert lv.extra == {
+        assert lv.comparison == BaselineComparison(found=False)
+        data = lv.to_dict()
+        assert {k: data[k] for k in ("baseline_tok_s", "change_pct", "ci90", "p_value")} == {
             "baseline_tok_s": None,
             "change_pct": None,
             "ci90": None,
@@ -245,7 +248,8 @@ def test_offline_compare_writes_what_the_gate_writes() -> None:
         fields, note = compared_level(
             c, BASE, tolerance=stats.DEFAULT_TOLERANCE, alpha=stats.DEFAULT_ALPHA
         )
-        assert {k: row[k] for k in fields} == fields
+        fields_dict = fields.to_dict()
+        assert {k: row[k] for k in fields_dict} == fields_dict
         assert row["verdict"] == c.verdict.value
         assert row["reasons"] == ([note] if note else [])
     assert [r["verdict"] for r in rows] == ["regression", "improved", "pass"]
@@ -262,4 +266,4 @@ def test_offline_compare_writes_what_the_gate_writes() -> None:
             "min_detectable_drop_pct",
             "tolerance_pct",
         ):
-            assert row[key] == lv.extra[key], key
+            assert row[key] == lv.to_dict()[key], key

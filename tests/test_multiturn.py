@@ -305,7 +305,7 @@ def test_turn_ttft_grows_with_the_history_the_simulator_prefills(
     )
     level = measured.level
     assert level.verdict in ("pass", "invalid"), level.reasons
-    turns = level.extra["turns"]
+    turns = level.turns
     assert [t["turn"] for t in turns] == [1, 2, 3] and all(t["requests"] == 2 for t in turns)
     prompts = [t["prompt_tokens_mean"] for t in turns]
     ttfts = [t["ttft_s_p50"] for t in turns]

@@ -21,7 +21,13 @@ from pytest_kimi.baseline import (
     provenance_diff,
 )
 from pytest_kimi.spec.markers import LevelSpec, Targets
-from pytest_kimi.measure.results import LevelResult, ThroughputResult, level_key, workload_dict
+from pytest_kimi.measure.results import (
+    BaselineComparison,
+    LevelResult,
+    ThroughputResult,
+    level_key,
+    workload_dict,
+)
 
 
 class IncomparableBaseline(RuntimeError):
@@ -188,7 +194,7 @@ def apply_gate(
         key = result_level_key(result, level)
         stored = baseline.level_for(key) if baseline is not None else None
         if stored is None:
-            level.extra.update(baseline_tok_s=None, change_pct=None, ci90=None, p_value=None)
+            level.comparison = BaselineComparison(found=False)
             if level.verdict == Verdict.PASS:
                 level.verdict = Verdict.NO_BASELINE.value
                 if baseline is not None:  # a missing file is said once, for the whole test
@@ -207,8 +213,9 @@ def apply_gate(
         detectable_drop=settings.detectable_drop,
     )
     for (level, base, _), cmp in zip(eligible, comparisons):
-        fields, note = compared_level(cmp, base, tolerance=tol, alpha=alp, changes=changes)
-        level.extra.update(fields)
+        level.comparison, note = compared_level(
+            cmp, base, tolerance=tol, alpha=alp, changes=changes
+        )
         level.verdict = merge_verdicts(level.verdict, cmp.verdict)
         if note:
             level.reasons.append(note)
@@ -222,8 +229,8 @@ def compared_level(
     tolerance: float,
     alpha: float,
     changes: Sequence[object] = (),
-) -> tuple[dict[str, Any], str | None]:
-    """The report fields and the note of a level compared with its baseline.
+) -> tuple[BaselineComparison, str | None]:
+    """The comparison and the note of a level compared with its baseline.
 
     One function for the live gate and ``kimi-perf compare`` so that a level reads the same
     (rounding, wording) whichever produced it.  ``base`` are the baseline's trial figures;
@@ -233,12 +240,13 @@ def compared_level(
     Returns the fields and the note (None for ``pass``).
     """
     lo, hi = cmp.ci90
-    fields: dict[str, Any] = dict(
+    fields = BaselineComparison(
+        found=True,
         baseline_tok_s=round(cmp.baseline_median, 2),
         baseline_trials=len(base),
-        baseline_trials_tok_s=list(base),
+        baseline_trials_tok_s=tuple(base),
         change_pct=round((cmp.ratio - 1) * 100, 2),
-        ci90=[_pct(lo), _pct(hi)],
+        ci90=(_pct(lo), _pct(hi)),
         p_value=_finite(cmp.p_regression),
         min_detectable_drop_pct=_finite(cmp.min_detectable_drop * 100),
         tolerance_pct=round(tolerance * 100, 2),

@@ -741,13 +741,11 @@ def _merged(first: Any, more: Any, spec: Any) -> Any:
     )
     level.protocol = first.protocol
     level.extra = {**first.extra, **more.extra}
-    level.extra["server_time_s"] = round(
-        first.extra.get("server_time_s", 0.0) + more.extra.get("server_time_s", 0.0), 3
-    )
-    level.extra["prompt_tokens"] = prompt_tokens_summary(trials)
-    replaced = [*first.extra.get("replaced_trials", []), *more.extra.get("replaced_trials", [])]
-    if replaced:
-        level.extra["replaced_trials"] = replaced
+    for name in ("turns", "fill_up", "input_tokens_sizing"):
+        setattr(level, name, getattr(more, name) or getattr(first, name))
+    level.server_time_s = round((first.server_time_s or 0.0) + (more.server_time_s or 0.0), 3)
+    level.prompt_tokens = prompt_tokens_summary(trials)
+    level.replaced_trials = [*first.replaced_trials, *more.replaced_trials]
     notes = [e for e in [*first.errors, *more.errors] if e.startswith("note:")]
     level.errors.extend(n for n in dict.fromkeys(notes) if n not in level.errors)
     return level
@@ -765,4 +763,4 @@ def _label_level(level: Any, judged: CapacityLevel) -> None:
         level.verdict = Verdict.BROKE.value
         if judged.note and judged.note not in level.reasons:
             level.reasons = [judged.note]
-    level.extra["capacity_level"] = judged.to_dict()
+    level.capacity_level = judged.to_dict()

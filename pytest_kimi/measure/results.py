@@ -22,6 +22,41 @@ from pytest_kimi.measure.metrics import (
 from pytest_kimi.verdicts import Verdict
 
 
+@dataclass(frozen=True, slots=True)
+class BaselineComparison:
+    """A level against its baseline (the gate's, or ``kimi-perf compare``'s), as reported.
+
+    ``found=False``: the level had nothing to compare with; its JSON then carries the four
+    headline keys as null, as it always has, so a reader need not test for their presence.
+    """
+
+    found: bool
+    baseline_tok_s: float | None = None
+    baseline_trials: int | None = None
+    baseline_trials_tok_s: tuple[float, ...] = ()
+    change_pct: float | None = None
+    ci90: tuple[float | None, float | None] | None = None
+    """The 90% interval of the change, in percent (an end is None where it is unbounded)."""
+    p_value: float | None = None
+    """One-sided p of a drop beyond the tolerance (Holm-adjusted over the test's levels)."""
+    min_detectable_drop_pct: float | None = None
+    tolerance_pct: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.found:
+            return {"baseline_tok_s": None, "change_pct": None, "ci90": None, "p_value": None}
+        return {
+            "baseline_tok_s": self.baseline_tok_s,
+            "baseline_trials": self.baseline_trials,
+            "baseline_trials_tok_s": list(self.baseline_trials_tok_s),
+            "change_pct": self.change_pct,
+            "ci90": None if self.ci90 is None else list(self.ci90),
+            "p_value": self.p_value,
+            "min_detectable_drop_pct": self.min_detectable_drop_pct,
+            "tolerance_pct": self.tolerance_pct,
+        }
+
+
 @dataclass(slots=True)
 class LevelResult:
     spec: LevelSpec
@@ -34,11 +69,32 @@ class LevelResult:
     reasons: list[str] = field(default_factory=list)
     target_tok_s: float | None = None
     errors: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Fields later stages add to the JSON level (baseline comparison, server counters)."""
     protocol: str | None = None
     """The closed-loop trial protocol it was measured with (``stationary``); None for
     ``whole-requests`` and open loop, whose baselines have always been keyed without one."""
+    # -- the measurement (measure/trials.py, measure/capacity.py)
+    server_time_s: float | None = None
+    """What the level cost, in the server's seconds: first request to last, every trial."""
+    prompt_tokens: dict[str, Any] | None = None
+    """What the server counted as the prompts' lengths (mean, min, max)."""
+    turns: list[dict[str, Any]] | None = None
+    """A multi-turn level's prompt tokens and TTFT per turn."""
+    fill_up: str | None = None
+    """An open-loop level whose window is short against a request's length."""
+    input_tokens_sizing: str | None = None
+    """How ``input_tokens`` were sized: the server's tokenizer, or an estimate."""
+    replaced_trials: list[str] = field(default_factory=list)
+    """Trials voided for a transient reason (a stalled client) and measured again."""
+    capacity_level: dict[str, Any] | None = None
+    """A ``@capacity`` search's point: whether every ceiling held, by what margin."""
+    # -- judged (gate/policy.py) and annotated (run/conductor.py)
+    comparison: BaselineComparison | None = None
+    deployment: str | None = None
+    """The server profile measured (JSON ``profile``)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Sections pluggable stages contribute, each under its own keys: the workload's
+    (``dataset``, ``shared_prefix``, ``output_tokens_mean``), the prefix-cache probe's
+    (``prefix_cache_hit_rate``) and the server-counter check's (``server``)."""
 
     @property
     def concurrency(self) -> int | None:
@@ -88,6 +144,19 @@ class LevelResult:
             out["offered_rate"] = self.spec.rate
             out["achieved_rate"] = _round(f.achieved_rate, 3)
             out["completed_rate"] = _round(f.completed_rate, 3)
+        optional: dict[str, Any] = {
+            "server_time_s": self.server_time_s,
+            "prompt_tokens": self.prompt_tokens,
+            "turns": self.turns,
+            "fill_up": self.fill_up,
+            "input_tokens_sizing": self.input_tokens_sizing,
+            "replaced_trials": list(self.replaced_trials) or None,
+            "capacity_level": self.capacity_level,
+            "profile": self.deployment,
+        }
+        out.update((k, v) for k, v in optional.items() if v is not None)
+        if self.comparison is not None:
+            out.update(self.comparison.to_dict())
         out.update(self.extra)
         return out
 

@@ -501,22 +501,22 @@ async def measure_level(
     )
     protocol = spec.workload.protocol_for(level, spec.protocol)
     result.protocol = protocol if protocol == STATIONARY else None
-    result.extra["server_time_s"] = round((perf_counter() - level_start) * spec.clock, 3)
-    result.extra["prompt_tokens"] = prompt_tokens_summary(trials)
+    result.server_time_s = round((perf_counter() - level_start) * spec.clock, 3)
+    result.prompt_tokens = prompt_tokens_summary(trials)
     if spec.workload.turns > 1:
-        result.extra["turns"] = turn_figures(trials, spec.clock)
+        result.turns = turn_figures(trials, spec.clock)
     if level.rate is not None and (note := fill_up_note(trials, spec.clock)) is not None:
-        result.extra["fill_up"] = note
+        result.fill_up = note
     sizing = spec.sizing.get(level.input_tokens)
     if sizing is not None:
-        result.extra["input_tokens_sizing"] = sizing
+        result.input_tokens_sizing = sizing
         if sizing.startswith("estimate"):
             result.errors.append(
                 f"note: input_tokens={level.input_tokens} is an {sizing}; "
                 "prompt tokens shows what the server counted"
             )
     if replaced:
-        result.extra["replaced_trials"] = replaced
+        result.replaced_trials = list(replaced)
         result.errors.extend(f"note: {r}" for r in replaced)
     if spec.level_info is not None:
         extra, notes = spec.level_info(level)
@@ -598,7 +598,7 @@ def _account(result: ThroughputResult, clock: float) -> None:
     and the clock the figures are in.  Also on an interrupted run: the partial result says
     what it cost."""
     spent = (result.warmup_server_time_s or 0.0) + sum(
-        lv.extra.get("server_time_s", 0.0) for lv in result.levels
+        lv.server_time_s or 0.0 for lv in result.levels
     )
     result.server_time_s = round(spent, 3)
     if clock != 1.0:

@@ -284,7 +284,7 @@ def _annotate(
     if comparison.deployment is not None:
         result.deployment = comparison.deployment
         for level in result.levels:
-            level.extra["profile"] = comparison.deployment
+            level.deployment = comparison.deployment
     if flush_note is not None:
         result.cache_flush = flush_note
         for level in result.levels:
