@@ -19,6 +19,8 @@ The detector runs exactly as :func:`find_changes` runs it (:func:`detect` on the
 
     python bench/changepoints.py [--sims N] [--seed S] [--sigmas 0.01 0.02 ...]
         [--max-pvalue P] [--min-magnitude M] [--stock-merge]
+
+It needs the detector's library, Apache Otava: ``pip install -e '.[otava]'`` (not in ``test``).
 """
 
 from __future__ import annotations
@@ -133,6 +135,10 @@ def main() -> None:
     )
     ap.add_argument("--quick", action="store_true", help="the main table only (no step sizes)")
     args = ap.parse_args()
+    try:
+        import otava.analysis  # noqa: F401
+    except ImportError:
+        sys.exit("the detector needs Apache Otava: pip install -e '.[otava]'")
     if args.stock_merge:
         changes._merge = _stock_merge  # type: ignore[assignment]
     p, m = args.max_pvalue, args.min_magnitude

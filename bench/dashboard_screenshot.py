@@ -158,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if find_chromium() is None:
         sys.exit("headless Chromium not found: apt-get install chromium (or set KIMI_CHROMIUM)")
+    try:
+        import otava.analysis  # noqa: F401  (find_changes needs it; fail before the runs)
+    except ImportError:
+        sys.exit("the change points need Apache Otava: pip install -e '.[otava]'")
     if shutil.which("git") is None:
         sys.exit("git not found: the runs' commits come from a temporary git checkout")
     with tempfile.TemporaryDirectory(prefix="kimi-dashboard-") as tmp:

@@ -334,7 +334,7 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-html",
             "kimi_perf_html",
             "KIMI_PERF_HTML",
-            "write a self-contained HTML report with plots (needs the 'plot' extra: matplotlib)"
+            "write a self-contained HTML report with plots (inline SVG)"
             + RELATIVE,
             path_value,
             metavar="DIR",

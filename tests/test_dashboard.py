@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from browser import dump_dom, find_chromium, read_png, require_chromium, screenshot
+from test_history_changes import require_otava
 from pytest_kimi.history import dashboard
 from pytest_kimi.history.dashboard import BLUE, PURPLE, VERMILLION, write_dashboard
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
@@ -476,7 +477,9 @@ def test_empty_history_writes_a_page(tmp_path: Path) -> None:
 
 
 def test_with_the_real_change_detector(tmp_path: Path) -> None:
-    changes_mod = pytest.importorskip("pytest_kimi.history.changes")
+    require_otava()
+    from pytest_kimi.history import changes as changes_mod
+
     runs = make_runs(20, eplb_until=STEP_RUN)
     series = make_series(runs, step_at=STEP_RUN)
     found: list[Any] = list(changes_mod.find_changes([series]))
@@ -524,9 +527,9 @@ def _report(tok_s: float, slowdown: float) -> dict[str, Any]:
 
 def test_from_a_real_history_database(tmp_path: Path) -> None:
     """The store's read model, its run details and the detector's changes, end to end."""
-    pytest.importorskip("sqlalchemy")
-    store_mod = pytest.importorskip("pytest_kimi.history.store")
-    changes_mod = pytest.importorskip("pytest_kimi.history.changes")
+    require_otava()
+    from pytest_kimi.history import changes as changes_mod
+    from pytest_kimi.history import store as store_mod
     from pytest_kimi.history.record import RunMeta, flat_provenance
 
     rng = random.Random(3)

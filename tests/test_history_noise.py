@@ -26,6 +26,7 @@ from pytest_kimi.history.changes import find_changes
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
 from pytest_kimi.history.noise import build_groups, estimate_noise
 from pytest_kimi.sim.profile import SimProfile
+from test_history_changes import needs_otava, otava  # noqa: F401  (otava: the fixture)
 
 T0 = datetime(2026, 11, 2, 8, 0, tzinfo=timezone.utc)
 
@@ -76,6 +77,7 @@ def history(
     ]
 
 
+@needs_otava
 def test_one_build_one_level_is_the_gates_own_estimate() -> None:
     runs = [_run(i) for i in range(8)]
     (series,) = history(runs, {"C=1": 65.0}, tau=0.03, seed=1)
@@ -96,6 +98,7 @@ def test_seeds_ports_and_commits_do_not_split_a_build_but_a_knob_does() -> None:
     assert [[s.key[0] for s in g] for g in groups] == [[1, 2, 3, 4], [5, 6, 7, 8]]
 
 
+@needs_otava
 def test_a_build_change_is_not_noise() -> None:
     """Eight runs, then a deploy 15% slower: two builds, each scattering around its own level;
     all runs thrown together would read the step as session noise."""
@@ -109,6 +112,7 @@ def test_a_build_change_is_not_noise() -> None:
     assert one.estimate.low < math.sqrt(2) * 0.02 < one.estimate.high
 
 
+@needs_otava
 def test_a_change_point_splits_a_build_the_provenance_did_not_record() -> None:
     runs = [_run(i) for i in range(16)]  # same provenance: a driver update nobody recorded
     (series,) = history(runs, {"C=1": 65.0}, tau=0.01, seed=4, step={8: 0.8})
@@ -119,6 +123,7 @@ def test_a_change_point_splits_a_build_the_provenance_did_not_record() -> None:
     assert report.series[0].groups == 2 and report.series[0].estimate.sigma < 0.04
 
 
+@needs_otava
 def test_levels_of_one_server_start_pool_as_one_measurement() -> None:
     runs = [_run(i) for i in range(6)]
     series = history(runs, {"C=1": 65.0, "C=16": 700.0, "C=64": 1300.0}, tau=0.04, seed=5)
@@ -151,6 +156,7 @@ def test_perf_sessions_points_are_sessions_of_their_own() -> None:
     assert one.estimate.sessions == 6 and one.runs == (1, 2), "an invalid level is no session"
 
 
+@needs_otava
 def test_a_level_added_later_is_left_out_of_the_sessions_it_missed() -> None:
     runs = [_run(i) for i in range(6)]
     old, new = history(runs, {"C=1": 65.0, "C=8": 400.0}, tau=0.03, seed=7)
@@ -176,6 +182,7 @@ def test_too_little_data_is_said_not_guessed() -> None:
     assert "no estimate" in "\n".join(report.describe())
 
 
+@needs_otava
 def test_to_dict_says_both_sigmas() -> None:
     series = history([_run(i) for i in range(5)], {"C=1": 65.0}, tau=0.03, seed=8)
     data = json.loads(json.dumps(estimate_noise(series).to_dict()))
@@ -185,6 +192,7 @@ def test_to_dict_says_both_sigmas() -> None:
     assert data["pooled"]["sessions"] == 5 and data["recommendation"]["session_sigma"] > 0
 
 
+@needs_otava
 def test_interval_coverage_over_many_histories() -> None:
     """The per-level 90% interval covers the true sqrt(2) * tau in about 90% of histories of
     6 runs (bench/history_noise.py measures it more widely)."""
@@ -227,6 +235,7 @@ def _report(factor: float, seed: int, noise: float = 0.05) -> dict[str, Any]:
     }
 
 
+@needs_otava
 def test_cli_noise(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from pytest_kimi.history.record import flat_provenance
     from pytest_kimi.history.store import RunMeta, open_history
@@ -263,6 +272,7 @@ below tests the pipeline, not the luck of four draws; bench/history_noise.py mea
 interval's coverage over many draws."""
 
 
+@needs_otava
 def test_simulator_runs_with_per_start_noise(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,12 +8,11 @@ tests need no endpoint.
 
 from __future__ import annotations
 
-import base64
 import copy
-import io
 import json
 import re
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from pytest_kimi.verdicts import Verdict
 from pytest_kimi.report.markdown import LEGEND, cell, render_markdown
 
 DATA = Path(__file__).parent / "data"
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SVG_NS = "{http://www.w3.org/2000/svg}"
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -168,64 +167,95 @@ def test_markdown_empty_report() -> None:
 # -------------------------------------------------------------------------------- plots, HTML
 
 
-def test_plot_unavailable_without_matplotlib(
+def _charts(page: str) -> list[ET.Element]:
+    """The page's inline charts, each parsed as XML: SVG in HTML must also be well-formed."""
+    return [ET.fromstring(m) for m in re.findall(r'<svg [^>]*class="chart".*?</svg>', page, re.S)]
+
+
+def _svg_file(path: Path) -> ET.Element:
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith('<?xml version="1.0" encoding="utf-8"?>\n<svg ')
+    root = ET.fromstring(text.split("\n", 1)[1])
+    assert root.tag == f"{SVG_NS}svg" and root.find(f"{SVG_NS}style") is not None, (
+        "a figure file carries the chart CSS it gets from the page when inline"
+    )
+    return root
+
+
+def _labelled(chart: ET.Element) -> tuple[str, str]:
+    """The chart's title and description, found through its aria-labelledby ids."""
+    ids = (chart.get("aria-labelledby") or "").split()
+    found = {el.get("id"): "".join(el.itertext()) for el in chart.iter() if el.get("id")}
+    assert len(ids) == 2 and all(i in found for i in ids), ids
+    return found[ids[0]], found[ids[1]]
+
+
+def test_html_report_needs_no_matplotlib(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, regression: dict[str, Any]
 ) -> None:
-    from pytest_kimi.report import html, plots
+    """The figures are SVG drawn by the kit: an install without matplotlib draws them all."""
+    from pytest_kimi.report import html
 
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
-    with pytest.raises(plots.PlotUnavailable, match=re.escape("pip install 'pytest-kimi[plot]'")):
-        plots.require_matplotlib()
-    # by name: an in-process pytester run elsewhere in the session may have re-imported the
-    # plots module after html took its reference, so the class objects can differ
-    with pytest.raises(Exception) as info:
-        html.write_html(regression, tmp_path / "out")
-    assert type(info.value).__name__ == "PlotUnavailable" and "pytest-kimi[plot]" in str(info.value)
-    assert not (tmp_path / "out").exists(), "nothing is written when plots cannot be made"
-    # the tables alone still work without the extra
+    index = html.write_html(regression, tmp_path / "out")
+    assert len(_charts(index.read_text(encoding="utf-8"))) == 4
+    assert len(list(index.parent.glob("*.svg"))) == 4
+    # the tables alone, when asked for
     index = html.write_html(regression, tmp_path / "tables", plots=False)
-    assert "<table" in index.read_text(encoding="utf-8")
-
-
-def _read_png(path: Path) -> Any:
-    import matplotlib.image as mpimg
-
-    return mpimg.imread(io.BytesIO(path.read_bytes()), format="png")
+    page = index.read_text(encoding="utf-8")
+    assert "<table" in page and "<svg" not in page
+    assert [p.name for p in index.parent.iterdir()] == ["index.html"]
 
 
 @pytest.mark.parametrize("sample", ["report-regression.json", "report-baseline-run.json"])
-def test_write_html_and_pngs(tmp_path: Path, sample: str) -> None:
-    pytest.importorskip(
-        "matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'"
-    )
+def test_write_html_and_svgs(tmp_path: Path, sample: str) -> None:
     from pytest_kimi.report.html import write_html
+    from pytest_kimi.report.svg import VERMILLION
 
     report = _load(sample)
     index = write_html(report, tmp_path / "html")
     assert index == tmp_path / "html" / "index.html"
-    names = sorted(p.name for p in index.parent.glob("*.png"))
+    names = sorted(p.name for p in index.parent.iterdir())
     assert names == [
-        "test_s-test_single-latency.png",
-        "test_s-test_single-throughput.png",
-        "test_s-test_sweep-latency.png",
-        "test_s-test_sweep-throughput.png",
+        "index.html",
+        "test_s-test_single-latency.svg",
+        "test_s-test_single-throughput.svg",
+        "test_s-test_sweep-latency.svg",
+        "test_s-test_sweep-throughput.svg",
     ]
     page = index.read_text(encoding="utf-8")
-    embedded = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(embedded) == 4
-    files = {p.read_bytes() for p in index.parent.glob("*.png")}
-    for data in embedded:
-        png = base64.b64decode(data)
-        assert png.startswith(PNG_MAGIC)
-        assert png in files, "the page embeds exactly the PNGs written next to it"
-    for name in names:
-        pixels = _read_png(index.parent / name)
-        assert pixels.ndim == 3 and pixels.shape[0] > 300 and pixels.shape[1] > 600
+    charts = _charts(page)
+    assert len(charts) == 4
+    ids = [el.get("id") for c in charts for el in c.iter() if el.get("id")]
+    assert len(ids) == len(set(ids)) == 8, "two charts in one page never share an id"
+    for chart in charts:
+        title, desc = _labelled(chart)
+        assert title.startswith("test_s.py::test_") and desc
+    # the figure files are the charts of the page, each with the CSS it needs on its own
+    files = {name: _svg_file(index.parent / name) for name in names[1:]}
+    inline_titles = sorted(_labelled(c)[0] for c in charts)
+    assert sorted(_labelled(f)[0] for f in files.values()) == inline_titles
+    for name in names[1:]:
+        assert f"({name})</figcaption>" in page
     # self-contained: no external references
     assert not re.search(r'(src|href)="(https?:|//)', page)
-    assert "<script" not in page
+    assert "<script" not in page and "<img" not in page and "url(" not in page
+    sweep_tp = charts[0]
+    assert _labelled(sweep_tp)[0] == "test_s.py::test_sweep: output throughput vs concurrency"
+    ticks = [t.text for t in sweep_tp.iter(f"{SVG_NS}text") if t.get("class") == "xtick"]
+    assert ticks == ["1", "4", "16"], "the x axis is ticked at the measured concurrencies"
+    rings = [
+        c
+        for c in sweep_tp.iter(f"{SVG_NS}circle")
+        if c.get("stroke") == VERMILLION and c.get("r") == "9.0"
+    ]
+    notes = [
+        "".join(t.itertext()) for t in sweep_tp.iter(f"{SVG_NS}text") if t.get("class") == "note"
+    ]
+    tips = ["".join(t.itertext()) for t in sweep_tp.iter(f"{SVG_NS}title")]
+    desc = _labelled(sweep_tp)[1]
     # the tables
     assert page.count('<table class="levels">') == 2
     assert "<code>test_s.py::test_sweep</code>" in page
@@ -233,8 +263,32 @@ def test_write_html_and_pngs(tmp_path: Path, sample: str) -> None:
     if sample == "report-regression.json":
         assert page.count('<td class="v-failing"') == 4
         assert "sim.slowdown: 1.0 -&gt; 1.2" in page
+        # every failing level ringed in the failing colour, its verdict and change beside it
+        assert len(rings) == 3
+        assert notes == ["REGRESSION -16.6%", "REGRESSION -14.9%", "REGRESSION -15.7%"]
+        assert any("target at least 1,000 tok/s" in t for t in tips)
+        assert "C=16 8,534 tok/s (regression)" in desc and "baseline: 1,276 tok/s" in desc
     else:
         assert ">underpowered</td>" in page
+        assert rings == [] and notes == []
+    assert any(
+        re.fullmatch(r"current C=4: [\d,]+ tok/s \(median of \d+ trials\), \S+", t) for t in tips
+    )
+
+
+def test_html_report_renders_in_a_browser(tmp_path: Path, regression: dict[str, Any]) -> None:
+    """Chromium draws the charts from file://: the series line and the failing rings show."""
+    from browser import read_png, require_chromium, screenshot
+
+    from pytest_kimi.report.html import write_html
+    from pytest_kimi.report.svg import BLUE, PURPLE, VERMILLION
+
+    browser = require_chromium()
+    index = write_html(regression, tmp_path / "html")
+    image = read_png(screenshot(index, tmp_path / "page.png", height=2400, browser=browser))
+    assert len(image.matches(BLUE)) > 800, "the median lines did not render"
+    assert len(image.matches(VERMILLION)) > 200, "the failing levels' rings did not render"
+    assert image.matches(PURPLE, tolerance=10) == [], "the change-point colour means only that"
 
 
 def test_html_escapes_content(tmp_path: Path, regression: dict[str, Any]) -> None:
@@ -247,31 +301,57 @@ def test_html_escapes_content(tmp_path: Path, regression: dict[str, Any]) -> Non
 
 
 def test_plots_with_profiles_and_odd_names(tmp_path: Path, regression: dict[str, Any]) -> None:
-    pytest.importorskip(
-        "matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'"
-    )
     from pytest_kimi.report.html import write_html
-    from pytest_kimi.report.plots import safe_name
+    from pytest_kimi.report.htmlkit import safe_name
 
     report = _ab_report(regression)
     report["tests"][1]["nodeid"] = "tests/perf/test_x.py::TestY::test_z[c8/../ep 8]"
     index = write_html(report, tmp_path)
-    names = {p.name for p in tmp_path.glob("*.png")}
-    assert "tests-perf-test_x-TestY-test_z-c8-ep-8-latency.png" in names
-    assert all(re.fullmatch(r"[A-Za-z0-9._-]+\.png", n) for n in names)
+    names = {p.name for p in tmp_path.glob("*.svg")}
+    assert "tests-perf-test_x-TestY-test_z-c8-ep-8-latency.svg" in names
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+\.svg", n) for n in names)
     assert len(names) == 4
     assert len(safe_name("t.py::" + "x" * 300)) <= 80
     assert safe_name("a.py::t[1]") != safe_name("a.py::t[2]")
     for name in names:
-        assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
-    assert ">ep8-tuned</td>" in index.read_text(encoding="utf-8")
+        _svg_file(tmp_path / name)
+    page = index.read_text(encoding="utf-8")
+    assert ">ep8-tuned</td>" in page
+    # two deployments: one series each, both named in the legend, the band of their baselines
+    sweep_tp = _charts(page)[0]
+    legend = [
+        "".join(t.itertext()) for t in sweep_tp.iter(f"{SVG_NS}text") if t.get("class") == "ltext"
+    ]
+    assert "ep8-tuned: median" in legend and "tp8: median" in legend
+    assert "tp8: baseline min-max" in legend
+    strokes = {
+        p.get("stroke") for p in sweep_tp.iter(f"{SVG_NS}polyline") if p.get("class") == "series"
+    }
+    assert len(strokes) == 2, "each deployment has its own colour"
+
+
+def test_chart_text_is_escaped(tmp_path: Path, regression: dict[str, Any]) -> None:
+    from pytest_kimi.report.html import write_html
+
+    report = copy.deepcopy(regression)
+    hostile = "x.py::test_<script>alert(1)</script>[a\"b'<img src=x onerror=alert(2)>]"
+    report["tests"][0]["nodeid"] = hostile
+    report["tests"][0]["levels"][0]["profile"] = "</text><script>alert(3)</script>"
+    report["tests"][0]["levels"][0]["verdict"] = "<b>regression</b>"
+    index = write_html(report, tmp_path)
+    page = index.read_text(encoding="utf-8")
+    assert "<script" not in page and "<img" not in page and "<b>regression" not in page
+    for chart in _charts(page):  # still well-formed, the strings shown as text
+        assert not [el for el in chart.iter() if any(k.startswith("on") for k in el.attrib)]
+    titles = [_labelled(c)[0] for c in _charts(page)]
+    assert f"{hostile}: output throughput vs concurrency" in titles
+    for path in tmp_path.glob("*.svg"):
+        assert "<script" not in path.read_text(encoding="utf-8")
+        _svg_file(path)
 
 
 def test_plots_tolerate_missing_figures(tmp_path: Path, regression: dict[str, Any]) -> None:
     """An errored level has no tok_s / latency: it is left out, not a crash."""
-    pytest.importorskip(
-        "matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'"
-    )
     from pytest_kimi.report.plots import render_test
 
     test = copy.deepcopy(regression["tests"][0])
@@ -281,9 +361,14 @@ def test_plots_tolerate_missing_figures(tmp_path: Path, regression: dict[str, An
     test["levels"][1]["verdict"] = "error"
     images = render_test(test)
     assert [i.kind for i in images] == ["throughput", "latency"]
-    assert all(i.png.startswith(PNG_MAGIC) for i in images)
+    for image in images:
+        chart = ET.fromstring(image.svg)
+        medians = [el for el in chart.iter(f"{SVG_NS}title") if "C=4" in (el.text or "")]
+        assert medians == [], "the errored level is not drawn"
     empty = render_test({"nodeid": "t.py::t", "levels": []})
-    assert all(i.png.startswith(PNG_MAGIC) for i in empty)
+    for image in empty:
+        texts = ["".join(t.itertext()) for t in ET.fromstring(image.svg).iter(f"{SVG_NS}text")]
+        assert "no measured levels" in texts
 
 
 def _same_run_ab(report: dict[str, Any]) -> dict[str, Any]:
@@ -313,22 +398,19 @@ def test_markdown_same_run_ab(regression: dict[str, Any]) -> None:
 
 
 def test_html_same_run_ab_one_figure_pair(tmp_path: Path, regression: dict[str, Any]) -> None:
-    pytest.importorskip(
-        "matplotlib", reason="plots need the optional extra: pip install 'pytest-kimi[plot]'"
-    )
     from pytest_kimi.report.html import plot_tests, write_html
 
     report = _same_run_ab(regression)
     merged = plot_tests(report["tests"])
     assert len(merged) == 1 and {lv["profile"] for lv in merged[0]["levels"]} == {"ep8", "tp8"}
     index = write_html(report, tmp_path)
-    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
-        "test_s-test_sweep-latency.png",
-        "test_s-test_sweep-throughput.png",
+    assert sorted(p.name for p in tmp_path.glob("*.svg")) == [
+        "test_s-test_sweep-latency.svg",
+        "test_s-test_sweep-throughput.svg",
     ]
     page = index.read_text(encoding="utf-8")
-    assert page.count("data:image/png;base64,") == 2
+    assert page.count('class="chart"') == 2
     assert 'id="test_s-test_sweep-on-ep8"' in page and 'id="test_s-test_sweep-on-tp8"' in page
-    assert page.index('id="test_s-test_sweep-on-tp8"') < page.index("data:image/png"), (
+    assert page.index('id="test_s-test_sweep-on-tp8"') < page.index('class="chart"'), (
         "figures follow the last entry of the nodeid"
     )

@@ -20,48 +20,55 @@ deficiencies), and no meaning rests on colour alone: verdicts have shapes and wo
 points a line and a text label, every chart a ``<title>``/``<desc>`` and a data table.
 
 Everything shown comes from user-controlled strings (test ids, provenance, branch names, CI
-URLs), so every one goes through :func:`html.escape`; links are made only from run ids (ints)
-and series anchors (``[A-Za-z0-9._-]``), and from a CI URL only when it is ``http(s)``.
+URLs), so every one goes through :func:`~pytest_kimi.report.htmlkit.e`; links are made only
+from run ids (ints) and series anchors (``[A-Za-z0-9._-]``), and from a CI URL only when it is
+``http(s)``.
+
+The page shell, stylesheet, levels table and chart primitives (markers, grid, the ``<svg>``
+root with its ``<title>``/``<desc>``) are the kit the run report (``--perf-html``) uses too:
+:mod:`pytest_kimi.report.htmlkit` and :mod:`pytest_kimi.report.svg`.  What is drawn here is
+only what a history chart has and a run report's does not: run order, change points, links.
 
 Pure: no pytest, no database; the store (or a test) hands in the read model.
 """
 
 from __future__ import annotations
 
-import html
 import math
-import os
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 from urllib.parse import urlsplit
 
+from pytest_kimi.files import write_atomic
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
-from pytest_kimi.report.markdown import VERDICT_HELP, level_label, summary_columns, workload_text
-from pytest_kimi.report.plots import safe_name
+from pytest_kimi.report import svg
+from pytest_kimi.report.htmlkit import e as _e
+from pytest_kimi.report.htmlkit import levels_table, page, safe_name
+from pytest_kimi.report.markdown import VERDICT_HELP, level_label, workload_text
+from pytest_kimi.report.svg import tok as _tok
 
 INDEX_NAME = "index.html"
 RUNS_DIR = "runs"
 
-# Okabe-Ito: distinguishable with protanopia, deuteranopia and tritanopia
-BLUE = "#0072B2"
+# the kit's Okabe-Ito palette: distinguishable with protanopia, deuteranopia and tritanopia
+BLUE = svg.BLUE
 """The run figure's line and a passing run's marker."""
-SKY = "#56B4E9"
+SKY = svg.SKY
 """Trial dots."""
-GREEN = "#009E73"
+GREEN = svg.GREEN
 """``improved``."""
-ORANGE = "#E69F00"
+ORANGE = svg.ORANGE
 """Warnings (``underpowered``, ``inconclusive``)."""
-VERMILLION = "#D55E00"
+VERMILLION = svg.VERMILLION
 """Verdicts that fail a run."""
-PURPLE = "#CC79A7"
+PURPLE = svg.PURPLE
 """Change points, and nothing else: a page without a change point has no pixel of it."""
-GREY = "#6E6E6E"
-BAND = "#BBBBBB"
+GREY = svg.GREY
+BAND = svg.BAND
 
 # chart geometry, in CSS pixels (the SVG is drawn 1:1 and shrinks with the page)
 _W = 960
@@ -100,21 +107,6 @@ class ChangeLike(Protocol):
 
 
 # ------------------------------------------------------------------------------- helpers
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _tok(value: float | None) -> str:
-    """tok/s as people read it: ``1,432``, ``64.2``, ``3.15``; ``-`` for no figure."""
-    if value is None or not math.isfinite(value):
-        return "–"
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}"
 
 
 def _pct(value: float | None) -> str:
@@ -197,46 +189,13 @@ def _style(point: Point) -> _Style:
 
 
 def _shape(style: _Style, x: float, y: float, size: float = 5.0) -> str:
-    """One marker centred on (x, y); white outline so it stands out on the line and band."""
-    c, s = style.colour, size
-    edge = 'stroke="#fff" stroke-width="1.2"'
-    if style.shape == "circle":
-        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{s:.1f}" fill="{c}" {edge}/>'
-    if style.shape == "ring":
-        return (
-            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{s - 0.8:.1f}" fill="#fff" '
-            f'stroke="{c}" stroke-width="2"/>'
-        )
-    if style.shape == "square":
-        return (
-            f'<rect x="{x - s * 0.85:.1f}" y="{y - s * 0.85:.1f}" width="{s * 1.7:.1f}" '
-            f'height="{s * 1.7:.1f}" fill="{c}" {edge}/>'
-        )
-    if style.shape == "diamond":
-        d = s * 1.3
-        pts = f"{x:.1f},{y - d:.1f} {x + d:.1f},{y:.1f} {x:.1f},{y + d:.1f} {x - d:.1f},{y:.1f}"
-        return f'<polygon points="{pts}" fill="{c}" {edge}/>'
-    if style.shape in ("up", "down"):
-        d = s * 1.35
-        sign = -1 if style.shape == "up" else 1
-        pts = (
-            f"{x - d:.1f},{y - sign * d * 0.6:.1f} {x + d:.1f},{y - sign * d * 0.6:.1f} "
-            f"{x:.1f},{y + sign * d:.1f}"
-        )
-        return f'<polygon points="{pts}" fill="{c}" {edge}/>'
-    d = s * 0.9  # cross: no figure
-    return (
-        f'<path d="M{x - d:.1f},{y - d:.1f}L{x + d:.1f},{y + d:.1f}M{x - d:.1f},{y + d:.1f}'
-        f'L{x + d:.1f},{y - d:.1f}" stroke="{c}" stroke-width="2.4" fill="none"/>'
-    )
+    """The verdict's marker centred on (x, y) (the kit's shapes)."""
+    return svg.shape(style.shape, style.colour, x, y, size)
 
 
 def _glyph(style: _Style) -> str:
     """The marker as a small inline icon, for legends and tables."""
-    return (
-        f'<svg class="glyph" width="14" height="14" viewBox="0 0 14 14" aria-hidden="true">'
-        f"{_shape(style, 7, 7, 4.2)}</svg>"
-    )
+    return svg.marker_glyph(style.shape, style.colour)
 
 
 def _verdict_html(point: Point | None) -> str:
@@ -244,7 +203,7 @@ def _verdict_html(point: Point | None) -> str:
         return "–"
     style = _style(point)
     word = point.verdict or ("no figure" if point.tok_s is None else "–")
-    return f'<span class="verdict v-{style.name}">{_glyph(style)} {_e(word)}</span>'
+    return f'<span class="verdict m-{style.name}">{_glyph(style)} {_e(word)}</span>'
 
 
 # ------------------------------------------------------------------------------- changes
@@ -360,15 +319,6 @@ def _marks_by_series(changes: Iterable[Any]) -> dict[tuple[str, str, str | None]
 # ------------------------------------------------------------------------------- charts
 
 
-def _nice_step(span: float, target: int = 5) -> float:
-    raw = span / max(target, 1)
-    mag = 10.0 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
-    for mult in (1, 2, 2.5, 5, 10):
-        if raw <= mult * mag:
-            return mult * mag
-    return 10 * mag
-
-
 def _y_range(values: Sequence[float]) -> tuple[float, float, float]:
     """(low, high, tick step) of the y axis.
 
@@ -389,7 +339,7 @@ def _y_range(values: Sequence[float]) -> tuple[float, float, float]:
     lo, hi = lo - pad, hi + pad
     if lo < 0 <= min(values):
         lo = 0.0
-    step = _nice_step(hi - lo)
+    step = svg.nice_step(hi - lo)
     return math.floor(lo / step) * step, math.ceil(hi / step) * step, step
 
 
@@ -526,14 +476,7 @@ def _chart_svg(chart: _Chart) -> str:
     out: list[str] = []
     left, right = _LEFT, _W - _RIGHT
     # grid and y axis
-    tick = chart.lo
-    while tick <= chart.hi + chart.step / 2:
-        y = chart.y(tick)
-        out.append(
-            f'<line x1="{left}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-            f'<text x="{left - 8}" y="{y + 4:.1f}" class="ytick">{_e(_tok(tick))}</text>'
-        )
-        tick += chart.step
+    out.append(svg.y_grid(chart.y, svg.ticks(chart.lo, chart.hi, chart.step), left, right, _tok))
     out.append(
         f'<text x="{left - 8}" y="{chart.top - 10:.1f}" class="yunit">tok/s</text>'
         f'<line x1="{left}" x2="{left}" y1="{chart.top}" y2="{chart.bottom}" class="axis"/>'
@@ -652,12 +595,15 @@ def _chart_svg(chart: _Chart) -> str:
     if not pts:
         out.append(f'<text x="{_W / 2}" y="{chart.top + _PLOT_H / 2}" class="empty">no runs</text>')
     title = f"{s.test} {s.level}" + (f" on {s.deployment}" if s.deployment else "")
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{_W}" '
-        f'height="{chart.height:.0f}" viewBox="0 0 {_W} {chart.height:.0f}" '
-        f'aria-labelledby="t-{aid} d-{aid}">'
-        f'<title id="t-{aid}">{_e("tok/s over runs: " + title)}</title>'
-        f'<desc id="d-{aid}">{_e(_describe(chart))}</desc>' + "".join(out) + "</svg>"
+    # no role="img": the markers are links, which must stay reachable by keyboard and reader
+    return svg.chart(
+        _W,
+        chart.height,
+        aid,
+        "tok/s over runs: " + title,
+        _describe(chart),
+        "".join(out),
+        role=None,
     )
 
 
@@ -684,23 +630,16 @@ def _describe(chart: _Chart) -> str:
 def _legend(chart: _Chart) -> str:
     """The symbols this chart uses, and only those (an unused swatch would be noise)."""
     pts = chart.series.points
-    items = [
-        f'<span><svg class="glyph" width="26" height="14" aria-hidden="true">'
-        f'<line x1="1" x2="25" y1="7" y2="7" stroke="{BLUE}" stroke-width="2"/></svg>'
-        "run figure (median of its trials)</span>"
-    ]
+    items = [f"<span>{svg.glyph(svg.key_line(BLUE), 26)}run figure (median of its trials)</span>"]
     if any(p.trials for p in pts):
-        items.append(
-            f'<span><svg class="glyph" width="14" height="14" aria-hidden="true">'
-            f'<circle cx="4" cy="9" r="2.3" fill="{SKY}"/><circle cx="10" cy="5" r="2.3" '
-            f'fill="{SKY}"/></svg>trials</span>'
-        )
+        dots = svg.circle(4, 9, 2.3, fill=SKY) + svg.circle(10, 5, 2.3, fill=SKY)
+        items.append(f"<span>{svg.glyph(dots)}trials</span>")
     if any(p.baseline_tok_s is not None for p in pts):
+        band = svg.rect(1, 4, 24, 8, fill=BAND, fill_opacity=".45") + svg.line(
+            1, 4, 25, 4, stroke=GREY, stroke_width=1.5, stroke_dasharray="4 3"
+        )
         items.append(
-            f'<span><svg class="glyph" width="26" height="14" aria-hidden="true">'
-            f'<rect x="1" y="4" width="24" height="8" fill="{BAND}" fill-opacity=".45"/>'
-            f'<line x1="1" x2="25" y1="4" y2="4" stroke="{GREY}" stroke-width="1.5" '
-            'stroke-dasharray="4 3"/></svg>baseline, and the drop its tolerance allows</span>'
+            f"<span>{svg.glyph(band, 26)}baseline, and the drop its tolerance allows</span>"
         )
     seen = []
     for p in pts:
@@ -711,11 +650,8 @@ def _legend(chart: _Chart) -> str:
     for st in sorted(seen, key=order.index):
         items.append(f"<span>{_glyph(st)}{_e(st.label)}</span>")
     if chart.placed:
-        items.append(
-            f'<span><svg class="glyph" width="14" height="14" aria-hidden="true">'
-            f'<line x1="7" x2="7" y1="0" y2="14" stroke="{PURPLE}" stroke-width="2.5"/></svg>'
-            "change point</span>"
-        )
+        mark = svg.line(7, 0, 7, 14, stroke=PURPLE, stroke_width=2.5)
+        items.append(f"<span>{svg.glyph(mark)}change point</span>")
     return f'<p class="legend">{"".join(items)}</p>'
 
 
@@ -766,47 +702,6 @@ def _section(chart: _Chart) -> str:
 
 
 # ------------------------------------------------------------------------------- pages
-
-_CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5rem auto;max-width:1000px;
-padding:0 1rem;color:#222;line-height:1.4}
-h1{font-size:1.5rem;margin:0 0 .3rem}h2{font-size:1.05rem;margin:2rem 0 .3rem;border-top:1px solid #ddd;
-padding-top:.9rem}h2 .lvl{font-weight:700}h2 .dep{font-weight:400;color:#555}
-code{background:#f3f3f3;padding:0 .25em;border-radius:3px}a{color:#0b4f8a}
-table{border-collapse:collapse;margin:.6rem 0;font-size:.88rem}
-th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}th{background:#f3f3f3}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
-.meta{color:#555}.legend{font-size:.8rem;color:#333;margin:.2rem 0}
-.legend span{margin-right:1rem;white-space:nowrap}.glyph{vertical-align:-2px;margin-right:.25rem}
-.verdict{white-space:nowrap}.v-failing,.v-none{font-weight:700}
-tr.attention td:first-child{box-shadow:inset 4px 0 0 #D55E00}
-svg.chart{max-width:100%;height:auto;display:block}
-svg .grid{stroke:#e6e6e6;stroke-width:1}svg .axis{stroke:#888;stroke-width:1}
-svg text{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;fill:#333}
-svg .ytick,svg .yunit{font-size:11px;text-anchor:end}svg .yunit{font-weight:600}
-svg .xtick{font-size:10px;text-anchor:middle}svg .commit{font-family:ui-monospace,monospace;fill:#666}
-svg .band{fill:#BBBBBB;fill-opacity:.45;shape-rendering:crispEdges}
-svg .base{stroke:#6E6E6E;stroke-width:1.5;stroke-dasharray:5 4}
-svg .figure{fill:none;stroke:#0072B2;stroke-width:2;stroke-linejoin:round}
-svg .change{stroke:#CC79A7;stroke-width:3}svg .level{stroke:#CC79A7;stroke-width:1.5;stroke-dasharray:6 4}
-svg .clabel{font-size:12px;font-weight:700;fill:#000}
-svg .hit{fill:#fff;fill-opacity:0}svg a.run:hover .hit,svg a.run:focus .hit{fill:#0072B2;fill-opacity:.15}
-svg .empty{font-size:14px;text-anchor:middle;fill:#777}
-ul.changes{font-size:.88rem;margin:.3rem 0}details{font-size:.88rem}summary{cursor:pointer;color:#555}
-dl.facts{display:grid;grid-template-columns:max-content auto;gap:.15rem 1rem;margin:.6rem 0}
-dl.facts dt{font-weight:600}dl.facts dd{margin:0}nav{margin:.3rem 0 1rem;font-size:.9rem}
-nav a{margin-right:1rem}h3{font-size:1rem;margin:1.4rem 0 .2rem}
-.outcome{font-size:.8rem;font-weight:600;padding:.05rem .45rem;border:1px solid #888;border-radius:3px;
-vertical-align:2px}
-"""
-
-
-def _page(title: str, body: str) -> str:
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n{body}\n</body></html>\n"
-    )
 
 
 def _anchors(series: Sequence[LevelSeries]) -> list[str]:
@@ -943,7 +838,7 @@ def render_index(
     ]
     if ids:
         body += ["<h2>Runs</h2>", _runs_table(ids, infos, series)]
-    return _page("Throughput history", "\n".join(body))
+    return page("Throughput history", "\n".join(body))
 
 
 # ------------------------------------------------------------------------------- run pages
@@ -1119,7 +1014,7 @@ def _report_verdict(verdict: str) -> str:
         style = _STYLES["pass"]
     help_text = VERDICT_HELP.get(verdict, "")
     return (
-        f'<span class="verdict v-{style.name}" title="{_e(help_text)}">'
+        f'<span class="verdict m-{style.name}" title="{_e(help_text)}">'
         f"{_glyph(style)} {_e(verdict)}</span>"
     )
 
@@ -1154,17 +1049,11 @@ def _report_test(test: Mapping[str, Any], site: _Site, run_id: int) -> str:
         parts.append(f'<p class="meta">{" · ".join(meta)}</p>')
     levels = [lv for lv in test.get("levels") or [] if isinstance(lv, Mapping)]
     if levels:
-        cols = summary_columns(levels)
-        header = "".join(f"<th>{_e(c.header)}</th>" for c in cols) + "<th>verdict</th>"
-        rows = "".join(
-            "<tr>"
-            + "".join(
-                f'<td class="{"num" if c.numeric else ""}">{_e(c.value(lv))}</td>' for c in cols
+        parts.append(
+            levels_table(
+                levels, lambda lv: f"<td>{_report_verdict(str(lv.get('verdict', '?')))}</td>"
             )
-            + f"<td>{_report_verdict(str(lv.get('verdict', '?')))}</td></tr>"
-            for lv in levels
         )
-        parts.append(f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>")
     notes = [
         f"<li><b>{_e(level_label(lv, test))}</b> {_e(lv.get('verdict', '?'))}: {_e(reason)}</li>"
         for lv in levels
@@ -1230,25 +1119,10 @@ def _run_page(site: _Site, run_id: int, neighbours: tuple[int | None, int | None
     if rest:
         body.append("<h2>Stored details</h2>")
         body.append(_value_html(rest))
-    return _page(f"Run {int(run_id)}", "\n".join(b for b in body if b))
+    return page(f"Run {int(run_id)}", "\n".join(b for b in body if b))
 
 
 # ------------------------------------------------------------------------------- writing
-
-
-def _write(path: Path, text: str) -> None:
-    """Atomically, world-readable: a page that exists is whole (a web server may be serving
-    the directory while it is rebuilt)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_dashboard(
@@ -1262,8 +1136,9 @@ def write_dashboard(
 
     ``changes`` are change points (:class:`ChangeLike`: the detector's ``Change``); ``runs``
     maps a run id to the store's details of it (provenance, verdicts, levels), shown on its
-    page.  Run pages are written first and the index last, so an index that exists links only
-    to pages that exist.  Pages of runs no longer in the history are left alone.
+    page.  Run pages are written first and the index last, each atomically
+    (:func:`pytest_kimi.files.write_atomic`), so an index that exists links only to pages that
+    exist and a page that exists is whole.  Pages of runs no longer in the history are left alone.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1271,9 +1146,9 @@ def write_dashboard(
     ids = site.ids
     for k, rid in enumerate(ids):
         neighbours = (ids[k - 1] if k > 0 else None, ids[k + 1] if k + 1 < len(ids) else None)
-        _write(out / run_page_name(rid), _run_page(site, rid, neighbours))
+        write_atomic(out / run_page_name(rid), _run_page(site, rid, neighbours))
     index = out / INDEX_NAME
-    _write(index, render_index(series, changes, runs))
+    write_atomic(index, render_index(series, changes, runs))
     return index
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pytest_kimi import __version__
+from pytest_kimi.files import write_atomic
 
 SCHEMA_VERSION = 1
 
@@ -19,7 +18,7 @@ def build_report(
     session_noise: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report dict; ``session_noise`` (``--perf-sessions``, see
-    :func:`pytest_kimi.measure.sessions.session_noise`) only when there is one."""
+    :func:`pytest_kimi.run.server_starts.session_noise`) only when there is one."""
     report = {
         "schema": SCHEMA_VERSION,
         "plugin_version": __version__,
@@ -37,12 +36,4 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
 
 def write_text(path: Path, text: str) -> None:
     """Atomic: a reader never sees half a report, an interrupted run never leaves one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text)

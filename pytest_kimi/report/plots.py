@@ -1,86 +1,47 @@
 """Figures of a run, from the ``--perf-json`` shape: throughput per concurrency, and the
 per-request latency a deployment pays for its aggregate throughput.
 
-matplotlib is optional (``pip install 'pytest-kimi[plot]'``): a perf gate on a GPU runner must
-not pull a plotting stack just to pass or fail.  It is therefore imported inside
-:func:`require_matplotlib`, never at module import, and only through its object-oriented API
-with the Agg canvas: no pyplot global state (the plugin may run inside a user's process that
-uses pyplot itself), no GUI backend, never a window.
+Drawn as inline SVG with the chart kit (:mod:`pytest_kimi.report.svg`), the way the history
+dashboard draws its charts: no plotting library to install (a perf gate on a GPU runner must
+not pull a plotting stack to write its report), nothing that could touch a user's pyplot
+state, and every point carries its figures as a tooltip.  Each figure is a ``<svg>`` string
+with a ``<title>`` and a ``<desc>`` that says its numbers in words.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import math
-import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from pytest_kimi.report import svg
+from pytest_kimi.report.htmlkit import safe_name
+from pytest_kimi.report.svg import GREY, VERMILLION, Key, Scale
 from pytest_kimi.verdicts import Verdict
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
-
-INSTALL_HINT = "pip install 'pytest-kimi[plot]'"
 
 FAILING = Verdict.failing()
 """Levels drawn with a red ring: the verdicts that fail a run whatever the flags."""
 
 _NO_PROFILE = ""
-_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
-_BASELINE_COLOUR = "#555555"
-_FAIL_COLOUR = "#d62728"
-_DPI = 110
-
-
-class PlotUnavailable(RuntimeError):
-    """Plots were asked for but matplotlib is not installed (it is an optional extra)."""
-
-
-def require_matplotlib() -> None:
-    """Import matplotlib or raise :class:`PlotUnavailable` naming the extra to install.
-
-    Called before any file is written, so a missing extra fails fast instead of leaving a
-    half-written report directory.
-    """
-    try:
-        import matplotlib  # noqa: F401
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
-        from matplotlib.figure import Figure  # noqa: F401
-    except ImportError as exc:
-        raise PlotUnavailable(
-            f"plots need matplotlib, which is not installed ({exc}); install the extra: {INSTALL_HINT}"
-        ) from None
+_W = 960
+_RIGHT = 24
+_TOP = 58
+_INK = "#222222"
 
 
 @dataclass(frozen=True, slots=True)
 class PlotImage:
-    """One rendered figure: what ``write_html`` embeds and writes next to ``index.html``."""
+    """One rendered figure: what ``write_html`` shows inline and writes next to ``index.html``."""
 
     kind: str
     """``throughput`` or ``latency``."""
     title: str
-    png: bytes
+    svg: str
+    """The ``<svg>`` element, for inline use (:func:`pytest_kimi.report.svg.standalone` makes
+    it a file of its own)."""
 
 
 # ----------------------------------------------------------------------------------- helpers
-
-
-def safe_name(nodeid: str, max_len: int = 80) -> str:
-    """A file-name stem for a test: ``tests/perf/test_x.py::test_y[c8]`` -> ``tests-perf-test_x-test_y-c8``.
-
-    Only ``[A-Za-z0-9._-]`` survive, so the name is valid on every filesystem and in a URL; a
-    long name is cut and suffixed with a hash of the nodeid so two tests never share a file.
-    """
-    stem = nodeid.replace(".py::", "::")
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem)
-    stem = re.sub(r"[-.]*-[-.]*", "-", stem).strip("-.") or "test"  # "c8/../x" -> "c8-x"
-    if len(stem) > max_len:
-        digest = hashlib.sha1(nodeid.encode("utf-8")).hexdigest()[:8]
-        stem = f"{stem[: max_len - 9].rstrip('-.')}-{digest}"
-    return stem
 
 
 def _finite(value: Any) -> float | None:
@@ -117,7 +78,7 @@ def _points(
     out: list[tuple[float, float, Mapping[str, Any]]] = []
     for x, lv in zip(xs, group):
         y = _finite(lv.get(key))
-        if y is not None:
+        if y is not None and math.isfinite(x):
             out.append((x, y, lv))
     return out
 
@@ -132,322 +93,426 @@ def _baseline_samples(level: Mapping[str, Any]) -> list[float]:
     return []
 
 
+def _trials(level: Mapping[str, Any]) -> list[float]:
+    return [v for v in (_finite(s) for s in level.get("trials_tok_s") or []) if v is not None]
+
+
 def _short(nodeid: str, limit: int = 70) -> str:
     return nodeid if len(nodeid) <= limit else "…" + nodeid[-(limit - 1) :]
 
 
-def _new_figure(width: float, height: float) -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
+def _concurrency(level: Mapping[str, Any]) -> str:
+    return f"C={level.get('concurrency')}"
 
 
-def _log2_concurrency_axis(ax: Axes, values: Sequence[float]) -> None:
-    """Log2 x axis ticked at the measured concurrencies, labelled as plain integers."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
-    ax.set_xscale("log", base=2)
-    ticks = sorted(set(values))
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
-    lo, hi = min(ticks), max(ticks)
-    ax.set_xlim(lo / 1.5, hi * 1.5)
+def _verdict_note(level: Mapping[str, Any]) -> str:
+    """``REGRESSION -12.3%``: the label of a failing level."""
+    change = level.get("change_pct")
+    number = isinstance(change, (int, float)) and not isinstance(change, bool)
+    return str(level.get("verdict", "")).upper() + (f" {change:+.1f}%" if number else "")
 
 
-def _zero_based_ylim(ax: Axes, headroom: float = 0.12) -> None:
-    """Throughput and latency start at 0 (a truncated axis makes a 3% wobble look like a
-    cliff), with headroom above the highest artist so labels and dashes are not clipped."""
-    ax.autoscale_view()  # dataLim already holds every artist; relim() would drop collections
-    top = ax.get_ylim()[1]
-    ax.set_ylim(0, top * (1 + headroom) if top > 0 else 1)
+def _header(test: Mapping[str, Any], subtitle: str) -> str:
+    return svg.text(12, 20, _short(str(test.get("nodeid", "?"))), "ctitle") + svg.text(
+        12, 38, subtitle, "csub"
+    )
 
 
-def png_bytes(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI)
-    return buf.getvalue()
+def _trial_dots(colour: str) -> str:
+    return svg.circle(8, 9, 2.6, fill=colour, fill_opacity=0.55) + svg.circle(
+        17, 5, 2.6, fill=colour, fill_opacity=0.55
+    )
 
 
 # ------------------------------------------------------------------------------- throughput
 
 
-def throughput_figure(test: Mapping[str, Any]) -> Figure:
-    """Aggregate output tok/s against concurrency (log2): trials as points, medians as a line,
+def throughput_svg(test: Mapping[str, Any], ident: str = "throughput") -> str:
+    """Aggregate output tok/s against concurrency (log2): trials as dots, medians as a line,
     baseline median dashed (with the min-max band of its trials when the report has them),
-    absolute targets as markers, failing levels ringed in red with their verdict."""
-    require_matplotlib()
-    fig = _new_figure(7.5, 4.6)
-    ax = fig.add_subplot()
-    levels = list(test.get("levels") or [])
-    groups = _series(levels)
-    all_c: list[float] = []
-    target_labelled = fail_labelled = False
+    absolute targets as black dashes, failing levels ringed in red with their verdict."""
+    left, right, plot_h = 76, _W - _RIGHT, 300.0
+    top, bottom = _TOP, _TOP + plot_h
+    groups = _series(list(test.get("levels") or []))
+    all_c = [float(lv["concurrency"]) for g in groups.values() for lv in g]
+    xs_scale = (
+        Scale(min(all_c) / 1.5, max(all_c) * 1.5, left, right, log=True)
+        if all_c
+        else Scale(0.0, 1.0, left, right)
+    )
+    values: list[float] = []
+    for g in groups.values():
+        for lv in g:
+            values += _trials(lv) + _baseline_samples(lv)
+            values += [
+                v
+                for v in (_finite(lv.get(k)) for k in ("tok_s", "baseline_tok_s", "target_tok_s"))
+                if v is not None
+            ]
+    lo, hi, step = svg.zero_based(values, 0.12)
+    ys = Scale(lo, hi, bottom, top)
+    back: list[str] = []  # bands and baselines, under everything
+    mid: list[str] = []  # trials and medians
+    front: list[str] = []  # targets, rings, labels
+    keys: list[Key] = []
+    words: list[str] = []
+    target_keyed = fail_keyed = False
     for i, (profile, group) in enumerate(groups.items()):
-        colour = _PALETTE[i % len(_PALETTE)]
+        colour = svg.SERIES[i % len(svg.SERIES)]
         name = profile or "current"
         xs = [float(lv["concurrency"]) for lv in group]
-        all_c += xs
         # trials: slight horizontal offsets so repeated values stay visible
-        tx, ty = [], []
+        dots = []
         for x, lv in zip(xs, group):
-            samples = [
-                v for v in (_finite(s) for s in lv.get("trials_tok_s") or []) if v is not None
-            ]
-            n = len(samples)
+            samples = _trials(lv)
+            k_n = len(samples)
             for k, v in enumerate(samples):
-                tx.append(x * 2 ** (0.06 * (k - (n - 1) / 2) / max(n - 1, 1)))
-                ty.append(v)
-        if tx:
-            ax.scatter(
-                tx,
-                ty,
-                s=16,
-                color=colour,
-                alpha=0.55,
-                edgecolors="white",
-                linewidths=0.4,
-                label=f"{name}: trials",
-                zorder=5,
+                dx = 2 ** (0.06 * (k - (k_n - 1) / 2) / max(k_n - 1, 1))
+                dots.append(svg.circle(xs_scale(x * dx), ys(v), 2.6))
+        if dots:
+            mid.append(
+                f'<g fill="{colour}" fill-opacity="0.55" stroke="#fff" stroke-width="0.4">'
+                + "".join(dots)
+                + "</g>"
             )
+            keys.append(Key(_trial_dots(colour), f"{name}: trials"))
         med = _points(xs, group, "tok_s")
         if med:
-            ax.plot(
-                [x for x, _, _ in med],
-                [y for _, y, _ in med],
-                "-o",
-                color=colour,
-                lw=2,
-                ms=5,
-                label=f"{name}: median",
-                zorder=4,
+            if len(med) > 1:
+                mid.append(
+                    svg.polyline([(xs_scale(x), ys(y)) for x, y, _ in med], "series", stroke=colour)
+                )
+            for x, y, lv in med:
+                n_trials = len(_trials(lv))
+                said = (
+                    f"{name} {_concurrency(lv)}: {svg.tok(y)} tok/s (median of {n_trials} "
+                    f"trial{'s' if n_trials != 1 else ''}), {lv.get('verdict', 'no verdict')}"
+                )
+                mid.append(svg.tip(said, svg.shape("circle", colour, xs_scale(x), ys(y), 4.5)))
+            keys.append(Key(svg.key_line(colour, marker="circle"), f"{name}: median"))
+            words.append(
+                f"{name}: "
+                + ", ".join(
+                    f"{_concurrency(lv)} {svg.tok(y)} tok/s ({lv.get('verdict', 'no verdict')})"
+                    for _, y, lv in med
+                )
             )
         # baseline: dashed median line, band when samples are known
         base = [(x, y, _baseline_samples(lv)) for x, y, lv in _points(xs, group, "baseline_tok_s")]
         if base:
-            bx = [x for x, _, _ in base]
-            by = [y for _, y, _ in base]
-            label = f"{name}: baseline median" if profile else "baseline median"
-            if len(base) == 1:  # one level: a short horizontal dash instead of a line
-                x = bx[0]
-                ax.hlines(
-                    by[0],
-                    x / 1.25,
-                    x * 1.25,
-                    colors=_BASELINE_COLOUR if not profile else colour,
-                    linestyles="--",
-                    lw=1.6,
-                    label=label,
-                    zorder=2,
-                )
-            else:
-                ax.plot(
-                    bx,
-                    by,
-                    "--",
-                    color=_BASELINE_COLOUR if not profile else colour,
-                    lw=1.6,
-                    label=label,
-                    zorder=2,
-                )
+            line_colour = GREY if not profile else colour
             banded = [(x, min(s), max(s)) for x, _, s in base if s]
             if banded:
-                band_colour = _BASELINE_COLOUR if not profile else colour
-                band_label = f"{name}: baseline min-max" if profile else "baseline trials min-max"
                 if len(banded) == 1:
-                    x, lo, hi = banded[0]
-                    ax.fill_between(
-                        [x / 1.25, x * 1.25],
-                        [lo, lo],
-                        [hi, hi],
-                        color=band_colour,
-                        alpha=0.15,
-                        lw=0,
-                        label=band_label,
-                        zorder=1,
-                    )
+                    x, b_lo, b_hi = banded[0]
+                    outline = [
+                        (x / 1.25, b_lo),
+                        (x * 1.25, b_lo),
+                        (x * 1.25, b_hi),
+                        (x / 1.25, b_hi),
+                    ]
                 else:
-                    ax.fill_between(
-                        [b[0] for b in banded],
-                        [b[1] for b in banded],
-                        [b[2] for b in banded],
-                        color=band_colour,
-                        alpha=0.15,
-                        lw=0,
-                        label=band_label,
-                        zorder=1,
+                    outline = [(x, b) for x, b, _ in banded] + [
+                        (x, t) for x, _, t in reversed(banded)
+                    ]
+                pts = " ".join(f"{svg.n(xs_scale(x))},{svg.n(ys(y))}" for x, y in outline)
+                back.append(f'<polygon points="{pts}" fill="{line_colour}" fill-opacity="0.15"/>')
+            if len(base) == 1:  # one level: a short horizontal dash instead of a line
+                x, y, _ = base[0]
+                back.append(
+                    svg.line(
+                        xs_scale(x / 1.25),
+                        ys(y),
+                        xs_scale(x * 1.25),
+                        ys(y),
+                        "dash",
+                        stroke=line_colour,
                     )
-        targets = _points(xs, group, "target_tok_s")
-        if targets:
-            ax.scatter(
-                [x for x, _, _ in targets],
-                [y for _, y, _ in targets],
-                marker="_",
-                s=400,
-                linewidths=2.5,
-                color="black",
-                label=None if target_labelled else "target (min tok/s)",
-                zorder=5,
+                )
+            else:
+                back.append(
+                    svg.polyline(
+                        [(xs_scale(x), ys(y)) for x, y, _ in base], "dash", stroke=line_colour
+                    )
+                )
+            label = f"{name}: baseline median" if profile else "baseline median"
+            keys.append(Key(svg.key_line(line_colour, dashed=True), label))
+            if banded:
+                band_label = f"{name}: baseline min-max" if profile else "baseline trials min-max"
+                keys.append(
+                    Key(svg.rect(1, 3, 24, 8, fill=line_colour, fill_opacity=0.15), band_label)
+                )
+            words.append(
+                f"{'baseline of ' + name if profile else 'baseline'}: "
+                + ", ".join(f"{svg.tok(y)} tok/s" for _, y, _ in base)
             )
-            target_labelled = True
-        for x, lv in zip(xs, group):
-            verdict = str(lv.get("verdict", ""))
-            y = _finite(lv.get("tok_s"))
-            if verdict in FAILING and y is not None:
-                ax.scatter(
-                    [x],
-                    [y],
-                    s=150,
-                    facecolors="none",
-                    edgecolors=_FAIL_COLOUR,
-                    linewidths=1.8,
-                    zorder=6,
-                    label=None if fail_labelled else "failing level",
+        targets = _points(xs, group, "target_tok_s")
+        for x, y, lv in targets:
+            front.append(
+                svg.tip(
+                    f"{_concurrency(lv)}: target at least {svg.tok(y)} tok/s",
+                    svg.line(
+                        xs_scale(x) - 10,
+                        ys(y),
+                        xs_scale(x) + 10,
+                        ys(y),
+                        stroke="#000",
+                        stroke_width=2.5,
+                    ),
                 )
-                fail_labelled = True
-                change = lv.get("change_pct")
-                note = verdict.upper() + (
-                    f" {change:+.1f}%" if isinstance(change, (int, float)) else ""
+            )
+        if targets:
+            words.append(
+                "targets: "
+                + ", ".join(f"{_concurrency(lv)} {svg.tok(y)} tok/s" for _, y, lv in targets)
+            )
+            if not target_keyed:
+                keys.append(
+                    Key(
+                        svg.line(6, 7, 20, 7, stroke="#000", stroke_width=2.5), "target (min tok/s)"
+                    )
                 )
-                # several deployments: the first series labels above its points, the others
-                # below, so the labels of two nearby curves do not print over each other
-                above = len(groups) > 1 and i == 0
-                ax.annotate(
-                    note,
-                    (x, y),
-                    xytext=(0, 14 if above else -16),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom" if above else "top",
-                    fontsize=8,
-                    color=_FAIL_COLOUR,
-                    zorder=7,
+                target_keyed = True
+        # several deployments: the first series labels above its points, the others below, so
+        # the labels of two nearby curves do not print over each other
+        above = len(groups) > 1 and i == 0
+        for x, y, lv in med:
+            if str(lv.get("verdict", "")) not in FAILING:
+                continue
+            px, py = xs_scale(x), ys(y)
+            front.append(
+                svg.circle(px, py, 9, fill="none", stroke=VERMILLION, stroke_width=1.8)
+                + svg.text(
+                    px,
+                    py - 14 if above else py + 25,
+                    _verdict_note(lv),
+                    "note",
+                    fill=VERMILLION,
+                    text_anchor="middle",
                 )
-    if all_c:
-        _log2_concurrency_axis(ax, all_c)
-    else:
-        ax.text(0.5, 0.5, "no measured levels", transform=ax.transAxes, ha="center", va="center")
-    _zero_based_ylim(ax)
-    ax.set_xlabel("concurrency (requests in flight, log2 scale)")
-    ax.set_ylabel("aggregate output throughput (tok/s)")
-    ax.set_title(
-        f"{_short(str(test.get('nodeid', '?')))}\noutput throughput vs concurrency", fontsize=10
+            )
+            if not fail_keyed:
+                keys.append(
+                    Key(
+                        svg.circle(13, 7, 5.5, fill="none", stroke=VERMILLION, stroke_width=1.8),
+                        "failing level",
+                    )
+                )
+                fail_keyed = True
+    axes = [svg.y_grid(ys, svg.ticks(lo, hi, step), left, right)]
+    for c in sorted(set(all_c)):
+        x = xs_scale(c)
+        axes.append(
+            svg.line(x, top, x, bottom, "grid")
+            + svg.line(x, bottom, x, bottom + 4, "axis")
+            + svg.text(x, bottom + 16, f"{c:g}", "xtick")
+        )
+    axes.append(
+        svg.line(left, top, left, bottom, "axis") + svg.line(left, bottom, right, bottom, "axis")
     )
-    ax.grid(True, which="major", alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        # outside the axes: inside, it hides whichever line happens to run under it
-        fig.legend(fontsize=8, loc="outside right upper", framealpha=0.85)
-    return fig
+    if not all_c:
+        axes.append(svg.text((left + right) / 2, top + plot_h / 2, "no measured levels", "empty"))
+    axes.append(
+        svg.text(
+            (left + right) / 2,
+            bottom + 38,
+            "concurrency (requests in flight, log2 scale)",
+            "axlabel",
+        )
+        + svg.y_label(18, top + plot_h / 2, "aggregate output throughput (tok/s)")
+    )
+    key_svg, key_h = svg.legend(keys, left, bottom + 62, right - left)
+    height = bottom + 62 + key_h + 4
+    nodeid = str(test.get("nodeid", "?"))
+    desc = (
+        "Aggregate output tok/s at each measured concurrency. "
+        + ("; ".join(words) if words else "No measured levels")
+        + "."
+    )
+    return svg.chart(
+        _W,
+        height,
+        ident,
+        f"{nodeid}: output throughput vs concurrency",
+        desc,
+        _header(test, "output throughput vs concurrency")
+        + "".join(axes + back + mid + front)
+        + key_svg,
+    )
 
 
 # --------------------------------------------------------------------------------- latency
 
 
-def latency_figure(test: Mapping[str, Any]) -> Figure:
+def latency_svg(test: Mapping[str, Any], ident: str = "latency") -> str:
     """The latency/throughput trade-off: per-request tok/s p50 (top) and TTFT p95 (bottom)
     against aggregate tok/s, one point per level labelled ``C=N``, one line per profile.
 
     This is the view a deployment choice turns on (e.g. EP8 vs TP8): the configuration with
     more aggregate tok/s may give each user fewer tok/s or a longer first token.
     """
-    require_matplotlib()
-    fig = _new_figure(7.5, 6.2)
-    top, bottom = fig.subplots(2, 1, sharex=True)
+    left, right, panel_h, gap = 84, _W - _RIGHT, 190.0, 26.0
     groups = _series(list(test.get("levels") or []))
     ttft_values = [
         y for g in groups.values() for _, y, _ in _points([0.0] * len(g), g, "ttft_s_p95")
     ]
     in_ms = not ttft_values or max(ttft_values) < 10.0
-    scale, unit = (1e3, "ms") if in_ms else (1.0, "s")
-    drawn = any_failing = False
-    for i, (profile, group) in enumerate(groups.items()):
-        colour = _PALETTE[i % len(_PALETTE)]
-        name = profile or "current run"
-        # top curve falls to the right, bottom one rises: label on the side away from the line
-        for ax, key, factor, dx, ha in (
-            (top, "request_tok_s_p50", 1.0, 6, "left"),
-            (bottom, "ttft_s_p95", scale, -6, "right"),
-        ):
-            xs = [_finite(lv.get("tok_s")) for lv in group]
-            pts = [
-                (x, y * factor, lv)
-                for x, y, lv in _points([x or math.nan for x in xs], group, key)
-                if math.isfinite(x)
-            ]
-            if not pts:
+    factor_ttft, unit = (1e3, "ms") if in_ms else (1.0, "s")
+    panels = (
+        ("request_tok_s_p50", 1.0, "per-request tok/s (p50)", 6.0, "start"),
+        ("ttft_s_p95", factor_ttft, f"TTFT p95 ({unit})", -6.0, "end"),
+    )
+    # per group and panel: (aggregate tok/s, figure, level)
+    drawn: dict[tuple[int, int], list[tuple[float, float, Mapping[str, Any]]]] = {}
+    for i, group in enumerate(groups.values()):
+        aggregate = [_finite(lv.get("tok_s")) for lv in group]
+        for j, (key, factor, *_rest) in enumerate(panels):
+            pts = _points([x if x is not None else math.nan for x in aggregate], group, key)
+            if pts:
+                drawn[(i, j)] = [(x, y * factor, lv) for x, y, lv in pts]
+    agg = [x for pts in drawn.values() for x, _, _ in pts]
+    _, x_hi, x_step = svg.zero_based(agg, 0.08)
+    xs = Scale(0.0, x_hi, left, right)
+    bottom_all = _TOP + 2 * panel_h + gap
+    out: list[str] = []
+    any_failing = False
+    for j, (_key, _factor, label, dx, anchor) in enumerate(panels):
+        top = _TOP + j * (panel_h + gap)
+        bottom = top + panel_h
+        figures = [y for (_, jj), pts in drawn.items() if jj == j for _, y, _ in pts]
+        lo, hi, step = svg.zero_based(figures, 0.18)
+        ys = Scale(lo, hi, bottom, top)
+        out.append(svg.y_grid(ys, svg.ticks(lo, hi, step), left, right))
+        for x_tick in svg.ticks(0.0, x_hi, x_step):
+            out.append(svg.line(xs(x_tick), top, xs(x_tick), bottom, "grid"))
+        out.append(
+            svg.line(left, top, left, bottom, "axis")
+            + svg.line(left, bottom, right, bottom, "axis")
+            + svg.y_label(22, top + panel_h / 2, label)
+        )
+        for i, (profile, _group) in enumerate(groups.items()):
+            line = drawn.get((i, j))
+            if not line:
                 continue
-            drawn = True
-            ax.plot(
-                [p[0] for p in pts],
-                [p[1] for p in pts],
-                "-o",
-                color=colour,
-                lw=1.5,
-                ms=6,
-                label=name,
-            )
-            for x, y, lv in pts:
+            colour = svg.SERIES[i % len(svg.SERIES)]
+            name = profile or "current run"
+            if len(line) > 1:
+                out.append(
+                    svg.polyline(
+                        [(xs(x), ys(y)) for x, y, _ in line],
+                        "series",
+                        stroke=colour,
+                        stroke_width=1.5,
+                    )
+                )
+            for x, y, lv in line:
                 failing = str(lv.get("verdict", "")) in FAILING
                 any_failing |= failing
-                ax.annotate(
-                    f"C={lv.get('concurrency')}",
-                    (x, y),
-                    xytext=(dx, 6),
-                    textcoords="offset points",
-                    fontsize=8,
-                    ha=ha,
-                    color=_FAIL_COLOUR if failing else "#222222",
+                shown = f"{svg.tok(y)} {unit}" if j == 1 else f"{svg.tok(y)} tok/s"
+                said = (
+                    f"{name} {_concurrency(lv)}: {svg.tok(x)} tok/s aggregate, {label} {shown}, "
+                    f"{lv.get('verdict', 'no verdict')}"
                 )
-    top.set_ylabel("per-request output\ntok/s (p50)")
-    bottom.set_ylabel(f"TTFT p95 ({unit})")
-    bottom.set_xlabel("aggregate output throughput (tok/s)")
-    top.set_title(
-        f"{_short(str(test.get('nodeid', '?')))}\nlatency / throughput trade-off "
-        "(one point per concurrency C)",
-        fontsize=10,
-    )
-    for ax in (top, bottom):
-        ax.grid(True, alpha=0.3)
-        _zero_based_ylim(ax, headroom=0.18)
-    lo, hi = bottom.get_xlim()
-    bottom.set_xlim(0, hi + 0.08 * (hi - lo))
-    if not drawn:
-        top.text(0.5, 0.5, "no measured levels", transform=top.transAxes, ha="center", va="center")
-    if drawn:
-        from matplotlib.lines import Line2D
-
-        handles, labels = top.get_legend_handles_labels()
-        if any_failing:
-            handles.append(Line2D([], [], ls="none", marker="$C$", color=_FAIL_COLOUR))
-            labels.append("red label: failing level")
-        top.legend(
-            handles,
-            labels,
-            fontsize=8,
-            loc="upper right",
-            title="profile" if any(groups) else None,
-            title_fontsize=8,
+                out.append(
+                    svg.tip(said, svg.shape("circle", colour, xs(x), ys(y), 4.5))
+                    + svg.text(
+                        xs(x) + dx,
+                        ys(y) - 6,
+                        _concurrency(lv),
+                        "plabel",
+                        fill=VERMILLION if failing else _INK,
+                        text_anchor=anchor,
+                        font_weight=700 if failing else 400,
+                    )
+                )
+    for x_tick in svg.ticks(0.0, x_hi, x_step):
+        out.append(
+            svg.line(xs(x_tick), bottom_all, xs(x_tick), bottom_all + 4, "axis")
+            + svg.text(xs(x_tick), bottom_all + 16, svg.tick_label(x_tick), "xtick")
         )
-    return fig
+    out.append(
+        svg.text(
+            (left + right) / 2, bottom_all + 38, "aggregate output throughput (tok/s)", "axlabel"
+        )
+    )
+    if not drawn:
+        out.append(svg.text((left + right) / 2, _TOP + panel_h / 2, "no measured levels", "empty"))
+    keys = [
+        Key(
+            svg.key_line(svg.SERIES[i % len(svg.SERIES)], marker="circle"), profile or "current run"
+        )
+        for i, profile in enumerate(groups)
+        if (i, 0) in drawn or (i, 1) in drawn
+    ]
+    if any_failing:
+        keys.append(
+            Key(
+                svg.text(13, 11, "C", "note", fill=VERMILLION, text_anchor="middle"),
+                "red label: failing level",
+            )
+        )
+    key_svg, key_h = svg.legend(keys, left, bottom_all + 62, right - left)
+    height = bottom_all + 62 + key_h + 4
+    words = []
+    for i, profile in enumerate(groups):
+        per = {lv.get("concurrency"): (x, y) for x, y, lv in drawn.get((i, 0), [])}
+        ttft = {lv.get("concurrency"): y for _, y, lv in drawn.get((i, 1), [])}
+        items = []
+        for c in dict.fromkeys([*per, *ttft]):
+            parts = []
+            if c in per:
+                parts += [
+                    f"{svg.tok(per[c][0])} tok/s aggregate",
+                    f"{svg.tok(per[c][1])} per request",
+                ]
+            if c in ttft:
+                parts.append(f"TTFT p95 {svg.tok(ttft[c])} {unit}")
+            items.append(f"C={c}: " + ", ".join(parts))
+        if items:
+            words.append(f"{profile or 'current run'}: " + "; ".join(items))
+    desc = (
+        "Per-request output tok/s (p50) and TTFT p95 against aggregate output tok/s, one point "
+        "per concurrency C. " + (" | ".join(words) if words else "No measured levels") + "."
+    )
+    nodeid = str(test.get("nodeid", "?"))
+    return svg.chart(
+        _W,
+        height,
+        ident,
+        f"{nodeid}: latency / throughput trade-off",
+        desc,
+        _header(test, "latency / throughput trade-off (one point per concurrency C)")
+        + "".join(out)
+        + key_svg,
+    )
 
 
 # ---------------------------------------------------------------------------------- render
 
 
-def render_test(test: Mapping[str, Any]) -> list[PlotImage]:
-    """Both figures of one test as PNG bytes (figures are closed by dropping them: no pyplot)."""
-    require_matplotlib()
+def render_test(test: Mapping[str, Any], stem: str | None = None) -> list[PlotImage]:
+    """Both figures of one test; ``stem`` (default: from its nodeid) names their ids, so two
+    tests' charts in one page never share one."""
     nodeid = str(test.get("nodeid", "?"))
+    stem = stem or safe_name(nodeid)
     return [
         PlotImage(
             "throughput",
             f"{nodeid}: output throughput vs concurrency",
-            png_bytes(throughput_figure(test)),
+            throughput_svg(test, f"{stem}-throughput"),
         ),
         PlotImage(
-            "latency", f"{nodeid}: latency / throughput trade-off", png_bytes(latency_figure(test))
+            "latency",
+            f"{nodeid}: latency / throughput trade-off",
+            latency_svg(test, f"{stem}-latency"),
         ),
     ]
+
+
+__all__ = [
+    "FAILING",
+    "PlotImage",
+    "latency_svg",
+    "render_test",
+    "throughput_svg",
+]
