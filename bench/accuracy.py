@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_kimi.spec.markers import PROTOCOLS, STATIONARY, parse_throughput  # noqa: E402
+from pytest_kimi.workload.markers import PROTOCOLS, STATIONARY, parse_throughput  # noqa: E402
 from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
-from pytest_kimi.sim.profile import SimProfile  # noqa: E402
+from pytest_kimi.sim.config import SimConfig  # noqa: E402
 
 
 def window_truth(url: str, start: float, end: float) -> float:
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--protocol", choices=PROTOCOLS, default=STATIONARY)
     args = ap.parse_args(argv)
-    profile = SimProfile(speed=args.speed, stream_interval=args.stream_interval)
-    ep8 = SimProfile(stream_interval=args.stream_interval)  # the same steps in the sim's clock
+    profile = SimConfig(speed=args.speed, stream_interval=args.stream_interval)
+    ep8 = SimConfig(stream_interval=args.stream_interval)  # the same steps in the sim's clock
     levels = [int(x) for x in args.levels.split(",")]
     print(
         f"simulator: EP8 profile, speed={args.speed:g}, stream_interval={args.stream_interval}, "

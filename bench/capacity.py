@@ -11,7 +11,7 @@ as strict as it says?
 ``truth`` runs the plugin's own search (``run_capacity``: the level measurement of
 ``@throughput``, warm-up, protocol, adaptive top-ups) against a simulator and compares the
 capacity with the one its latency model implies.  With an end-to-end ceiling a trial sends C
-whole requests at once, every request's latency is ``SimProfile.expected_e2e_s(max_tokens, C)``
+whole requests at once, every request's latency is ``SimConfig.expected_e2e_s(max_tokens, C)``
 exactly (in the simulator's clock), and the *true capacity* is the largest C whose latency is
 within the ceiling; the check is that the found capacity is within one search step of it.  With
 an ITL ceiling (stationary trials) the truth is the decode step ``step_time(C)``; the client's
@@ -26,7 +26,7 @@ of ceilings.
 over many searches against the ``log_se`` the searches report, and the fitted slope against the
 true one (and against the slope of the bracket's two ends alone, which noise makes too steep).
 
-``gate`` simulates the capacity gate (``pytest_kimi/gate/capacity.py``): a baseline session and
+``gate`` simulates the capacity gate (``pytest_kimi/gate/capacity_gate.py``): a baseline session and
 a current one, each a search over the same latency curve with its own session factor (log sd
 3%, the default ``--perf-session-sigma``) and per-trial noise; the current curve's capacity is
 lower by ``drop``.  It prints the share of verdicts per drop: the false-alarm rate at exactly
@@ -47,8 +47,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pytest_kimi.baseline import WorkloadKey  # noqa: E402
-from pytest_kimi.gate.capacity import compare_capacity, record_of  # noqa: E402
-from pytest_kimi.measure.capacity import (  # noqa: E402
+from pytest_kimi.gate.capacity_gate import compare_capacity, record_of  # noqa: E402
+from pytest_kimi.measure.capacity_search import (  # noqa: E402
     CapacityEstimate,
     LevelOutcome,
     SearchSettings,
@@ -57,10 +57,10 @@ from pytest_kimi.measure.capacity import (  # noqa: E402
 )
 from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
-from pytest_kimi.sim.profile import SimProfile  # noqa: E402
-from pytest_kimi.spec.capacity import parse_capacity  # noqa: E402
+from pytest_kimi.sim.config import SimConfig  # noqa: E402
+from pytest_kimi.workload.capacity_marker import parse_capacity  # noqa: E402
 
-EP8 = SimProfile()
+EP8 = SimConfig()
 
 
 def true_capacity(latency: Any, ceiling: float, top: int = 4096) -> int:
@@ -87,7 +87,7 @@ def cmd_truth(args: argparse.Namespace) -> int:
     if args.max_itl_s is not None:
         marker["max_itl_s"] = args.max_itl_s
     spec_c, workload, targets = parse_capacity((), marker)
-    profile = SimProfile(speed=args.speed, stream_interval=args.stream_interval)
+    profile = SimConfig(speed=args.speed, stream_interval=args.stream_interval)
     print(
         f"simulator: EP8 profile, speed={args.speed:g}, stream_interval={args.stream_interval}; "
         f"@capacity({', '.join(f'{k}={v!r}' for k, v in marker.items())}); "

@@ -38,11 +38,11 @@ from pytest_kimi.load import LoadClient, OpenLoopPlan, Target  # noqa: E402
 from pytest_kimi.measure.results import LevelResult  # noqa: E402
 from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
-from pytest_kimi.sim.profile import SimProfile  # noqa: E402
-from pytest_kimi.spec.markers import parse_throughput  # noqa: E402
+from pytest_kimi.sim.config import SimConfig  # noqa: E402
+from pytest_kimi.workload.markers import parse_throughput  # noqa: E402
 
-PROFILE = SimProfile(speed=10.0)
-TTFT_PROFILE = SimProfile(speed=1.0)
+PROFILE = SimConfig(speed=10.0)
+TTFT_PROFILE = SimConfig(speed=1.0)
 HTTP_ROUND_TRIP_S = 0.0025
 
 
@@ -52,7 +52,7 @@ def _stats(url: str) -> dict[str, Any]:
     return data
 
 
-def _measure(profile: SimProfile, **throughput: Any) -> tuple[LevelResult, dict[str, Any]]:
+def _measure(profile: SimConfig, **throughput: Any) -> tuple[LevelResult, dict[str, Any]]:
     """One level on a simulator of its own, and the simulator's counters after it."""
     with SimProcess(profile) as sim:
         assert sim.url is not None
@@ -150,7 +150,7 @@ def sends() -> list[Result]:
     plan = OpenLoopPlan(rate=rate, bodies=[body], requests=200, timeout_s=10, seed=7)
 
     async def run() -> Any:
-        with SimProcess(SimProfile(speed=20)) as sim:
+        with SimProcess(SimConfig(speed=20)) as sim:
             async with LoadClient() as client:
                 return await client.run_open_loop(Target(f"{sim.url}/v1/chat/completions"), plan)
 

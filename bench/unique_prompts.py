@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from client_capacity import Firehose, pin  # noqa: E402
 
 from pytest_kimi.load import LoadClient, Target, TrialPlan  # noqa: E402
-from pytest_kimi.spec.workload import UNIQUE_SLOT, lead  # noqa: E402
+from pytest_kimi.workload.prompts import UNIQUE_SLOT, lead  # noqa: E402
 
 
 def bodies(tokens: int, prompt_bytes: int, unique: bool) -> list[bytes]:

@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from pytest_kimi.gate import stats  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
-from pytest_kimi.sim.profile import SimProfile  # noqa: E402
+from pytest_kimi.sim.config import SimConfig  # noqa: E402
 
 SLOWER = 1 / 0.85
 """Step-time multiplier of the slower server: tok/s times 0.85, a 15% drop."""
@@ -97,7 +97,7 @@ def run_suite(
 ) -> Run:
     """One pytest session of the example suite against a simulator started here (so its own
     busy time can be read); returns what the plugin's JSON report says."""
-    profile = SimProfile(
+    profile = SimConfig(
         speed=speed,
         stream_interval=8,
         noise=noise,

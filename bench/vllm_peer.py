@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_kimi.spec.markers import parse_throughput  # noqa: E402
+from pytest_kimi.workload.markers import parse_throughput  # noqa: E402
 from pytest_kimi.server import load_profile, open_server  # noqa: E402
 from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 

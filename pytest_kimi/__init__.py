@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import pytest
 
     from pytest_kimi.measure.results import LevelResult, ThroughputResult
-    from pytest_kimi.spec.ramp import ramp
+    from pytest_kimi.workload.ramp import ramp
 
     throughput: pytest.MarkDecorator
     capacity: pytest.MarkDecorator
@@ -43,7 +43,7 @@ def __getattr__(name: str) -> Any:
         return mark
     if name == "ramp":
         # ``@throughput(rate=ramp(1, 16, steps=4))``: open-loop levels from 1 to 16 requests/s
-        from pytest_kimi.spec.ramp import ramp
+        from pytest_kimi.workload.ramp import ramp
 
         return ramp
     if name in ("ThroughputResult", "LevelResult"):

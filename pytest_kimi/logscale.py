@@ -3,7 +3,7 @@
 Throughput and latency figures are judged on a log scale (a drop of 10% is the same evidence at
 50 tok/s as at 5000), and two stages compute such statistics independently: the gate's
 comparison with a baseline (:mod:`pytest_kimi.gate.stats`) and the capacity search's decision
-and interval (:mod:`pytest_kimi.measure.capacity`).  Their shared constants live here, below
+and interval (:mod:`pytest_kimi.measure.capacity_search`).  Their shared constants live here, below
 both in the package's layers (``.importlinter``), so the two cannot drift apart.  No pytest, no
 numpy, nothing of the package.
 """

@@ -43,7 +43,7 @@ from pytest_kimi.history.urls import DEFAULT_URL as DEFAULT_HISTORY_URL
 from pytest_kimi.history.urls import check_url, resolve_history_url
 from pytest_kimi.measure.trials import DEFAULT_TRIALS
 from pytest_kimi.scrub import scrub_text
-from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, PROTOCOLS
+from pytest_kimi.workload.markers import DEFAULT_PROTOCOL, PROTOCOLS
 
 T = TypeVar("T")
 
@@ -334,8 +334,7 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-html",
             "kimi_perf_html",
             "KIMI_PERF_HTML",
-            "write a self-contained HTML report with plots (inline SVG)"
-            + RELATIVE,
+            "write a self-contained HTML report with plots (inline SVG)" + RELATIVE,
             path_value,
             metavar="DIR",
             path=True,

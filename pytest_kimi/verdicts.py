@@ -25,7 +25,7 @@ Verdicts of a level, strongest first:
 A ``@capacity`` test's levels are the points its search measured; each says whether every
 latency ceiling held there (``held``) or not (``broke``).  Neither fails a test: a level past
 the capacity is what the search looks for.  The test's own verdict is its capacity's
-(:mod:`pytest_kimi.gate.capacity`).
+(:mod:`pytest_kimi.gate.capacity_gate`).
 """
 
 from __future__ import annotations

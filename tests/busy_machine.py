@@ -20,6 +20,12 @@ MACHINE_VOIDED = "give the client a quieter core"
 because the load client's event loop waited for a CPU at an edge of its window long enough to
 move tok/s by more than 2% (``measure.metrics``; its ``transient`` reasons)."""
 
+INNER_ADDOPTS = "-p no:hypothesispytest"
+"""What every pytest session a test starts (``pytester``'s, or ``python -m pytest`` in a
+subprocess) is given through ``PYTEST_ADDOPTS`` (tests/conftest.py): no Hypothesis plugin.  Its
+terminal summary imports all of Hypothesis in every session, 0.7 s of CPU, a third of what a
+subprocess session costs to start on a 2-core machine; no inner session has a Hypothesis test."""
+
 SESSION_ATTEMPTS = 3
 """How often an inner session voided by the machine is run (from the same files) before its
 result stands."""

@@ -13,10 +13,10 @@ from pytest_kimi.measure.metrics import TrialResult
 from pytest_kimi.measure.results import LevelResult
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.sim.process import SimProcess
-from pytest_kimi.sim.profile import SimProfile
-from pytest_kimi.spec.markers import parse_throughput
+from pytest_kimi.sim.config import SimConfig
+from pytest_kimi.workload.markers import parse_throughput
 
-from busy_machine import rerun_when_the_machine_voided
+from busy_machine import INNER_ADDOPTS, rerun_when_the_machine_voided
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -101,7 +101,7 @@ def sim_measure(
     read the simulator's counters, stop it.  A simulator per level, so that its counters (how
     late it ever was) describe that level and no heavier one before it."""
 
-    def measure(profile: SimProfile, name: str, **throughput: Any) -> SimMeasurement:
+    def measure(profile: SimConfig, name: str, **throughput: Any) -> SimMeasurement:
         sim = SimProcess(profile, log_dir=tmp_path_factory.mktemp("simlogs"))
         sim.start()
         session = Measurer()
@@ -123,12 +123,20 @@ def sim_measure(
     return measure
 
 
+@pytest.fixture(autouse=True)
+def _inner_addopts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:data:`INNER_ADDOPTS` for the sessions a test starts in a subprocess of its own."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", INNER_ADDOPTS)
+
+
 @pytest.fixture
 def pytester(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[pytest.Pytester]:
     """pytest's ``pytester``, whose sessions are run again when the machine voided them
-    (:func:`busy_machine.rerun_when_the_machine_voided`): the verdicts they test are the code's."""
+    (:func:`busy_machine.rerun_when_the_machine_voided`): the verdicts they test are the code's.
+    Its sessions get :data:`INNER_ADDOPTS` too (``pytester`` clears ``PYTEST_ADDOPTS``)."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", INNER_ADDOPTS)
     busy = [False]
     for name in ("runpytest", "runpytest_inprocess", "runpytest_subprocess"):
         wrapped = rerun_when_the_machine_voided(pytester, getattr(pytester, name), busy)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 
-PROFILE = SimProfile(speed=10.0)
+PROFILE = SimConfig(speed=10.0)
 """EP8 shape at 10x: 650 tok/s at C=1 up to ~15,000 tok/s at C=256."""
 LEVELS = (1, 8, 64, 256)
 
@@ -75,9 +75,10 @@ def test_aggregate_tok_s_within_2_percent(measured, concurrency: int) -> None:
 @pytest.fixture(scope="module")
 def c8_long(sim_measure):
     """C=8 over 2048 steps per trial (~4.8 s): the window's edges are exact, so what is left is
-    the lateness of the two steps that bound it, which the run measures."""
+    the lateness of the two steps that bound it, which the run measures.  Each trial is held
+    to the bound on its own, so two show it as well as more would."""
     return sim_measure(
-        PROFILE, "accuracy-c8", concurrency=8, requests=8, max_tokens=2048, trials=3, warmup=2
+        PROFILE, "accuracy-c8", concurrency=8, requests=8, max_tokens=2048, trials=2, warmup=2
     )
 
 
@@ -101,7 +102,7 @@ def test_request_tok_s_within_2_percent(measured, concurrency: int) -> None:
     assert f.request_tok_s_p50 * f.clock == pytest.approx(expected, rel=0.02 + m.request_slack())
 
 
-TTFT_PROFILE = SimProfile(speed=1.0)
+TTFT_PROFILE = SimConfig(speed=1.0)
 HTTP_ROUND_TRIP_S = 0.0025
 """Upper bound of what one loopback request/response through two Python HTTP stacks adds on
 an idle machine."""

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kimi.spec.markers import parse_throughput
+from pytest_kimi.workload.markers import parse_throughput
 from pytest_kimi.server.launcher import ManagedServer
 from pytest_kimi.server.profile import ServerProfile
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.sim.engine import RADIX_PAGE_TOKENS
 from pytest_kimi.sim.process import SimProcess
-from pytest_kimi.sim.profile import SimProfile
-from pytest_kimi.spec.workload import SIZE_TOLERANCE, SYNTHETIC_VARIANTS
+from pytest_kimi.sim.config import SimConfig
+from pytest_kimi.workload.prompts import SIZE_TOLERANCE, SYNTHETIC_VARIANTS
 
-REAL_TIME = SimProfile(speed=1.0)
+REAL_TIME = SimConfig(speed=1.0)
 """Real time: a 2000-token prefill costs 40 ms, a step at C=1 15 ms."""
 
 
@@ -129,7 +129,7 @@ def test_ttft_drops_only_for_repeated_prompts(runs) -> None:
 
 
 def test_estimated_lengths_are_reported_as_estimates(tmp_path: Path) -> None:
-    sim = SimProcess(SimProfile(speed=20.0, no_tokenize=True), log_dir=tmp_path)
+    sim = SimProcess(SimConfig(speed=20.0, no_tokenize=True), log_dir=tmp_path)
     sim.start()
     session = Measurer()
     try:
@@ -156,7 +156,7 @@ def test_estimated_lengths_are_reported_as_estimates(tmp_path: Path) -> None:
 
 
 def test_every_report_shows_the_prompt_tokens(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    sim = SimProcess(SimProfile(speed=20.0, no_tokenize=True), log_dir=tmp_path)
+    sim = SimProcess(SimConfig(speed=20.0, no_tokenize=True), log_dir=tmp_path)
     sim.start()
     try:
         pytester.makepyfile(
@@ -194,7 +194,7 @@ def test_every_report_shows_the_prompt_tokens(pytester: pytest.Pytester, tmp_pat
 def test_managed_flush_sends_the_admin_key_and_reports_refusals(tmp_path: Path) -> None:
     """``flush_cache`` asks the server to wait for idle and sends the admin key, else the API key."""
     sim = SimProcess(
-        SimProfile(speed=50.0, api_key="user-k", admin_api_key="admin-k"), log_dir=tmp_path
+        SimConfig(speed=50.0, api_key="user-k", admin_api_key="admin-k"), log_dir=tmp_path
     )
     sim.start()
     try:

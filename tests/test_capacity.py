@@ -4,7 +4,7 @@ Logic first, on synthetic latency curves (the simulator's step curve, with trial
 search ends within one step of the true boundary, in fewer levels than bisection; the levels it
 is unsure of get more trials; the gate's verdicts follow its statistics.  Then two real
 sessions against the simulator: the found capacity against the simulator's true boundary
-(``SimProfile.expected_e2e_s``), recorded as a baseline, and a slower simulator flagged as a
+(``SimConfig.expected_e2e_s``), recorded as a baseline, and a slower simulator flagged as a
 regression.  What the search and the gate cost and how often they err is measured by
 ``bench/capacity.py`` (``docs/workloads.md``, *Capacity under an SLO*).
 """
@@ -34,25 +34,25 @@ from pytest_kimi.baseline import (
     loads,
 )
 from pytest_kimi.baseline.update import update_baselines
-from pytest_kimi.gate.capacity import compare_capacity, judge_capacity
+from pytest_kimi.gate.capacity_gate import compare_capacity, judge_capacity
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.verdicts import Verdict
-from pytest_kimi.measure.capacity import (
+from pytest_kimi.measure.capacity_search import (
     CapacitySearch,
     LevelOutcome,
     SearchSettings,
     search_offline,
 )
-from pytest_kimi.report.capacity import capacity_lines
+from pytest_kimi.report.capacity_cells import capacity_lines
 from pytest_kimi.report.html import render_html
 from pytest_kimi.report.markdown import render_markdown
-from pytest_kimi.sim.profile import SimProfile
-from pytest_kimi.spec.capacity import parse_capacity
-from pytest_kimi.spec.markers import MarkerError
+from pytest_kimi.sim.config import SimConfig
+from pytest_kimi.workload.capacity_marker import parse_capacity
+from pytest_kimi.workload.markers import MarkerError
 
 pytest_plugins = ["pytester"]
 
-EP8 = SimProfile()
+EP8 = SimConfig()
 NODE = "tests/perf/test_slo.py::test_capacity"
 
 
@@ -450,8 +450,8 @@ def test_reports_show_the_capacity_and_the_search() -> None:
 
 def test_the_core_modules_import_no_pytest() -> None:
     code = (
-        "import sys, pytest_kimi.measure.capacity, pytest_kimi.spec.capacity, "
-        "pytest_kimi.gate.capacity, pytest_kimi.report.capacity\n"
+        "import sys, pytest_kimi.measure.capacity_search, pytest_kimi.workload.capacity_marker, "
+        "pytest_kimi.gate.capacity_gate, pytest_kimi.report.capacity_cells\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'pytest', '_pytest', 'scipy'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -490,7 +490,7 @@ def test_a_malformed_marker_stops_the_run_at_collection(pytester: pytest.Pyteste
             "*test_bad.py::test_both: @throughput and @capacity on one test*",
         ]
     )
-    markers = pytester.runpytest_subprocess("--markers", timeout=600)
+    markers = pytester.runpytest("--markers")
     markers.stdout.fnmatch_lines(["*@pytest.mark.capacity(max_ttft_s=None, max_itl_s=None*"])
 
 
@@ -499,7 +499,10 @@ MAX_TOKENS = 128
 SLO_TEST = f"""
 from pytest_kimi import capacity
 
-@capacity(max_e2e_s={CEILING_S}, concurrency=(4, 128), max_tokens={MAX_TOKENS})
+# two trials a level to start with (a whole-requests trial at C=44 takes 3.4 s at speed 2): the
+# search tops up the levels it is unsure of by itself
+
+@capacity(max_e2e_s={CEILING_S}, concurrency=(4, 128), max_tokens={MAX_TOKENS}, trials=2)
 def test_capacity(capacity_result):
     assert capacity_result["metric"] == "concurrency"
 """

@@ -19,7 +19,7 @@ from pytest_kimi.measure.results import ThroughputResult
 from pytest_kimi.measure.trials import MeasureSpec, ProgressFn
 from pytest_kimi.run.conductor import (
     INTERRUPTED,
-    Comparison,
+    JudgedAgainst,
     Conditions,
     MeasurementInterrupted,
     TestPlan,
@@ -28,7 +28,7 @@ from pytest_kimi.run.conductor import (
 from pytest_kimi.run.measurer import Measurer
 from pytest_kimi.run.plan import PlanError, plan_test
 from pytest_kimi.sim.process import SimProcess
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 
 T = TypeVar("T")
 
@@ -63,7 +63,7 @@ class InterruptedMeasurer(Measurer):
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    process = SimProcess(SimProfile(speed=20), log_dir=tmp_path_factory.mktemp("simlogs"))
+    process = SimProcess(SimConfig(speed=20), log_dir=tmp_path_factory.mktemp("simlogs"))
     process.start()
     try:
         assert process.url is not None
@@ -101,7 +101,7 @@ def _conduct(
         measurer,
         endpoint,
         GateSettings(),
-        Comparison(
+        JudgedAgainst(
             store=BaselineStore(tmp_path / "baselines", "ep4"),
             deployment="ep4",
             reference="ep8",

@@ -20,8 +20,8 @@ import pytest
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.measure.trials import check_own_lengths
 from pytest_kimi.sim.process import SimProcess
-from pytest_kimi.sim.profile import SimProfile
-from pytest_kimi.spec.dataset import (
+from pytest_kimi.sim.config import SimConfig
+from pytest_kimi.workload.dataset import (
     CHARS_PER_TOKEN,
     DATA_DIR,
     DEFAULT_NUM_PROMPTS,
@@ -32,7 +32,7 @@ from pytest_kimi.spec.dataset import (
     resolve_path,
     sample_entries,
 )
-from pytest_kimi.spec.markers import WHOLE_REQUESTS, MarkerError, parse_throughput
+from pytest_kimi.workload.markers import WHOLE_REQUESTS, MarkerError, parse_throughput
 
 pytest_plugins = ["pytester"]
 
@@ -56,7 +56,7 @@ def conv(*turns: tuple[str, str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    with SimProcess(SimProfile(speed=20), log_dir=tmp_path_factory.mktemp("simlogs")) as proc:
+    with SimProcess(SimConfig(speed=20), log_dir=tmp_path_factory.mktemp("simlogs")) as proc:
         yield proc
 
 
@@ -285,7 +285,7 @@ def test_answers_are_counted_by_the_servers_tokenizer_once(sim: SimProcess, tmp_
 
 
 def test_without_a_tokenizer_lengths_are_an_estimate_and_say_so(tmp_path: Path) -> None:
-    with SimProcess(SimProfile(speed=20, no_tokenize=True), log_dir=tmp_path) as blind:
+    with SimProcess(SimConfig(speed=20, no_tokenize=True), log_dir=tmp_path) as blind:
         tok = TextTokenizer(blind.url, {}, "kimi-k2.6-sim")
         sample = prepare_dataset(BUILTIN, rootdir=tmp_path, num_prompts=8, seed=0, tokenizer=tok)
     assert sample.estimated and sample.key.endswith(":est")
@@ -380,9 +380,10 @@ def test_an_edited_dataset_finds_no_baseline(pytester: pytest.Pytester) -> None:
     ]
     (data / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     pytester.makepyfile(test_perf=KEYED_TEST)
-    # baselines of 3 trials a level (--perf-max-trials): enough to be found, quick to record
+    # baselines of the marker's 2 trials a level (--perf-max-trials): found all the same,
+    # quick to record
     args = ["-p", "no:cacheprovider", "--endpoint=sim:speed=10,stream_interval=8"]
-    args.append("--perf-max-trials=3")
+    args.append("--perf-max-trials=2")
     pytester.runpytest_subprocess(*args, "--update-baselines", timeout=600).assert_outcomes(
         passed=2
     )

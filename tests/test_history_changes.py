@@ -35,7 +35,7 @@ from pytest_kimi.history.changes import (
     step_interval,
 )
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 from timing import SESSION_S
 
 T0 = datetime(2026, 11, 2, 8, 0, tzinfo=timezone.utc)
@@ -579,6 +579,6 @@ def test_simulator_runs_with_a_slowdown_injected(
     assert change["test"] == "test_suite.py::test_one" and change["level"] == "C=4"
     assert change["run"] == ids[4] and change["previous_run"] == ids[3]
     assert (change["before_runs"], change["after_runs"]) == (4, 3)
-    truth = SimProfile(slowdown=1.5).true_tok_s(4) / SimProfile().true_tok_s(4) - 1
+    truth = SimConfig(slowdown=1.5).true_tok_s(4) / SimConfig().true_tok_s(4) - 1
     assert change["change_pct"] == pytest.approx(truth * 100, abs=4)
     assert change["changed"] == ["sim.slowdown: 1.0 -> 1.5"]

@@ -25,7 +25,7 @@ from pytest_kimi.gate import stats
 from pytest_kimi.history.changes import find_changes
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
 from pytest_kimi.history.noise import build_groups, estimate_noise
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 from test_history_changes import needs_otava, otava  # noqa: F401  (otava: the fixture)
 
 T0 = datetime(2026, 11, 2, 8, 0, tzinfo=timezone.utc)
@@ -243,7 +243,7 @@ def test_cli_noise(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'h.db'}"
     with open_history(url) as store:
         for seed in range(1, 7):
-            report = _report(SimProfile(noise=0.05, seed=seed).noise_factor, seed)
+            report = _report(SimConfig(noise=0.05, seed=seed).noise_factor, seed)
             meta = RunMeta(
                 time=T0 + timedelta(hours=seed),
                 deployment="sim",
@@ -267,7 +267,7 @@ def test_cli_noise(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 NOISE = 0.05
 SEEDS = (1, 2, 3, 4)
 """Four server starts whose noise factors scatter with a sample sd of 0.051 around the
-simulator's 0.05 (:attr:`SimProfile.noise_factor` is a function of the seed), so the check
+simulator's 0.05 (:attr:`SimConfig.noise_factor` is a function of the seed), so the check
 below tests the pipeline, not the luck of four draws; bench/history_noise.py measures the
 interval's coverage over many draws."""
 
@@ -289,6 +289,6 @@ def test_simulator_runs_with_per_start_noise(
     truth = math.sqrt(2) * NOISE
     assert one["session_sigma_low"] <= truth <= one["session_sigma_high"], one
     # the estimate is the draws' own scatter, give or take the measurement's
-    drawn = [math.log(SimProfile(noise=NOISE, seed=s).noise_factor) for s in SEEDS]
+    drawn = [math.log(SimConfig(noise=NOISE, seed=s).noise_factor) for s in SEEDS]
     assert one["session_sigma"] == pytest.approx(math.sqrt(2) * statistics.stdev(drawn), abs=0.015)
     assert one["one_session_sd"] == pytest.approx(one["session_sigma"] / math.sqrt(2), abs=1e-5)

@@ -41,7 +41,7 @@ def _loaded_after(statement: str) -> set[str]:
         # the update flow reads measure.results, which brings the load engine (pytest-free still)
         ("import pytest_kimi.baseline.update", ("aiohttp", "numpy")),
         ("import pytest_kimi.yamlstrict", ()),
-        ("import pytest_kimi.spec.markers", ()),
+        ("import pytest_kimi.workload.markers", ()),
         ("import pytest_kimi.load.records", ()),
         ("import pytest_kimi.scrub", ()),
         ("import pytest_kimi.endpoint.serverinfo", ()),

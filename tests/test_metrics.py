@@ -9,7 +9,7 @@ from array import array
 import pytest
 
 from pytest_kimi.load.runner import TrialRecords
-from pytest_kimi.spec.markers import LevelSpec
+from pytest_kimi.workload.markers import LevelSpec
 from pytest_kimi.measure.metrics import (
     ClientSignals,
     inter_token_latencies,
@@ -171,7 +171,7 @@ def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
     import asyncio
 
     from pytest_kimi.load.request import Target
-    from pytest_kimi.spec.markers import Targets, Workload
+    from pytest_kimi.workload.markers import Targets, Workload
     from pytest_kimi.measure.trials import MAX_REPLACED_TRIALS, MeasureSpec, measure_level
 
     level = LevelSpec(2, None, 101)
@@ -213,7 +213,7 @@ def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
     client = StallingClient(stalls=1)
     result = asyncio.run(measure_level(client, spec(), level))
     assert result.verdict == "pass" and len(result.trials) == 3 and client.calls == 4
-    assert result.extra["replaced_trials"][0].startswith("trial 1 replaced: load client stalled")
+    assert result.replaced_trials[0].startswith("trial 1 replaced: load client stalled")
     assert any(e.startswith("note: trial 1 replaced: load client stalled") for e in result.errors)
 
     client = StallingClient(stalls=10)  # it keeps happening: the level says so

@@ -34,9 +34,9 @@ from pytest_kimi.load.conversation import (
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.workers import ShardedClient
 from pytest_kimi.measure.results import spec_key, workload_dict
-from pytest_kimi.sim.profile import SimProfile
-from pytest_kimi.spec.markers import WHOLE_REQUESTS, MarkerError, parse_throughput
-from pytest_kimi.spec.workload import UNIQUE_SLOT, PromptSource, encode_bodies
+from pytest_kimi.sim.config import SimConfig
+from pytest_kimi.workload.markers import WHOLE_REQUESTS, MarkerError, parse_throughput
+from pytest_kimi.workload.prompts import UNIQUE_SLOT, PromptSource, encode_bodies
 from timing import SESSION_S
 
 pytest_plugins = ["pytester"]
@@ -295,7 +295,7 @@ def test_turn_ttft_grows_with_the_history_the_simulator_prefills(
     token costs 50 ms of the server's clock here, so turn 3 (~200 tokens) waits seconds
     longer than turn 1 (~25), in the server's clock; the level's figures come per turn."""
     measured = sim_measure(
-        SimProfile(speed=10, prefill_per_token_s=0.05, disable_radix_cache=True),
+        SimConfig(speed=10, prefill_per_token_s=0.05, disable_radix_cache=True),
         "multiturn-ttft",
         concurrency=2,
         max_tokens=32,
@@ -323,7 +323,7 @@ def test_the_history_is_a_prefix_the_servers_cache_finds(
     cached = {}
     for turns in (1, 2):
         measured = sim_measure(
-            SimProfile(speed=20),
+            SimConfig(speed=20),
             f"multiturn-cache-{turns}",
             concurrency=2,
             max_tokens=16,

@@ -30,7 +30,7 @@ from pytest_kimi.load import (
 from pytest_kimi.load.openloop import deal
 from pytest_kimi.load.runner import LAG_INTERVAL_S, TrialRecords, peak_inflight
 from pytest_kimi.sim.process import SimProcess
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 from timing import send_late_bound_s
 
 CHAT = "/v1/chat/completions"
@@ -51,7 +51,7 @@ def body(max_tokens: int = 8) -> bytes:
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[str]:
-    with SimProcess(SimProfile(speed=20)) as proc:
+    with SimProcess(SimConfig(speed=20)) as proc:
         assert proc.url is not None
         yield proc.url + CHAT
 
@@ -128,7 +128,9 @@ def test_plan_validation() -> None:
 # ----------------------------------------------------------------------- against the simulator
 @pytest.mark.asyncio
 async def test_rate_schedule_delay_and_records(sim: str) -> None:
-    rate, n = 50.0, 200  # 4 s: a 100 ms hiccup of this shared machine moves the rate by 2.5%
+    # 2 s (seed 7: cv 1.01); the bounds below are the lateness the lag monitor measured, so
+    # they hold on a shared machine however long the schedule
+    rate, n = 50.0, 100
     plan = OpenLoopPlan(rate=rate, bodies=[body(8), body(9)], requests=n, timeout_s=10, seed=7)
     async with LoadClient() as client:
         tr = await client.run_open_loop(Target(sim), plan)
@@ -163,7 +165,7 @@ async def test_rate_schedule_delay_and_records(sim: str) -> None:
 async def test_no_cap_on_in_flight_when_the_server_is_slow() -> None:
     """A server that runs 2 sequences at a time and is offered more: the open loop keeps
     sending, so requests pile up in flight far past what a closed loop at C=2 would hold."""
-    with SimProcess(SimProfile(speed=20, max_running_requests=2)) as proc:
+    with SimProcess(SimConfig(speed=20, max_running_requests=2)) as proc:
         target = Target(f"{proc.url}{CHAT}")
         async with LoadClient() as client:
             opened = await client.run_open_loop(

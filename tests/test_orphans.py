@@ -40,8 +40,8 @@ pytestmark = pytest.mark.skipif(
 LONG_SUITE = """
 from pytest_kimi import throughput
 
-@throughput(concurrency=[1], max_tokens=8, trials=1, warmup=0)
-def test_a_quick():
+@throughput(concurrency=[1], max_tokens=8, trials=1, warmup=0, protocol="whole-requests")
+def test_a_quick():  # one request of 8 tokens: 0.15 s in real time
     pass
 
 @throughput(concurrency=[1, 2], max_tokens={max_tokens}, trials=1, warmup=0)
@@ -127,18 +127,23 @@ def reaper() -> Iterator[Callable[..., None]]:
             pass
 
 
-def _setup(path: Path, backend: str, max_tokens: int = 4096) -> tuple[list[str], str]:
+def _setup(
+    path: Path, backend: str, max_tokens: int = 4096, speed: int = 4
+) -> tuple[list[str], str]:
     """pytest arguments for ``backend`` ('sglang': the fake behind a server profile with
-    an API key and two scheduler children; 'sim': --endpoint=sim) and a unique marker."""
+    an API key and two scheduler children; 'sim': --endpoint=sim) and a unique marker.
+    ``speed`` 4 where the long test only has to be under way (each of its levels still lasts
+    its window's wall-clock minimum, 0.7 s); 1, real time, where a signal must land inside one
+    of its levels (several seconds each)."""
     (path / "pytest.ini").write_text("[pytest]\n")
     (path / "test_suite.py").write_text(LONG_SUITE.format(max_tokens=max_tokens))
     marker = f"/models/kimi-orphan-{uuid.uuid4().hex[:12]}"
     if backend == "sim":
-        return [f"--endpoint=sim:speed=1,model={marker}"], marker
+        return [f"--endpoint=sim:speed={speed},model={marker}"], marker
     env = {
         "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}",
         "FAKE_SGLANG_STARTUP_S": "0.3",
-        "FAKE_SGLANG_SPEED": "1",
+        "FAKE_SGLANG_SPEED": str(speed),
         "FAKE_SGLANG_SCHEDULERS": "2",
         "HF_TOKEN": "hf-" + KEY,
     }
@@ -223,7 +228,8 @@ def test_sigkill_of_pytest_leaves_no_server(tmp_path: Path, reaper: Any, backend
 def test_sigterm_of_pytest_is_handled_like_ctrl_c(
     tmp_path: Path, reaper: Any, backend: str
 ) -> None:
-    args, _ = _setup(tmp_path, backend, max_tokens=256)
+    # real time: C=2 (the level the signal must land in) lasts several seconds
+    args, _ = _setup(tmp_path, backend, max_tokens=256, speed=1)
     report = tmp_path / "perf.json"
     markdown = tmp_path / "perf.md"
     junit = tmp_path / "junit.xml"
@@ -312,7 +318,8 @@ def test_second_sigterm_stops_at_once_and_still_reaps(tmp_path: Path, reaper: An
 
 def test_killed_xdist_worker_leaves_no_server(tmp_path: Path, reaper: Any) -> None:
     pytest.importorskip("xdist")
-    args, _ = _setup(tmp_path, "sglang")
+    # real time: the long test (the one the worker is killed in) lasts several seconds
+    args, _ = _setup(tmp_path, "sglang", speed=1)
     run = Run(tmp_path, ["-m", "perf", "-n", "1", *args])
     reaper(pgid=run.proc.pid)
     rec = _server(run, reaper)

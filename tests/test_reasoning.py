@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from pytest_kimi.load.sse import parse_blocks
-from pytest_kimi.spec.markers import LevelSpec
+from pytest_kimi.workload.markers import LevelSpec
 from pytest_kimi.measure.metrics import ClientSignals, TrialResult, level_figures
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.report.html import render_html
@@ -30,7 +30,7 @@ from pytest_kimi.report.markdown import render_markdown
 from pytest_kimi.report.terminal import format_table
 from pytest_kimi.measure.results import LevelResult
 from pytest_kimi.sim.app import start_server
-from pytest_kimi.sim.profile import SimConfigError, SimProfile, parse_sim_spec
+from pytest_kimi.sim.config import SimConfigError, SimConfig, parse_sim_spec
 
 REASONING_KEYS = {
     "reasoning_requests",
@@ -143,7 +143,7 @@ def test_sim_knob_and_expected_ttfc() -> None:
     p = parse_sim_spec("sim:speed=10,reasoning_tokens=96", "test")
     assert p.reasoning_tokens == 96 and p.to_cli_args() == ["--speed=10.0", "--reasoning-tokens=96"]
     assert p.expected_ttfc_s(100) == pytest.approx(p.expected_ttft_s(100) + 96 * p.step_time(1))
-    assert SimProfile().expected_ttfc_s(100) == SimProfile().expected_ttft_s(100)
+    assert SimConfig().expected_ttfc_s(100) == SimConfig().expected_ttft_s(100)
     with pytest.raises(SimConfigError, match="reasoning_tokens"):
         parse_sim_spec("sim:reasoning_tokens=-1", "test")
 
@@ -175,14 +175,14 @@ def test_sim_streams_reasoning_like_sglang_and_honours_per_request_fields() -> N
 
     async def run() -> dict[str, Any]:
         out: dict[str, Any] = {}
-        async with await start_server(SimProfile(speed=50, reasoning_tokens=5)) as srv:
+        async with await start_server(SimConfig(speed=50, reasoning_tokens=5)) as srv:
             out["plain"] = await _post(srv.url, _chat(12))
             out["joined"] = await _post(srv.url, _chat(12, separate_reasoning=False))
             out["off"] = await _post(srv.url, _chat(12, chat_template_kwargs={"thinking": False}))
             out["short"] = await _post(srv.url, _chat(3))
             out["whole"] = json.loads(await _post(srv.url, _chat(12, stream=False)))
         async with await start_server(
-            SimProfile(speed=50, reasoning_tokens=5, stream_interval=4)
+            SimConfig(speed=50, reasoning_tokens=5, stream_interval=4)
         ) as srv:
             out["packed"] = await _post(srv.url, _chat(12))
         return out
@@ -215,7 +215,7 @@ def test_sim_streams_reasoning_like_sglang_and_honours_per_request_fields() -> N
 # ------------------------------------------------------------------ measured against the sim
 REASONING = 96
 MAX_TOKENS = 256
-PROFILE = SimProfile(speed=10.0, reasoning_tokens=REASONING)
+PROFILE = SimConfig(speed=10.0, reasoning_tokens=REASONING)
 """EP8 shape at 10x: a step over one stream is 1.54 ms, so the thinking lasts ~148 ms at C=1."""
 
 
@@ -307,7 +307,7 @@ def test_plugin_reports_both_counts_and_both_latencies(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
     # the report's figures are in the simulator's clock: the same steps at speed 1
-    profile = SimProfile(reasoning_tokens=48)
+    profile = SimConfig(reasoning_tokens=48)
     pytester.makepyfile(
         """
         from pytest_kimi import throughput

@@ -26,10 +26,13 @@ FAKE = REPO / "tests" / "fake_sglang"
 SUITE = """
 from pytest_kimi import throughput
 
-@throughput(concurrency=[1, 2], max_tokens=32, trials=2, warmup=1)
+@throughput(concurrency=1, max_tokens=32, trials=2, warmup=1)
 def test_sweep():
     pass
 """
+RECORD = ("--update-baselines", "--perf-max-trials=2")
+"""Record a baseline (every output then has provenance to leak) from as few trials as the
+marker's: the keys would be in the file however many trials it holds."""
 
 API_KEY = "sk-live-" + "a1b2c3d4e5f6a7b8c9d0"
 ADMIN_KEY = "adm1n-" + "Zq9Xw8Vu7Ts6Rr5Qp4"
@@ -88,7 +91,7 @@ def test_managed_sglang_key_reaches_no_file_and_no_terminal(pytester: pytest.Pyt
         "-m",
         "perf",
         f"--server-profile={profile}",
-        "--update-baselines",
+        *RECORD,
         *_every_output(pytester),
         timeout=300,
     )
@@ -115,25 +118,26 @@ def test_external_endpoint_key_reaches_no_file_and_no_terminal(
     from pytest_kimi.server.launcher import _free_port  # a free loopback port
 
     port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            "/models/kimi-ext",
-            "--port",
-            str(port),
-            "--api-key",
-            API_KEY,
-            "--admin-api-key",
-            ADMIN_KEY,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(port_file, "wb"),
-        start_new_session=True,
-    )
+    with open(port_file, "wb") as log:  # the child holds its own copy of the descriptor
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                "/models/kimi-ext",
+                "--port",
+                str(port),
+                "--api-key",
+                API_KEY,
+                "--admin-api-key",
+                ADMIN_KEY,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 60
         while "ready to roll" not in port_file.read_text() and time.monotonic() < deadline:
@@ -145,7 +149,7 @@ def test_external_endpoint_key_reaches_no_file_and_no_terminal(
             "perf",
             f"--endpoint=http://127.0.0.1:{port}",
             f"--api-key={API_KEY}",
-            "--update-baselines",
+            *RECORD,
             *_every_output(pytester),
             timeout=300,
         )

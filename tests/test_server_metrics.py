@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from pytest_kimi.load.runner import TrialRecords
-from pytest_kimi.spec.markers import LevelSpec
+from pytest_kimi.workload.markers import LevelSpec
 from pytest_kimi.measure.metrics import ClientSignals, TrialResult, summarize_trial
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.report.markdown import render_markdown
@@ -34,7 +34,7 @@ from pytest_kimi.crosscheck.server_metrics import (
     parse_sample,
 )
 from pytest_kimi.sim.process import SimProcess
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 
 # ------------------------------------------------------------------------------------ parser
 
@@ -387,7 +387,7 @@ FAST = dict(speed=20.0, stream_interval=8)
 
 @pytest.fixture(scope="module")
 def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    sim = SimProcess(SimProfile(**FAST), log_dir=tmp_path_factory.mktemp("simlogs"))
+    sim = SimProcess(SimConfig(**FAST), log_dir=tmp_path_factory.mktemp("simlogs"))
     sim.start()
     try:
         yield sim.url

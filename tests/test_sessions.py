@@ -33,7 +33,7 @@ from pytest_kimi.gate.session_noise import (
 from pytest_kimi.run.server_starts import pool_sessions, run_order, session_noise
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.plugin import KIMI_OPTIONS
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 
 from timing import SESSION_S
 
@@ -373,9 +373,9 @@ def test_each_session_is_a_fresh_simulator_and_the_noise_is_measured(
     assert pids[0::2] == pids[1::2] and len(set(pids)) == 4, "one start per session"
 
     # every session measured its own start: the decode level is the simulator's truth there
-    base = SimProfile(speed=10, stream_interval=8, noise=0.05)
+    base = SimConfig(speed=10, stream_interval=8, noise=0.05)
     truths = [
-        SimProfile(speed=10, stream_interval=8, noise=0.05, seed=SIM_SEED + k).true_tok_s(
+        SimConfig(speed=10, stream_interval=8, noise=0.05, seed=SIM_SEED + k).true_tok_s(
             4, include_noise=True
         )
         / base.speed
@@ -390,7 +390,7 @@ def test_each_session_is_a_fresh_simulator_and_the_noise_is_measured(
     assert [s["seed"] for s in dep["servers"]] == [SIM_SEED + k for k in range(4)]
     est = NoiseEstimate.from_dict(noise["pooled"])
     assert (est.sessions, est.levels) == (4, 2)
-    factors = [math.log(SimProfile(noise=0.05, seed=SIM_SEED + k).noise_factor) for k in range(4)]
+    factors = [math.log(SimConfig(noise=0.05, seed=SIM_SEED + k).noise_factor) for k in range(4)]
     exact = math.sqrt(2 * statistics.variance(factors))
     assert est.contains(exact) and est.contains(math.sqrt(2) * 0.05), (est, exact)
     # The estimate differs from the drawn factors' own value only by what trial noise explains:
@@ -471,7 +471,7 @@ def test_baselines_recorded_from_sessions_pool_their_trials(pytester: pytest.Pyt
         pytester,
         "--endpoint=sim:speed=10,stream_interval=8",
         "--perf-sessions=2",
-        "--perf-max-trials=3",
+        "--perf-max-trials=2",  # the marker's 2: a recording runs max trials in each session
         "--update-baselines",
         f"--perf-json={report}",
     )
@@ -482,7 +482,7 @@ def test_baselines_recorded_from_sessions_pool_their_trials(pytester: pytest.Pyt
 
     saved = yaml.safe_load((pytester.path / "baselines/sim/test_suite/test_x.yaml").read_text())
     (level,) = saved["levels"]
-    assert len(level["trials_tok_s"]) == 2 * 3, "both sessions' trials (a new baseline: max trials)"
+    assert len(level["trials_tok_s"]) == 2 * 2, "both sessions' trials (a new baseline: max trials)"
     result.stdout.fnmatch_lines(["*test_suite.py::test_x [[]sim[]]*(new file)*"])
 
 

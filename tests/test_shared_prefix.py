@@ -27,10 +27,10 @@ from pytest_kimi.measure.results import workload_dict
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.sim.engine import RADIX_PAGE_TOKENS
 from pytest_kimi.sim.process import SimProcess
-from pytest_kimi.sim.profile import SimProfile
-from pytest_kimi.spec.markers import MarkerError, parse_throughput
-from pytest_kimi.spec.prefix import SystemTokenizer, group_id, prefix_text, shared_prefixes
-from pytest_kimi.spec.workload import (
+from pytest_kimi.sim.config import SimConfig
+from pytest_kimi.workload.markers import MarkerError, parse_throughput
+from pytest_kimi.workload.prefix import SystemTokenizer, group_id, prefix_text, shared_prefixes
+from pytest_kimi.workload.prompts import (
     PREFIX_SEPARATOR,
     SIZE_TOLERANCE,
     UNIQUE_SLOT,
@@ -40,7 +40,7 @@ from pytest_kimi.spec.workload import (
 
 pytest_plugins = ["pytester"]
 
-REAL_TIME = SimProfile(speed=1.0)
+REAL_TIME = SimConfig(speed=1.0)
 """Real time: a 2000-token prefill costs 40 ms, a step at C=1 15 ms."""
 PREFIX = 2000
 QUESTION = 32
@@ -307,7 +307,7 @@ def test_reports_show_the_hit_rate_and_baselines_key_the_prefix(
     run = pytester.runpytest_subprocess(
         *args,
         "--update-baselines",
-        "--perf-max-trials=3",  # a baseline of 3 trials: enough to check its key, quick
+        "--perf-max-trials=2",  # a baseline of the marker's 2 trials: enough to check its key
         "--perf-json=r.json",
         "--perf-markdown=r.md",
         timeout=600,

@@ -24,7 +24,7 @@ from pytest_kimi.sim import (
     SimConfigError,
     SimProcess,
     SimProcessError,
-    SimProfile,
+    SimConfig,
     SimServer,
     count_prompt_tokens,
     parse_sim_spec,
@@ -88,7 +88,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest_asyncio.fixture
 async def fast_sim() -> AsyncIterator[SimServer]:
-    server = await start_server(SimProfile(speed=50.0))
+    server = await start_server(SimConfig(speed=50.0))
     try:
         yield server
     finally:
@@ -99,7 +99,7 @@ async def fast_sim() -> AsyncIterator[SimServer]:
 
 
 def test_default_profile_matches_deployment_shape() -> None:
-    p = SimProfile()
+    p = SimConfig()
     assert p.step_time(1) == pytest.approx(0.0135 + 0.001862)
     assert p.true_tok_s(1) == pytest.approx(65.1, abs=0.2)
     assert p.true_tok_s(256) == pytest.approx(1500, rel=0.01)
@@ -114,7 +114,7 @@ def test_default_profile_matches_deployment_shape() -> None:
 
 
 def test_speed_slowdown_and_ttft() -> None:
-    base, fast, slow = SimProfile(), SimProfile(speed=20), SimProfile(slowdown=1.15)
+    base, fast, slow = SimConfig(), SimConfig(speed=20), SimConfig(slowdown=1.15)
     assert fast.true_tok_s(64) == pytest.approx(20 * base.true_tok_s(64))
     assert slow.true_tok_s(64) == pytest.approx(base.true_tok_s(64) / 1.15)
     assert base.expected_ttft_s(100) == pytest.approx(base.step_time(1) + 100 * 2e-5)
@@ -129,11 +129,11 @@ def test_speed_slowdown_and_ttft() -> None:
 
 
 def test_noise_factor_is_deterministic_per_seed() -> None:
-    assert SimProfile().noise_factor == 1.0
+    assert SimConfig().noise_factor == 1.0
     a, b, c = (
-        SimProfile(noise=0.05, seed=1),
-        SimProfile(noise=0.05, seed=1),
-        SimProfile(noise=0.05, seed=2),
+        SimConfig(noise=0.05, seed=1),
+        SimConfig(noise=0.05, seed=1),
+        SimConfig(noise=0.05, seed=2),
     )
     assert a.noise_factor == b.noise_factor != c.noise_factor
     assert a.noise_factor == pytest.approx(1.0, abs=0.3)
@@ -144,7 +144,7 @@ def test_noise_factor_is_deterministic_per_seed() -> None:
 
 
 def test_from_options_converts_and_validates() -> None:
-    p = SimProfile.from_options(
+    p = SimConfig.from_options(
         {
             "speed": "20",
             "slowdown": "1.15",
@@ -163,12 +163,12 @@ def test_from_options_converts_and_validates() -> None:
     )
 
     with pytest.raises(SimConfigError) as err:
-        SimProfile.from_options({"sped": "2"}, "ini kimi_sim")
+        SimConfig.from_options({"sped": "2"}, "ini kimi_sim")
     msg = str(err.value)
     assert "ini kimi_sim" in msg and "'sped'" in msg and "speed" in msg and "slowdown" in msg
 
     with pytest.raises(SimConfigError) as err:
-        SimProfile.from_options({"error_rate": "1.5"}, "marker on test_x")
+        SimConfig.from_options({"error_rate": "1.5"}, "marker on test_x")
     msg = str(err.value)
     assert "marker on test_x" in msg and "'error_rate'" in msg and "'1.5'" in msg
     assert "[0, 1]" in msg
@@ -184,17 +184,17 @@ def test_from_options_converts_and_validates() -> None:
         ("seed", "-1"),
     ]:
         with pytest.raises(SimConfigError, match=rf"src: .*{key}"):
-            SimProfile.from_options({key: value}, "src")
+            SimConfig.from_options({key: value}, "src")
     with pytest.raises(SimConfigError, match="both 0"):
-        SimProfile.from_options({"step_base_s": "0", "step_per_seq_s": "0"}, "src")
-    with pytest.raises(SimConfigError, match="SimProfile: .*'speed'"):
-        SimProfile(speed=-1.0)
+        SimConfig.from_options({"step_base_s": "0", "step_per_seq_s": "0"}, "src")
+    with pytest.raises(SimConfigError, match="SimConfig: .*'speed'"):
+        SimConfig(speed=-1.0)
     assert isinstance(SimConfigError("x"), ValueError)
 
 
 def test_parse_sim_spec() -> None:
-    assert parse_sim_spec("sim", "cli") == SimProfile()
-    assert parse_sim_spec(" sim: ", "cli") == SimProfile()
+    assert parse_sim_spec("sim", "cli") == SimConfig()
+    assert parse_sim_spec(" sim: ", "cli") == SimConfig()
     p = parse_sim_spec(
         'sim:speed=20,slowdown=1.15,no_usage,server_args={"tp_size":16,"ep_size":16}',
         "--kimi-endpoint",
@@ -212,7 +212,7 @@ def test_parse_sim_spec() -> None:
 
 
 def test_cli_args_round_trip() -> None:
-    p = SimProfile(
+    p = SimConfig(
         speed=20.0,
         slowdown=1.15,
         noise=0.02,
@@ -228,7 +228,7 @@ def test_cli_args_round_trip() -> None:
     assert "--no-usage" in args and "--speed=20.0" in args
     assert profile_from_args(build_parser().parse_args(args)) == p
     assert not any("secret" in a for a in p.to_cli_args(include_secrets=False))
-    assert SimProfile().to_cli_args() == []
+    assert SimConfig().to_cli_args() == []
 
 
 def test_prompt_token_count() -> None:
@@ -327,7 +327,7 @@ async def test_default_max_tokens_and_eos(fast_sim: SimServer, http: aiohttp.Cli
 
 @pytest.mark.asyncio
 async def test_side_endpoints(http: aiohttp.ClientSession) -> None:
-    profile = SimProfile(speed=50.0, model="my-model", server_args={"tp_size": 16, "x": 1})
+    profile = SimConfig(speed=50.0, model="my-model", server_args={"tp_size": 16, "x": 1})
     async with await start_server(profile) as sim:
         async with http.get(sim.url + "/v1/models") as resp:
             models = await resp.json()
@@ -386,7 +386,7 @@ async def test_metrics_and_stats(fast_sim: SimServer, http: aiohttp.ClientSessio
 
 @pytest.mark.asyncio
 async def test_slow_start_and_api_key(http: aiohttp.ClientSession) -> None:
-    async with await start_server(SimProfile(speed=50.0, slow_start_s=0.4, api_key="k3y")) as sim:
+    async with await start_server(SimConfig(speed=50.0, slow_start_s=0.4, api_key="k3y")) as sim:
         auth = {"Authorization": "Bearer k3y"}
         for path in ("/health", "/health_generate"):
             async with http.get(sim.url + path) as resp:
@@ -415,7 +415,7 @@ async def test_slow_start_and_api_key(http: aiohttp.ClientSession) -> None:
 async def test_error_rate_is_deterministic(http: aiohttp.ClientSession) -> None:
     patterns = []
     for _ in range(2):
-        async with await start_server(SimProfile(speed=50.0, error_rate=0.5, seed=3)) as sim:
+        async with await start_server(SimConfig(speed=50.0, error_rate=0.5, seed=3)) as sim:
             statuses = []
             for _ in range(20):
                 async with http.post(sim.url + CHAT, json=chat_body(1)) as resp:
@@ -435,7 +435,7 @@ async def test_error_rate_is_deterministic(http: aiohttp.ClientSession) -> None:
 async def test_stall(http: aiohttp.ClientSession) -> None:
     """One stall of 0.3 s between token 3 and token 4, the other tokens a step apart; a read
     (server and client share this loop) is late by at most what held the loop up."""
-    profile = SimProfile(speed=50.0, stall_after_tokens=3, stall_s=0.3)
+    profile = SimConfig(speed=50.0, stall_after_tokens=3, stall_s=0.3)
     async with await start_server(profile) as sim:
         async with LoopLag() as lag:
             async with http.post(sim.url + CHAT, json=chat_body(6, usage=False)) as resp:
@@ -452,7 +452,7 @@ async def test_stall(http: aiohttp.ClientSession) -> None:
 async def test_disconnect_and_malformed(http: aiohttp.ClientSession) -> None:
     # 200 tokens at speed 10 take ~0.3 s: on a busy machine the handler wakes after the drop
     # long before the sequence could finish on its own (20 tokens at speed 50 did not)
-    profile = SimProfile(speed=10.0, disconnect_after_tokens=5, malformed_after_tokens=2)
+    profile = SimConfig(speed=10.0, disconnect_after_tokens=5, malformed_after_tokens=2)
     async with await start_server(profile) as sim:
         lines: list[bytes] = []
         with pytest.raises(aiohttp.ClientPayloadError):
@@ -476,7 +476,7 @@ async def test_disconnect_and_malformed(http: aiohttp.ClientSession) -> None:
 
 @pytest.mark.asyncio
 async def test_no_usage_and_client_abort(http: aiohttp.ClientSession) -> None:
-    async with await start_server(SimProfile(speed=50.0, no_usage=True)) as sim:
+    async with await start_server(SimConfig(speed=50.0, no_usage=True)) as sim:
         async with http.post(sim.url + CHAT, json=chat_body(3)) as resp:
             chunks = [json.loads(p) for p in (await read_sse(resp))[:-1]]
         assert all(c["usage"] is None for c in chunks) and len(chunks) == 4
@@ -513,7 +513,7 @@ def _rate_slack(sim: SimServer, window_s: float) -> float:
 @pytest.mark.asyncio
 async def test_engine_rate_matches_true_tok_s(http: aiohttp.ClientSession) -> None:
     """speed=10, C=8 long streams: the engine's own counters vs. the closed-form rate."""
-    profile = SimProfile(speed=10.0)
+    profile = SimConfig(speed=10.0)
     async with await start_server(profile) as sim:
 
         async def client() -> None:
@@ -540,7 +540,7 @@ async def test_engine_rate_matches_true_tok_s(http: aiohttp.ClientSession) -> No
 @pytest.mark.asyncio
 async def test_queue_beyond_max_running(http: aiohttp.ClientSession) -> None:
     """More clients than slots: FIFO queue, batch stays at max_running_requests."""
-    profile = SimProfile(speed=10.0, max_running_requests=4)
+    profile = SimConfig(speed=10.0, max_running_requests=4)
     async with await start_server(profile) as sim:
         # 150 tokens at ~1.9 ms per step: the first four finish after ~0.29 s and the
         # queued four take over; the window spans that hand-over.
@@ -567,7 +567,7 @@ async def test_queue_beyond_max_running(http: aiohttp.ClientSession) -> None:
 
 @pytest.mark.asyncio
 async def test_engine_ttft_and_fifo_admission() -> None:
-    profile = SimProfile(max_running_requests=2)
+    profile = SimConfig(max_running_requests=2)
     engine = SimEngine(profile)
     await engine.start()
     try:
@@ -583,7 +583,7 @@ async def test_engine_ttft_and_fifo_admission() -> None:
         await seq.wait_done()
         assert seq.state is SeqState.FINISHED and seq.generated == 2
 
-        fast = SimEngine(SimProfile(max_running_requests=2, speed=20.0))
+        fast = SimEngine(SimConfig(max_running_requests=2, speed=20.0))
         await fast.start()
         try:
             seqs = [fast.submit(10, 5) for _ in range(3)]
@@ -621,7 +621,7 @@ def _get(url: str) -> int:
 
 def test_sim_process_start_stop(tmp_path: Any) -> None:
     log = tmp_path / "sim.log"
-    with SimProcess(SimProfile(speed=20.0, api_key="abc"), log_path=log) as sim:
+    with SimProcess(SimConfig(speed=20.0, api_key="abc"), log_path=log) as sim:
         assert sim.url is not None and sim.url.startswith("http://127.0.0.1:")
         assert sim.pid is not None and not _gone(sim.pid)
         assert _get(sim.url + "/health") == 200
@@ -647,7 +647,7 @@ def test_sim_process_start_stop(tmp_path: Any) -> None:
 
 
 def test_sim_process_kills_unresponsive_child(tmp_path: Any) -> None:
-    sim = SimProcess(SimProfile(), grace_s=0.3, log_dir=tmp_path / "logs").start()
+    sim = SimProcess(SimConfig(), grace_s=0.3, log_dir=tmp_path / "logs").start()
     log = sim.log_path
     assert log is not None and log.parent == tmp_path / "logs"
     assert sim.pid is not None
@@ -665,7 +665,7 @@ def test_sim_process_fails_fast_with_log_tail(tmp_path: Any) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        sim = SimProcess(SimProfile(), port=port, log_path=tmp_path / "sim.log")
+        sim = SimProcess(SimConfig(), port=port, log_path=tmp_path / "sim.log")
         t0 = time.monotonic()
         with pytest.raises(SimProcessError) as err:
             sim.start()
@@ -717,7 +717,7 @@ async def test_tokenize_counts_what_usage_reports(
 
 @pytest.mark.asyncio
 async def test_tokenize_can_be_turned_off(http: aiohttp.ClientSession) -> None:
-    async with await start_server(SimProfile(no_tokenize=True)) as sim:
+    async with await start_server(SimConfig(no_tokenize=True)) as sim:
         async with http.post(sim.url + "/tokenize", json={"prompt": "x"}) as resp:
             assert resp.status == 404
 
@@ -728,7 +728,7 @@ async def test_flush_cache_only_when_idle_and_waits_with_timeout(
 ) -> None:
     """SGLang 0.5.23: 400 while a request runs or waits; ``?timeout=S`` waits up to S seconds
     for the scheduler to become idle, then flushes."""
-    profile = SimProfile(speed=1.0)  # a step is ~15 ms: 20 tokens keep it busy for ~0.3 s
+    profile = SimConfig(speed=1.0)  # a step is ~15 ms: 20 tokens keep it busy for ~0.3 s
     async with await start_server(profile) as sim:
         engine = sim.engine
         task = asyncio.ensure_future(http.post(sim.url + CHAT, json=chat_body(20)))
@@ -754,7 +754,7 @@ async def test_flush_cache_only_when_idle_and_waits_with_timeout(
 async def test_flush_cache_takes_the_admin_key(http: aiohttp.ClientSession) -> None:
     """``ADMIN_OPTIONAL``: the admin key when set (the API key is then refused), else the API key."""
     async with await start_server(
-        SimProfile(speed=50.0, api_key="user-k", admin_api_key="admin-k")
+        SimConfig(speed=50.0, api_key="user-k", admin_api_key="admin-k")
     ) as sim:
 
         async def flush(key: str) -> int:
@@ -774,7 +774,7 @@ async def test_flush_cache_takes_the_admin_key(http: aiohttp.ClientSession) -> N
         ) as resp:
             info = await resp.json()
         assert info["admin_api_key"] == "***" and info["sim"]["admin_api_key"] == "***"
-    async with await start_server(SimProfile(speed=50.0, api_key="user-k")) as sim:
+    async with await start_server(SimConfig(speed=50.0, api_key="user-k")) as sim:
         async with http.post(
             sim.url + "/flush_cache", headers={"Authorization": "Bearer user-k"}
         ) as resp:
@@ -791,7 +791,7 @@ async def test_prefix_cache_serves_a_repeated_prompt() -> None:
     tokens = count_prompt_tokens(prompt)
     other = "other start " + prompt[12:]
     for disabled in (False, True):
-        engine = SimEngine(SimProfile(speed=50.0, disable_radix_cache=disabled))
+        engine = SimEngine(SimConfig(speed=50.0, disable_radix_cache=disabled))
         await engine.start()
         try:
 

@@ -27,8 +27,8 @@ from pytest_kimi.load.workers import ShardedClient
 from pytest_kimi.measure.metrics import count_cut_tokens, stationary_window, tokens_between
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.sim.process import SimProcess
-from pytest_kimi.sim.profile import SimProfile
-from pytest_kimi.spec.markers import (
+from pytest_kimi.sim.config import SimConfig
+from pytest_kimi.workload.markers import (
     STATIONARY,
     WHOLE_REQUESTS,
     LevelSpec,
@@ -61,7 +61,7 @@ def body(max_tokens: int, *, running_usage: bool = True) -> bytes:
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
     with SimProcess(
-        SimProfile(speed=10, stream_interval=8), log_dir=tmp_path_factory.mktemp("sim")
+        SimConfig(speed=10, stream_interval=8), log_dir=tmp_path_factory.mktemp("sim")
     ) as proc:
         yield proc
 
@@ -266,7 +266,7 @@ def test_figures_are_in_the_simulators_clock_and_the_price_is_stated(sim: SimPro
     simulator's own clock), so a target means the same on the simulator and on the server."""
     result = _measure(sim, STATIONARY)
     (level,) = result.levels
-    ep8 = SimProfile(stream_interval=8)
+    ep8 = SimConfig(stream_interval=8)
     wall = [t.tok_s for t in level.trials if t.tok_s is not None]
     assert wall and level.figures.trials_tok_s == pytest.approx([x / 10 for x in wall])
     # the window's truth lies within a few percent of the formula whatever the machine's load;
@@ -277,9 +277,7 @@ def test_figures_are_in_the_simulators_clock_and_the_price_is_stated(sim: SimPro
     spent = level.server_time_s
     assert spent is not None
     assert spent >= sum(t.wall_s for t in level.trials) * 10 * 0.999
-    assert result.server_time_s == pytest.approx(
-        spent + result.warmup_server_time_s, abs=0.01
-    )
+    assert result.server_time_s == pytest.approx(spent + result.warmup_server_time_s, abs=0.01)
     data = level.to_dict()
     assert data["protocol"] == STATIONARY
     whole = _measure(sim, WHOLE_REQUESTS).levels[0].to_dict()

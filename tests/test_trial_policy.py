@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pytest_kimi.gate import stats
 from pytest_kimi.gate.policy import AdaptiveTrials, GateSettings
-from pytest_kimi.spec.markers import LevelSpec
+from pytest_kimi.workload.markers import LevelSpec
 
 
 def _policy(max_trials: int = 10) -> tuple[AdaptiveTrials, LevelSpec]:

@@ -21,9 +21,9 @@ from aiohttp.test_utils import TestServer
 from pytest_kimi.endpoint.discovery import EndpointInfo
 from pytest_kimi.load import LoadClient, OpenLoopPlan, ShardedClient, Target, TrialPlan
 from pytest_kimi.load.runner import WARMUP_IDS, split_at_slot, unique_id
-from pytest_kimi.spec.markers import parse_throughput
+from pytest_kimi.workload.markers import parse_throughput
 from pytest_kimi.run.measurer import Measurer, build_spec
-from pytest_kimi.spec.workload import UNIQUE_SLOT, PromptSource, WorkloadError, encode_bodies
+from pytest_kimi.workload.prompts import UNIQUE_SLOT, PromptSource, WorkloadError, encode_bodies
 
 SEEN = web.AppKey("seen", list)
 SLOT = UNIQUE_SLOT.encode()

@@ -45,7 +45,7 @@ from pytest_kimi.load.workers import (
 )
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.sim.process import SimProcess
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 from timing import DEADLINE_S, TIMER_SLACK_S, apoll_until, poll_until, send_late_bound_s
 
 CHAT = "/v1/chat/completions"
@@ -90,7 +90,7 @@ def wait_gone(pids: list[int], timeout: float = DEADLINE_S) -> list[int]:
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[Target]:
-    with SimProcess(SimProfile(speed=20)) as proc:
+    with SimProcess(SimConfig(speed=20)) as proc:
         yield Target(f"{proc.url}{CHAT}")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kimi.spec.workload import WorkloadError, encode_bodies, resolve_prompts
+from pytest_kimi.workload.prompts import WorkloadError, encode_bodies, resolve_prompts
 
 
 def test_builtin_list_and_synthetic(tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_bodies_stream_with_usage_and_ignore_eos(tmp_path: Path, api: str, field
 
 
 def test_requests_per_stream_sizes_each_closed_loop_level() -> None:
-    from pytest_kimi.spec.markers import parse_throughput
+    from pytest_kimi.workload.markers import parse_throughput
 
     workload, _ = parse_throughput((), {"concurrency": [1, 8], "requests_per_stream": 4})
     assert [workload.requests_for(lv) for lv in workload.levels] == [4, 32]
@@ -80,7 +80,7 @@ class _FakeTokenizer:
 
 
 def test_fit_words_lands_on_the_asked_count_in_a_few_calls() -> None:
-    from pytest_kimi.spec.workload import fit_words
+    from pytest_kimi.workload.prompts import fit_words
 
     calls = []
 
@@ -96,7 +96,7 @@ def test_fit_words_lands_on_the_asked_count_in_a_few_calls() -> None:
 
 
 def test_prompt_sizer_sizes_every_variant_once_per_run() -> None:
-    from pytest_kimi.spec.workload import SIZE_TOLERANCE, SYNTHETIC_VARIANTS, PromptSizer, lead
+    from pytest_kimi.workload.prompts import SIZE_TOLERANCE, SYNTHETIC_VARIANTS, PromptSizer, lead
 
     sizer = PromptSizer()
     fake = _FakeTokenizer()
@@ -117,7 +117,7 @@ def test_prompt_sizer_sizes_every_variant_once_per_run() -> None:
 
 
 def test_no_tokenizer_means_an_estimate_that_says_so(tmp_path: Path) -> None:
-    from pytest_kimi.spec.workload import PromptSizer
+    from pytest_kimi.workload.prompts import PromptSizer
 
     sizer = PromptSizer()
     texts, how = sizer.synthetic(

@@ -321,7 +321,7 @@ class CapacityBaseline:
     ``workload`` keys it like a level: the metric searched (``concurrency`` or ``rate``), the
     ceilings and their percentile, the lengths, prompts, api and protocol.  A run that asks
     for another ceiling finds no baseline: a capacity under another SLO is another number.
-    The figures are those of :class:`~pytest_kimi.measure.capacity.CapacityEstimate`: the
+    The figures are those of :class:`~pytest_kimi.measure.capacity_search.CapacityEstimate`: the
     bracket (``low`` held, ``high`` broke; one of them null when the capacity lay outside the
     searched range), the interpolated boundary ``estimate`` with its trial-noise standard
     error ``log_se`` (of ``ln(estimate)``; ``log_se_df`` degrees of freedom), and ``slope``, how fast the binding latency's

@@ -20,7 +20,7 @@ from pytest_kimi.baseline import (
     incomparable,
     provenance_diff,
 )
-from pytest_kimi.spec.markers import LevelSpec, Targets
+from pytest_kimi.workload.markers import LevelSpec, Targets
 from pytest_kimi.measure.results import (
     BaselineComparison,
     LevelResult,

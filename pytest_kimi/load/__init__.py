@@ -2,7 +2,7 @@
 
 Kept free of pytest so it can be driven from benchmarks and scripts as well as the plugin.
 The package face is lazy (PEP 562): ``pytest_kimi.load.records`` (plain records and the
-``Api`` type, which ``spec/`` uses) must not pull in aiohttp and numpy.
+``Api`` type, which ``workload/`` uses) must not pull in aiohttp and numpy.
 """
 
 from __future__ import annotations

@@ -755,7 +755,8 @@ class LoadClient:
 
         ``record.scheduled`` is the planned arrival, ``record.sent`` the actual send and
         ``record.worker`` the arrival index.  ``TrialRecords.concurrency`` is the peak number
-        in flight.  Stops scheduling at the plan's end or at ``max_failures``.
+        in flight (:func:`peak_inflight` of the records).  Stops scheduling at the plan's end
+        or at ``max_failures``.
         """
         return await self.measure_open(target, plan, live)
 
@@ -783,7 +784,7 @@ class LoadClient:
         # nothing caps the number in flight, so allow a socket per planned arrival
         raise_nofile_limit(len(offsets) + 256)
         async with _TrialBook.around(self.lag_interval_s) as book:
-            started, stopped, peak = await self._open_loop(
+            started, stopped = await self._open_loop(
                 target,
                 plan,
                 offsets,
@@ -795,7 +796,11 @@ class LoadClient:
         trial = book.trial(
             started=started,
             stopped=stopped,
-            concurrency=peak,
+            # in flight means between a record's ``sent`` and ``end`` stamps: counted from the
+            # records (as the sharded client does), not by a counter around the task, which a
+            # request enters before its send is stamped (the task has yet to run) and leaves
+            # after its end is (the body's EOF is awaited after [DONE])
+            concurrency=peak_inflight(book.records),
             start_spread_s=0.0,
             offered_rate=plan.rate,
             achieved_rate=achieved_rate(book.records),
@@ -813,12 +818,12 @@ class LoadClient:
         records: list[RequestRecord],
         live: LiveTrial | None,
         start_at: float | None,
-    ) -> tuple[float, str | None, int]:
+    ) -> tuple[float, str | None]:
         """One scheduler loop that sleeps until each arrival and launches one task for it.
 
-        Returns (start time, stop reason, peak in flight).  Per arrival the scheduler only
-        creates a record and a task: arrivals that are already due (a burst, or a loop that
-        fell behind) all go out in one pass without yielding in between.
+        Returns (start time, stop reason).  Per arrival the scheduler only creates a record
+        and a task: arrivals that are already due (a burst, or a loop that fell behind) all go
+        out in one pass without yielding in between.
         """
         loop = asyncio.get_running_loop()
         session = self.session
@@ -831,7 +836,7 @@ class LoadClient:
         max_failures = plan.max_failures
         stop: list[str] = []
         pending: set[asyncio.Task[None]] = set()
-        state = {"inflight": 0, "peak": 0, "failures": 0}
+        state = {"failures": 0}
         waiter: list[asyncio.Future[None] | None] = [None]
         append = records.append
 
@@ -842,20 +847,17 @@ class LoadClient:
             else:
                 head, tail = parts[i % nb]
                 body = b"".join((head, unique_id(base + i), tail))
-            try:
-                await stream_request(
-                    session,
-                    target,
-                    body,
-                    index=i,
-                    worker=rec.worker,
-                    scheduled=rec.scheduled,
-                    timeout_s=timeout_s,
-                    timeout=timeout,
-                    record=rec,
-                )
-            finally:
-                state["inflight"] -= 1
+            await stream_request(
+                session,
+                target,
+                body,
+                index=i,
+                worker=rec.worker,
+                scheduled=rec.scheduled,
+                timeout_s=timeout_s,
+                timeout=timeout,
+                record=rec,
+            )
             append(rec)
             if _request_done(rec, live, state, stop, max_failures):
                 w = waiter[0]
@@ -887,9 +889,6 @@ class LoadClient:
                 rec = RequestRecord(index=g, worker=g, scheduled=due)
                 if live is not None:
                     live.inflight[g] = rec
-                state["inflight"] += 1
-                if state["inflight"] > state["peak"]:
-                    state["peak"] = state["inflight"]
                 task = loop.create_task(one(rec))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
@@ -900,4 +899,4 @@ class LoadClient:
                 t.cancel()
             if pending:
                 await asyncio.gather(*list(pending), return_exceptions=True)
-        return started, (stop[0] if stop else None), state["peak"]
+        return started, (stop[0] if stop else None)

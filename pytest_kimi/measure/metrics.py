@@ -41,7 +41,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from pytest_kimi.load.runner import TrialRecords
-from pytest_kimi.spec.markers import LevelSpec
+from pytest_kimi.workload.markers import LevelSpec
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.sse import running_usage
 

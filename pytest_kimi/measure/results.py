@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_kimi.spec.markers import LevelSpec, Targets, Workload
+from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
 from pytest_kimi.measure.metrics import (
     LatencyLimits,
     LevelFigures,
@@ -72,7 +72,7 @@ class LevelResult:
     protocol: str | None = None
     """The closed-loop trial protocol it was measured with (``stationary``); None for
     ``whole-requests`` and open loop, whose baselines have always been keyed without one."""
-    # -- the measurement (measure/trials.py, measure/capacity.py)
+    # -- the measurement (measure/trials.py, measure/capacity_search.py)
     server_time_s: float | None = None
     """What the level cost, in the server's seconds: first request to last, every trial."""
     prompt_tokens: dict[str, Any] | None = None
@@ -187,7 +187,7 @@ class ThroughputResult:
     workload: Workload
     targets: Targets
     levels: list[LevelResult] = field(default_factory=list)
-    # -- the measurement (measure/trials.py, measure/capacity.py)
+    # -- the measurement (measure/trials.py, measure/capacity_search.py)
     server_time_s: float | None = None
     """The measurement's cost in the server's seconds: warm-up and every level."""
     warmup_server_time_s: float | None = None
@@ -207,7 +207,7 @@ class ThroughputResult:
     compared_with: str | None = None
     """Same-run A/B: what a deployment was compared with (the reference, or its baseline)."""
     capacity: dict[str, Any] | None = None
-    """A ``@capacity`` test's capacity: the report's ``capacity`` object (report/capacity.py)."""
+    """A ``@capacity`` test's capacity: the report's ``capacity`` object (report/capacity_cells.py)."""
     cache_flush: str | None = None
     """Why a managed server's prefix cache was not flushed before the test."""
     server_exit: ServerExit | None = None

@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 from pytest_kimi.load.request import Target
 from pytest_kimi.load.openloop import OpenLoopPlan
 from pytest_kimi.load.runner import TRIAL_ID_BITS, LiveTrial, TrialClient, TrialPlan, TrialRecords
-from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, STATIONARY, LevelSpec, Targets, Workload
+from pytest_kimi.workload.markers import DEFAULT_PROTOCOL, STATIONARY, LevelSpec, Targets, Workload
 from pytest_kimi.measure.metrics import (
     SETTLE_MIN_S,
     SETTLE_STEPS,
@@ -133,7 +133,7 @@ class MeasureSpec:
     :meth:`bodies_for` sets the level's max_tokens."""
     prompts_keys: dict[int | None, str]
     unique_slot: bytes | None = None
-    """Where each body holds its request's unique id (:data:`~pytest_kimi.spec.workload.UNIQUE_SLOT`);
+    """Where each body holds its request's unique id (:data:`~pytest_kimi.workload.prompts.UNIQUE_SLOT`);
     None: bodies are sent as encoded, repeating every pass (prefix-cache hits)."""
     sizing: dict[int | None, str] = field(default_factory=dict)
     """How synthetic prompts of each input_tokens were sized (reports show it)."""

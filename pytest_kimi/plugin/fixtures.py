@@ -30,7 +30,7 @@ from pytest_kimi.plugin.terminal import progress_printer, say
 from pytest_kimi.plugin.xdist import one_measurement_at_a_time
 from pytest_kimi.report.junit import junit_properties
 from pytest_kimi.run.conductor import (
-    Comparison,
+    JudgedAgainst,
     Conditions,
     GateProblem,
     MeasurementInterrupted,
@@ -192,7 +192,7 @@ def _kimi_measure(
     deployments = config.stash[DEPLOYMENTS]
     nodeid = baseline_id(item)
     name = kimi_deployment.name if kimi_deployment is not None else None
-    comparison = Comparison(
+    comparison = JudgedAgainst(
         store=gate.store(name),
         deployment=name,
         reference=deployments[0].name if len(deployments) > 1 else None,

@@ -36,7 +36,7 @@ from pytest_kimi.plugin.state import (
 )
 from pytest_kimi.plugin.terminal import say
 from pytest_kimi.plugin.xdist import PERF_GROUP, group_perf_tests, worker_groups
-from pytest_kimi.gate.capacity import capacity_failure
+from pytest_kimi.gate.capacity_gate import capacity_failure
 from pytest_kimi.history.urls import url_secrets
 from pytest_kimi.report.record import TestRecord
 from pytest_kimi.report.terminal import format_test
@@ -51,8 +51,8 @@ from pytest_kimi.run.setup import (
 )
 from pytest_kimi.scrub import register_secret, scrub_text
 from pytest_kimi.server.interrupts import Interrupts
-from pytest_kimi.spec.capacity import CAPACITY_SIGNATURE
-from pytest_kimi.spec.markers import MARKER_SIGNATURE
+from pytest_kimi.workload.capacity_marker import CAPACITY_SIGNATURE
+from pytest_kimi.workload.markers import MARKER_SIGNATURE
 from pytest_kimi.verdicts import Verdict
 
 ASYNCIO_LOOP_SCOPE = "asyncio_default_fixture_loop_scope"
@@ -212,7 +212,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if plan is None:
             continue
         item.stash[PLAN] = plan
-        if plan.capacity is None:  # a capacity's gate has no power rule (gate/capacity.py)
+        if plan.capacity is None:  # a capacity's gate has no power rule (gate/capacity_gate.py)
             warning = marker_pass_unreachable(item.nodeid, settings, plan.targets)
             if warning is not None:
                 item.warn(pytest.PytestConfigWarning(warning))

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from pytest_kimi.files import write_atomic
 from pytest_kimi.verdicts import Verdict
-from pytest_kimi.report.capacity import capacity_html
+from pytest_kimi.report.capacity_cells import capacity_html
 from pytest_kimi.report.htmlkit import e as _e
 from pytest_kimi.report.htmlkit import levels_table, page, safe_name, verdict_class
 from pytest_kimi.report.markdown import (

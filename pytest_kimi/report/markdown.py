@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_kimi.verdicts import Verdict
-from pytest_kimi.report.capacity import capacity_markdown
+from pytest_kimi.report.capacity_cells import capacity_markdown
 from pytest_kimi.report.workload_cells import RATES_HEADER, has_rates, rates_cell, shape_lines
 from pytest_kimi.report.dataset_cells import (
     CACHE_HEADER,

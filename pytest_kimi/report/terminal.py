@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from pytest_kimi.report.capacity import capacity_lines
+from pytest_kimi.report.capacity_cells import capacity_lines
 
 from pytest_kimi.report.workload_cells import RATES_HEADER, has_rates, rates_cell, shape_lines
 from pytest_kimi.report.dataset_cells import (

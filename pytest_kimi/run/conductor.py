@@ -30,7 +30,7 @@ from pytest_kimi.baseline import (
 from pytest_kimi.baseline.update import reference_baseline
 from pytest_kimi.crosscheck.server_metrics import ServerMetricsError, ServerMetricsObserver
 from pytest_kimi.endpoint.discovery import EndpointInfo
-from pytest_kimi.gate.capacity import (
+from pytest_kimi.gate.capacity_gate import (
     capacity_dict,
     capacity_key,
     explain_miss,
@@ -45,13 +45,13 @@ from pytest_kimi.gate.policy import (
     baseline_samples,
     check_comparable,
 )
-from pytest_kimi.measure.capacity import SearchSettings, run_capacity
+from pytest_kimi.measure.capacity_search import SearchSettings, run_capacity
 from pytest_kimi.measure.results import ServerExit, ThroughputResult, spec_key
 from pytest_kimi.measure.trials import MeasureSpec, ProgressFn
 from pytest_kimi.run.measurer import Measurer, build_spec
-from pytest_kimi.spec.capacity import CapacitySpec
-from pytest_kimi.spec.markers import DEFAULT_PROTOCOL, Targets, Workload
-from pytest_kimi.spec.workload import WorkloadError
+from pytest_kimi.workload.capacity_marker import CapacitySpec
+from pytest_kimi.workload.markers import DEFAULT_PROTOCOL, Targets, Workload
+from pytest_kimi.workload.prompts import WorkloadError
 from pytest_kimi.verdicts import Verdict
 
 INTERRUPTED = (
@@ -93,7 +93,7 @@ class TestPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class Comparison:
+class JudgedAgainst:
     """What one test is judged against: its stored baseline, or a reference deployment's run."""
 
     store: BaselineStore
@@ -171,7 +171,7 @@ def conduct(
     measurer: Measurer,
     endpoint: EndpointInfo,
     settings: GateSettings,
-    comparison: Comparison,
+    comparison: JudgedAgainst,
     conditions: Conditions,
     *,
     server: Any = None,
@@ -225,7 +225,7 @@ def prepare(
     nodeid: str,
     measurer: Measurer,
     endpoint: EndpointInfo,
-    comparison: Comparison,
+    comparison: JudgedAgainst,
     conditions: Conditions,
 ) -> Prepared:
     """Before any load: the baseline file, the measurement spec and what the test is judged
@@ -260,7 +260,7 @@ def prepare(
             compared_with = str(path)
         check_comparable(baseline, current, compared_with)
     except WorkloadError as exc:
-        from pytest_kimi.spec.dataset import DatasetError
+        from pytest_kimi.workload.dataset import DatasetError
 
         argument = "dataset" if isinstance(exc, DatasetError) else "prompts"
         raise GateProblem(f"{plan.marker} {argument}: {exc}") from None
@@ -273,7 +273,7 @@ def _annotate(
     result: ThroughputResult,
     measurer: Measurer,
     prepared: Prepared,
-    comparison: Comparison,
+    comparison: JudgedAgainst,
     flush_note: str | None,
     server: Any,
 ) -> None:
@@ -340,7 +340,7 @@ class SweepJob:
 
 class CapacityJob:
     """``@capacity``: a search for the highest load that holds every ceiling, judged against
-    ``min_capacity`` and the baseline's capacity (:mod:`pytest_kimi.gate.capacity`)."""
+    ``min_capacity`` and the baseline's capacity (:mod:`pytest_kimi.gate.capacity_gate`)."""
 
     def __init__(self, capacity: CapacitySpec) -> None:
         self.capacity = capacity
@@ -421,7 +421,7 @@ class CapacityJob:
 def flush_cache(server: Any) -> str | None:
     """Empty a managed server's prefix cache before a test; a note when that failed.
 
-    Prompts are unique per request anyway (:mod:`pytest_kimi.spec.workload`), so a leftover cache
+    Prompts are unique per request anyway (:mod:`pytest_kimi.workload.prompts`), so a leftover cache
     can only help through shared template tokens; still, a refused flush (the server busy past
     the wait, a missing admin key) is reported rather than ignored.  An engine without a flush
     endpoint (vLLM) is not a failure.

@@ -15,7 +15,7 @@ from pytest_kimi.baseline import BaselineStore
 from pytest_kimi.gate import stats
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.options import KimiOptions
-from pytest_kimi.spec.markers import Targets
+from pytest_kimi.workload.markers import Targets
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from pytest_kimi.load.request import Target
 from pytest_kimi.load.runner import LoadClient
 from pytest_kimi.load.workers import ShardedClient
 from pytest_kimi.load.loop_thread import LoopThread
-from pytest_kimi.spec.markers import (
+from pytest_kimi.workload.markers import (
     DEFAULT_PROTOCOL,
     LevelSpec,
     Targets,
@@ -33,7 +33,7 @@ from pytest_kimi.measure.trials import (
     measure_test,
 )
 from pytest_kimi.measure.results import ThroughputResult
-from pytest_kimi.spec.workload import (
+from pytest_kimi.workload.prompts import (
     API_PATHS,
     UNIQUE_SLOT,
     PromptSizer,
@@ -43,8 +43,8 @@ from pytest_kimi.spec.workload import (
     lead,
     resolve_prompts,
 )
-from pytest_kimi.spec.dataset import DatasetSample, TextTokenizer, prepare_dataset
-from pytest_kimi.spec.prefix import SharedPrefixes, SystemTokenizer, shared_prefixes
+from pytest_kimi.workload.dataset import DatasetSample, TextTokenizer, prepare_dataset
+from pytest_kimi.workload.prefix import SharedPrefixes, SystemTokenizer, shared_prefixes
 from pytest_kimi.crosscheck.prefix_cache import PrefixCacheProbe
 
 

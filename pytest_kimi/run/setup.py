@@ -154,7 +154,7 @@ def start_sim(
     """Start the simulator ``--endpoint=sim:...`` names; a restart (``perf_session`` > 0)
     redraws the session factor (the ``noise`` knob) as a real server's would."""
     from pytest_kimi.sim.process import SimProcess
-    from pytest_kimi.sim.profile import SimConfigError, parse_sim_spec
+    from pytest_kimi.sim.config import SimConfigError, parse_sim_spec
 
     try:
         profile = parse_sim_spec(str(opts.endpoint), opts.source("endpoint"))

@@ -1,7 +1,7 @@
 """Built-in SGLang simulator: a local server whose token rate is known exactly.
 
 The plugin's accuracy tests measure this server and compare with
-:meth:`SimProfile.true_tok_s`; fault knobs exercise the client's error handling.  Use
+:meth:`SimConfig.true_tok_s`; fault knobs exercise the client's error handling.  Use
 :class:`SimProcess` to run it out of process (the normal case) or
 :func:`start_server` to embed it in the current event loop (tests).
 """
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from pytest_kimi.sim.app import SimServer, count_prompt_tokens, create_app, start_server
     from pytest_kimi.sim.engine import EngineStats, SimEngine
     from pytest_kimi.sim.process import SimProcess, SimProcessError
-    from pytest_kimi.sim.profile import SimConfigError, SimProfile, parse_sim_spec
+    from pytest_kimi.sim.config import SimConfigError, SimConfig, parse_sim_spec
 
 _WHERE = {
     "SimServer": "app",
@@ -26,9 +26,9 @@ _WHERE = {
     "SimEngine": "engine",
     "SimProcess": "process",
     "SimProcessError": "process",
-    "SimConfigError": "profile",
-    "SimProfile": "profile",
-    "parse_sim_spec": "profile",
+    "SimConfigError": "config",
+    "SimConfig": "config",
+    "parse_sim_spec": "config",
 }
 """Lazy (PEP 562): the plugin starts a simulator through :mod:`.process`, which must not
 import aiohttp's server side into the pytest process just to spawn a child."""
@@ -46,7 +46,7 @@ __all__ = [
     "SimEngine",
     "SimProcess",
     "SimProcessError",
-    "SimProfile",
+    "SimConfig",
     "SimServer",
     "count_prompt_tokens",
     "create_app",

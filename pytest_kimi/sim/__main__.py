@@ -17,13 +17,13 @@ from dataclasses import fields
 
 from pytest_kimi.sim.app import ALLOWED_HOSTS, start_server
 from pytest_kimi.sim.process import API_KEY_ENV, READY_PREFIX
-from pytest_kimi.sim.profile import KNOB_HELP, SimConfigError, SimProfile
+from pytest_kimi.sim.config import KNOB_HELP, SimConfigError, SimConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per :class:`SimProfile` knob: ``--step-base-s``, ``--speed``, ...
+    """One flag per :class:`SimConfig` knob: ``--step-base-s``, ``--speed``, ...
 
-    Values are taken as text and converted by :meth:`SimProfile.from_options`, so the
+    Values are taken as text and converted by :meth:`SimConfig.from_options`, so the
     command line reports bad values with exactly the same messages as a ``sim:`` spec.
     """
     parser = argparse.ArgumentParser(
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="must be 127.0.0.1; the simulator never listens elsewhere",
     )
-    for f in fields(SimProfile):
+    for f in fields(SimConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.name == "no_usage":
             parser.add_argument(
@@ -54,16 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def profile_from_args(ns: argparse.Namespace) -> SimProfile:
+def profile_from_args(ns: argparse.Namespace) -> SimConfig:
     options = {
-        f.name: getattr(ns, f.name) for f in fields(SimProfile) if getattr(ns, f.name) is not None
+        f.name: getattr(ns, f.name) for f in fields(SimConfig) if getattr(ns, f.name) is not None
     }
     if "api_key" not in options and os.environ.get(API_KEY_ENV):
         options["api_key"] = os.environ[API_KEY_ENV]
-    return SimProfile.from_options(options, "command line")
+    return SimConfig.from_options(options, "command line")
 
 
-async def _serve(profile: SimProfile, port: int) -> None:
+async def _serve(profile: SimConfig, port: int) -> None:
     server = await start_server(profile, port=port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 from aiohttp import web
 
 from pytest_kimi.sim.engine import EngineNotRunning, Sequence, SeqState, SimEngine, prefix_pages
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 
 __all__ = [
     "ENGINE_KEY",
@@ -45,7 +45,7 @@ SIM_VERSION = "0.1.0-sim"
 ALLOWED_HOSTS = ("127.0.0.1",)
 
 ENGINE_KEY: web.AppKey[SimEngine] = web.AppKey("pytest_kimi_sim_engine", SimEngine)
-PROFILE_KEY: web.AppKey[SimProfile] = web.AppKey("pytest_kimi_sim_profile", SimProfile)
+PROFILE_KEY: web.AppKey[SimConfig] = web.AppKey("pytest_kimi_sim_profile", SimConfig)
 
 VOCAB: tuple[str, ...] = (
     " The",
@@ -498,7 +498,7 @@ async def _stream(
 async def _write_events(
     request: web.Request,
     resp: web.StreamResponse,
-    profile: SimProfile,
+    profile: SimConfig,
     seq: Sequence,
     params: GenParams,
     enc: _Encoder,
@@ -696,7 +696,7 @@ async def _models(request: web.Request) -> web.Response:
     )
 
 
-def server_info(profile: SimProfile, port: int | None) -> dict[str, Any]:
+def server_info(profile: SimConfig, port: int | None) -> dict[str, Any]:
     """A dict shaped like SGLang's ``/get_server_info`` (server args plus a few extras).
 
     The numbers describe the deployment the default profile imitates; the ``sim`` key
@@ -1011,7 +1011,7 @@ async def _auth_and_errors(
 # ---------------------------------------------------------------------- app and server
 
 
-def create_app(profile: SimProfile) -> web.Application:
+def create_app(profile: SimConfig) -> web.Application:
     """The simulator application; its engine starts and stops with the app."""
     app = web.Application(middlewares=[_auth_and_errors], client_max_size=64 * 1024 * 1024)
     engine = SimEngine(profile)
@@ -1054,7 +1054,7 @@ class SimServer:
 
     runner: web.AppRunner
     engine: SimEngine
-    profile: SimProfile
+    profile: SimConfig
     port: int
 
     @property
@@ -1078,11 +1078,11 @@ def check_host(host: str) -> None:
 
 
 async def start_server(
-    profile: SimProfile | None = None, port: int = 0, host: str = "127.0.0.1"
+    profile: SimConfig | None = None, port: int = 0, host: str = "127.0.0.1"
 ) -> SimServer:
     """Start the simulator in the current event loop; ``port=0`` picks a free port."""
     check_host(host)
-    profile = profile or SimProfile()
+    profile = profile or SimConfig()
     app = create_app(profile)
     # No access log (it would cost more than a token) and cancel handlers of clients that
     # hang up, so their sequences release their batch slots at once.

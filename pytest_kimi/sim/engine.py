@@ -39,7 +39,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 
 __all__ = [
     "SeqState",
@@ -189,13 +189,13 @@ class EngineStats:
 
 
 class SimEngine:
-    """Runs the batching loop for one :class:`SimProfile`.
+    """Runs the batching loop for one :class:`SimConfig`.
 
     Create it anywhere, :meth:`start` it inside the event loop that will serve requests,
     :meth:`submit` sequences and consume their tokens, :meth:`stop` it at shutdown.
     """
 
-    def __init__(self, profile: SimProfile) -> None:
+    def __init__(self, profile: SimConfig) -> None:
         self.profile = profile
         self.noise_factor = profile.noise_factor
         self._jitter_rng = random.Random(f"{profile.seed}/jitter")

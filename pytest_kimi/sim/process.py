@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pytest_kimi.server import leftovers
 from pytest_kimi.server.supervisor import Supervised, SupervisedHandle
-from pytest_kimi.sim.profile import SimProfile
+from pytest_kimi.sim.config import SimConfig
 
 __all__ = ["SimProcess", "SimProcessError", "READY_PREFIX", "API_KEY_ENV"]
 
@@ -56,7 +56,7 @@ class SimProcess(SupervisedHandle):
 
     def __init__(
         self,
-        profile: SimProfile | None = None,
+        profile: SimConfig | None = None,
         *,
         log_path: str | os.PathLike[str] | None = None,
         log_dir: str | os.PathLike[str] | None = None,
@@ -66,7 +66,7 @@ class SimProcess(SupervisedHandle):
         python: str | None = None,
         record_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.profile = profile or SimProfile()
+        self.profile = profile or SimConfig()
         self.ready_timeout_s = ready_timeout_s
         self.grace_s = grace_s
         self._port_request = port

@@ -150,7 +150,7 @@ def server_info_of(ns: argparse.Namespace, argv: list[str], startup_s: float) ->
 def sim_profile(
     ns: argparse.Namespace, mode: str, argv: list[str] | None = None, startup_s: float = 0.0
 ) -> Any:
-    from pytest_kimi.sim import SimProfile
+    from pytest_kimi.sim import SimConfig
 
     slowdown_env = os.environ.get("FAKE_SGLANG_SLOWDOWN")
     slowdown = float(slowdown_env) if slowdown_env else (1.8 if ns.enable_eplb else 1.0)
@@ -172,7 +172,7 @@ def sim_profile(
         kwargs["reasoning_tokens"] = int(os.environ.get("FAKE_SGLANG_REASONING_TOKENS", "16"))
     if mode == "crash-mid-sweep":
         kwargs["crash_after_requests"] = int(os.environ.get("FAKE_SGLANG_CRASH_AFTER", "3"))
-    return SimProfile(**kwargs)
+    return SimConfig(**kwargs)
 
 
 async def serve(ns: argparse.Namespace, mode: str, started: float) -> None:

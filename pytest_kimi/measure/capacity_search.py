@@ -42,7 +42,7 @@ in ``ln(load)``.  Its *slope* (how fast the binding latency's margin falls per u
 the two ends alone are the levels noise put on either side of the boundary, and their slope
 comes out too steep.  The estimate's standard error (delta method on the two ends' margin
 errors, over that slope) and the slope are what the gate
-(:mod:`pytest_kimi.gate.capacity`) turns into the capacity's noise.
+(:mod:`pytest_kimi.gate.capacity_gate`) turns into the capacity's noise.
 
 A load the server cannot run at all (a stationary trial whose streams never all ran: the
 server's running limit is below C) counts as broken; a level that failed requests or whose
@@ -59,7 +59,7 @@ from time import perf_counter
 from typing import Any, Literal, Mapping, Sequence
 
 from pytest_kimi.logscale import MIN_LOG_SD, Z90
-from pytest_kimi.spec.capacity import DEFAULT_MAX_LEVELS, DEFAULT_RESOLUTION
+from pytest_kimi.workload.capacity_marker import DEFAULT_MAX_LEVELS, DEFAULT_RESOLUTION
 
 Metric = Literal["concurrency", "rate"]
 LATENCIES = ("ttft_s", "itl_s", "e2e_s")

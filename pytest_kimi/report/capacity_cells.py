@@ -1,6 +1,6 @@
 """A ``@capacity`` test in the reports: the capacity, its bracket and boundary, the search.
 
-Every renderer reads the report's ``capacity`` object (:func:`pytest_kimi.gate.capacity.
+Every renderer reads the report's ``capacity`` object (:func:`pytest_kimi.gate.capacity_gate.
 capacity_dict`), so the terminal, the Markdown summary and the HTML page say the same: the
 capacity with the bracket the search ended with, the interpolated boundary and its 90%
 interval under trial noise, the baseline comparison, and each level of the search in the

@@ -1,9 +1,9 @@
-"""The simulator's timing model and knobs: :class:`SimProfile`.
+"""The simulator's timing model and knobs: :class:`SimConfig`.
 
 The simulator exists so that the plugin's own measurements can be checked against a server
 whose throughput is known *exactly*.  Everything the server does with time is therefore
 derived from this one frozen record, and the record can say in closed form what a client
-ought to measure (:meth:`SimProfile.true_tok_s` and friends).
+ought to measure (:meth:`SimConfig.true_tok_s` and friends).
 
 Batching model (continuous batching, as in SGLang): the engine runs decode *steps*; one step
 hands one token to every running sequence.  A step over ``b`` sequences lasts::
@@ -31,7 +31,7 @@ from typing import Any
 
 __all__ = [
     "SimConfigError",
-    "SimProfile",
+    "SimConfig",
     "parse_sim_spec",
     "KNOB_HELP",
 ]
@@ -184,7 +184,7 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 @dataclass(frozen=True)
-class SimProfile:
+class SimConfig:
     """Everything that determines how the simulator behaves; validated on construction.
 
     Defaults are shaped like a Kimi K2.6 deployment on 8 GPUs with expert parallelism:
@@ -235,7 +235,7 @@ class SimProfile:
     """Key of the admin endpoints (``/flush_cache``): SGLang's ``ADMIN_OPTIONAL`` level."""
 
     def __post_init__(self) -> None:
-        _validate(self, "SimProfile")
+        _validate(self, "SimConfig")
 
     # ------------------------------------------------------------------ timing model
 
@@ -385,7 +385,7 @@ class SimProfile:
     # ------------------------------------------------------------------ conversions
 
     @classmethod
-    def from_options(cls, mapping: Mapping[str, str], source: str) -> SimProfile:
+    def from_options(cls, mapping: Mapping[str, str], source: str) -> SimConfig:
         """Build a profile from text key/values (an ini line, a marker, CLI flags).
 
         Keys are the field names; ``-`` is accepted for ``_``.  Every problem raises
@@ -411,7 +411,7 @@ class SimProfile:
     def to_options(self) -> dict[str, str]:
         """The non-default knobs as text, the inverse of :meth:`from_options`."""
         out: dict[str, str] = {}
-        default = SimProfile()
+        default = SimConfig()
         for f in fields(self):
             value = getattr(self, f.name)
             if value == getattr(default, f.name):
@@ -507,7 +507,7 @@ def _convert(key: str, raw: object, source: str) -> Any:
     return text
 
 
-def _validate(profile: SimProfile, source: str) -> None:
+def _validate(profile: SimConfig, source: str) -> None:
     values = {f.name: getattr(profile, f.name) for f in fields(profile)}
     clean = _validate_values(values, source)
     for name, value in clean.items():
@@ -529,8 +529,8 @@ def _validate_values(
             show = shown[key] if shown is not None and key in shown else value
             raise _bad_msg(source, key, show, _KNOBS[key], problem.why)
         out[key] = problem
-    step_base = out.get("step_base_s", SimProfile.step_base_s)
-    per_seq = out.get("step_per_seq_s", SimProfile.step_per_seq_s)
+    step_base = out.get("step_base_s", SimConfig.step_base_s)
+    per_seq = out.get("step_per_seq_s", SimConfig.step_per_seq_s)
     if step_base == 0.0 and per_seq == 0.0:
         raise SimConfigError(
             f"{source}: sim options 'step_base_s' and 'step_per_seq_s' are both 0; "
@@ -610,7 +610,7 @@ def _split_top_level(text: str) -> list[str]:
     return parts
 
 
-def parse_sim_spec(spec: str, source: str) -> SimProfile:
+def parse_sim_spec(spec: str, source: str) -> SimConfig:
     """Parse ``sim`` or ``sim:key=value,key=value`` into a profile.
 
     A bare key (``sim:no_usage``) means true for boolean knobs.  The value may contain
@@ -644,4 +644,4 @@ def parse_sim_spec(spec: str, source: str) -> SimProfile:
             if key in mapping or key.replace("-", "_") in {k.replace("-", "_") for k in mapping}:
                 raise SimConfigError(f"{source}: sim option {key!r} given twice")
             mapping[key] = value.strip()
-    return SimProfile.from_options(mapping, source)
+    return SimConfig.from_options(mapping, source)

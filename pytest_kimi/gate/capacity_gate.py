@@ -6,7 +6,7 @@ explain is a ``regression`` -- but its noise has two sources of its own, and the
 
 * **Trial noise** of the two levels that bracket the boundary.  The boundary estimate ``u =
   ln(estimate)`` is interpolated from their margins; its standard error ``log_se`` comes from
-  their trials (:mod:`pytest_kimi.measure.capacity`).
+  their trials (:mod:`pytest_kimi.measure.capacity_search`).
 * **Session noise**: a fresh server start shifts every latency by a common factor (sd
   ``--perf-session-sigma`` on the log scale, the same factor a throughput level sees).  A
   latency shift ``delta`` moves the boundary by ``delta / slope``, where ``slope`` is how fast
@@ -48,10 +48,10 @@ from pytest_kimi.baseline import (
 )
 from pytest_kimi.baseline.model import round_load
 from pytest_kimi.gate.policy import GateSettings
-from pytest_kimi.measure.capacity import CapacityEstimate
+from pytest_kimi.measure.capacity_search import CapacityEstimate
 from pytest_kimi.measure.results import spec_key
-from pytest_kimi.spec.capacity import CapacitySpec
-from pytest_kimi.spec.markers import Workload
+from pytest_kimi.workload.capacity_marker import CapacitySpec
+from pytest_kimi.workload.markers import Workload
 from pytest_kimi.verdicts import Verdict
 
 MIN_SLOPE = 0.02
@@ -311,7 +311,7 @@ def capacity_dict(
     key: Mapping[str, Any],
     judged: CapacityVerdict,
 ) -> dict[str, Any]:
-    """The report's ``capacity`` object (README, *JSON report*)."""
+    """The report's ``capacity`` object (docs/json-report.md)."""
     out: dict[str, Any] = {
         "metric": estimate.metric,
         "value": round_load(estimate.value) if estimate.value is not None else None,

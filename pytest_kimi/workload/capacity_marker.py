@@ -1,11 +1,11 @@
 """``@capacity(...)`` arguments -> what the search looks for (:class:`CapacitySpec`) plus the
-:class:`~pytest_kimi.spec.markers.Workload` and :class:`~pytest_kimi.spec.markers.Targets` of
+:class:`~pytest_kimi.workload.markers.Workload` and :class:`~pytest_kimi.workload.markers.Targets` of
 the levels it measures.
 
 Everything that says *what to send* (lengths, prompts, protocol, trials, api, ...) is
 ``@throughput``'s own argument with ``@throughput``'s own validation: the marker's range and
 capacity arguments are taken out, the bottom of the range stands in as the one level, and the
-rest goes through :func:`~pytest_kimi.spec.markers.parse_throughput`.  So a workload argument
+rest goes through :func:`~pytest_kimi.workload.markers.parse_throughput`.  So a workload argument
 added to ``@throughput`` works here with nothing to add.  No pytest; the plugin adds the test's
 name to the message.
 """
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from pytest_kimi.spec.markers import (
+from pytest_kimi.workload.markers import (
     ALLOWED_ARGS,
     MarkerError,
     Targets,

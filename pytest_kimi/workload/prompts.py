@@ -389,7 +389,7 @@ def request_body(
 
     ``ignore_eos`` is SGLang's (and vLLM's) top-level sampling extension: with it every request
     yields exactly ``max_tokens`` tokens, so levels and runs compare like with like.
-    ``system``: a shared prefix (:mod:`pytest_kimi.spec.prefix`): a system message before the
+    ``system``: a shared prefix (:mod:`pytest_kimi.workload.prefix`): a system message before the
     user's in the chat API, the start of the prompt (then a blank line) in the completions API.
     """
     body: dict[str, Any] = {"model": model}

@@ -1,6 +1,6 @@
 """Shared prefixes: requests that open with one of a few system prompts, on purpose.
 
-Every prompt the plugin sends is otherwise unique from its first token (``workload.py``'s
+Every prompt the plugin sends is otherwise unique from its first token (``prompts.py``'s
 lead), so a server's prefix cache has nothing to serve.  Production traffic is not like that:
 an application sends the same system prompt (instructions, tools, a document) before every
 user question, and SGLang's radix cache and vLLM's automatic prefix caching turn the repeated
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_kimi.load.records import Api
-from pytest_kimi.spec.workload import (
+from pytest_kimi.workload.prompts import (
     SIZE_TOLERANCE,
     TOKENS_PER_WORD,
     Tokenizer,

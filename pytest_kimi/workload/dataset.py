@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pytest_kimi.spec.workload import Tokenizer, WorkloadError
+from pytest_kimi.workload.prompts import Tokenizer, WorkloadError
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_DATASETS: dict[str, str] = {"sharegpt-small": "sharegpt_small.json"}
@@ -389,7 +389,7 @@ class TextTokenizer(Tokenizer):
 
 
 Memo = dict[tuple[Any, ...], Any]
-"""The session's store of sizings (:attr:`~pytest_kimi.spec.workload.PromptSizer.memo`)."""
+"""The session's store of sizings (:attr:`~pytest_kimi.workload.prompts.PromptSizer.memo`)."""
 
 
 def counted(

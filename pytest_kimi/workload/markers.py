@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from pytest_kimi.load.records import Api
-from pytest_kimi.spec.ramp import Ramp, RampError, check as check_ramp
+from pytest_kimi.workload.ramp import Ramp, RampError, check as check_ramp
 
 MARKER_SIGNATURE = (
     "throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None, min_request_tok_s=None, "
@@ -104,13 +104,13 @@ class Workload:
     dataset: str | None = None
     """``dataset=``: a ShareGPT JSON or JSONL file (a path from the rootdir, or
     ``builtin:sharegpt-small``) replayed with each entry's own output length
-    (:mod:`pytest_kimi.spec.dataset`); its trials are whole requests, one pass over the sample."""
+    (:mod:`pytest_kimi.workload.dataset`); its trials are whole requests, one pass over the sample."""
     num_prompts: int | None = None
     """Entries sampled from the dataset (seeded by ``seed``); None until the dataset is read,
-    then the sample's size (all entries, up to :data:`~pytest_kimi.spec.dataset.DEFAULT_NUM_PROMPTS`)."""
+    then the sample's size (all entries, up to :data:`~pytest_kimi.workload.dataset.DEFAULT_NUM_PROMPTS`)."""
     shared_prefix_tokens: int | None = None
     """Every request opens with its group's system prompt of this many tokens, so a server's
-    prefix cache is exercised on purpose (:mod:`pytest_kimi.spec.prefix`)."""
+    prefix cache is exercised on purpose (:mod:`pytest_kimi.workload.prefix`)."""
     prefix_groups: int | None = None
     """How many distinct system prompts (groups) ``shared_prefix_tokens`` deals out, round robin."""
 
@@ -246,7 +246,7 @@ def _levels(kwargs: Mapping[str, Any]) -> tuple[LevelSpec, ...]:
 
 
 def _rates(value: Any) -> tuple[float, ...]:
-    """``rate=``: a number, a list of them, or a :func:`~pytest_kimi.spec.ramp.ramp`."""
+    """``rate=``: a number, a list of them, or a :func:`~pytest_kimi.workload.ramp.ramp`."""
     if isinstance(value, Ramp):
         try:
             return check_ramp(value).rates
