@@ -18,7 +18,7 @@ What it does, all on this machine (nothing is downloaded; the browser reads ``fi
    date so the axis reads like the nightly runs a team would have (the figures are measured;
    only the dates are set);
 5. finds the change points (``find_changes``), writes the dashboard (``write_dashboard``) and
-   screenshots its top in headless Chromium (``tests/browser.py``) into ``--out``.
+   screenshots its top in headless Chromium (``tests/support/browser.py``) into ``--out``.
 
 It takes a minute or two (the simulator runs 20x faster than EP8).  ``--site DIR`` keeps the
 dashboard to look around in.
@@ -37,9 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # browser.py: the tests' headless Chromium helper
+sys.path.insert(0, str(ROOT / "tests"))  # support/browser.py: the tests' headless Chromium helper
 
-from browser import find_chromium, screenshot  # noqa: E402
+from support.browser import find_chromium, screenshot  # noqa: E402
 from pytest_kimi.history.changes import find_changes  # noqa: E402
 from pytest_kimi.history.dashboard import write_dashboard  # noqa: E402
 from pytest_kimi.history.record import RunMeta  # noqa: E402

@@ -16,7 +16,8 @@ from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig
 from pytest_kimi.workload.markers import parse_throughput
 
-from busy_machine import INNER_ADDOPTS, rerun_when_the_machine_voided
+from support.otava import require_otava
+from support.busy_machine import INNER_ADDOPTS, rerun_when_the_machine_voided
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -90,6 +91,12 @@ def sim_truth(url: str, start: float, end: float) -> dict[str, Any]:
     with _NO_PROXY.open(f"{url}/sim/truth?start={start!r}&end={end!r}", timeout=30) as resp:
         data: dict[str, Any] = json.load(resp)
     return data
+
+
+@pytest.fixture
+def otava() -> None:
+    """Apache Otava for a test that runs the change-point detector (support/otava.py)."""
+    require_otava()
 
 
 @pytest.fixture(scope="module")

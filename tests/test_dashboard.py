@@ -1,6 +1,6 @@
 """The history dashboard: a static site that renders in a real browser, from disk.
 
-The pages are loaded in headless Chromium (``tests/browser.py``) and judged by their pixels:
+The pages are loaded in headless Chromium (``tests/support/browser.py``) and judged by their pixels:
 the change point's colour is used for change points and nothing else, so a vertical run of it
 in the screenshot is the marker, drawn; the series line's colour on both sides of it, higher
 before a drop than after, is the step, drawn.  A page without a change point must have no pixel
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from browser import dump_dom, find_chromium, read_png, require_chromium, screenshot
-from test_history_changes import require_otava
+from support.browser import dump_dom, find_chromium, read_png, require_chromium, screenshot
+from support.otava import require_otava
 from pytest_kimi.history import dashboard
 from pytest_kimi.history.dashboard import BLUE, PURPLE, VERMILLION, write_dashboard
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo

@@ -20,7 +20,7 @@ from typing import Iterator
 import pytest
 
 from pytest_kimi.endpoint.discovery import discover
-from timing import SESSION_S
+from support.timing import SESSION_S
 
 SWEEP = """
 from pytest_kimi import throughput

@@ -21,8 +21,8 @@ from typing import NamedTuple
 import pytest
 import yaml
 
-from busy_machine import INNER_ADDOPTS, MACHINE_VOIDED, SESSION_ATTEMPTS
-from timing import SESSION_S
+from support.busy_machine import INNER_ADDOPTS, MACHINE_VOIDED, SESSION_ATTEMPTS
+from support.timing import SESSION_S
 
 SIM = "sim:speed=10"
 SUITE = """
@@ -55,7 +55,7 @@ class Recording(NamedTuple):
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recording:
     """One baseline recorded for every test that starts from one (a session each saved; the
     first test checks what the recording says).  Run again, from scratch, while the machine
-    voided it (as ``pytester``'s sessions are: tests/busy_machine.py)."""
+    voided it (as ``pytester``'s sessions are: tests/support/busy_machine.py)."""
     args = [f"--endpoint={SIM}", "--update-baselines", *GATE]
     for _ in range(SESSION_ATTEMPTS):
         where = tmp_path_factory.mktemp("recording")

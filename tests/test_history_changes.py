@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -35,33 +34,11 @@ from pytest_kimi.history.changes import (
     step_interval,
 )
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
+from support.otava import needs_otava
 from pytest_kimi.sim.config import SimConfig
-from timing import SESSION_S
+from support.timing import SESSION_S
 
 T0 = datetime(2026, 11, 2, 8, 0, tzinfo=timezone.utc)
-OTAVA_HINT = "pip install 'pytest-kimi[otava]'"
-
-
-def require_otava() -> None:
-    """Skip a test that runs the detector where Apache Otava (the ``otava`` extra, not in
-    ``test``) is not installed; fail it instead with ``KIMI_REQUIRE_OTAVA=1`` (CI), so a runner
-    that lost the extra fails rather than passing on skips."""
-    try:
-        import otava.analysis  # noqa: F401
-    except ImportError:
-        message = f"change points need Apache Otava (the otava extra): {OTAVA_HINT}"
-        if os.environ.get("KIMI_REQUIRE_OTAVA", "") not in ("", "0"):
-            pytest.fail(message + " (KIMI_REQUIRE_OTAVA is set)", pytrace=False)
-        pytest.skip(message)
-
-
-@pytest.fixture
-def otava() -> None:
-    require_otava()
-
-
-needs_otava = pytest.mark.usefixtures("otava")
-"""For the tests that run the detector (three runs or more): skipped without the extra."""
 
 
 def _prov(i: int, **server: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from pytest_kimi.history.changes import find_changes
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
 from pytest_kimi.history.noise import build_groups, estimate_noise
 from pytest_kimi.sim.config import SimConfig
-from test_history_changes import needs_otava, otava  # noqa: F401  (otava: the fixture)
+from support.otava import needs_otava
 
 T0 = datetime(2026, 11, 2, 8, 0, tzinfo=timezone.utc)
 

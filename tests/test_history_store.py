@@ -1,7 +1,7 @@
 """Every run in a database: ``--perf-history``, the store, its migrations, SQLite and PostgreSQL.
 
 Real sessions (``pytester`` in a subprocess, against the simulator) write the runs; the store
-reads them back.  PostgreSQL is a real server (``tests/pg_server.py``) started once for the
+reads them back.  PostgreSQL is a real server (``tests/support/pg_server.py``) started once for the
 module; without Debian's ``postgresql`` binaries those tests skip, or fail under
 ``KIMI_REQUIRE_POSTGRES=1`` (CI).
 """
@@ -18,11 +18,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from pg_server import PostgresServer, require_postgres
+from support.pg_server import PostgresServer, require_postgres
 from pytest_kimi.history.record import RunMeta, build_rows, ci_run_url, series_test
 from pytest_kimi.history.store import HistoryError, open_history, resolve_history_url
 from pytest_kimi.history.urls import DEFAULT_URL, check_url, display_url, url_secrets
-from timing import SESSION_S
+from support.timing import SESSION_S
 
 PERF_TEST = """
 from pytest_kimi import throughput

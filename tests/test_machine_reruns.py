@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from busy_machine import MACHINE_VOIDED, SESSION_ATTEMPTS
+from support.busy_machine import MACHINE_VOIDED, SESSION_ATTEMPTS
 
 # Each attempt counts itself in a file outside the session's directory (which is restored
 # between attempts) and leaves a file inside it (which must not survive into the next one).

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from timing import SESSION_S, poll_until
+from support.timing import SESSION_S, poll_until
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fake_sglang"

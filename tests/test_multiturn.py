@@ -37,7 +37,7 @@ from pytest_kimi.measure.results import spec_key, workload_dict
 from pytest_kimi.sim.config import SimConfig
 from pytest_kimi.workload.markers import WHOLE_REQUESTS, MarkerError, parse_throughput
 from pytest_kimi.workload.prompts import UNIQUE_SLOT, PromptSource, encode_bodies
-from timing import SESSION_S
+from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]
 

@@ -31,7 +31,7 @@ from pytest_kimi.load.openloop import deal
 from pytest_kimi.load.runner import LAG_INTERVAL_S, TrialRecords, peak_inflight
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig
-from timing import send_late_bound_s
+from support.timing import send_late_bound_s
 
 CHAT = "/v1/chat/completions"
 

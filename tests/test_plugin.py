@@ -10,7 +10,7 @@ import pytest
 
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig
-from timing import SESSION_S, poll_until
+from support.timing import SESSION_S, poll_until
 
 FAST = dict(speed=10.0)
 """EP8-shaped simulator 10x faster: C=1 gives ~650 tok/s.  A trial lasts what its window needs

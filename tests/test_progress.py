@@ -13,7 +13,7 @@ import pytest
 
 from pytest_kimi.measure.trials import Progress
 from pytest_kimi.report.progress import PLAIN_HEARTBEAT_S, ProgressPrinter, format_progress
-from timing import SESSION_S
+from support.timing import SESSION_S
 
 SUITE = """
 from pytest_kimi import throughput

@@ -23,7 +23,7 @@ from pytest_kimi.report.terminal import format_table
 from pytest_kimi.report.workload_cells import RATES_HEADER, rates_cell
 from pytest_kimi.workload.markers import MarkerError, parse_throughput
 from pytest_kimi.workload.ramp import Ramp, ramp
-from timing import SESSION_S
+from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]
 

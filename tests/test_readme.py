@@ -44,12 +44,19 @@ def _test_examples(path: Path) -> list[str]:
 # ---------------------------------------------------------------------------------- README
 
 
+TEST_COMMAND = "pytest -n 2 --dist loadfile"
+"""The README's test command: two workers, each test file on one (its module fixtures, such as
+a recorded baseline or a measured simulator, are made once)."""
+
+
 def test_readme_starts_with_the_two_commands() -> None:
     blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
     assert blocks[0].strip().startswith("pip install -e '.[test]' && pytest -m perf --endpoint=sim")
-    assert blocks[1].strip() == "pytest"
+    assert blocks[1].strip() == TEST_COMMAND
     ci = (README.parent / ".ci" / "run").read_text()
-    assert blocks[0].strip() in ci and "\npytest\n" in ci
+    assert blocks[0].strip() in ci and f"\n{TEST_COMMAND}\n" in ci
+    tox = (README.parent / "tox.ini").read_text()
+    assert f"{TEST_COMMAND} {{posargs}}" in tox
 
 
 def test_readme_example_collects_as_perf_tests(pytester: pytest.Pytester) -> None:

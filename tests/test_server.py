@@ -40,7 +40,7 @@ from pytest_kimi.server import (
     server_args,
 )
 from pytest_kimi.endpoint.discovery import discover
-from timing import DEADLINE_S, poll_until
+from support.timing import DEADLINE_S, poll_until
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_SGLANG = Path(__file__).resolve().parent / "fake_sglang"

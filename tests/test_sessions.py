@@ -35,7 +35,7 @@ from pytest_kimi.options import KimiOptions
 from pytest_kimi.plugin import KIMI_OPTIONS
 from pytest_kimi.sim.config import SimConfig
 
-from timing import SESSION_S
+from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]
 

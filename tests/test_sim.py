@@ -33,7 +33,7 @@ from pytest_kimi.sim import (
 from pytest_kimi.sim.__main__ import build_parser, profile_from_args
 from pytest_kimi.sim.app import VOCAB
 from pytest_kimi.sim.engine import SeqState, SimEngine
-from timing import TIMER_SLACK_S, LoopLag, apoll_until
+from support.timing import TIMER_SLACK_S, LoopLag, apoll_until
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

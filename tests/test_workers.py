@@ -46,7 +46,7 @@ from pytest_kimi.load.workers import (
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig
-from timing import DEADLINE_S, TIMER_SLACK_S, apoll_until, poll_until, send_late_bound_s
+from support.timing import DEADLINE_S, TIMER_SLACK_S, apoll_until, poll_until, send_late_bound_s
 
 CHAT = "/v1/chat/completions"
 ROOT = Path(__file__).resolve().parent.parent

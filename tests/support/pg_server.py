@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from timing import poll_until
+from support.timing import poll_until
 
 INSTALL_HINT = "apt-get install -y postgresql (and pip install 'pytest-kimi[postgres]')"
 ROLE = "kimi"
