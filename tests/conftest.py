@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -20,6 +21,13 @@ from support.otava import require_otava
 from support.busy_machine import INNER_ADDOPTS, rerun_when_the_machine_voided
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # A shell without job control starts background commands with SIGINT ignored, and an
+    # ignored signal stays ignored across exec: the Ctrl-C tests' children (pytest sessions,
+    # load clients) would never see the SIGINT they are sent.  A handler (unlike SIG_IGN) is
+    # reset to the default in every child, where Python turns it into KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass

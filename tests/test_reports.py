@@ -278,7 +278,7 @@ def test_write_html_and_svgs(tmp_path: Path, sample: str) -> None:
 
 def test_html_report_renders_in_a_browser(tmp_path: Path, regression: dict[str, Any]) -> None:
     """Chromium draws the charts from file://: the series line and the failing rings show."""
-    from browser import read_png, require_chromium, screenshot
+    from support.browser import read_png, require_chromium, screenshot
 
     from pytest_kimi.report.html import write_html
     from pytest_kimi.report.svg import BLUE, PURPLE, VERMILLION
