@@ -18,7 +18,7 @@ from pytest_kimi.sim.config import SimConfig
 from pytest_kimi.workload.markers import parse_throughput
 
 from support.otava import require_otava
-from support.busy_machine import INNER_ADDOPTS, rerun_when_the_machine_voided
+from support.busy_machine import INNER_ADDOPTS, SESSION_ATTEMPTS, rerun_when_the_machine_voided
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -145,8 +145,14 @@ def _inner_addopts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def session_attempts() -> int:
+    """How often a machine-voided inner session runs (tests/engine asks for more)."""
+    return SESSION_ATTEMPTS
+
+
+@pytest.fixture
 def pytester(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, session_attempts: int
 ) -> Iterator[pytest.Pytester]:
     """pytest's ``pytester``, whose sessions are run again when the machine voided them
     (:func:`busy_machine.rerun_when_the_machine_voided`): the verdicts they test are the code's.
@@ -154,6 +160,8 @@ def pytester(
     monkeypatch.setenv("PYTEST_ADDOPTS", INNER_ADDOPTS)
     busy = [False]
     for name in ("runpytest", "runpytest_inprocess", "runpytest_subprocess"):
-        wrapped = rerun_when_the_machine_voided(pytester, getattr(pytester, name), busy)
+        wrapped = rerun_when_the_machine_voided(
+            pytester, getattr(pytester, name), busy, session_attempts
+        )
         monkeypatch.setattr(pytester, name, wrapped)
     yield pytester

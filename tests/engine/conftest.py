@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import make_tiny_model
+from support.busy_machine import ENGINE_SESSION_ATTEMPTS
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -39,6 +40,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.engine)
         if not installed:
             item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+
+
+@pytest.fixture
+def session_attempts() -> int:
+    """More attempts than the simulator's sessions get: see :data:`ENGINE_SESSION_ATTEMPTS`."""
+    return ENGINE_SESSION_ATTEMPTS
 
 
 @pytest.fixture(scope="session")

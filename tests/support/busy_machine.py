@@ -30,9 +30,17 @@ SESSION_ATTEMPTS = 3
 """How often an inner session voided by the machine is run (from the same files) before its
 result stands."""
 
+ENGINE_SESSION_ATTEMPTS = 5
+"""The same for sessions against a real engine (tests/engine): their trials are a few seconds
+of a server that shares the client's two cores, and a CI machine whose host takes those cores
+for a minute (stalls of 1-2 s were seen) voids several attempts in a row."""
+
 
 def rerun_when_the_machine_voided(
-    pytester: pytest.Pytester, run: Callable[..., pytest.RunResult], busy: list[bool]
+    pytester: pytest.Pytester,
+    run: Callable[..., pytest.RunResult],
+    busy: list[bool],
+    attempts: int = SESSION_ATTEMPTS,
 ) -> Callable[..., pytest.RunResult]:
     """``run`` (a ``runpytest*``), again while the session it ran failed with a level voided by
     the machine (:data:`MACHINE_VOIDED` in its output), each time from a copy of the directory
@@ -47,14 +55,14 @@ def rerun_when_the_machine_voided(
         busy[0] = True
         before = Path(str(pytester.path) + ".before-run")
         try:
-            for n in range(1, SESSION_ATTEMPTS + 1):
+            for n in range(1, attempts + 1):
                 shutil.rmtree(before, ignore_errors=True)
                 shutil.copytree(pytester.path, before, symlinks=True)
                 result = run(*args, **kwargs)
                 voided = result.ret != 0 and any(
                     MACHINE_VOIDED in line for line in (*result.outlines, *result.errlines)
                 )
-                if not voided or n == SESSION_ATTEMPTS:
+                if not voided or n == attempts:
                     return result
                 print(f"[tests] attempt {n} voided by the machine (a client stall); again")
                 for child in pytester.path.iterdir():  # the directory stays: it is the cwd
