@@ -40,6 +40,7 @@ from pytest_kimi.server import (
     server_args,
 )
 from pytest_kimi.endpoint.discovery import discover
+from pytest_kimi.server.procgroup import AUTOGROUP_SWITCH, nice_session
 from support.timing import DEADLINE_S, poll_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -756,6 +757,11 @@ def test_vllm_ready_only_once_a_token_is_generated(tmp_path: Path, servers: list
     assert server.pid is not None and server.pgid == server.pid, "nice execs in place"
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     assert os.getpriority(os.PRIO_PROCESS, server.pid) == min(ours + 5, 19)
+    if Path(AUTOGROUP_SWITCH).exists() and Path(AUTOGROUP_SWITCH).read_text().strip() == "1":
+        # the server's session weighs against the client's as a whole (nice_session)
+        group = Path(f"/proc/{server.pid}/autogroup").read_text()
+        assert group.rstrip().endswith("nice 5"), group
+        assert "nice 5 for the server's whole session (its autogroup)" in log, log
 
     import asyncio
 
@@ -892,3 +898,15 @@ def test_stop_profile_keys_are_validated(tmp_path: Path) -> None:
         load_profile(write_profile(tmp_path, "args: {}\nstop_grace_s: -1\n"))
     with pytest.raises(ProfileError, match="'secret_env' must be a list"):
         load_profile(write_profile(tmp_path, "args: {}\nsecret_env: TOKEN\n"))
+
+
+def test_nice_session_is_a_no_op_without_autogroup(tmp_path: Path) -> None:
+    """Where the kernel shares the CPU per process (no autogroup), plain nice already counts."""
+    off = tmp_path / "sched_autogroup_enabled"
+    off.write_text("0\n")
+    assert nice_session(os.getpid(), 5, switch=str(off)) is None
+    assert nice_session(os.getpid(), 5, switch=str(tmp_path / "absent")) is None
+    on = tmp_path / "on"
+    on.write_text("1\n")
+    note = nice_session(2**22 + 12345, 5, switch=str(on))  # no such process
+    assert note is not None and note.startswith("cannot set the nice of the server's session")

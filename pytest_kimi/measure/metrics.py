@@ -58,7 +58,8 @@ CLIENT_CPU_LIMIT = 0.95
 CLIENT_BUSY_CPU = 0.5
 """Below this CPU share a lagging event loop was not busy but descheduled (stalled): another
 process or the machine (a VM's host, memory reclaim) took its core.  Seen on vLLM's CPU build
-sharing 2 cores with the client: 5% CPU, yet lag p99 near 30 ms and single stalls over a second."""
+sharing 2 cores with the client: 5% CPU, yet lag p99 near 30 ms and single stalls over a second
+(until the launcher niced the server's whole session, not only its process: autogroup)."""
 STALL_ERROR_LIMIT = 0.02
 """A stalled (not busy) client reads late, but tokens wait in the socket and are counted when it
 wakes.  Only a stall at an edge of the steady-state window moves tokens across it, so the tok/s

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from pytest_kimi.scrub import is_secret_name, known_secrets, scrub_argv, scrub_text
 from pytest_kimi.server import leftovers
-from pytest_kimi.server.procgroup import DEAD_LEADER_GRACE_S
+from pytest_kimi.server.procgroup import DEAD_LEADER_GRACE_S, nice_session
 from pytest_kimi.server.procgroup import group_members as _group_members  # noqa: F401 - tests/engine use it
 from pytest_kimi.server.profile import ServerProfile, argv, profile_secrets
 from pytest_kimi.server.supervisor import Supervised, SupervisedHandle
@@ -796,6 +796,10 @@ class ManagedServer(_ServerBase):
                 reason="spawn",
                 log_path=self.log_path,
             ) from None
+        if self.profile.nice and self._group.pid is not None:
+            note = nice_session(self._group.pid, self.profile.nice)
+            if note:
+                self._append_log(f"# pytest-kimi: {note}")
         atexit.register(self.stop)
         return self
 

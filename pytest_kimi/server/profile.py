@@ -120,7 +120,9 @@ class ServerProfile:
     """Managed: CPU niceness of the server (0-19) when it shares a machine with the load
     client.  vLLM's CPU engine core busy-polls a core; at equal priority the client waits
     for it, its event loop lags and its timestamps come late.  A niced server still gets
-    every cycle the client (a few percent of a core) does not use."""
+    every cycle the client (a few percent of a core) does not use.  The launcher applies it to
+    the server's whole session as well (its autogroup, :func:`procgroup.nice_session`): under
+    autogroup scheduling a process's nice alone does not weigh against other sessions."""
 
     @property
     def external(self) -> bool:
