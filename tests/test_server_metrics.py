@@ -607,6 +607,16 @@ def test_tokens_generated_before_a_streams_first_event_are_within_the_allowance(
     ]
     _, reasons = check_trial(trial, before, [*busy, after], after, metric="m")
     assert reasons and "another client is using this server" in reasons[-1]
+    assert check_trial(trial, before, [*busy, after], after, metric="m")[0].counter_behind is None
+    # A counter 30 % behind what the client already received cannot be another client: the
+    # trial is void for it, but replaceable (the reason is the check's counter_behind).
+    first, last = scrape(t1), scrape(t2)
+    short = 0.3 * (last.generation - first.generation)
+    late = Scrape(t=last.t, half_rtt_s=last.half_rtt_s, generation=last.generation - short)
+    assert late.generation >= mid.generation, "the counter still only rises"
+    lagging, reasons = check_trial(trial, before, [first, mid, late, after], after, metric="m")
+    assert lagging.deviation_pct is not None and lagging.deviation_pct < -lagging.allowed_pct
+    assert reasons == [lagging.counter_behind] and "counter lagged" in reasons[0]
     # A client stall widens the allowance by what an end of the span can miss during it.
     trial.client = ClientSignals(lag_times=array("d", [t1 + 0.01]), lag_values=array("d", [0.05]))
     stalled, _ = check_trial(trial, before, [scrape(t1), mid, scrape(t2), after], after, metric="m")

@@ -465,6 +465,11 @@ class TrialCheck:
     notes: list[str] = field(default_factory=list)
     client_span_tok_s: float | None = None
     """The client's rate over the span the server's rate was taken on."""
+    counter_behind: str | None = None
+    """The rate reason when the server's counter rose *less* than the client received over
+    the span: neither another client (which adds tokens) nor a client that fell behind (which
+    reads fewer) does that, only a counter updated late over a short span (vLLM counts a step
+    after it streamed it); the trial is void but may be replaced."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -552,6 +557,7 @@ def check_trial(
     window = trial.window
     inside = [s for s in during if window is not None and window[0] < s.t <= window[1]]
     tok_s = deviation = allowed = client_span = None
+    behind: str | None = None
     if window is None or trial.tok_s is None:
         notes.append("no steady-state window: exact check only")
     elif len(inside) < MIN_WINDOW_SAMPLES:
@@ -594,13 +600,23 @@ def check_trial(
             + step_tokens / max(span_tokens, 1.0)
         ) * 100
         if abs(deviation) > allowed:
-            reasons.append(
+            said = (
                 f"server generated {tok_s:,.1f} tok/s by its counter ({metric}) over "
                 f"{span:.2f} s of the steady-state window, the client received "
                 f"{client_span:,.1f} tok/s over the same span ({deviation:+.1f}%, allowed "
-                f"±{allowed:.1f}%): another client is using this server, or the client did "
-                "not keep up with the stream"
+                f"±{allowed:.1f}%): "
             )
+            if deviation > 0:
+                reasons.append(
+                    said + "another client is using this server, or the client did not "
+                    "keep up with the stream"
+                )
+            else:
+                behind = said + (
+                    "the server's counter lagged the tokens it had already streamed (no other "
+                    "client or slow reader makes it lower); another trial may replace this one"
+                )
+                reasons.append(behind)
     check = TrialCheck(
         trial=trial.index,
         tokens=tokens,
@@ -619,6 +635,7 @@ def check_trial(
         client_requests=sum(1 for r in records if r.ok),
         notes=notes,
         client_span_tok_s=client_span,
+        counter_behind=behind if exact is not False else None,
     )
     return check, reasons
 
@@ -766,6 +783,8 @@ class ServerMetricsObserver:
                 f"{len(self._sample_errors)} scrape(s) failed: {self._sample_errors[0]}"
             )
         trial.invalid.extend(reasons)
+        if check.counter_behind is not None:
+            trial.transient.append(check.counter_behind)
         self._checks.append(check)
 
     def level_summary(self) -> dict[str, Any]:

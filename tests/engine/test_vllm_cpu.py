@@ -72,14 +72,17 @@ def _assert_server_counts_agree(level: dict) -> None:
     Each trial's rate is held to the bound its check derived from that trial's own scrapes
     and client stalls; a fixed bound on the worst trial is not: with vLLM's engine busy on
     both cores, CI once saw a 52 % gap in a C=1 trial (its bound, widened by the client's
-    stalls over a short span, let it pass).  The typical (median) trial must still agree
-    within the base tolerance.
+    stalls over a short span, let it pass).  Only the upper side is held per trial: a
+    server that counted more than the client received is another client or a client behind;
+    a counter behind what was streamed (vLLM counts a step late, once 12 tokens over a 0.5 s
+    span) voids that trial, and the plugin replaces it.  The typical (median) trial must
+    still agree within the base tolerance.
     """
     server = level["server"]
     assert server["tokens"] == server["client_tokens"] > 0, server
     rated = [t for t in server["trials"] if t["deviation_pct"] is not None]
     assert rated, server
-    assert all(abs(t["deviation_pct"]) <= t["allowed_pct"] for t in rated), rated
+    assert all(t["deviation_pct"] <= t["allowed_pct"] for t in rated), rated
     typical = sorted(abs(t["deviation_pct"]) for t in rated)[(len(rated) - 1) // 2]
     assert typical < server["tolerance_pct"], rated
 
