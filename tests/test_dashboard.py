@@ -10,9 +10,10 @@ and every point links to a run page that exists.
 
 from __future__ import annotations
 
+import html
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from html.parser import HTMLParser
 from pathlib import Path
@@ -24,7 +25,7 @@ from support.browser import dump_dom, find_chromium, read_png, require_chromium,
 from support.otava import require_otava
 from pytest_kimi.history import dashboard
 from pytest_kimi.history.dashboard import BLUE, PURPLE, VERMILLION, write_dashboard
-from pytest_kimi.history.model import LevelSeries, Point, RunInfo
+from pytest_kimi.history.model import CAPACITY, CapacityFigures, LevelSeries, Point, RunInfo
 
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=timezone.utc)
 TEST = "tests/perf/test_suite.py::test_peak"
@@ -570,3 +571,167 @@ def test_missing_chromium_skips_or_fails_as_ci_asks(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("KIMI_REQUIRE_CHROMIUM", "1")
     with pytest.raises(pytest.fail.Exception, match="apt-get install chromium"):
         require_chromium()
+
+
+# ------------------------------------------------------------------------------- capacity
+
+CAP_TEST = "tests/perf/test_suite.py::test_capacity"
+CAP_LEVEL = "capacity under p95 end-to-end <= 6.6 s"
+CAP_STEP = 9
+
+
+def capacity_series(runs: list[RunInfo]) -> LevelSeries:
+    """A ``@capacity`` test over ``runs``: C=40 held, C=41 broke (boundary 40.5) against a
+    baseline boundary of 40.5, until run ``CAP_STEP``, from which C=34 held, C=35 broke (the
+    gate's ``regression``); the first run had no baseline yet."""
+    points = []
+    for run in runs:
+        low = 34.0 if run.id >= CAP_STEP else 40.0
+        first = run.id == runs[0].id
+        change = None if first else round(((low + 0.5) / 40.5 - 1) * 100, 2)
+        points.append(
+            Point(
+                run=run,
+                tok_s=None,
+                verdict="no-baseline" if first else ("regression" if low < 40 else "pass"),
+                tolerance_pct=None if first else 5.0,
+                change_pct=change,
+                ci90=None if first else (round(change - 4.9, 2), round(change + 4.9, 2)),
+                capacity=CapacityFigures(
+                    metric="concurrency",
+                    value=low,
+                    low=low,
+                    high=low + 1,
+                    estimate=low + 0.5,
+                    log_se=0.004,
+                    slope=0.6,
+                    baseline=None if first else 40.0,
+                    baseline_low=None if first else 40.0,
+                    baseline_high=None if first else 41.0,
+                    baseline_estimate=None if first else 40.5,
+                ),
+            )
+        )
+    return LevelSeries(
+        CAP_TEST,
+        CAP_LEVEL,
+        {"metric": "concurrency"},
+        "sim",
+        tuple(points),
+        kind=CAPACITY,
+        metric="concurrency",
+    )
+
+
+@pytest.fixture(scope="module")
+def capacity_site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[RunInfo]]:
+    """A capacity series beside a throughput level whose points carry their interval."""
+    runs = make_runs(12)
+    tp = make_series(runs, step_at=CAP_STEP)
+    tp = LevelSeries(
+        tp.test,
+        tp.level,
+        tp.key,
+        tp.deployment,
+        tuple(
+            replace(p, ci90=(p.change_pct - 2.0, p.change_pct + 2.0))
+            if p.run.id > 1
+            # the first run: recorded before there was a baseline
+            else replace(p, baseline_tok_s=None, change_pct=None, verdict="no-baseline")
+            for p in tp.points
+        ),
+    )
+    out = tmp_path_factory.mktemp("capacity-site")
+    write_dashboard([capacity_series(runs), tp], [], out, {})
+    return out, runs
+
+
+def _rows(table: str) -> list[list[str]]:
+    """A table's body rows as the text of their cells."""
+    body = table[table.index("<tbody>") : table.index("</tbody>")]
+    return [
+        [
+            " ".join("".join(parse(cell).text).split())
+            for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)
+        ]
+        for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body)
+    ]
+
+
+def test_the_tables_say_each_level_against_its_baseline(
+    capacity_site: tuple[Path, list[RunInfo]],
+) -> None:
+    out, runs = capacity_site
+    page = (out / "index.html").read_text()
+    summary = page[page.index('<table class="summary">') :]
+    summary = summary[: summary.index("</table>")]
+    head = re.findall(r"<th>([^<]*)</th>", summary)
+    vs = head.index("vs baseline (90% CI)")
+    cap_row, tp_row = _rows(summary)
+    cap_last = capacity_series(runs).points[-1]
+    assert cap_row[vs] == (
+        f"{cap_last.change_pct:+.1f}% ({cap_last.ci90[0]:+.1f}% .. {cap_last.ci90[1]:+.1f}%)"
+    )
+    assert re.fullmatch(r"-1[4-6]\.\d% \(-1\d\.\d% \.\. -1\d\.\d%\)", tp_row[vs]), tp_row
+    assert cap_row[3] == "C=34"  # the latest capacity, as the reports write it
+    # per series: every run's change with its interval; the first run had no baseline
+    tables = re.findall(r"<details><summary>the numbers</summary>(.*?)</details>", page)
+    assert len(tables) == 2
+    for table in tables:
+        cols = re.findall(r"<th>([^<]*)</th>", table)
+        rows = _rows(table)
+        at = cols.index("vs baseline (90% CI)")
+        assert rows[0][at] == "no-baseline"
+        change = r"[-+]\d+\.\d%"
+        pattern = rf"{change} \({change} \.\. {change}\)"
+        assert all(re.fullmatch(pattern, r[at]) for r in rows[1:]), rows
+    cap_cols = re.findall(r"<th>([^<]*)</th>", tables[0])
+    assert cap_cols[3:6] == ["capacity", "bracket", "boundary"]
+    assert _rows(tables[0])[-1][3:6] == ["C=34", "[34..35]", "34.5"]
+
+
+def test_a_capacity_is_charted_with_its_bracket_and_the_gates_verdicts(
+    capacity_site: tuple[Path, list[RunInfo]],
+) -> None:
+    out, runs = capacity_site
+    page = (out / "index.html").read_text()
+    assert page.count("<section ") == 2  # the capacity and the level: no chart per probe
+    section = page[page.index("<section ") : page.index("</section>")]
+    assert html.escape(f"capacity over runs: {CAP_TEST} {CAP_LEVEL} on sim") in section
+    assert ">streams</text>" in section  # the y axis' unit
+    brackets = re.search(r'<g class="brackets"[^>]*>(.*?)</g>', section)
+    assert brackets is not None
+    # per run a whisker and its two caps, and the boundary's tick
+    assert brackets.group(1).count("<line") == 4 * len(runs)
+    assert brackets.group(1).count('class="boundary"') == len(runs)
+    markers = re.findall(
+        r'<a href="runs/(\d+)\.html" class="run" aria-label="([^"]*)">(.*?)</a>', section, re.S
+    )
+    assert len(markers) == len(runs)
+    for run_id, said, inner in markers:
+        failing = int(run_id) >= CAP_STEP
+        assert ("regression" in said) == failing, said
+        assert (VERMILLION in inner) == failing, inner
+    assert "capacity C=34 [34..35], boundary 34.5" in markers[-1][1]
+    assert "bracket: held .. broke" in section and "boundary (interpolated" in section
+
+
+def test_a_capacity_chart_renders_its_regressions_failing(chromium: str, tmp_path: Path) -> None:
+    """In the browser: the capacity chart's four regressions are four markers in the failing
+    colour, lower on screen than the runs that passed, and its whiskers are SVG lines."""
+    runs = make_runs(12)
+    write_dashboard([capacity_series(runs)], [], tmp_path / "site", {})
+    index = tmp_path / "site" / "index.html"
+    image = read_png(screenshot(index, tmp_path / "cap.png", height=760, browser=chromium))
+    red = image.matches(VERMILLION)
+    bottom = max(y for _, y in red)  # the chart is the page's last thing: its markers lowest
+    markers = sorted({x for x, y in red if y > bottom - 30})
+    clusters = 1 + sum(1 for a, b in zip(markers, markers[1:]) if b - a > 8)
+    assert clusters == len([r for r in runs if r.id >= CAP_STEP]), markers
+    plot = [(x, y) for x, y in image.matches(BLUE) if bottom - 215 < y <= bottom]
+    passing = [y for x, y in plot if x < markers[0] - 8]
+    assert len(passing) > 100
+    assert bottom - 10 - sum(passing) / len(passing) > 40  # the capacity fell: drawn falling
+    dom = parse(dump_dom(index, browser=chromium))
+    lines = [a for t, a in dom.tags if t == "line" and a.get("class") == "boundary"]
+    assert len(lines) == len(runs)

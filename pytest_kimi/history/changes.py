@@ -31,7 +31,11 @@ Input: one figure per run
 -------------------------
 A run's figure is its level's ``tok_s`` (the median of its trials, as the gate reports it);
 with ``--perf-sessions`` a run has several points (one per fresh deployment session) and its
-figure is their geometric mean.  Runs without a valid figure, or whose level was ``invalid``
+figure is their geometric mean.  A ``@capacity`` test's series (``kind`` ``capacity``) gives
+its capacity's interpolated boundary (``estimate``), the quantity its gate compares: the
+capacity itself moves in steps of the search's grid, the boundary smoothly.  A run whose
+capacity is only a bound (the top of the range held, or the bottom broke) has no boundary and
+is left out, as a run without a figure is; the loads a search probed are no series at all.  Runs without a valid figure, or whose level was ``invalid``
 (a stalled client), ``error`` or ``not-run``, are left out, not filled.  The
 detector works on tok/s itself: its statistics (distances, t-test, relative step) do not
 depend on the unit, and at a few percent of noise a log scale changes nothing measurable.
@@ -197,7 +201,8 @@ class RunFigure:
 
     run: RunInfo
     tok_s: float
-    """The level's tok/s; with ``--perf-sessions`` the geometric mean of the sessions'."""
+    """The level's tok/s (a capacity series: its boundary); with ``--perf-sessions`` the
+    geometric mean of the sessions'."""
     trials: tuple[float, ...] = ()
     """Every valid trial of the run at this level (all sessions together)."""
     sessions: int = 1
@@ -223,7 +228,7 @@ def run_figures(series: LevelSeries) -> list[RunFigure]:
     order: list[int] = []
     by_run: dict[int, list[Any]] = {}
     for point in series.points:
-        if not _valid(point.tok_s) or not trusted(point):
+        if not _valid(point.figure) or not trusted(point):
             continue
         if point.run.id not in by_run:
             order.append(point.run.id)
@@ -232,7 +237,7 @@ def run_figures(series: LevelSeries) -> list[RunFigure]:
     out = []
     for run_id in order:
         points = by_run[run_id]
-        logs = [math.log(p.tok_s) for p in points]
+        logs = [math.log(p.figure) for p in points]
         trials = tuple(t for p in points for t in p.trials if _valid(t))
         out.append(
             RunFigure(
@@ -333,7 +338,9 @@ class Change:
 
     ``before_tok_s``/``after_tok_s`` are the geometric means of the figures of the runs
     between this change and its neighbours (the previous change or the start, the next
-    change or the end); ``change_pct`` is their ratio less one, in percent.
+    change or the end); ``change_pct`` is their ratio less one, in percent.  In a capacity
+    series (``kind`` ``capacity``) the figures are the capacity's boundary, in ``unit``
+    (``streams`` or ``req/s``), not tok/s.
     """
 
     test: str
@@ -372,9 +379,15 @@ class Change:
     ci_level: float = CI_LEVEL
     key: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """The level's baseline key (its workload), as the series has it."""
+    kind: str = "throughput"
+    """The series' kind: ``throughput`` or ``capacity``."""
+    unit: str = "tok/s"
+    """The unit of ``before_tok_s`` and ``after_tok_s`` (the series')."""
 
     @property
     def direction(self) -> str:
+        if self.kind == "capacity":
+            return "lower" if self.change_pct < 0 else "higher"
         return "slower" if self.change_pct < 0 else "faster"
 
     def describe(self) -> list[str]:
@@ -391,7 +404,7 @@ class Change:
             else "no interval: one run on each side"
         )
         lines.append(
-            f"  {_tok(self.before_tok_s)} -> {_tok(self.after_tok_s)} tok/s "
+            f"  {_tok(self.before_tok_s)} -> {_tok(self.after_tok_s)} {self.unit} "
             f"({self.before_runs} run{'s' if self.before_runs != 1 else ''} before, "
             f"{self.after_runs} after; {ci}; p {self.pvalue:.2g})"
         )
@@ -413,6 +426,8 @@ class Change:
             "level": self.level,
             "deployment": self.deployment,
             "series": self.series,
+            "kind": self.kind,
+            "unit": self.unit,
             "key": dict(self.key),
             "run": self.run,
             "time": self.time.isoformat(),
@@ -540,6 +555,8 @@ def changes_in(
                 index=index,
                 series=series.ident,
                 key=dict(series.key),
+                kind=series.kind,
+                unit=series.unit,
             )
         )
     return out

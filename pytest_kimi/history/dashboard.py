@@ -15,6 +15,18 @@ and the drop its tolerance allows as a grey band, and each change point as a ver
 labelled ``▼ -15.2% at run 12``.  The x axis is run order (runs are irregular in time; a week
 without runs should not look like a trend), labelled with run id, date and commit.
 
+A ``@capacity`` test is one chart (its series has ``kind`` ``capacity``), not one per load its
+search probed: the capacity per run (the highest load that held) as the line and markers, the
+bracket the search ended with (``low`` held .. ``high`` broke) as a whisker, the interpolated
+boundary (what the gate compares, and what change points read) as a tick on it, and the
+baseline's boundary with the drop its tolerance allows as the grey band.  Its markers take the
+capacity gate's verdict (``regression`` is drawn failing, whatever the probes said).  The
+probes are detail on the run pages, as the run report shows them.
+
+Every table that lists a run's figure has a "vs baseline (90% CI)" column: the change against
+the baseline in percent with the gate's 90% interval (a capacity's: of the compared
+boundaries), or ``no-baseline`` where the level had none to be compared with.
+
 Accessibility: colours are the Okabe-Ito palette (distinguishable with the common colour-vision
 deficiencies), and no meaning rests on colour alone: verdicts have shapes and words, change
 points a line and a text label, every chart a ``<title>``/``<desc>`` and a data table.
@@ -44,8 +56,9 @@ from urllib.parse import urlsplit
 
 from pytest_kimi.files import write_atomic
 from pytest_kimi.verdicts import Verdict
-from pytest_kimi.history.model import LevelSeries, Point, RunInfo
+from pytest_kimi.history.model import CAPACITY, LevelSeries, Point, RunInfo
 from pytest_kimi.report import svg
+from pytest_kimi.report.capacity_cells import capacity_html
 from pytest_kimi.report.htmlkit import e as _e
 from pytest_kimi.report.htmlkit import levels_table, page, safe_name
 from pytest_kimi.report.markdown import VERDICT_HELP, level_label, workload_text
@@ -141,6 +154,83 @@ def _safe_href(url: Any) -> str | None:
     return url if scheme in ("http", "https") else None
 
 
+def _unbounded(value: float | None, sign: str) -> str:
+    return f"{sign}∞" if value is None or not math.isfinite(value) else f"{value:+.1f}%"
+
+
+def _has_baseline(p: Point) -> bool:
+    """Whether the point had a baseline to be compared with (a capacity's may be a bound)."""
+    c = p.capacity
+    if c is not None:
+        return any(x is not None for x in (c.baseline, c.baseline_high, c.baseline_estimate))
+    return p.baseline_tok_s is not None
+
+
+def vs_baseline(p: Point | None) -> str:
+    """The "vs baseline (90% CI)" cell: ``-9.8% (-12.6% .. -6.9%)``; ``no-baseline`` for a point
+    that had no baseline; ``–`` for one that had a baseline but no change (nothing valid to
+    compare)."""
+    if p is None:
+        return "–"
+    if p.change_pct is None or not math.isfinite(p.change_pct):
+        return "–" if _has_baseline(p) else "no-baseline"
+    text = f"{p.change_pct:+.1f}%"
+    if p.ci90 is not None:
+        lo, hi = p.ci90
+        text += f" ({_unbounded(lo, '−')} .. {_unbounded(hi, '+')})"
+    return text
+
+
+def _vs_cell(p: Point | None) -> str:
+    """The "vs baseline" ``<td>``: the change and its interval each kept on one line, so a
+    narrow column breaks between them and never inside a number."""
+    change, _, ci = vs_baseline(p).partition(" (")
+    parts = [f'<span style="white-space:nowrap">{_e(change)}</span>']
+    if ci:
+        parts.append(f'<span style="white-space:nowrap">({_e(ci)}</span>')
+    return f'<td class="num vs">{" ".join(parts)}</td>'
+
+
+def _load(series: LevelSeries | None, value: float | None) -> str:
+    """A capacity as its reports write it (``C=40``, ``rate=2.5/s``); tok/s otherwise."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    if series is None or series.kind != CAPACITY:
+        return _tok(value)
+    if series.metric == "rate":
+        return f"rate={value:.4g}/s"
+    return f"C={value:.4g}"
+
+
+def _num_text(value: float | None) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def _bracket(p: Point) -> str:
+    """``[29..31]``: the search's bracket, ``[128..)`` when the top held, ``(..4)`` when the
+    bottom broke."""
+    c = p.capacity
+    if c is None:
+        return "–"
+    lo = "" if c.low is None else f"{c.low:.4g}"
+    hi = "" if c.high is None else f"{c.high:.4g}"
+    return f"{'[' if lo else '('}{lo}..{hi}{']' if hi else ')'}"
+
+
+def _plotted(p: Point) -> float | None:
+    """Where a point's marker sits: tok/s or the capacity; a capacity known only to be below
+    ``high`` (the bottom of the range broke) at ``high``, the bound it is below."""
+    c = p.capacity
+    if c is not None:
+        return c.value if c.value is not None else c.high
+    return p.tok_s
+
+
+def _baseline_of(p: Point) -> float | None:
+    """The baseline drawn for a point: tok/s, or the baseline capacity's compared boundary."""
+    return p.capacity.baseline_compared if p.capacity is not None else p.baseline_tok_s
+
+
 def run_page_name(run_id: int) -> str:
     """The run page's path relative to the site root (``runs/12.html``): ids are ints from the
     store, so the name needs no escaping, and a link can never leave the site."""
@@ -168,11 +258,15 @@ _STYLES = {
     "failing": _Style("failing", "down", VERMILLION, "fails the run"),
     "other": _Style("other", "square", GREY, "not run / unknown"),
     "none": _Style("none", "cross", VERMILLION, "no valid figure"),
+    # a capacity search's probes (run pages only): which side of the ceilings a load fell on,
+    # not a verdict on the deployment, so neither pass's colour nor a failing one
+    "held": _Style("held", "circle", GREY, "probe held the ceilings"),
+    "broke": _Style("broke", "down", GREY, "probe broke a ceiling"),
 }
 
 
 def _style(point: Point) -> _Style:
-    if point.tok_s is None:
+    if _plotted(point) is None:
         return _STYLES["none"]
     verdict = Verdict.of(point.verdict)
     if verdict is None or verdict is Verdict.NOT_RUN:
@@ -202,7 +296,7 @@ def _verdict_html(point: Point | None) -> str:
     if point is None:
         return "–"
     style = _style(point)
-    word = point.verdict or ("no figure" if point.tok_s is None else "–")
+    word = point.verdict or ("no figure" if _plotted(point) is None else "–")
     return f'<span class="verdict m-{style.name}">{_glyph(style)} {_e(word)}</span>'
 
 
@@ -221,6 +315,7 @@ class _Mark:
     commit: str | None
     uncertainty: str | None
     changed: tuple[str, ...]
+    unit: str = "tok/s"
 
     @property
     def label(self) -> str:
@@ -230,7 +325,7 @@ class _Mark:
     def detail(self) -> str:
         """The step in numbers (the label already gives its size), its uncertainty and the
         provenance that changed with it: the first thing to check for a cause."""
-        text = f"{_tok(self.before)} → {_tok(self.after)} tok/s"
+        text = f"{_tok(self.before)} → {_tok(self.after)} {self.unit}"
         if self.uncertainty:
             text += f" ({self.uncertainty})"
         if self.changed:
@@ -294,6 +389,7 @@ def _mark(change: Any) -> _Mark | None:
         commit=str(commit) if commit else None,
         uncertainty=_uncertainty(change),
         changed=_changed_fields(change),
+        unit=str(getattr(change, "unit", None) or "tok/s"),
     )
 
 
@@ -364,11 +460,14 @@ class _Chart:
         self.slots = len(points)
         values: list[float] = []
         for p in points:
-            values += [v for v in (p.tok_s, *p.trials) if v is not None and math.isfinite(v)]
-            if p.baseline_tok_s is not None:
-                values.append(p.baseline_tok_s)
+            c = p.capacity
+            own = (p.tok_s, *p.trials) if c is None else (c.value, c.low, c.high, c.estimate)
+            values += [v for v in own if v is not None and math.isfinite(v)]
+            base = _baseline_of(p)
+            if base is not None:
+                values.append(base)
                 if p.tolerance_pct is not None:
-                    values.append(p.baseline_tok_s * (1 - p.tolerance_pct / 100))
+                    values.append(base * (1 - p.tolerance_pct / 100))
         for m in self.marks:
             values += [v for v in (m.before, m.after) if v is not None]
         self.lo, self.hi, self.step = _y_range(values)
@@ -446,7 +545,24 @@ def _ticks(chart: _Chart) -> list[int]:
     return kept
 
 
-def _point_title(p: Point) -> str:
+def _figure_text(series: LevelSeries, p: Point) -> str:
+    """A point's figure in words: ``57.5 tok/s``; ``capacity C=29 [29..31], boundary 30.48``."""
+    c = p.capacity
+    if c is None:
+        return f"{_tok(p.tok_s)} tok/s" if p.tok_s is not None else "no valid figure"
+    if c.value is None and c.high is None:
+        return "capacity not found"
+    if c.value is None:
+        return f"capacity below {_load(series, c.high)} (the bottom of the range broke)"
+    text = f"capacity {_load(series, c.value)} {_bracket(p)}"
+    if c.high is None:
+        text += " (the top of the range held)"
+    if c.estimate is not None:
+        text += f", boundary {c.estimate:.4g}"
+    return text
+
+
+def _point_title(p: Point, series: LevelSeries | None = None) -> str:
     """The marker's tooltip: the run and its figures, the way a reader checks a point."""
     run = p.run
     lines = [f"run {run.id} · {_date(run.time)}"]
@@ -454,13 +570,27 @@ def _point_title(p: Point) -> str:
         lines.append(
             f"commit {_short_commit(run.commit)}" + (f" ({run.branch})" if run.branch else "")
         )
+    if series is not None and p.capacity is not None:
+        lines.append(f"{_figure_text(series, p)} · {p.verdict or 'no verdict'}")
+        c = p.capacity
+        if _has_baseline(p):
+            base = f"baseline {_load(series, c.baseline)} [{_num_text(c.baseline_low)}.."
+            base += f"{_num_text(c.baseline_high)}]"
+            if c.baseline_estimate is not None:
+                base += f", boundary {c.baseline_estimate:.4g}"
+            lines.append(base)
+        lines.append(f"vs baseline {vs_baseline(p)}")
+        if p.session is not None:
+            lines.append(f"session {p.session}")
+        lines.append("click: the run's search, provenance and verdicts")
+        return "\n".join(lines)
     figure = f"{_tok(p.tok_s)} tok/s" if p.tok_s is not None else "no valid figure"
     lines.append(f"{figure} · {p.verdict or 'no verdict'}")
     if p.trials:
         lines.append("trials: " + ", ".join(_tok(t) for t in p.trials))
     if p.baseline_tok_s is not None:
         tol = f" (tolerance {p.tolerance_pct:g}%)" if p.tolerance_pct is not None else ""
-        lines.append(f"baseline {_tok(p.baseline_tok_s)} tok/s{tol}, change {_pct(p.change_pct)}")
+        lines.append(f"baseline {_tok(p.baseline_tok_s)} tok/s{tol}, vs baseline {vs_baseline(p)}")
     if p.session is not None:
         lines.append(f"session {p.session}")
     lines.append("click: the run's provenance and verdicts")
@@ -478,19 +608,20 @@ def _chart_svg(chart: _Chart) -> str:
     # grid and y axis
     out.append(svg.y_grid(chart.y, svg.ticks(chart.lo, chart.hi, chart.step), left, right, _tok))
     out.append(
-        f'<text x="{left - 8}" y="{chart.top - 10:.1f}" class="yunit">tok/s</text>'
+        f'<text x="{left - 8}" y="{chart.top - 10:.1f}" class="yunit">{_e(s.unit)}</text>'
         f'<line x1="{left}" x2="{left}" y1="{chart.top}" y2="{chart.bottom}" class="axis"/>'
         f'<line x1="{left}" x2="{right}" y1="{chart.bottom}" y2="{chart.bottom}" class="axis"/>'
     )
     # baseline and its tolerance band, per run (a baseline can be re-recorded)
     w = chart.slot_w
     for i, p in enumerate(pts):
-        if p.baseline_tok_s is None:
+        base = _baseline_of(p)
+        if base is None:
             continue
         x0, x1 = chart.x(i) - w / 2, chart.x(i) + w / 2
-        yb = chart.y(p.baseline_tok_s)
+        yb = chart.y(base)
         if p.tolerance_pct is not None:
-            yt = chart.y(p.baseline_tok_s * (1 - p.tolerance_pct / 100))
+            yt = chart.y(base * (1 - p.tolerance_pct / 100))
             out.append(
                 f'<rect x="{x0:.2f}" y="{yb:.1f}" width="{x1 - x0:.2f}" height="{yt - yb:.1f}" '
                 f'class="band"/>'
@@ -527,16 +658,19 @@ def _chart_svg(chart: _Chart) -> str:
             dots.append(f'<circle cx="{chart.x(i) + dx:.1f}" cy="{chart.y(t):.1f}" r="{dot:.1f}"/>')
     if dots:
         out.append(f'<g class="trials" fill="{SKY}" fill-opacity="0.75">{"".join(dots)}</g>')
+    if s.kind == CAPACITY:
+        out.append(_whiskers(chart, w))
     # the run figure: a line, broken where a run has no figure
     segment: list[str] = []
     segments: list[list[str]] = []
     for i, p in enumerate(pts):
-        if p.tok_s is None:
+        value = _plotted(p)
+        if value is None:
             if segment:
                 segments.append(segment)
             segment = []
             continue
-        segment.append(f"{chart.x(i):.1f},{chart.y(p.tok_s):.1f}")
+        segment.append(f"{chart.x(i):.1f},{chart.y(value):.1f}")
     if segment:
         segments.append(segment)
     for seg in segments:
@@ -567,10 +701,11 @@ def _chart_svg(chart: _Chart) -> str:
     # run markers, each a link to its run's page
     for i, p in enumerate(pts):
         style = _style(p)
-        y = chart.y(p.tok_s) if p.tok_s is not None else chart.bottom - 8
-        title = _point_title(p)
+        value = _plotted(p)
+        y = chart.y(value) if value is not None else chart.bottom - 8
+        title = _point_title(p, s)
         size = marker * (1.2 if style.name in ("failing", "none") else 1.0)
-        said = f"run {p.run.id}: {_tok(p.tok_s)} tok/s, {p.verdict or 'no verdict'}"
+        said = f"run {p.run.id}: {_figure_text(s, p)}, {p.verdict or 'no verdict'}"
         out.append(
             f'<a href="{run_page_name(p.run.id)}" class="run" aria-label="{_e(said)}">'
             f"<title>{_e(title)}</title>"
@@ -595,30 +730,68 @@ def _chart_svg(chart: _Chart) -> str:
     if not pts:
         out.append(f'<text x="{_W / 2}" y="{chart.top + _PLOT_H / 2}" class="empty">no runs</text>')
     title = f"{s.test} {s.level}" + (f" on {s.deployment}" if s.deployment else "")
+    what = "capacity over runs: " if s.kind == CAPACITY else "tok/s over runs: "
     # no role="img": the markers are links, which must stay reachable by keyboard and reader
     return svg.chart(
         _W,
         chart.height,
         aid,
-        "tok/s over runs: " + title,
+        what + title,
         _describe(chart),
         "".join(out),
         role=None,
     )
 
 
+def _whiskers(chart: _Chart, w: float) -> str:
+    """A capacity chart's brackets: a whisker from the load that held to the one that broke,
+    capped at each end it has (an open bracket, the top of the range held or the bottom broke,
+    runs on to the plot's edge uncapped), and the interpolated boundary as a tick across it."""
+    parts = []
+    cap = max(3.0, min(7.0, w * 0.22))
+    for i, p in enumerate(chart.series.points):
+        c = p.capacity
+        if c is None:
+            continue
+        x = chart.x(i)
+        lo, hi = c.low, c.high
+        y_lo = chart.y(lo) if lo is not None else chart.bottom
+        y_hi = chart.y(hi) if hi is not None else chart.top
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y_lo:.1f}" y2="{y_hi:.1f}"/>')
+        for end, y in ((lo, y_lo), (hi, y_hi)):
+            if end is not None:
+                parts.append(
+                    f'<line x1="{x - cap:.1f}" x2="{x + cap:.1f}" y1="{y:.1f}" y2="{y:.1f}"/>'
+                )
+        if c.estimate is not None:
+            ye = chart.y(c.estimate)
+            parts.append(
+                f'<line x1="{x - cap * 1.4:.1f}" x2="{x + cap * 1.4:.1f}" y1="{ye:.1f}" '
+                f'y2="{ye:.1f}" stroke="{SKY}" stroke-width="2.5" class="boundary"/>'
+            )
+    return (
+        f'<g class="brackets" stroke="{GREY}" stroke-width="1.4" fill="none">{"".join(parts)}</g>'
+        if parts
+        else ""
+    )
+
+
 def _describe(chart: _Chart) -> str:
     """The chart in one paragraph, for screen readers (the SVG's ``<desc>``)."""
-    pts = chart.series.points
+    s = chart.series
+    pts = s.points
     if not pts:
         return "No runs recorded."
-    figures = [p.tok_s for p in pts if p.tok_s is not None]
+    figures = [v for v in (_plotted(p) for p in pts) if v is not None]
+    latest = _figure_text(s, pts[-1]) if s.kind == CAPACITY else f"{_tok(pts[-1].tok_s)} tok/s"
     text = (
         f"{len({p.run.id for p in pts})} runs from {_date(pts[0].run.time, '%Y-%m-%d')} to "
-        f"{_date(pts[-1].run.time, '%Y-%m-%d')}; latest {_tok(pts[-1].tok_s)} tok/s "
+        f"{_date(pts[-1].run.time, '%Y-%m-%d')}; latest {latest} "
         f"({pts[-1].verdict or 'no verdict'})"
     )
-    if figures:
+    if figures and s.kind == CAPACITY:
+        text += f"; capacity from {_load(s, min(figures))} to {_load(s, max(figures))}"
+    elif figures:
         text += f"; range {_tok(min(figures))} to {_tok(max(figures))} tok/s"
     if chart.placed:
         text += "; change points: " + "; ".join(m.label for m, _, _ in chart.placed)
@@ -630,11 +803,27 @@ def _describe(chart: _Chart) -> str:
 def _legend(chart: _Chart) -> str:
     """The symbols this chart uses, and only those (an unused swatch would be noise)."""
     pts = chart.series.points
-    items = [f"<span>{svg.glyph(svg.key_line(BLUE), 26)}run figure (median of its trials)</span>"]
+    if chart.series.kind == CAPACITY:
+        items = [
+            f"<span>{svg.glyph(svg.key_line(BLUE), 26)}capacity (the highest load that held)</span>"
+        ]
+        whisker = svg.line(7, 1, 7, 13, stroke=GREY, stroke_width=1.4) + "".join(
+            svg.line(3, y, 11, y, stroke=GREY, stroke_width=1.4) for y in (1, 13)
+        )
+        items.append(f"<span>{svg.glyph(whisker)}bracket: held .. broke</span>")
+        if any(p.capacity is not None and p.capacity.estimate is not None for p in pts):
+            tick = svg.line(1, 7, 13, 7, stroke=SKY, stroke_width=2.5)
+            items.append(
+                f"<span>{svg.glyph(tick)}boundary (interpolated; what the gate compares)</span>"
+            )
+    else:
+        items = [
+            f"<span>{svg.glyph(svg.key_line(BLUE), 26)}run figure (median of its trials)</span>"
+        ]
     if any(p.trials for p in pts):
         dots = svg.circle(4, 9, 2.3, fill=SKY) + svg.circle(10, 5, 2.3, fill=SKY)
         items.append(f"<span>{svg.glyph(dots)}trials</span>")
-    if any(p.baseline_tok_s is not None for p in pts):
+    if any(_baseline_of(p) is not None for p in pts):
         band = svg.rect(1, 4, 24, 8, fill=BAND, fill_opacity=".45") + svg.line(
             1, 4, 25, 4, stroke=GREY, stroke_width=1.5, stroke_dasharray="4 3"
         )
@@ -657,20 +846,40 @@ def _legend(chart: _Chart) -> str:
 
 def _data_table(chart: _Chart) -> str:
     """The chart's numbers as a table: the text alternative, and what a reader copies."""
+    s = chart.series
     rows = []
-    for p in chart.series.points:
+    for p in s.points:
         run = p.run
-        rows.append(
+        head = (
             f'<tr><td><a href="{run_page_name(run.id)}">#{run.id}</a></td>'
             f"<td>{_e(_date(run.time))}</td><td><code>{_e(_short_commit(run.commit))}</code></td>"
-            f'<td class="num">{_e(_tok(p.tok_s))}</td>'
-            f'<td class="num">{_e(", ".join(_tok(t) for t in p.trials))}</td>'
-            f'<td class="num">{_e(_tok(p.baseline_tok_s))}</td>'
-            f'<td class="num">{_e(_pct(p.change_pct))}</td><td>{_verdict_html(p)}</td></tr>'
         )
+        c = p.capacity
+        if c is not None:
+            base = _load(s, c.baseline) if c.baseline is not None else "–"
+            if c.baseline_low is not None or c.baseline_high is not None:
+                base += f" [{_num_text(c.baseline_low)}..{_num_text(c.baseline_high)}]"
+            figures = (
+                f'<td class="num">{_e(_load(s, c.value))}</td>'
+                f'<td class="num">{_e(_bracket(p))}</td>'
+                f'<td class="num">{_e(_num_text(c.estimate))}</td>'
+                f'<td class="num">{_e(base)}</td>'
+            )
+        else:
+            figures = (
+                f'<td class="num">{_e(_tok(p.tok_s))}</td>'
+                f'<td class="num">{_e(", ".join(_tok(t) for t in p.trials))}</td>'
+                f'<td class="num">{_e(_tok(p.baseline_tok_s))}</td>'
+            )
+        rows.append(head + figures + _vs_cell(p) + f"<td>{_verdict_html(p)}</td></tr>")
+    cols = (
+        "<th>capacity</th><th>bracket</th><th>boundary</th><th>baseline</th>"
+        if s.kind == CAPACITY
+        else "<th>tok/s</th><th>trials</th><th>baseline</th>"
+    )
     return (
         "<details><summary>the numbers</summary><table><thead><tr><th>run</th><th>time</th>"
-        "<th>commit</th><th>tok/s</th><th>trials</th><th>baseline</th><th>vs baseline</th>"
+        f"<th>commit</th>{cols}<th>vs baseline (90% CI)</th>"
         f"<th>verdict</th></tr></thead><tbody>{''.join(rows)}</tbody></table></details>"
     )
 
@@ -723,7 +932,7 @@ def _latest(points: Sequence[Point]) -> Point | None:
 
 
 def _first_figure(points: Sequence[Point]) -> float | None:
-    return next((p.tok_s for p in points if p.tok_s is not None), None)
+    return next((v for v in (_plotted(p) for p in points) if v is not None), None)
 
 
 def _summary(charts: Sequence[_Chart]) -> str:
@@ -732,9 +941,10 @@ def _summary(charts: Sequence[_Chart]) -> str:
         pts = c.series.points
         last = _latest(pts)
         first = _first_figure(pts)
+        latest_value = _plotted(last) if last is not None else None
         since = (
-            (last.tok_s / first - 1) * 100
-            if last is not None and last.tok_s is not None and first
+            (latest_value / first - 1) * 100
+            if last is not None and latest_value is not None and first
             else None
         )
         marks = [m for m, _, _ in c.placed] + c.unplaced
@@ -745,23 +955,25 @@ def _summary(charts: Sequence[_Chart]) -> str:
             else "none"
         )
         attention = last is not None and _style(last).name in ("failing", "none")
+        s = c.series
         latest = (
-            f'<a href="{run_page_name(last.run.id)}">{_e(_tok(last.tok_s))}</a>'
+            f'<a href="{run_page_name(last.run.id)}">{_e(_load(s, latest_value))}</a>'
             if last is not None
             else "–"
         )
-        s = c.series
         rows.append(
             f"<tr{_ATTENTION_CLASS if attention else ''}>"
             f'<td><a href="#{c.anchor}"><code>{_e(s.test)}</code> {_e(s.level)}</a></td>'
             f"<td>{_e(s.deployment or '')}</td>"
             f'<td class="num">{len({p.run.id for p in pts})}</td>'
             f'<td class="num">{latest}</td><td class="num">{_e(_pct(since))}</td>'
-            f"<td>{change}</td><td>{_verdict_html(last)}</td></tr>"
+            + _vs_cell(last)
+            + f"<td>{change}</td><td>{_verdict_html(last)}</td></tr>"
         )
     return (
         '<table class="summary"><thead><tr><th>series</th><th>deployment</th><th>runs</th>'
-        "<th>latest tok/s</th><th>since first run</th><th>last change point</th>"
+        "<th>latest</th><th>since first run</th><th>vs baseline (90% CI)</th>"
+        "<th>last change point</th>"
         f"<th>latest verdict</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
@@ -832,7 +1044,8 @@ def render_index(
         "<h1>Throughput history</h1>",
         f'<p class="meta">{_e(" · ".join(facts))}</p>',
         _summary(charts) if charts else "<p>No runs recorded yet.</p>",
-        '<p class="meta">Each chart: tok/s per run, oldest left; a marker links to its run. '
+        '<p class="meta">Each chart: tok/s per run (a <code>@capacity</code> test: its '
+        "capacity, with the search's bracket), oldest left; a marker links to its run. "
         "The y axis does not start at zero.</p>",
         *(_section(c) for c in charts),
     ]
@@ -977,41 +1190,51 @@ def _levels_table(site: _Site, run_id: int) -> str:
     rows = []
     for s, anchor, p in site.levels.get(run_id, []):
         session = f" (session {p.session})" if p.session is not None else ""
-        base = _tok(p.baseline_tok_s)
-        if p.baseline_tok_s is not None and p.tolerance_pct is not None:
+        if p.capacity is not None:
+            figure, detail = _load(s, p.capacity.value), _bracket(p)
+            base = _load(s, p.capacity.baseline_compared)
+        else:
+            figure, detail = _tok(p.tok_s), ", ".join(_tok(t) for t in p.trials)
+            base = _tok(p.baseline_tok_s)
+        if _baseline_of(p) is not None and p.tolerance_pct is not None:
             base += f" (−{p.tolerance_pct:g}%)"
         rows.append(
             f'<tr><td><a href="../index.html#{anchor}"><code>{_e(s.test)}</code></a></td>'
             f"<td>{_e(s.level + session)}</td><td>{_e(s.deployment or '')}</td>"
-            f'<td class="num">{_e(_tok(p.tok_s))}</td>'
-            f'<td class="num">{_e(", ".join(_tok(t) for t in p.trials))}</td>'
-            f'<td class="num">{_e(base)}</td>'
-            f'<td class="num">{_e(_pct(p.change_pct))}</td><td>{_verdict_html(p)}</td></tr>'
+            f'<td class="num">{_e(figure)}</td>'
+            f'<td class="num">{_e(detail)}</td>'
+            f'<td class="num">{_e(base)}</td>' + _vs_cell(p) + f"<td>{_verdict_html(p)}</td></tr>"
         )
     if not rows:
         return "<p><em>no level of this run is in the history's series</em></p>"
     return (
-        "<table><thead><tr><th>test</th><th>level</th><th>deployment</th><th>tok/s</th>"
-        "<th>trials</th><th>baseline</th><th>vs baseline</th><th>verdict</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>"
+        "<table><thead><tr><th>test</th><th>level</th><th>deployment</th><th>tok/s or capacity"
+        "</th><th>trials or bracket</th><th>baseline</th><th>vs baseline (90% CI)</th><th>verdict</th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
+
+
+def _verdict_style(verdict: str) -> _Style:
+    """How a report's verdict word is drawn: as its chart marker would be."""
+    known = Verdict.of(verdict)
+    if known is Verdict.HELD or known is Verdict.BROKE:
+        return _STYLES[known.value]
+    if known is None or known is Verdict.NOT_RUN:
+        return _STYLES["other"]
+    if known.fails():
+        return _STYLES["failing"]
+    if known is Verdict.IMPROVED:
+        return _STYLES["improved"]
+    if known is Verdict.NO_BASELINE:
+        return _STYLES["no-baseline"]
+    if known.warning:
+        return _STYLES["warning"]
+    return _STYLES["pass"]
 
 
 def _report_verdict(verdict: str) -> str:
     """A report level's verdict word with the glyph its chart marker has."""
-    known = Verdict.of(verdict)
-    if known is None or known is Verdict.NOT_RUN:
-        style = _STYLES["other"]
-    elif known.fails():
-        style = _STYLES["failing"]
-    elif known is Verdict.IMPROVED:
-        style = _STYLES["improved"]
-    elif known is Verdict.NO_BASELINE:
-        style = _STYLES["no-baseline"]
-    elif known.warning:
-        style = _STYLES["warning"]
-    else:
-        style = _STYLES["pass"]
+    style = _verdict_style(verdict)
     help_text = VERDICT_HELP.get(verdict, "")
     return (
         f'<span class="verdict m-{style.name}" title="{_e(help_text)}">'
@@ -1048,6 +1271,15 @@ def _report_test(test: Mapping[str, Any], site: _Site, run_id: int) -> str:
     if meta:
         parts.append(f'<p class="meta">{" · ".join(meta)}</p>')
     levels = [lv for lv in test.get("levels") or [] if isinstance(lv, Mapping)]
+    capacity = test.get("capacity")
+    if isinstance(capacity, Mapping):  # the capacity is the result; the levels its probes
+        verdict = str(capacity.get("verdict", "?"))
+        parts.append(capacity_html(test, f"verdict m-{_verdict_style(verdict).name}"))
+        if levels:
+            parts.append(
+                '<p class="meta">the levels the search probed (detail: the capacity above is '
+                "the test's result and its series)</p>"
+            )
     if levels:
         parts.append(
             levels_table(

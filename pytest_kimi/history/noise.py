@@ -42,6 +42,23 @@ coverage on synthetic histories built like this module reads them.
 The recommendation (:func:`pytest_kimi.gate.session_noise.recommend`) is the pooled point
 estimate rounded up to half a percent, with its interval and a warning below 5 sessions.
 
+Capacities
+----------
+A ``@capacity`` test's series (its capacity, one point per server start; the loads its search
+probed are no series) has no trials: a session's figure is the interpolated boundary ``u =
+ln(estimate)`` with its trial standard error ``log_se``.  Its sessions are grouped into
+builds as a level's are, and :class:`CapacityNoise` gives the sd of one session's ``u`` with
+the trial part taken out: ``tau_u**2 = s**2 - mean(log_se**2)``, ``s**2`` the scatter of ``u``
+within the groups (``sum(n_g - 1)`` degrees of freedom), its interval the chi-square one of
+``s**2`` less the same trial part (``log_se`` treated as known: it is the small term, and its
+own few degrees of freedom would only widen the low end).  The capacity gate models a server
+start as a common latency factor of log sd ``session_sigma / sqrt(2)`` that moves the boundary
+by that over the latency's ``slope`` (:mod:`pytest_kimi.gate.capacity_gate`), so ``sqrt(2) *
+tau_u * slope`` (the sessions' median slope) is the ``--perf-session-sigma`` this capacity's
+scatter implies: a check of the gate's capacity noise, reported beside the throughput levels'
+estimate, not pooled into it (it is read through the slope, and the boundary moves for reasons
+a throughput level does not see).  A run whose capacity is a bound (no boundary) is left out.
+
 Pure: no pytest, no database; numpy/scipy (and Otava for the change points) on first use.
 """
 
@@ -69,12 +86,14 @@ from pytest_kimi.history.changes import (
     find_changes,
     trusted,
 )
-from pytest_kimi.history.model import LevelSeries, Point, RunInfo
+from pytest_kimi.history.model import CAPACITY, LevelSeries, Point, RunInfo
 
 __all__ = [
+    "CapacityNoise",
     "NoiseReport",
     "SeriesNoise",
     "build_groups",
+    "capacity_noise",
     "estimate_noise",
 ]
 
@@ -123,6 +142,80 @@ class SeriesNoise:
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityNoise:
+    """One capacity series' session noise, from its unchanged-build groups (module docstring,
+    *Capacities*): how far one server start moves ``ln`` of its boundary."""
+
+    test: str
+    level: str
+    deployment: str | None
+    series: str
+    sd: float
+    """The sd of one session's ``ln(boundary)``, trial noise taken out (0 when the sessions
+    agree better than their ``log_se`` predicts)."""
+    low: float
+    high: float
+    confidence: float
+    scatter_sd: float
+    """The sd of ``ln(boundary)`` within the groups, trial noise included."""
+    trial_sd: float
+    """The root mean square ``log_se``: the part trial noise explains."""
+    sessions: int
+    groups: int
+    df: int
+    slope: float | None
+    """The sessions' median slope (None where none was estimated)."""
+    runs: tuple[int, ...]
+
+    def implied_sigma(self, value: float) -> float | None:
+        """``--perf-session-sigma`` that a one-session sd ``value`` of ``ln(boundary)``
+        implies through the slope (None without a slope)."""
+        return None if self.slope is None else math.sqrt(2.0) * value * self.slope
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "test": self.test,
+            "level": self.level,
+            "deployment": self.deployment,
+            "series": self.series,
+            "one_session_sd": round(self.sd, 6),
+            "one_session_sd_low": round(self.low, 6),
+            "one_session_sd_high": round(self.high, 6),
+            "confidence": self.confidence,
+            "scatter_sd": round(self.scatter_sd, 6),
+            "trial_sd": round(self.trial_sd, 6),
+            "sessions": self.sessions,
+            "groups": self.groups,
+            "df": self.df,
+            "slope": None if self.slope is None else round(self.slope, 4),
+            "implied_session_sigma": _round6(self.implied_sigma(self.sd)),
+            "implied_session_sigma_low": _round6(self.implied_sigma(self.low)),
+            "implied_session_sigma_high": _round6(self.implied_sigma(self.high)),
+            "runs": list(self.runs),
+        }
+
+    def describe(self) -> str:
+        text = (
+            f"{self.series}: one session sd of ln(boundary) {self.sd:.4f} "
+            f"({self.confidence:.0%} CI {self.low:.4f}..{self.high:.4f}; scatter "
+            f"{self.scatter_sd:.4f}, trial part {self.trial_sd:.4f}); {self.sessions} sessions"
+        )
+        implied = self.implied_sigma(self.sd)
+        if implied is not None and self.slope is not None:
+            lo, hi = self.implied_sigma(self.low), self.implied_sigma(self.high)
+            text += (
+                f"; at slope {self.slope:.2f} that is session sigma {implied:.4f} "
+                f"({lo:.4f}..{hi:.4f})"
+            )
+        runs = f"run {self.runs[0]}" if len(self.runs) == 1 else f"runs {_ranges(self.runs)}"
+        return text + f"; {self.groups} build group{'s' if self.groups != 1 else ''} ({runs})"
+
+
+def _round6(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+@dataclass(frozen=True, slots=True)
 class NoiseReport:
     """Per-level estimates, the pooled one and the recommended ``--perf-session-sigma``."""
 
@@ -136,10 +229,13 @@ class NoiseReport:
     """Levels left out, each with why (``test C=1 [sim]: 1 session of one build``)."""
     changes: tuple[Change, ...] = field(default=(), compare=False)
     """The change points that split the groups."""
+    capacities: tuple[CapacityNoise, ...] = ()
+    """The capacity series' session noise, each on its own (module docstring, *Capacities*)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "series": [s.to_dict() for s in self.series],
+            "capacities": [c.to_dict() for c in self.capacities],
             "pooled": None if self.pooled is None else _estimate_dict(self.pooled),
             "recommendation": None
             if self.recommendation is None
@@ -156,6 +252,8 @@ class NoiseReport:
         ]
         for s in self.series:
             lines.append("  " + s.describe())
+        for c in self.capacities:
+            lines.append("  " + c.describe())
         for why in self.skipped:
             lines.append(f"  left out: {why}")
         if self.pooled is None or self.recommendation is None:
@@ -274,12 +372,103 @@ def build_groups(
     """The series' sessions in unchanged-build groups (equal provenance apart from volatile
     fields, no change point between them), in order of their first session; groups of one
     session included (the caller leaves them out)."""
-    cuts = _change_runs(series, changes)
-    groups: dict[tuple[int, str], list[Session]] = {}
-    for session in _sessions(series):
+    return _by_build(_sessions(series), _change_runs(series, changes), ignore)
+
+
+def _by_build(sessions: Iterable[Any], cuts: Sequence[RunInfo], ignore: Sequence[str]) -> list[Any]:
+    """Sessions (anything with a ``run``) grouped by build segment and provenance."""
+    groups: dict[tuple[int, str], list[Any]] = {}
+    for session in sessions:
         key = (_segment(session.run, cuts), _signature(session.run, ignore))
         groups.setdefault(key, []).append(session)
     return list(groups.values())
+
+
+@dataclass(frozen=True, slots=True)
+class _CapacitySession:
+    """One server start's capacity: ``ln`` of its boundary, its trial error and slope."""
+
+    key: SessionKey
+    run: RunInfo
+    u: float
+    log_se: float
+    slope: float | None
+
+
+def _capacity_sessions(series: LevelSeries) -> list[_CapacitySession]:
+    out = []
+    for point in series.points:
+        cap = point.capacity
+        if cap is None or not trusted(point):
+            continue
+        if cap.estimate is None or not math.isfinite(cap.estimate) or cap.estimate <= 0:
+            continue
+        log_se = cap.log_se if cap.log_se is not None and math.isfinite(cap.log_se) else 0.0
+        out.append(
+            _CapacitySession(
+                key=(point.run.id, point.session),
+                run=point.run,
+                u=math.log(cap.estimate),
+                log_se=max(log_se, 0.0),
+                slope=cap.slope if cap.slope is not None and cap.slope > 0 else None,
+            )
+        )
+    return out
+
+
+def capacity_noise(
+    series: LevelSeries,
+    changes: Iterable[Change],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    ignore: Sequence[str] = HISTORY_IGNORE,
+) -> CapacityNoise | str:
+    """One capacity series' session noise (module docstring, *Capacities*), or why there is
+    none."""
+    from scipy import stats
+
+    groups = _by_build(_capacity_sessions(series), _change_runs(series, changes), ignore)
+    usable = [g for g in groups if len(g) >= 2]
+    if not usable:
+        n = max((len(g) for g in groups), default=0)
+        return f"{series.ident}: " + (
+            "no capacity boundary stored"
+            if not groups
+            else f"at most {n} session{'s' if n != 1 else ''} of one build"
+        )
+    df = sum(len(g) - 1 for g in usable)
+    ss = 0.0
+    for g in usable:
+        mean = sum(x.u for x in g) / len(g)
+        ss += sum((x.u - mean) ** 2 for x in g)
+    scatter = ss / df
+    members = [x for g in usable for x in g]
+    trial = sum(x.log_se**2 for x in members) / len(members)
+    alpha = 1.0 - confidence
+    upper = ss / float(stats.chi2.ppf(alpha / 2.0, df))
+    lower = ss / float(stats.chi2.ppf(1.0 - alpha / 2.0, df))
+    slopes = sorted(x.slope for x in members if x.slope is not None)
+    slope = None
+    if slopes:
+        mid = len(slopes) // 2
+        slope = slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2.0
+    return CapacityNoise(
+        test=series.test,
+        level=series.level,
+        deployment=series.deployment,
+        series=series.ident,
+        sd=math.sqrt(max(scatter - trial, 0.0)),
+        low=math.sqrt(max(lower - trial, 0.0)),
+        high=math.sqrt(max(upper - trial, 0.0)),
+        confidence=confidence,
+        scatter_sd=math.sqrt(scatter),
+        trial_sd=math.sqrt(trial),
+        sessions=len(members),
+        groups=len(usable),
+        df=df,
+        slope=slope,
+        runs=tuple(sorted({x.key[0] for x in members})),
+    )
 
 
 def _usable(group: Sequence[Session]) -> bool:
@@ -313,10 +502,18 @@ def estimate_noise(
     if changes is None:
         changes = find_changes(series, max_pvalue=max_pvalue, min_magnitude=min_magnitude)
     per_series: list[SeriesNoise] = []
+    capacities: list[CapacityNoise] = []
     skipped: list[str] = []
     # per deployment: (series, its usable groups keyed by build) for the pooled estimate
     by_deployment: dict[str | None, list[tuple[LevelSeries, dict[SessionKey, Session]]]] = {}
     for s in series:
+        if s.kind == CAPACITY:
+            found = capacity_noise(s, changes, confidence=confidence, ignore=ignore)
+            if isinstance(found, str):
+                skipped.append(found)
+            else:
+                capacities.append(found)
+            continue
         groups = build_groups(s, changes, ignore=ignore)
         usable = [g for g in groups if _usable(g)]
         if not usable:
@@ -351,6 +548,7 @@ def estimate_noise(
         recommendation=None if total is None else recommend(total, current=current),
         skipped=tuple(skipped),
         changes=tuple(changes),
+        capacities=tuple(capacities),
     )
 
 

@@ -11,7 +11,15 @@ per test its node id, outcome and report fields; per level the baseline key, lab
 trial's tok/s, tok/s, verdict, the baseline compared with, the change and the tolerance, and
 the level's whole report dict.
 
-Series identity: a series is one (test, level key, deployment).  The test is the report's
+A ``@capacity`` test stores its result once, as :class:`CapacityRow` (the capacity, its
+bracket and boundary, its verdict against the baseline capacity): that is its series.  The
+loads its search probed are kept as levels marked ``probe``, detail for the run pages and
+never a series of their own (which loads a search probes changes from run to run, and a
+probe's ``held``/``broke`` is not a verdict on throughput).
+
+Series identity: a series is one (test, level key, deployment); a capacity's is one (test,
+capacity key, deployment), its key the capacity's baseline key (workload, metric, ceilings,
+percentile), so a capacity under another SLO is another series.  The test is the report's
 node id with the parametrization ids the plugin adds stripped: the deployment's
 (``[ep8-tuned]``: the test's server profile or baseline profile) and the ``--perf-sessions``
 session's (``[s2]``, ``[ep8-s2]``: :func:`pytest_kimi.measure.results.session_id` of the
@@ -46,12 +54,15 @@ from pytest_kimi.baseline.provenance import (
 from pytest_kimi.scrub import scrub, scrub_text
 
 __all__ = [
+    "CapacityRow",
     "LevelRow",
     "RunMeta",
     "RunRows",
     "TestRows",
     "build_rows",
     "canonical_key",
+    "capacity_label",
+    "capacity_row",
     "ci_run_url",
     "flat_provenance",
     "measured_anything",
@@ -234,6 +245,41 @@ class LevelRow:
     change_pct: float | None
     tolerance_pct: float | None
     data: dict[str, Any]
+    probe: bool = False
+    """A ``@capacity`` search's probe: kept for the run pages, never a series."""
+    ci90: tuple[float | None, float | None] = (None, None)
+    """The change's 90% interval in percent (an end None where it is unbounded)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityRow:
+    """A ``@capacity`` test's result in one run: what its one series holds per run.
+
+    From the report's ``capacity`` object (:func:`pytest_kimi.gate.capacity_gate.capacity_dict`):
+    the capacity (``value``, the highest load that held), the bracket the search ended with
+    (``low`` held, ``high`` broke; one of them None when the capacity is a bound), the
+    interpolated boundary (``estimate``) with its 90% interval, and the gate's comparison with
+    the baseline capacity (its verdict, the change of the compared quantities and its interval).
+    """
+
+    key: dict[str, Any]
+    label: str
+    metric: str | None
+    value: float | None
+    low: float | None
+    high: float | None
+    estimate: float | None
+    estimate_ci90: tuple[float | None, float | None]
+    log_se: float | None
+    slope: float | None
+    verdict: str | None
+    baseline: float | None
+    baseline_low: float | None
+    baseline_high: float | None
+    baseline_estimate: float | None
+    change_pct: float | None
+    change_ci90: tuple[float | None, float | None]
+    tolerance_pct: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +295,8 @@ class TestRows:
     data: dict[str, Any]
     """The test dict without its levels."""
     levels: tuple[LevelRow, ...]
+    capacity: CapacityRow | None = None
+    """A ``@capacity`` test's result (its levels are then the search's probes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,8 +340,10 @@ def build_rows(report: Mapping[str, Any], meta: RunMeta) -> RunRows:
                 strip.append(f"{profile}-{session_id(session)}")
         nodeid = str(test.get("nodeid", ""))
         workload = test.get("workload") or {}
+        capacity = test.get("capacity")
+        capacity = capacity_row(capacity) if isinstance(capacity, Mapping) else None
         levels = tuple(
-            _level_row(i, lv, level_key(lv, workload))
+            _level_row(i, lv, level_key(lv, workload), probe=capacity is not None)
             for i, lv in enumerate(test.get("levels") or ())
             if isinstance(lv, Mapping)
         )
@@ -307,6 +357,7 @@ def build_rows(report: Mapping[str, Any], meta: RunMeta) -> RunRows:
                 outcome=test.get("outcome"),
                 data={k: v for k, v in test.items() if k != "levels"},
                 levels=levels,
+                capacity=capacity,
             )
         )
     schema = clean.get("schema")
@@ -339,7 +390,54 @@ def _scrubbed(meta: RunMeta) -> RunMeta:
     )
 
 
-def _level_row(position: int, level: Mapping[str, Any], key: dict[str, Any]) -> LevelRow:
+def capacity_label(capacity: Mapping[str, Any]) -> str:
+    """The capacity series' name beside its test: ``capacity under p95 end-to-end <= 6.6 s``
+    (the ceilings are what tell two capacities of one test apart)."""
+    from pytest_kimi.report.capacity_cells import slo_text
+
+    try:
+        return f"capacity under {slo_text(capacity)}"[:255]
+    except (TypeError, ValueError, AttributeError):  # a malformed record still gets a name
+        return "capacity"
+
+
+def capacity_row(capacity: Mapping[str, Any]) -> CapacityRow:
+    """A report's ``capacity`` object as its series' row (fields missing or malformed: None)."""
+    metric = capacity.get("metric")
+    verdict = capacity.get("verdict")
+    workload = capacity.get("workload")
+    return CapacityRow(
+        key=dict(workload) if isinstance(workload, Mapping) else {},
+        label=capacity_label(capacity),
+        metric=metric if isinstance(metric, str) else None,
+        value=_number(capacity.get("value")),
+        low=_number(capacity.get("low")),
+        high=_number(capacity.get("high")),
+        estimate=_number(capacity.get("estimate")),
+        estimate_ci90=_pair(capacity.get("ci90")),
+        log_se=_number(capacity.get("log_se")),
+        slope=_number(capacity.get("slope")),
+        verdict=verdict if isinstance(verdict, str) else None,
+        baseline=_number(capacity.get("baseline")),
+        baseline_low=_number(capacity.get("baseline_low")),
+        baseline_high=_number(capacity.get("baseline_high")),
+        baseline_estimate=_number(capacity.get("baseline_estimate")),
+        change_pct=_number(capacity.get("change_pct")),
+        change_ci90=_pair(capacity.get("change_ci90")),
+        tolerance_pct=_number(capacity.get("tolerance_pct")),
+    )
+
+
+def _pair(value: Any) -> tuple[float | None, float | None]:
+    """A ``[low, high]`` interval (either end may be null: unbounded), else (None, None)."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return _number(value[0]), _number(value[1])
+    return None, None
+
+
+def _level_row(
+    position: int, level: Mapping[str, Any], key: dict[str, Any], *, probe: bool = False
+) -> LevelRow:
     trials = [float(x) for x in level.get("trials_tok_s") or () if _is_number(x)]
     return LevelRow(
         position=position,
@@ -352,6 +450,8 @@ def _level_row(position: int, level: Mapping[str, Any], key: dict[str, Any]) -> 
         change_pct=_number(level.get("change_pct")),
         tolerance_pct=_number(level.get("tolerance_pct")),
         data=dict(level),
+        probe=probe or isinstance(level.get("capacity_level"), Mapping),
+        ci90=_pair(level.get("ci90")),
     )
 
 

@@ -11,12 +11,20 @@ team's PostgreSQL database may hold other applications' tables (their own Alembi
 Why the figures are columns and the rest JSON: the analyses read a level's throughput, its
 trials, verdict and baseline across many runs (columns, one query); the run pages show the
 whole level as the report had it (JSON, whatever fields later versions add).
+
+A ``@capacity`` test is one series, not one per load it probed: its result (the capacity, the
+bracket the search ended with, the interpolated boundary, its verdict against the baseline
+capacity) is one row of ``kimi_capacities``; the loads the search measured stay in
+``kimi_levels`` as detail for the run pages, marked ``probe`` so that no analysis reads a probe
+as a throughput series (a probe's load is chosen by the search, so its "series" would be a
+different set of loads every run, and its verdict is ``held``/``broke``, not the gate's).
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Column,
     DateTime,
     Double,
@@ -27,11 +35,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
 VERSION_TABLE = "kimi_alembic_version"
-HEAD = "0001"
+HEAD = "0002"
 """The newest migration's revision, which these tables are (a test checks it against the
 scripts): a history already there is opened without importing Alembic at all."""
 
@@ -100,9 +109,49 @@ levels = Table(
     Column("tolerance_pct", Double),
     # The report's level dict.
     Column("data", JSONType, nullable=False),
+    # A @capacity search's probe (its load chosen by the search): detail, never a series.
+    Column("probe", Boolean, nullable=False, server_default=false()),
+    # The change's 90% interval in percent (an end is NULL where it is unbounded).
+    Column("ci90_low", Double),
+    Column("ci90_high", Double),
     sqlite_autoincrement=True,
 )
 Index("ix_kimi_levels_test_id", levels.c.test_id)
 Index("ix_kimi_levels_run_id", levels.c.run_id)
 
-__all__ = ["HEAD", "VERSION_TABLE", "levels", "metadata", "runs", "tests"]
+capacities = Table(
+    "kimi_capacities",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("test_id", Integer, ForeignKey("kimi_tests.id", ondelete="CASCADE"), nullable=False),
+    Column("run_id", Integer, ForeignKey("kimi_runs.id", ondelete="CASCADE"), nullable=False),
+    # The capacity's baseline key (its workload, metric, ceilings, percentile), canonical JSON:
+    # a capacity under another SLO is another series.
+    Column("capacity_key", Text, nullable=False),
+    Column("label", String(255)),
+    Column("metric", String(32)),
+    # The capacity (the highest load that held), the bracket [low held, high broke], the
+    # interpolated boundary with its 90% interval, and what the gate's comparison reads.
+    Column("value", Double),
+    Column("low", Double),
+    Column("high", Double),
+    Column("estimate", Double),
+    Column("estimate_ci90_low", Double),
+    Column("estimate_ci90_high", Double),
+    Column("log_se", Double),
+    Column("slope", Double),
+    Column("verdict", String(32)),
+    Column("baseline", Double),
+    Column("baseline_low", Double),
+    Column("baseline_high", Double),
+    Column("baseline_estimate", Double),
+    Column("change_pct", Double),
+    Column("change_ci90_low", Double),
+    Column("change_ci90_high", Double),
+    Column("tolerance_pct", Double),
+    sqlite_autoincrement=True,
+)
+Index("ix_kimi_capacities_test_id", capacities.c.test_id, unique=True)
+Index("ix_kimi_capacities_run_id", capacities.c.run_id)
+
+__all__ = ["HEAD", "VERSION_TABLE", "capacities", "levels", "metadata", "runs", "tests"]

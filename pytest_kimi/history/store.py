@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from pytest_kimi.history import schema
-from pytest_kimi.history.model import LevelSeries, Point, RunInfo
+from pytest_kimi.history.model import CAPACITY, CapacityFigures, LevelSeries, Point, RunInfo
 from pytest_kimi.history.record import RunMeta, RunRows, build_rows, canonical_key
 from pytest_kimi.history.urls import (
     HistoryError,
@@ -300,9 +300,40 @@ class HistoryStore:
                             "change_pct": lv.change_pct,
                             "tolerance_pct": lv.tolerance_pct,
                             "data": lv.data,
+                            "probe": lv.probe,
+                            "ci90_low": lv.ci90[0],
+                            "ci90_high": lv.ci90[1],
                         }
                         for lv in test.levels
                     ],
+                )
+            cap = test.capacity
+            if cap is not None:
+                conn.execute(
+                    schema.capacities.insert().values(
+                        test_id=test_id,
+                        run_id=run_id,
+                        capacity_key=canonical_key(cap.key),
+                        label=cap.label,
+                        metric=cap.metric,
+                        value=cap.value,
+                        low=cap.low,
+                        high=cap.high,
+                        estimate=cap.estimate,
+                        estimate_ci90_low=cap.estimate_ci90[0],
+                        estimate_ci90_high=cap.estimate_ci90[1],
+                        log_se=cap.log_se,
+                        slope=cap.slope,
+                        verdict=cap.verdict,
+                        baseline=cap.baseline,
+                        baseline_low=cap.baseline_low,
+                        baseline_high=cap.baseline_high,
+                        baseline_estimate=cap.baseline_estimate,
+                        change_pct=cap.change_pct,
+                        change_ci90_low=cap.change_ci90[0],
+                        change_ci90_high=cap.change_ci90[1],
+                        tolerance_pct=cap.tolerance_pct,
+                    )
                 )
         return run_id
 
@@ -321,44 +352,16 @@ class HistoryStore:
             raise self._fail(exc) from None
 
     def series(self, test: str | None = None) -> list[LevelSeries]:
-        """Every (test, level key, deployment) across runs, points oldest first; only the
-        series of ``test`` (the series' test name, parameters stripped) when given.
+        """Every (test, level key, deployment) across runs, points oldest first, and every
+        ``@capacity`` test's capacity as one series (``kind`` ``capacity``) beside its test's;
+        only the series of ``test`` (the series' test name, parameters stripped) when given.
 
-        Each point's run carries the series' deployment and, with server profiles, that
-        deployment's own provenance (a same-run A/B measured two setups in one run).
+        A capacity search's probes are no series (they are detail of the run pages, see
+        :mod:`pytest_kimi.history.schema`).  Each point's run carries the series' deployment
+        and, with server profiles, that deployment's own provenance (a same-run A/B measured
+        two setups in one run).
         """
-        r, t, lv = schema.runs, schema.tests, schema.levels
-        query = (
-            select(
-                lv.c.level_key,
-                lv.c.label,
-                lv.c.position,
-                lv.c.tok_s,
-                lv.c.trials_tok_s,
-                lv.c.verdict,
-                lv.c.baseline_tok_s,
-                lv.c.tolerance_pct,
-                lv.c.change_pct,
-                t.c.test,
-                t.c.deployment,
-                t.c.session,
-                r.c.id.label("run_id"),
-                r.c.deployments,
-            )
-            .select_from(lv.join(t, lv.c.test_id == t.c.id).join(r, lv.c.run_id == r.c.id))
-            .order_by(r.c.time, r.c.id, t.c.session, t.c.position, lv.c.position)
-        )
-        if test is not None:
-            query = query.where(t.c.test == test)
         runs = self._runs()
-        try:
-            with self.engine.connect() as conn:
-                rows = list(conn.execute(query))
-        except SQLAlchemyError as exc:
-            raise self._fail(exc) from None
-        groups: dict[tuple[str, str, str | None], list[Any]] = {}
-        for row in rows:
-            groups.setdefault((row.test, row.level_key, row.deployment), []).append(row)
         infos: dict[tuple[int, str | None], RunInfo] = {}
 
         def run_for(row: Any) -> RunInfo:
@@ -373,6 +376,47 @@ class HistoryStore:
                 )
             return infos[key]
 
+        out = self._level_series(test, run_for) + self._capacity_series(test, run_for)
+        out.sort(key=lambda pair: pair[0])
+        return [series for _, series in out]
+
+    def _level_series(
+        self, test: str | None, run_for: Any
+    ) -> list[tuple[tuple[Any, ...], LevelSeries]]:
+        r, t, lv = schema.runs, schema.tests, schema.levels
+        query = (
+            select(
+                lv.c.level_key,
+                lv.c.label,
+                lv.c.position,
+                lv.c.tok_s,
+                lv.c.trials_tok_s,
+                lv.c.verdict,
+                lv.c.baseline_tok_s,
+                lv.c.tolerance_pct,
+                lv.c.change_pct,
+                lv.c.ci90_low,
+                lv.c.ci90_high,
+                t.c.test,
+                t.c.deployment,
+                t.c.session,
+                r.c.id.label("run_id"),
+                r.c.deployments,
+            )
+            .select_from(lv.join(t, lv.c.test_id == t.c.id).join(r, lv.c.run_id == r.c.id))
+            .where(lv.c.probe.is_(False))
+            .order_by(r.c.time, r.c.id, t.c.session, t.c.position, lv.c.position)
+        )
+        if test is not None:
+            query = query.where(t.c.test == test)
+        try:
+            with self.engine.connect() as conn:
+                rows = list(conn.execute(query))
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        groups: dict[tuple[str, str, str | None], list[Any]] = {}
+        for row in rows:
+            groups.setdefault((row.test, row.level_key, row.deployment), []).append(row)
         out = []
         for (name, key, deployment), members in groups.items():
             points = tuple(
@@ -385,13 +429,14 @@ class HistoryStore:
                     tolerance_pct=row.tolerance_pct,
                     change_pct=row.change_pct,
                     session=row.session,
+                    ci90=_interval(row.ci90_low, row.ci90_high, row.change_pct),
                 )
                 for row in members
             )
             last = members[-1]
             out.append(
                 (
-                    (name, deployment or "", last.position, last.label or ""),
+                    (name, deployment or "", 1, last.position, last.label or ""),
                     LevelSeries(
                         test=name,
                         level=last.label or key,
@@ -401,8 +446,78 @@ class HistoryStore:
                     ),
                 )
             )
-        out.sort(key=lambda pair: pair[0])
-        return [series for _, series in out]
+        return out
+
+    def _capacity_series(
+        self, test: str | None, run_for: Any
+    ) -> list[tuple[tuple[Any, ...], LevelSeries]]:
+        """One series per (test, capacity key, deployment), sorted before its test's levels."""
+        r, t, c = schema.runs, schema.tests, schema.capacities
+        query = (
+            select(
+                c,
+                t.c.test,
+                t.c.deployment,
+                t.c.session,
+                r.c.deployments,
+            )
+            .select_from(c.join(t, c.c.test_id == t.c.id).join(r, c.c.run_id == r.c.id))
+            .order_by(r.c.time, r.c.id, t.c.session, t.c.position)
+        )
+        if test is not None:
+            query = query.where(t.c.test == test)
+        try:
+            with self.engine.connect() as conn:
+                rows = list(conn.execute(query))
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        groups: dict[tuple[str, str, str | None], list[Any]] = {}
+        for row in rows:
+            groups.setdefault((row.test, row.capacity_key, row.deployment), []).append(row)
+        out = []
+        for (name, key, deployment), members in groups.items():
+            points = tuple(
+                Point(
+                    run=run_for(row),
+                    tok_s=None,
+                    verdict=row.verdict,
+                    tolerance_pct=row.tolerance_pct,
+                    change_pct=row.change_pct,
+                    session=row.session,
+                    ci90=_interval(row.change_ci90_low, row.change_ci90_high, row.change_pct),
+                    capacity=CapacityFigures(
+                        metric=row.metric,
+                        value=row.value,
+                        low=row.low,
+                        high=row.high,
+                        estimate=row.estimate,
+                        estimate_ci90=(row.estimate_ci90_low, row.estimate_ci90_high),
+                        log_se=row.log_se,
+                        slope=row.slope,
+                        baseline=row.baseline,
+                        baseline_low=row.baseline_low,
+                        baseline_high=row.baseline_high,
+                        baseline_estimate=row.baseline_estimate,
+                    ),
+                )
+                for row in members
+            )
+            last = members[-1]
+            out.append(
+                (
+                    (name, deployment or "", 0, 0, last.label or ""),
+                    LevelSeries(
+                        test=name,
+                        level=last.label or "capacity",
+                        key=json.loads(key),
+                        deployment=deployment,
+                        points=points,
+                        kind=CAPACITY,
+                        metric=last.metric,
+                    ),
+                )
+            )
+        return out
 
     def run_details(self, run_id: int) -> dict[str, Any]:
         """One run as the dashboard's run page shows it, JSON-ready: its metadata and
@@ -473,6 +588,15 @@ class HistoryStore:
                 return [str(name) for name in conn.scalars(query)]
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
+
+
+def _interval(
+    low: float | None, high: float | None, change: float | None
+) -> tuple[float | None, float | None] | None:
+    """A stored change interval; None for a level that was not compared (no change)."""
+    if change is None and low is None and high is None:
+        return None
+    return (low, high)
 
 
 def _inserted_id(result: Any) -> int:
