@@ -4,6 +4,8 @@ as strict as it says?
     python bench/capacity.py truth [--speed 2] [--max-tokens 128] [--max-e2e-s 6.6]
                                    [--max-itl-s S] [--percentile 95] [--concurrency 4,128]
                                    [--runs 3] [--stream-interval 8] [--interpolate/--bisect]
+                                   [--itl request|token]
+    python bench/capacity.py jitter [--speed 10] [--stream-interval 1] [--levels 1,12,41,48]
     python bench/capacity.py gate  [--sims 2000] [--seed 1] [--drops 0,0.05,0.1,0.15,0.2]
     python bench/capacity.py search [--sims 200] [--seed 1]
     python bench/capacity.py estimate [--sims 500] [--seed 1]
@@ -14,9 +16,17 @@ capacity with the one its latency model implies.  With an end-to-end ceiling a t
 whole requests at once, every request's latency is ``SimConfig.expected_e2e_s(max_tokens, C)``
 exactly (in the simulator's clock), and the *true capacity* is the largest C whose latency is
 within the ceiling; the check is that the found capacity is within one search step of it.  With
-an ITL ceiling (stationary trials) the truth is the decode step ``step_time(C)``; the client's
-per-gap ITL percentiles carry its own read timing (see ``docs/workloads.md``), so that check
-needs a quiet machine or a slow simulator.
+an ITL ceiling (stationary trials) the truth is the simulator's mean time per token at C: the
+decode step ``step_time(C)`` plus its prefill of the requests it admits (``C / (max_tokens + 1)``
+a step, each the prompt's ``prefill_time``), which is what each request's mean ITL measures
+(``--itl request``, the default).  ``--itl token`` judges the per-gap percentile instead, which
+carries the client's own read timing (``docs/workloads.md``, *ITL ceilings and the client*).
+From the second run on, each run's capacity is compared with the first's by the capacity gate
+(default tolerance, alpha and session sigma): an unchanged rerun, so it must pass.
+
+``jitter`` measures stationary levels and prints, per trial, the per-gap ITL p50, p95 and their
+ratio, each request's mean ITL at p95, the client's event-loop lag and the simulator's step: the
+measurement behind ``JITTER_RATIO`` (``pytest_kimi/measure/capacity_latency.py``).
 
 ``search`` counts the levels and trials the search spends on a synthetic latency model (the
 simulator's step curve with 1% trial noise) against plain doubling-then-bisection, over a range
@@ -36,6 +46,7 @@ the tolerance (5%) must stay at or below alpha (5%).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import statistics
@@ -44,10 +55,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pytest_kimi.baseline import WorkloadKey  # noqa: E402
 from pytest_kimi.gate.capacity_gate import compare_capacity, record_of  # noqa: E402
+from pytest_kimi.gate.policy import GateSettings  # noqa: E402
+from pytest_kimi.measure.capacity_latency import jitter, samples  # noqa: E402
+from pytest_kimi.measure.metrics import inter_token_latencies  # noqa: E402
+from pytest_kimi.measure.trials import measure_level  # noqa: E402
 from pytest_kimi.measure.capacity_search import (  # noqa: E402
     CapacityEstimate,
     LevelOutcome,
@@ -92,10 +109,15 @@ def cmd_truth(args: argparse.Namespace) -> int:
         f"simulator: EP8 profile, speed={args.speed:g}, stream_interval={args.stream_interval}; "
         f"@capacity({', '.join(f'{k}={v!r}' for k, v in marker.items())}); "
         f"{'interpolating search' if args.interpolate else 'doubling + bisection'}; "
+        f"ITL judged per {'request (mean)' if args.itl == 'request' else 'gap'}; "
         "latencies in the simulator's clock"
     )
     worst = 0.0
     within = 0
+    gate = GateSettings()
+    key = WorkloadKey.from_dict({"metric": "concurrency", **spec_c.ceilings}).to_dict()
+    first = None
+    found_all: list[float] = []
     with SimProcess(profile) as sim:
         assert sim.url is not None
         session = Measurer()
@@ -112,6 +134,7 @@ def cmd_truth(args: argparse.Namespace) -> int:
                     resolution=spec_c.resolution,
                     first_trials=spec.trials,
                     interpolate=args.interpolate,
+                    itl=args.itl,
                 )
                 started = time.monotonic()
                 out = session.run_job(
@@ -141,11 +164,29 @@ def cmd_truth(args: argparse.Namespace) -> int:
                     f"{wall:.0f} s wall [{levels}]"
                 )
                 _print_levels(args, est, int(round(prompt)))
+                found_all.append(found)
+                record = record_of(est, key) if est.low is not None else None
+                if first is None:
+                    first = record
+                elif record is not None:
+                    cmp = compare_capacity(
+                        record,
+                        first,
+                        tolerance=gate.tolerance,
+                        alpha=gate.alpha,
+                        session_sigma=gate.session_sigma,
+                    )
+                    print(
+                        f"    vs run 1 (the capacity gate, tolerance {gate.tolerance:.0%}): "
+                        f"{(cmp.ratio - 1) * 100:+.1f}% (90% CI {(cmp.ci90[0] - 1) * 100:+.1f}% .. "
+                        f"{(cmp.ci90[1] - 1) * 100:+.1f}%), p={cmp.p_regression:.3g}: "
+                        f"{cmp.verdict.value}"
+                    )
         finally:
             session.close()
     print(
         f"{within}/{args.runs} runs within one search step of the true capacity; worst "
-        f"{worst:.1%} off"
+        f"{worst:.1%} off; capacities {', '.join(f'{x:g}' for x in found_all)}"
     )
     return 0 if within == args.runs else 1
 
@@ -153,7 +194,10 @@ def cmd_truth(args: argparse.Namespace) -> int:
 def _model_latency(args: argparse.Namespace, prompt: int) -> Any:
     if args.max_e2e_s is not None:
         return lambda c: EP8.expected_e2e_s(args.max_tokens, c, prompt)
-    return lambda c: EP8.step_time(c)
+    if args.itl == "token":
+        return lambda c: EP8.step_time(c)
+    # a request's mean time per token: the step plus its share of the admissions' prefill
+    return lambda c: EP8.step_time(c) + EP8.prefill_time(prompt) * c / (args.max_tokens + 1)
 
 
 def _truth(args: argparse.Namespace, prompt: int) -> int:
@@ -170,7 +214,9 @@ def _print_levels(args: argparse.Namespace, est: CapacityEstimate, prompt: int) 
         err = f"{(got / true - 1) * 100:+.1f}%" if got else "-"
         print(
             f"    C={int(lv.load):>4} {'held ' if lv.held else 'broke'} {name} p{args.percentile:g} "
-            f"{_f(got)} s (model {true:.4g} s, {err}), {lv.trials} trials, sure {_f(lv.sure)}"
+            f"{_f(got)} s (model {true:.4g} s, {err}), {lv.trials} trials, sure {_f(lv.sure)}, "
+            f"per-gap ITL p95/p50 {_f(lv.jitter)}"
+            + (f", {lv.replaced} trial(s) re-measured" if lv.replaced else "")
         )
 
 
@@ -184,6 +230,54 @@ def _f(x: float | None) -> str:
 
 def _ci(est: CapacityEstimate) -> str:
     return "-" if est.ci90 is None else f"{est.ci90[0]:.4g}..{est.ci90[1]:.4g}"
+
+
+# ------------------------------------------------------------------------------------ jitter
+
+
+def cmd_jitter(args: argparse.Namespace) -> int:
+    """Per trial: the per-gap ITL tail against each request's mean, and the client's lag."""
+    levels = [int(x) for x in args.levels.split(",")]
+    marker = {"concurrency": (1, 128), "max_tokens": args.max_tokens, "max_itl_s": 0.05}
+    _, workload, targets = parse_capacity((), marker)
+    profile = SimConfig(speed=args.speed, stream_interval=args.stream_interval)
+    print(
+        f"simulator: EP8 profile, speed={args.speed:g}, stream_interval={args.stream_interval}; "
+        f"stationary trials of max_tokens={args.max_tokens}; ms in the simulator's clock"
+    )
+    ratios: list[float] = []
+    with SimProcess(profile) as sim:
+        assert sim.url is not None
+        session = Measurer()
+        try:
+            endpoint = session.discover(sim.url, api_key=None, model=None)
+            for c in levels:
+                spec = build_spec(endpoint, "bench", workload, targets, rootdir=Path.cwd())
+                level = dataclasses.replace(workload.levels[0], concurrency=c)
+                res = session.run_job(
+                    lambda client, spec=spec, level=level: measure_level(client, spec, level)
+                )
+                for t in res.trials:
+                    ok = [r for r in t.records if r.ok]
+                    gaps = inter_token_latencies(ok) * args.speed * 1e3
+                    per = samples(ok, "itl_s").values * args.speed * 1e3
+                    p50, p95 = statistics.median(gaps), float(np.percentile(gaps, 95))
+                    print(
+                        f"C={c:>4} trial {t.index + 1}: per-gap ITL p50 {p50:.2f} p95 {p95:.2f} "
+                        f"ratio {p95 / p50:.3f} | request mean ITL p95 "
+                        f"{float(np.percentile(per, 95)):.2f} ({per.size} requests) | step "
+                        f"{profile.step_time(c) * args.speed * 1e3:.2f} | lag p99 "
+                        f"{t.client.loop_lag_p99_s * 1e3:.1f} ms, max "
+                        f"{t.client.loop_lag_max_s * 1e3:.1f} ms (wall), CPU {t.client.cpu_share:.0%}"
+                    )
+                pooled = jitter(res.trials, 95.0)
+                if pooled is not None:
+                    ratios.append(pooled.ratio)
+                    print(f"  C={c}: pooled per-gap ITL p95/p50 {pooled.ratio:.3f}")
+        finally:
+            session.close()
+    print(f"pooled ratios {min(ratios):.3f}..{max(ratios):.3f}")
+    return 0
 
 
 # ------------------------------------------------------------------------------ synthetic model
@@ -346,6 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--trials", type=int, default=3)
     t.add_argument("--runs", type=int, default=3)
     t.add_argument("--bisect", dest="interpolate", action="store_false")
+    t.add_argument("--itl", choices=("request", "token"), default="request")
+    j = sub.add_parser("jitter", help="per-gap ITL p95/p50 against each request's mean ITL")
+    j.add_argument("--speed", type=float, default=10.0)
+    j.add_argument("--stream-interval", type=int, default=1)
+    j.add_argument("--max-tokens", type=int, default=256)
+    j.add_argument("--levels", default="1,12,41,48")
     s = sub.add_parser("search", help="levels spent: interpolating search vs bisection")
     s.add_argument("--sims", type=int, default=200)
     s.add_argument("--seed", type=int, default=1)
@@ -370,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_truth(args)
     if args.cmd == "search":
         return cmd_search(args)
+    if args.cmd == "jitter":
+        return cmd_jitter(args)
     if args.cmd == "estimate":
         return cmd_estimate(args)
     return cmd_gate(args)

@@ -48,6 +48,7 @@ from pytest_kimi.baseline import (
 )
 from pytest_kimi.baseline.model import round_load
 from pytest_kimi.gate.policy import GateSettings
+from pytest_kimi.measure.capacity_latency import JITTER_RATIO, NAMES
 from pytest_kimi.measure.capacity_search import CapacityEstimate
 from pytest_kimi.measure.results import spec_key
 from pytest_kimi.workload.capacity_marker import CapacitySpec
@@ -153,10 +154,16 @@ def compare_capacity(
 
 
 def capacity_key(
-    capacity: CapacitySpec, workload: Workload, prompts_key: str, protocol: str | None
+    capacity: CapacitySpec,
+    workload: Workload,
+    prompts_key: str,
+    protocol: str | None,
 ) -> dict[str, Any]:
     """What a capacity is a capacity *of*: the workload of its levels (as a level's baseline
-    key, without the load), the metric searched, the ceilings and their percentile."""
+    key, without the load), the metric searched, the ceilings and their percentile, and for an
+    ITL ceiling the statistic it is judged on (``itl: request``, each request's mean ITL: a
+    capacity recorded on the per-gap percentile is another number, and its baseline is
+    reported as recorded for another workload rather than compared)."""
     template = workload.levels[0]
     key = {
         k: v
@@ -167,6 +174,8 @@ def capacity_key(
     key["percentile"] = capacity.percentile
     for name, limit in capacity.ceilings.items():
         key[f"max_{name}"] = limit
+    if "itl_s" in capacity.ceilings:
+        key["itl"] = capacity.itl
     if capacity.metric == "concurrency" and protocol is not None:
         key["protocol"] = protocol
     return key
@@ -261,6 +270,7 @@ def judge_capacity(
             f"note: the search stopped after {len(estimate.levels)} levels (max_levels) with the "
             f"bracket [{label(estimate.low)}, {label(estimate.high)}], wider than its step"
         )
+    reasons.extend(_level_warnings(estimate, label, capacity.ceilings, capacity.itl))
     if estimate.non_monotonic:
         reasons.append(
             "note: "
@@ -303,6 +313,42 @@ def judge_capacity(
             )
     verdict = absolute if absolute is not None else compared
     return CapacityVerdict(verdict.value, reasons, fields)
+
+
+def _level_warnings(
+    estimate: CapacityEstimate, label: Any, ceilings: Mapping[str, float], itl: str
+) -> list[str]:
+    """The levels' warnings, once each kind, as notes of the capacity: client jitter at the
+    bracket's ends is what a reader of the capacity needs to see (its tails are the client's),
+    and re-measured trials say the search paid for a stall rather than counting it."""
+    ends = {estimate.low, estimate.high}
+    out = []
+    at_ends = [
+        lv
+        for lv in estimate.levels
+        if lv.load in ends and lv.jitter is not None and lv.jitter > JITTER_RATIO
+    ]
+    if at_ends:
+        shown = ", ".join(label(lv.load) for lv in sorted(at_ends, key=lambda lv: lv.load))
+        exposed = [NAMES[n] for n in ceilings if n != "itl_s" or itl == "token"]
+        out.append(
+            f"note: client jitter at {shown}, the bracket's ends (per-gap ITL p95/p50 above "
+            f"{JITTER_RATIO:g}x): the client's read timing is in their latency tails"
+            + (
+                f"; {' and '.join(exposed)} carr{'y' if len(exposed) > 1 else 'ies'} it into "
+                "the capacity (give the client a quieter core, or a slower simulator)"
+                if exposed
+                else "; each request's mean ITL, which the capacity is judged on, averages it out"
+            )
+        )
+    remeasured = [lv for lv in estimate.levels if lv.replaced]
+    if remeasured:
+        out.append(
+            f"note: {sum(lv.replaced for lv in remeasured)} trial(s) at "
+            f"{', '.join(label(lv.load) for lv in remeasured)} were measured again: a client "
+            "stall had voided them (counted neither held nor broke)"
+        )
+    return out
 
 
 def capacity_dict(

@@ -11,7 +11,10 @@ is driven by the plugin's level measurement (:func:`run_capacity`) or by a synth
 model in tests and ``bench/capacity.py`` alike.
 
 **A level holds** when, for every ceiling, the latency at the percentile -- pooled over the
-level's trials, exactly as ``@throughput`` judges a ceiling -- is at or below it.  Its *margin*
+level's trials, as ``@throughput`` judges a ceiling, except that a request's ITL is its mean
+time per token, taken at the percentile across requests -- is at or below it
+(:mod:`pytest_kimi.measure.capacity_latency`: why, and the stalls and jitter of the client that
+this keeps out of the capacity).  Its *margin*
 is ``min over ceilings of ln(ceiling / latency)``: positive where it held, negative where it
 broke, and roughly linear in ``ln(load)`` near the boundary (latency grows as a power of the
 load there), which is what the search interpolates on.
@@ -59,7 +62,11 @@ from time import perf_counter
 from typing import Any, Literal, Mapping, Sequence
 
 from pytest_kimi.logscale import MIN_LOG_SD, Z90
-from pytest_kimi.workload.capacity_marker import DEFAULT_MAX_LEVELS, DEFAULT_RESOLUTION
+from pytest_kimi.workload.capacity_marker import (
+    DEFAULT_MAX_LEVELS,
+    DEFAULT_RESOLUTION,
+    ItlStatistic,
+)
 
 Metric = Literal["concurrency", "rate"]
 LATENCIES = ("ttft_s", "itl_s", "e2e_s")
@@ -112,6 +119,10 @@ class SearchSettings:
     interpolate: bool = True
     """False: plain doubling, then geometric bisection (the baseline ``bench/capacity.py``
     compares the interpolating search with)."""
+    itl: ItlStatistic = "request"
+    """How an ITL ceiling is judged: each request's mean time per token at the percentile
+    across requests (``request``), or every gap between reads (``token``, ``@throughput``'s
+    figure; :mod:`pytest_kimi.measure.capacity_latency`)."""
 
     def __post_init__(self) -> None:
         if not self.ceilings:
@@ -160,6 +171,13 @@ class LevelOutcome:
     stops and the capacity says why."""
     beyond: str | None = None
     """The server could not run this load at all (fewer than C at once): counted as broken."""
+    warnings: Sequence[str] = ()
+    """What the report should say about the figures (client jitter, re-measured trials);
+    they do not change the decision."""
+    jitter: float | None = None
+    """Per-gap ITL at the percentile over its median (about 1 where the client keeps up)."""
+    replaced: int = 0
+    """Trials voided by a client stall and measured again."""
 
 
 @dataclass(slots=True)
@@ -182,6 +200,10 @@ class CapacityLevel:
     """The latency with the least margin: the one that sets the capacity here."""
     latencies: dict[str, float | None] = field(default_factory=dict)
     note: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    """Client jitter in the level's tails, trials re-measured for a client stall (report only)."""
+    jitter: float | None = None
+    replaced: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -194,6 +216,9 @@ class CapacityLevel:
             "binding": self.binding,
             "latencies": {k: None if v is None else round(v, 6) for k, v in self.latencies.items()},
             "note": self.note,
+            "warnings": list(self.warnings),
+            "itl_p95_p50": None if self.jitter is None else round(self.jitter, 3),
+            "replaced": self.replaced,
         }
 
 
@@ -207,7 +232,17 @@ def _load_out(load: float | None) -> float | int | None:
 def judge(
     settings: SearchSettings, load: float, outcome: LevelOutcome, order: int
 ) -> CapacityLevel:
-    """The level's decision and how sure it is (module docstring: *trial noise*)."""
+    """The level's decision and how sure it is (module docstring: *trial noise*), with the
+    outcome's warnings."""
+    level = _judge(settings, load, outcome, order)
+    level.warnings = list(outcome.warnings)
+    level.jitter, level.replaced = outcome.jitter, outcome.replaced
+    return level
+
+
+def _judge(
+    settings: SearchSettings, load: float, outcome: LevelOutcome, order: int
+) -> CapacityLevel:
     n = len(outcome.trial_latencies)
     if outcome.problem is not None:
         return CapacityLevel(load, order, n, None, None, None, None, None, note=outcome.problem)
@@ -615,35 +650,52 @@ def merge_outcomes(first: LevelOutcome, more: LevelOutcome) -> LevelOutcome:
         [*first.trial_latencies, *more.trial_latencies],
         first.problem or more.problem,
         first.beyond or more.beyond,
+        [*first.warnings, *(w for w in more.warnings if w not in first.warnings)],
+        more.jitter if more.jitter is not None else first.jitter,
+        first.replaced + more.replaced,
     )
 
 
 # -------------------------------------------------------------------- measured (the plugin side)
 
 
-def outcome_of(level: Any, percentile: float) -> LevelOutcome:
+def outcome_of(level: Any, settings: SearchSettings) -> LevelOutcome:
     """A measured :class:`~pytest_kimi.measure.results.LevelResult` as the search sees it.
 
-    The pooled latencies are the level's own figures (what its verdict was judged on); each
-    trial's percentiles are computed the same way from that trial's records alone.  A level
-    that failed requests or cannot be trusted is a *problem*, except one whose only fault is
-    that the server never had every stream running at once: that load is beyond what the
-    server runs, so it is *beyond* (broken), not unjudgeable.
+    The pooled latencies are the ceilings' latencies over all the level's requests
+    (:func:`~pytest_kimi.measure.capacity_latency.probe_latencies`: TTFT and end-to-end as the
+    level's own figures, ITL per request); each trial's percentiles are computed the same way
+    from that trial's records alone.  A level that failed requests or cannot be trusted is a
+    *problem*, except one whose only fault is that the server never had every stream running
+    at once: that load is beyond what the server runs, so it is *beyond* (broken), not
+    unjudgeable.  Client jitter in the level's ITL tail and trials re-measured for a client
+    stall become the outcome's warnings.
     """
+    from pytest_kimi.measure.capacity_latency import jitter, probe_latencies
     from pytest_kimi.verdicts import Verdict
-    from pytest_kimi.measure.metrics import level_figures
 
-    f = level.figures
-    pooled = {"ttft_s": f.ttft_s_pct, "itl_s": f.itl_s_pct, "e2e_s": f.e2e_s_pct}
-    per_trial = []
-    for trial in level.trials:
-        if not any(r.ok for r in trial.records):
-            continue
-        tf = level_figures([trial], percentile, clock=f.clock)
-        per_trial.append({"ttft_s": tf.ttft_s_pct, "itl_s": tf.itl_s_pct, "e2e_s": tf.e2e_s_pct})
+    clock, names, q = level.figures.clock, list(settings.ceilings), settings.percentile
+    pooled = probe_latencies(level.trials, names, q, clock, settings.itl)
+    per_trial = [
+        probe_latencies([trial], names, q, clock, settings.itl)
+        for trial in level.trials
+        if any(r.ok for r in trial.records)
+    ]
+    tail = jitter(level.trials, q, clock)
+    warnings = [w for w in [tail.warning() if tail is not None else None] if w is not None]
+    replaced = len(level.replaced_trials)
+    if replaced:
+        warnings.append(
+            f"{replaced} trial(s) re-measured, not counted: " + "; ".join(level.replaced_trials)
+        )
+    extra: dict[str, Any] = {
+        "warnings": warnings,
+        "jitter": tail.ratio if tail is not None else None,
+        "replaced": replaced,
+    }
     verdict = Verdict.of(level.verdict)
     if verdict in (Verdict.ERROR, Verdict.NOT_RUN):
-        return LevelOutcome(pooled, per_trial, problem="; ".join(level.reasons) or "error")
+        return LevelOutcome(pooled, per_trial, problem="; ".join(level.reasons) or "error", **extra)
     if verdict is Verdict.INVALID:
         invalid = [t for t in level.trials if t.invalid]
         if invalid and all(
@@ -654,9 +706,12 @@ def outcome_of(level: Any, percentile: float) -> LevelOutcome:
                 per_trial,
                 beyond="the server never ran every stream at once (more than its running "
                 "limit): beyond its capacity",
+                **extra,
             )
-        return LevelOutcome(pooled, per_trial, problem="; ".join(level.reasons) or "invalid")
-    return LevelOutcome(pooled, per_trial)
+        return LevelOutcome(
+            pooled, per_trial, problem="; ".join(level.reasons) or "invalid", **extra
+        )
+    return LevelOutcome(pooled, per_trial, **extra)
 
 
 @dataclass(slots=True)
@@ -681,8 +736,11 @@ async def run_capacity(
     probe's load with :func:`~pytest_kimi.measure.trials.measure_level`, the protocol the test
     runs with (stationary by default), after one warm-up.  A top-up measures the extra trials
     and re-judges the level on all its trials.  The levels are left on ``spec.partial`` as they
-    finish, so an interrupted search still reports them.
+    finish, so an interrupted search still reports them.  Each trial passes
+    :class:`~pytest_kimi.measure.capacity_latency.ProbeStallCheck` (around the test's own
+    observer): a trial whose judged latency a client stall inflated is measured again.
     """
+    from pytest_kimi.measure.capacity_latency import ProbeStallCheck
     from pytest_kimi.measure.results import ThroughputResult
     from pytest_kimi.measure.trials import _account, measure_level, warm_up
 
@@ -692,10 +750,13 @@ async def run_capacity(
     spec.partial = result
     search = CapacitySearch(settings)
     measured: dict[float, Any] = {}
-    observer = spec.observer
+    own_observer = spec.observer
+    observer = ProbeStallCheck(
+        own_observer, settings.ceilings, settings.percentile, spec.clock, settings.itl
+    )
+    spec.observer = observer
     try:
-        if observer is not None:
-            await observer.open()
+        await observer.open()
         warm_start = perf_counter()
         await warm_up(client, spec)
         result.warmup_server_time_s = round((perf_counter() - warm_start) * spec.clock, 3)
@@ -717,13 +778,13 @@ async def run_capacity(
             if previous is not None:
                 level = _merged(previous, level, spec)
             measured[probe.load] = level
-            judged = search.tell(probe.load, outcome_of(level, settings.percentile))
-            _label_level(level, judged)
+            judged = search.tell(probe.load, outcome_of(level, settings))
+            _label_level(level, judged, settings)
             result.levels = sorted(measured.values(), key=lambda lv: lv.spec.load)
         estimate = search.estimate()
     finally:
-        if observer is not None:
-            await observer.close()
+        await observer.close()
+        spec.observer = own_observer
         _account(result, spec.clock)
     return CapacityRun(result, estimate)
 
@@ -751,16 +812,31 @@ def _merged(first: Any, more: Any, spec: Any) -> Any:
     return level
 
 
-def _label_level(level: Any, judged: CapacityLevel) -> None:
+def _label_level(level: Any, judged: CapacityLevel, settings: SearchSettings) -> None:
     """A search level's verdict says what the search learned there: ``held`` or ``broke``
-    (a missed ceiling is the point of the search, not a failure); others keep theirs."""
+    (a missed ceiling is the point of the search, not a failure); others keep theirs.  Its
+    reasons are the ceilings the search judged it on (a ``@throughput`` reason would quote the
+    per-gap ITL, which is not what broke it), then the warnings as notes."""
+    from pytest_kimi.measure.capacity_latency import NAMES
     from pytest_kimi.verdicts import Verdict
 
+    notes = [f"note: {w}" for w in judged.warnings]
     if judged.held is True:
         level.verdict = Verdict.HELD.value
-        level.reasons = []
+        level.reasons = notes
     elif judged.held is False:
         level.verdict = Verdict.BROKE.value
-        if judged.note and judged.note not in level.reasons:
-            level.reasons = [judged.note]
+        missed = [
+            f"{NAMES[name]} p{settings.percentile:g} {value:.4g} s > max_{name} {limit:g}"
+            + (
+                " (each request's mean ITL)"
+                if name == "itl_s" and settings.itl == "request"
+                else ""
+            )
+            for name, limit in settings.ceilings.items()
+            if (value := judged.latencies.get(name)) is not None and value > limit
+        ]
+        level.reasons = [*missed, *([judged.note] if judged.note else []), *notes]
+    else:
+        level.reasons = [*level.reasons, *(n for n in notes if n not in level.reasons)]
     level.capacity_level = judged.to_dict()

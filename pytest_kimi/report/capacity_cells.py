@@ -84,13 +84,19 @@ def baseline_text(capacity: Mapping[str, Any]) -> str | None:
 
 
 def level_text(capacity: Mapping[str, Any], level: Mapping[str, Any]) -> str:
-    """``C=48 broke -24.3% (ITL, 3 trials)``: one level of the search."""
+    """``C=48 broke -24.3% (ITL, 3 trials, jitter)``: one level of the search (``jitter``: its
+    per-gap ITL tail carries the client's timing; ``1 re-measured``: trials voided by a client
+    stall and measured again)."""
     held = level.get("held")
     word = "held" if held else ("broke" if held is False else "not judged")
     margin = level.get("margin_pct")
     parts = [f"{level.get('trials', 0)} trial{'s' if level.get('trials') != 1 else ''}"]
     if level.get("binding"):
         parts.insert(0, LATENCY_NAMES.get(level["binding"], level["binding"]))
+    if any(str(w).startswith("client jitter") for w in level.get("warnings") or ()):
+        parts.append("jitter")
+    if level.get("replaced"):
+        parts.append(f"{level['replaced']} re-measured")
     shown = f" {margin:+.1f}%" if margin is not None else ""
     return f"{_load(capacity, level.get('load'))} {word}{shown} ({', '.join(parts)})"
 
@@ -124,6 +130,21 @@ MARGIN_HELP = (
 )
 
 
+def note_text(level: Mapping[str, Any]) -> str:
+    """The note column: why a level was not judged or broke without a figure, then what its
+    figures carry (client jitter, trials re-measured for a client stall), shortened to what a
+    table cell holds; the level's reasons below the table have the whole text."""
+    parts = [str(level["note"])] if level.get("note") else []
+    ratio = level.get("itl_p95_p50")
+    if ratio is not None and any(
+        str(w).startswith("client jitter") for w in level.get("warnings") or ()
+    ):
+        parts.append(f"client jitter: ITL p95/p50 {ratio:.2f}")
+    if level.get("replaced"):
+        parts.append(f"{level['replaced']} trial(s) re-measured (client stall)")
+    return "; ".join(parts)
+
+
 def _rows(capacity: Mapping[str, Any]) -> list[list[str]]:
     ceilings = capacity.get("ceilings") or {}
     rows = []
@@ -140,7 +161,7 @@ def _rows(capacity: Mapping[str, Any]) -> list[list[str]]:
                 + ("%" if lv.get("margin_pct") is not None else ""),
                 _num(lv.get("sure"), ".3f"),
                 str(lv.get("trials", 0)),
-                str(lv.get("note") or ""),
+                note_text(lv),
             ]
         )
     return rows
@@ -149,11 +170,19 @@ def _rows(capacity: Mapping[str, Any]) -> list[list[str]]:
 def _header(capacity: Mapping[str, Any]) -> list[str]:
     pct = f"p{capacity.get('percentile', 95):g}"
     ceilings = capacity.get("ceilings") or {}
+    itl = (capacity.get("workload") or {}).get("itl")
+
+    def name(k: str) -> str:
+        # the ITL judged per request says so: it is not the per-gap ITL of the level table
+        return (
+            "ITL (request mean)" if k == "itl_s" and itl == "request" else LATENCY_NAMES.get(k, k)
+        )
+
     return [
         "#",
         "load",
         "result",
-        *[f"{LATENCY_NAMES.get(k, k)} {pct} s (<= {v:g})" for k, v in ceilings.items()],
+        *[f"{name(k)} {pct} s (<= {v:g})" for k, v in ceilings.items()],
         "margin",
         "sure",
         "trials",
