@@ -148,6 +148,10 @@ def _v2_adaptive(base: np.ndarray, cur: np.ndarray, gate: Gate) -> tuple[np.ndar
     sims = base.shape[0]
     verdicts = np.empty(sims, dtype="<U12")
     trials = np.zeros(sims)
+    # the design of each row: its trials at the variance rule's first stop (the look at the
+    # estimate) and what an undecided row is extended to (stats.Design)
+    interim = np.zeros(sims, dtype=np.int64)
+    extend = np.zeros(sims, dtype=np.int64)
     pending: dict[int, np.ndarray] = {min(gate.min_trials, gate.max_trials): np.arange(sims)}
     while pending:
         n = min(pending)
@@ -159,9 +163,20 @@ def _v2_adaptive(base: np.ndarray, cur: np.ndarray, gate: Gate) -> tuple[np.ndar
             max_trials=gate.max_trials,
             **gate.kwargs(),
         )
+        first = (interim[rows] == 0) & (dec.reason != "continue")
+        looked = rows[first]
+        interim[looked] = n
+        can = np.isin(dec.reason[first], ("powered", "undecided"))
+        extend[looked] = np.where(can, gate.max_trials, n)
         done = rows[dec.stop]
         if done.size:
-            verdicts[done] = compare_batch(base[done], cur[done, :n], **gate.kwargs()).verdict
+            verdicts[done] = compare_batch(
+                base[done],
+                cur[done, :n],
+                interim_trials=np.where(interim[done] > 0, interim[done], n),
+                extend_to=np.where(interim[done] > 0, extend[done], n),
+                **gate.kwargs(),
+            ).verdict
             trials[done] = n
         for k in np.unique(dec.next_trials[~dec.stop]):
             more = rows[~dec.stop & (dec.next_trials == k)]

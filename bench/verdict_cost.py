@@ -26,6 +26,19 @@ the plugin's trial policy and gate (:mod:`pytest_kimi.gate.stats`, defaults) -- 
 false-alarm rate (no change), the power (a 15% drop), and the expected trials, hence expected
 server time, of a verdict under each protocol.
 
+``--matrix`` (issue 21) prices verdicts over workload shapes instead of the example suite:
+one-level tests at 128 and 2048 tokens, a C=1/8/32 sweep at 256 tokens, five-level sweeps
+(C=1..256) at 128 and 2048 tokens, C=256 at 512 and C=16/64 at 1024.  Each shape is recorded
+once per protocol through the plugin (``--update-baselines``: 10 trials per level), which gives
+each level's within-session spread and the EP8 seconds of one of its trials; then ``--sims``
+simulated comparisons per scenario -- unchanged, at the tolerance (5% slower), 10% and 15%
+slower -- with a session noise of 3% and of 1% (the gate told the truth, as a measured
+``--perf-session-sigma`` does), through the plugin's trial policy (the undecided extension
+included) and :func:`stats.compare_family` with its designs.  It prints, per shape and noise,
+the share of tests flagged (any level or the common shift a ``regression``), the least share
+of ``pass`` over a test's levels, the share where every level passed, and the EP8 seconds per
+verdict of each protocol and their ratio.
+
 Speeds: the whole-requests protocol is timed by whole requests, so any speed gives the same
 EP8 seconds (default 20); a stationary trial is held to at least ~0.7 wall seconds (the
 client's clock must resolve its window), which at high speed inflates its EP8 seconds, so it runs
@@ -54,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 from pytest_kimi.gate import stats  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
 from pytest_kimi.sim.config import SimConfig  # noqa: E402
+from pytest_kimi.verdicts import Verdict  # noqa: E402
 
 SLOWER = 1 / 0.85
 """Step-time multiplier of the slower server: tok/s times 0.85, a 15% drop."""
@@ -223,7 +237,7 @@ def simulate(
     Every simulated comparison draws a baseline session (``baseline_trials`` trials, as a
     recording runs) and a current one whose log mean differs by a session factor and
     ``log(1 - drop)``; the current side runs the adaptive policy (:func:`stats.decide`) and is
-    judged by :func:`stats.compare_test` over the levels of its test, Holm and all.
+    judged by :func:`stats.compare_test` over the levels of its test (closed testing).
     """
     counts: dict[str, int] = {}
     trials_total = 0
@@ -260,6 +274,222 @@ def simulate(
     return shares, trials_total / n, seconds_total / sims
 
 
+# ------------------------------------------------------------------- the matrix (issue 21)
+
+MATRIX: dict[str, tuple[list[int], int]] = {
+    "one_128": ([1], 128),
+    "one_2048": ([1], 2048),
+    "sweep3_256": ([1, 8, 32], 256),
+    "sweep5_128": ([1, 4, 16, 64, 256], 128),
+    "sweep5_2048": ([1, 4, 16, 64, 256], 2048),
+    "c256_512": ([256], 512),
+    "pair_1024": ([16, 64], 1024),
+}
+"""Test name -> (concurrency levels, max_tokens): the workload shapes of ``--matrix``."""
+
+SCENARIOS = {"unchanged": 0.0, "at tolerance": 0.05, "10% slower": 0.10, "15% slower": 0.15}
+
+
+def matrix_suite() -> str:
+    lines = ["from pytest_kimi import throughput", ""]
+    for name, (levels, tokens) in MATRIX.items():
+        conc = levels[0] if len(levels) == 1 else levels
+        lines += [
+            f"@throughput(concurrency={conc!r}, max_tokens={tokens}, prompts='diverse')",
+            f"def test_{name}():",
+            "    pass",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+@dataclass(slots=True)
+class Shape:
+    """One test of the matrix under one protocol, as measured by its recording."""
+
+    name: str
+    levels: list[LevelModel]
+    warmup_s: float
+
+
+def record_matrix(protocol: str, *, speed: float, work: Path) -> list[Shape]:
+    """Record every matrix test once (10 trials per level) and read its spreads and prices."""
+    suite = work / f"matrix-{protocol}"
+    suite.mkdir()
+    (suite / "test_matrix.py").write_text(matrix_suite())
+    out = suite / "report.json"
+    with SimProcess(SimConfig(speed=speed, stream_interval=8)) as sim:
+        assert sim.url is not None
+        args = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(suite),
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            f"--endpoint={sim.url}",
+            f"--perf-protocol={protocol}",
+            f"--baseline-dir={suite / 'baselines'}",
+            "--baseline-profile=ep8",
+            "--perf-history=off",
+            f"--perf-json={out}",
+            "--update-baselines=force",
+        ]
+        t0 = time.perf_counter()
+        proc = subprocess.run(args, cwd=suite, capture_output=True, text=True, timeout=7200)
+        wall = time.perf_counter() - t0
+    if not out.exists():
+        raise SystemExit(f"no report from {' '.join(args)}:\n{proc.stdout[-3000:]}{proc.stderr}")
+    print(f"  {protocol}: recorded the matrix in {wall:.0f} s wall at speed {speed:g}")
+    shapes = []
+    for test in json.loads(out.read_text())["tests"]:
+        name = test["nodeid"].rsplit("::test_", 1)[-1]
+        models = []
+        for lv in test.get("levels", []):
+            tok = list(lv.get("trials_tok_s") or [])
+            x = np.log(np.asarray(tok)) if len(tok) >= 2 else np.zeros(2)
+            models.append(
+                LevelModel(
+                    name,
+                    lv["label"],
+                    max(float(np.std(x, ddof=1)), stats.MIN_LOG_SD),
+                    (lv.get("server_time_s") or 0.0) / max(lv.get("trials") or 1, 1),
+                )
+            )
+        shapes.append(Shape(name, models, test.get("warmup_server_time_s") or 0.0))
+    return shapes
+
+
+@dataclass(slots=True)
+class Cell:
+    failed: float
+    """Share of tests with a regression (a level or the common shift): the test fails."""
+    flagged: float
+    """Share of tests that did not say ``pass`` (or ``improved``) at every level: failed, or
+    warned (``inconclusive``, ``underpowered``)."""
+    min_level_pass: float
+    """The least share of ``pass`` over the test's levels."""
+    all_pass: float
+    inconclusive: float
+    """Share of levels that ended ``inconclusive``."""
+    mean_trials: float
+    seconds: float
+    """EP8 seconds per verdict (the test once, warm-up included)."""
+
+
+def simulate_shape(
+    shape: Shape,
+    *,
+    drop: float,
+    sims: int,
+    sigma: float,
+    baseline_trials: int,
+    rng: np.random.Generator,
+) -> Cell:
+    """``sims`` comparisons of one test: shared session factors, the plugin's policy (with
+    the undecided extension and its :class:`stats.Design`) and :func:`stats.compare_family`."""
+    levels = shape.levels
+    failed = flagged = all_pass = 0
+    level_pass = np.zeros(len(levels))
+    inconclusive = trials = 0
+    seconds = 0.0
+    for _ in range(sims):
+        s_base, s_cur = rng.normal(0.0, sigma / math.sqrt(2), 2)
+        pairs, designs = [], []
+        for m in levels:
+            base = list(np.exp(s_base + rng.normal(0.0, m.within_sigma, baseline_trials)))
+            shift = s_cur + math.log1p(-drop)
+
+            def draw(k: int, shift: float = shift, sd: float = m.within_sigma) -> list[float]:
+                return [float(x) for x in np.exp(shift + rng.normal(0.0, sd, k))]
+
+            cur = draw(stats.DEFAULT_MIN_TRIALS)
+            design = None
+            while True:
+                d = stats.decide(base, cur, session_sigma=sigma)
+                if design is None and d.reason is not stats.StopReason.CONTINUE:
+                    can = d.reason in (stats.StopReason.POWERED, stats.StopReason.UNDECIDED)
+                    n = len(cur)
+                    design = stats.Design(n, stats.DEFAULT_MAX_TRIALS if can else n)
+                if d.stop or len(cur) >= stats.DEFAULT_MAX_TRIALS:
+                    break
+                cur += draw(d.next_trials)
+            trials += len(cur)
+            seconds += len(cur) * m.trial_s
+            pairs.append((base, cur))
+            designs.append(design)
+        fam = stats.compare_family(pairs, session_sigma=sigma, designs=designs)
+        verdicts = [c.verdict for c in fam.levels]
+        shift_reg = fam.shift is not None and fam.shift.verdict is Verdict.REGRESSION
+        failed += shift_reg or Verdict.REGRESSION in verdicts
+        flagged += shift_reg or any(v not in (Verdict.PASS, Verdict.IMPROVED) for v in verdicts)
+        all_pass += all(v is Verdict.PASS for v in verdicts)
+        level_pass += np.array([v is Verdict.PASS for v in verdicts])
+        inconclusive += sum(v is Verdict.INCONCLUSIVE for v in verdicts)
+    n_levels = sims * len(levels)
+    return Cell(
+        failed / sims,
+        flagged / sims,
+        float(level_pass.min()) / sims,
+        all_pass / sims,
+        inconclusive / n_levels,
+        trials / n_levels,
+        seconds / sims + shape.warmup_s,
+    )
+
+
+def run_matrix(args: argparse.Namespace) -> int:
+    from pytest_kimi.gate import family
+
+    family.MC_DRAWS = args.mc_draws
+    rng = np.random.default_rng(args.seed)
+    protocols = ("whole-requests", "stationary")
+    with tempfile.TemporaryDirectory(prefix="verdict-matrix-") as tmp:
+        work = Path(tmp)
+        shapes = {
+            p: {s.name: s for s in record_matrix(p, speed=DEFAULT_SPEEDS[p], work=work)}
+            for p in protocols
+        }
+    print(
+        f"\n{args.sims} simulated comparisons per cell; gate defaults (tolerance 5%, alpha 0.05, "
+        "detectable drop 15%), session sigma told the truth; baseline of 10 trials; EP8 s per "
+        "verdict = the test once, warm-up included"
+    )
+    header = (
+        "| test | levels | sigma | scenario | failed | flagged | least level pass | all pass | "
+        "inconclusive | trials/level | EP8 s stationary | EP8 s whole-requests | ratio |"
+    )
+    print("\n" + header)
+    print("|" + "---|" * 13)
+    for name, (conc, tokens) in MATRIX.items():
+        for sigma in (0.03, 0.01):
+            for scenario, drop in SCENARIOS.items():
+                cells = {
+                    p: simulate_shape(
+                        shapes[p][name],
+                        drop=drop,
+                        # the protocol of before is priced, not judged: fewer comparisons
+                        sims=args.sims if p == "stationary" else max(50, args.sims // 4),
+                        sigma=sigma,
+                        baseline_trials=stats.DEFAULT_MAX_TRIALS,
+                        rng=rng,
+                    )
+                    for p in protocols
+                }
+                new, old = cells["stationary"], cells["whole-requests"]
+                label = f"C={'/'.join(map(str, conc))} x {tokens}"
+                print(
+                    f"| {name} | {label} | {sigma:g} | {scenario} | {new.failed:.1%} | "
+                    f"{new.flagged:.1%} | "
+                    f"{new.min_level_pass:.1%} | {new.all_pass:.1%} | {new.inconclusive:.1%} | "
+                    f"{new.mean_trials:.2f} | {new.seconds:.0f} | {old.seconds:.0f} | "
+                    f"{new.seconds / old.seconds:.2f} |",
+                    flush=True,
+                )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -278,7 +508,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--session-sigma", type=float, default=stats.DEFAULT_SESSION_SIGMA)
     ap.add_argument("--sims", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--matrix", action="store_true", help="the workload-shape matrix (issue 21)")
+    ap.add_argument(
+        "--mc-draws",
+        type=int,
+        default=5000,
+        help="simulated sessions of the family's null per comparison (the plugin uses 20000)",
+    )
     args = ap.parse_args(argv)
+    if args.matrix:
+        return run_matrix(args)
     protocols = ["whole-requests", "stationary"] if args.protocol == "both" else [args.protocol]
     rng = np.random.default_rng(args.seed)
     summary = []

@@ -157,7 +157,7 @@ def compare_reports(
     and the terminal table need no special case.
     """
     from pytest_kimi.gate import stats
-    from pytest_kimi.gate.policy import compared_level
+    from pytest_kimi.gate.policy import compared_level, shift_record
     from pytest_kimi.baseline import Provenance, provenance_diff
 
     drop = stats.DEFAULT_DETECTABLE_DROP if detectable_drop is None else detectable_drop
@@ -231,15 +231,18 @@ def compare_reports(
         for key, lv in old_levels.items():
             if key not in seen:
                 result.only_old.append(f"{nodeid} {_label(lv, test)}")
+        shift: dict[str, Any] | None = None
         if pending:
-            comparisons = stats.compare_test(
+            family = stats.compare_family(
                 [(b, c) for _, b, c in pending],
                 tolerance=tolerance,
                 alpha=alpha,
                 session_sigma=session_sigma,
                 detectable_drop=drop,
             )
-            for (row, base, _), cmp in zip(pending, comparisons):
+            if family.shift is not None:
+                shift = shift_record(family.shift, tolerance, changes)
+            for (row, base, _), cmp in zip(pending, family.levels):
                 # the gate's own fields and notes, so a compared level reads as a gated one
                 fields, note = compared_level(
                     cmp, base, tolerance=tolerance, alpha=alpha, changes=changes
@@ -249,10 +252,16 @@ def compare_reports(
                     row["reasons"].append(note)
                 if row["verdict"] == Verdict.REGRESSION:
                     result.regressions.append(f"{nodeid} {_label(row, test)}")
-        regressed = any(r["verdict"] == Verdict.REGRESSION for r in levels)
+        regressed = any(r["verdict"] == Verdict.REGRESSION for r in levels) or (
+            shift is not None and shift["verdict"] == Verdict.REGRESSION.value
+        )
         out = {
-            k: v for k, v in test.items() if k not in ("levels", "baseline_note", "compared_with")
+            k: v
+            for k, v in test.items()
+            if k not in ("levels", "baseline_note", "compared_with", "shift")
         }
+        if shift is not None:
+            out["shift"] = shift
         # provenance changes are one list for the whole comparison: said once, in the notes
         out.update(
             levels=levels,

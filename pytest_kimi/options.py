@@ -38,6 +38,7 @@ from typing import Any, Callable, Generic, Literal, Mapping, TypeVar, cast
 
 from pytest_kimi.baseline.paths import DEFAULT_DIRNAME, DEFAULT_PROFILE
 from pytest_kimi.gate import stats
+from pytest_kimi.gate.latency_gate import DEFAULT_LATENCY_TOLERANCE
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.history.urls import DEFAULT_URL as DEFAULT_HISTORY_URL
 from pytest_kimi.history.urls import check_url, resolve_history_url
@@ -81,6 +82,9 @@ class KimiOptions:
     perf_alpha: float = stats.DEFAULT_ALPHA
     perf_session_sigma: float = stats.DEFAULT_SESSION_SIGMA
     perf_detectable_drop: float = stats.DEFAULT_DETECTABLE_DROP
+    perf_latency_tolerance: float = DEFAULT_LATENCY_TOLERANCE
+    """How much slower TTFT and ITL may be than the baseline's (0.25: 25%); a marker's
+    ``latency_tolerance=`` overrides it."""
     perf_max_trials: int = stats.DEFAULT_MAX_TRIALS
     perf_sessions: int = 1
     """Fresh server starts per run (``--perf-sessions``): every perf test runs in each, and the
@@ -225,6 +229,10 @@ def positive_int(text: str) -> int:
 
 def fraction(text: str) -> float:
     return _number(text, float, lambda v: 0 < v < 1, "a number between 0 and 1 (exclusive)")
+
+
+def positive_float(text: str) -> float:
+    return _number(text, float, lambda v: v > 0 and v != float("inf"), "a number > 0")
 
 
 def non_negative_float(text: str) -> float:
@@ -431,6 +439,16 @@ OPTIONS: dict[str, Option[Any]] = {
             "probability) before a level may pass; a level whose noise could hide it is "
             "underpowered (default {default})",
             fraction,
+            metavar="FRACTION",
+        ),
+        Option(
+            "--perf-latency-tolerance",
+            "kimi_perf_latency_tolerance",
+            "KIMI_PERF_LATENCY_TOLERANCE",
+            "relative slow-down of TTFT and ITL (p50 and the marker's percentile) the gate "
+            "tolerates before it may call a latency regression (default {default}: 25% "
+            "slower); the marker's latency_tolerance= overrides it",
+            positive_float,
             metavar="FRACTION",
         ),
         Option(

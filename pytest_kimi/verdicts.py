@@ -16,11 +16,13 @@ Verdicts of a level, strongest first:
 - ``invalid``: the figure cannot be trusted (wrong token counts under ``ignore_eos``, empty 200
   responses, no steady-state window, or a saturated client), so none is published;
 - ``fail``: an absolute target (floor or ceiling) was missed;
-- ``regression`` / ``improved`` / ``underpowered``: the comparison with the
-  baseline (:mod:`pytest_kimi.gate.stats`) of a level that passed its targets;
+- ``regression`` / ``improved`` / ``inconclusive`` / ``underpowered``: the comparison with
+  the baseline (:mod:`pytest_kimi.gate.stats`) of a level that passed its targets;
 - ``no-baseline``: the level passed its targets and there is nothing to compare with;
-- ``pass``;
-- ``inconclusive``: kept for reports of versions before 0.2 (the gate no longer says it).
+- ``inconclusive``: the estimate lies beyond the tolerance, but the drop is not significant
+  at the trial cap (a warning; ``--perf-strict`` fails it);
+- ``pass``: no significant drop beyond the tolerance, the estimate within it, and a drop of
+  the detectable size would have been caught.
 
 A ``@capacity`` test's levels are the points its search measured; each says whether every
 latency ceiling held there (``held``) or not (``broke``).  Neither fails a test: a level past
@@ -97,16 +99,22 @@ class Verdict(str, Enum):
         """May a level with this verdict become a baseline (without ``--update-baselines=force``)?
 
         Not ``error``, ``invalid`` or ``not-run``: their samples are missing or untrustworthy,
-        and every later comparison would be judged against them.
+        and every later comparison would be judged against them.  Not ``fail`` or
+        ``regression`` either: their samples are sound, but the run failed on them, and
+        recording it would make the figure the gate just rejected the next target (a red run
+        turned green by an update).  An approved trade-off is recorded with ``force``, which
+        the pull request then approves.  ``improved``, ``pass``, ``no-baseline``,
+        ``underpowered`` and ``inconclusive`` may be.
         """
-        return self not in _UNTRUSTWORTHY
+        return self not in _NOT_RECORDABLE
 
     @property
     def comparable(self) -> bool:
         """Can a level with this verdict be compared with another (``kimi-perf compare``)?
 
-        The same three as :attr:`recordable` are excluded, for the same reason: no trustworthy
-        samples.  A separate question because a new verdict could answer them differently.
+        ``error``, ``invalid`` and ``not-run`` are excluded: no trustworthy samples.  A
+        ``fail`` or ``regression`` level is comparable (its samples are sound) though not
+        :attr:`recordable`: the two questions differ.
         """
         return self not in _UNTRUSTWORTHY
 
@@ -130,6 +138,9 @@ class Verdict(str, Enum):
 
 _ALWAYS_FAILING = frozenset({Verdict.FAIL, Verdict.INVALID, Verdict.ERROR, Verdict.REGRESSION})
 _UNTRUSTWORTHY = frozenset({Verdict.ERROR, Verdict.INVALID, Verdict.NOT_RUN})
+_NOT_RECORDABLE = _UNTRUSTWORTHY | {Verdict.FAIL, Verdict.REGRESSION}
+"""What ``--update-baselines`` refuses without ``force``: untrustworthy samples, and the
+verdicts that failed the run on sound ones."""
 _HEADLINES = {
     Verdict.FAIL: "target missed",
     Verdict.REGRESSION: "regression beyond noise",
@@ -141,8 +152,9 @@ _HEADLINES = {
 }
 
 _MEANINGS = {
-    Verdict.PASS: "no drop beyond the tolerance, and a drop of the detectable size would have "
-    "been caught (or above the target, without a baseline)",
+    Verdict.PASS: "no significant drop beyond the tolerance, the estimate within it, and a "
+    "drop of the detectable size would have been caught (or above the target, without a "
+    "baseline)",
     Verdict.IMPROVED: "significantly faster than the baseline: update it so the slack cannot "
     "hide a later regression",
     Verdict.REGRESSION: "significantly slower than the baseline beyond the tolerance",
@@ -150,8 +162,9 @@ _MEANINGS = {
     Verdict.INVALID: "the measurement cannot be trusted (client overloaded, too few requests, ...)",
     Verdict.ERROR: "the level could not be measured (requests failed, endpoint down)",
     Verdict.NOT_RUN: "skipped because an earlier level of the test errored",
-    Verdict.INCONCLUSIVE: "neither within tolerance nor a significant regression (reports "
-    "before 0.2; the gate no longer says it)",
+    Verdict.INCONCLUSIVE: "the estimate lies beyond the tolerance but the drop is not "
+    "significant, even after every trial --perf-max-trials allows: the gate cannot vouch for "
+    "the level either way (--perf-strict fails it)",
     Verdict.UNDERPOWERED: "too noisy: this run could not have caught a drop of the detectable "
     "size (--perf-detectable-drop)",
     Verdict.NO_BASELINE: "nothing recorded to compare with (record with --update-baselines)",

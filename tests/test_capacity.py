@@ -423,6 +423,35 @@ def test_update_baselines_records_the_capacity_and_says_what_changed(tmp_path: P
     assert "capacity invalid" in refused[0] and "--update-baselines=force" in refused[0]
 
 
+@pytest.mark.parametrize(
+    "verdict, reason",
+    [
+        ("fail", "capacity C=36 < min_capacity C=40"),
+        ("regression", "regression -10.0% (90% CI -14.0% .. -6.0%), p=0.001 vs baseline"),
+    ],
+)
+def test_update_baselines_refuses_a_failed_capacity_unless_forced(
+    tmp_path: Path, verdict: str, reason: str
+) -> None:
+    """A capacity the gate failed (below ``min_capacity``, or a regression) is not recorded
+    without force: the lower figure would become the target the next run is judged by."""
+    update_baselines(tmp_path, "sim", "yes", [_report_test()], {}, tmp_path)
+    path = BaselineStore(tmp_path, "sim").path_for(NODE)
+    before = path.read_text()
+    lower = _report_test(
+        value=36, low=36, high=39, estimate=37.9, verdict=verdict, reasons=[reason]
+    )
+    written, refused = update_baselines(tmp_path, "sim", "yes", [lower], {}, tmp_path)
+    assert not written and path.read_text() == before
+    (text,) = refused
+    assert text.startswith(f"{NODE}: not recorded (capacity {verdict}: {reason})")
+    assert "--update-baselines=force" in text
+    written, refused = update_baselines(tmp_path, "sim", "force", [lower], {}, tmp_path)
+    assert not refused and "-> C=36 [36..39], boundary 37.9 (-10.0%)" in written[0]
+    stored = BaselineStore(tmp_path, "sim").load(NODE)
+    assert stored is not None and stored.capacity is not None and stored.capacity.low == 36
+
+
 def test_reports_show_the_capacity_and_the_search() -> None:
     test = _report_test(
         verdict="regression",

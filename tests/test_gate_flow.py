@@ -28,7 +28,7 @@ SIM = "sim:speed=10"
 SUITE = """
 from pytest_kimi import throughput
 
-@throughput(concurrency=[1, 4], max_tokens={max_tokens}, trials=3, warmup=1)
+@throughput(concurrency=[1, 4], max_tokens={max_tokens}, trials=3, warmup=1{targets})
 def test_sweep():
     pass
 """
@@ -36,8 +36,8 @@ BASELINE = Path("baselines/sim/test_suite/test_sweep.yaml")
 GATE = ("--perf-max-trials=4", "--perf-tolerance=0.1")
 
 
-def _suite(pytester: pytest.Pytester, max_tokens: int = 64) -> None:
-    pytester.makepyfile(test_suite=SUITE.format(max_tokens=max_tokens))
+def _suite(pytester: pytest.Pytester, max_tokens: int = 64, targets: str = "") -> None:
+    pytester.makepyfile(test_suite=SUITE.format(max_tokens=max_tokens, targets=targets))
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -59,7 +59,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recording:
     args = [f"--endpoint={SIM}", "--update-baselines", *GATE]
     for _ in range(SESSION_ATTEMPTS):
         where = tmp_path_factory.mktemp("recording")
-        (where / "test_suite.py").write_text(SUITE.format(max_tokens=64))
+        (where / "test_suite.py").write_text(SUITE.format(max_tokens=64, targets=""))
         proc = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
             cwd=where,
@@ -174,8 +174,24 @@ def test_corrupt_baseline_is_named_and_left_untouched(
     assert path.read_text() == text
     path.write_text("schema: 1\nlevels: [\n")
     result = _run(pytester, f"--endpoint={SIM}", *GATE, "--update-baselines")
-    result.stdout.fnmatch_lines([f"*{BASELINE}*"])
+    result.assert_outcomes(errors=1)
+    # the file, the line, and the three ways out
+    result.stdout.fnmatch_lines(
+        [
+            f"*{BASELINE}: YAML syntax error at line 3, column 1: *",
+            f"*fix the file by hand, restore it with `git checkout -- {BASELINE}`, or rewrite "
+            "it from this run with --update-baselines=force",
+        ]
+    )
     assert path.read_text() == "schema: 1\nlevels: [\n"
+    # force measures the test as without a baseline and replaces the file
+    result = _run(pytester, f"--endpoint={SIM}", *GATE, "--update-baselines=force")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [f"*{BASELINE} (replaced a corrupt file: YAML syntax error at line 3*", "*git diff --*"]
+    )
+    data = yaml.safe_load(path.read_text())
+    assert [lv["workload"]["concurrency"] for lv in data["levels"]] == [1, 4]
 
 
 def test_workload_change_finds_no_baseline(pytester: pytest.Pytester, recording: str) -> None:
@@ -202,3 +218,58 @@ def test_update_refuses_a_run_with_failures(pytester: pytest.Pytester) -> None:
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*test_sweep: not recorded (C=1 error*--update-baselines=force*"])
     assert not (pytester.path / BASELINE).exists()
+
+
+def _session_ids(path: Path) -> list[str]:
+    return yaml.safe_load(path.read_text())["provenance"]["session_ids"]
+
+
+def _tok_s(text: str) -> dict[int, float]:
+    """A baseline file's median tok/s by concurrency."""
+    return {lv["workload"]["concurrency"]: lv["tok_s"] for lv in yaml.safe_load(text)["levels"]}
+
+
+def test_update_refuses_a_level_below_its_floor_unless_forced(
+    pytester: pytest.Pytester, recording: str
+) -> None:
+    """A ``fail`` level used to be recorded: the figure below the floor became the baseline."""
+    _recorded(pytester, recording)
+    _suite(pytester, targets=", min_tok_s={4: 100000}")  # the targets are not in the key
+    path = pytester.path / BASELINE
+    result = _run(pytester, f"--endpoint={SIM}", *GATE, "--update-baselines")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*test_suite.py::test_sweep: not recorded (*C=4 fail: aggregate * tok/s < "
+            "min_tok_s 100000*): *record it anyway with --update-baselines=force*"
+        ]
+    )
+    assert path.read_text() == recording
+    result = _run(pytester, f"--endpoint={SIM}", *GATE, "--update-baselines=force")
+    result.assert_outcomes(failed=1)  # recorded, and still failed: force records, never passes
+    assert "not recorded" not in result.stdout.str()
+    assert path.read_text() != recording
+    assert _session_ids(path) != yaml.safe_load(recording)["provenance"]["session_ids"]
+
+
+def test_update_refuses_a_regression_unless_forced(
+    pytester: pytest.Pytester, recording: str
+) -> None:
+    """A ``regression`` used to be recorded: the slower server became the target."""
+    _recorded(pytester, recording)
+    path = pytester.path / BASELINE
+    slowed = (f"--endpoint={SIM},slowdown=1.5", *GATE)
+    result = _run(pytester, *slowed, "--update-baselines")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_suite.py::test_sweep: not recorded (C=1 regression: regression -*% (90% CI*"
+            "C=4 regression: regression -*--update-baselines=force*"
+        ]
+    )
+    assert path.read_text() == recording
+    result = _run(pytester, *slowed, "--update-baselines=force")
+    result.assert_outcomes(failed=1)
+    old, new = _tok_s(recording), _tok_s(path.read_text())
+    # every step 1.5x longer: the slower figures (-33%) are the target now
+    assert all(new[c] < 0.8 * old[c] for c in (1, 4)), (old, new)

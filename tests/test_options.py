@@ -45,6 +45,7 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "perf_alpha": 0.05,
     "perf_session_sigma": 0.03,
     "perf_detectable_drop": 0.15,
+    "perf_latency_tolerance": 0.25,
     "perf_max_trials": 10,
     "perf_sessions": 1,
     "perf_require_baseline": False,
@@ -286,14 +287,15 @@ from pytest_kimi import throughput
 def test_option():
     pass
 
-@throughput(concurrency=4, max_tokens=64, warmup=1, trials=2, tolerance=0.9)
+@throughput(concurrency=4, max_tokens=64, warmup=1, trials=2, tolerance=0.9, latency_tolerance=9)
 def test_marker_wins():
     pass
 """
 
 
 def test_marker_tolerance_over_cli(pytester: pytest.Pytester) -> None:
-    """An 80% slower server: a regression at the command line's 10%, not at the marker's 90%."""
+    """An 80% slower server: a regression at the command line's 10%, not at the marker's 90%
+    (nor its latency, 5 times as long, at the marker's latency_tolerance=9: 900% slower)."""
     pytester.makepyfile(test_suite=TOLERANCE)
     gate = ("--perf-max-trials=2", "--perf-tolerance=0.1")  # -80% needs no more trials
     pytester.runpytest("--endpoint=sim:speed=50", "--update-baselines", *gate).assert_outcomes(
@@ -308,6 +310,8 @@ def test_marker_tolerance_over_cli(pytester: pytest.Pytester) -> None:
     tests = {t["nodeid"].split("::")[-1]: t for t in json.loads(report.read_text())["tests"]}
     assert [lv["tolerance_pct"] for lv in tests["test_option"]["levels"]] == [10]
     assert [lv["tolerance_pct"] for lv in tests["test_marker_wins"]["levels"]] == [90]
+    latency = {name: t["levels"][0]["latency"]["tolerance_pct"] for name, t in tests.items()}
+    assert latency == {"test_option": 25, "test_marker_wins": 900}
 
 
 # --------------------------------------------------------------------------------------- paths

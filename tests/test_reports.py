@@ -164,6 +164,30 @@ def test_markdown_empty_report() -> None:
     assert "NO TESTS" in md and "0 tests" in md
 
 
+def test_an_interrupted_run_is_never_passed(baseline_run: dict[str, Any]) -> None:
+    """Interrupted between two tests, every test it finished passed: the headline is still
+    INTERRUPTED (a cancelled CI job's step summary must not read as a green gate), in the
+    JSON's ``status``, the Markdown and the HTML; a report saved without ``status`` is read
+    from its outcomes the same way."""
+    from pytest_kimi.report.html import render_html
+    from pytest_kimi.report.json_report import build_report
+
+    why = "run interrupted by SIGTERM: the levels that finished keep their verdicts"
+    report = build_report(baseline_run["endpoint"], baseline_run["tests"], interrupted=why)
+    assert report["status"] == "interrupted" and report["interrupted"] == why
+    assert build_report(baseline_run["endpoint"], baseline_run["tests"])["status"] == "passed"
+    md = render_markdown(report)
+    assert md.splitlines()[0] == "## pytest-kimi throughput: INTERRUPTED"
+    assert f"2 tests: 2 passed, 0 failed; {why}" in md and "PASSED" not in md
+    page = render_html(report)
+    assert '<span class="status s-interrupted">INTERRUPTED</span></h1>' in page
+    assert "<title>pytest-kimi throughput: INTERRUPTED</title>" in page
+    assert "PASSED</span></h1>" not in page  # the tests it finished still say PASSED
+    saved = copy.deepcopy(baseline_run)  # older reports: no status; a test stopped mid-run
+    saved["tests"][1]["outcome"] = "interrupted"
+    assert render_markdown(saved).splitlines()[0].endswith(": INTERRUPTED")
+
+
 # -------------------------------------------------------------------------------- plots, HTML
 
 

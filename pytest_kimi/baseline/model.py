@@ -39,6 +39,7 @@ __all__ = [
     "TestBaseline",
     "round_tok_s",
     "round_seconds",
+    "round_latency",
     # for pytest_kimi.history.changes, which imports it from here
     "ABSENT",
 ]
@@ -98,6 +99,18 @@ def round_seconds(value: float) -> float:
         return value
     exponent = math.floor(math.log10(abs(value)))
     return round(value, min(3 - exponent, 4))
+
+
+def round_latency(value: float) -> float:
+    """Round a latency to 4 significant digits, however small.
+
+    Unlike :func:`round_seconds` no 0.1 ms floor: an inter-token latency of 1.2 ms would keep
+    only two digits (8% steps) under it, coarser than the latency gate's tolerance can bear.
+    """
+    value = float(value)
+    if value == 0.0 or not math.isfinite(value):
+        return value
+    return round(value, 3 - math.floor(math.log10(abs(value))))
 
 
 # ------------------------------------------------------------------------------------- workload
@@ -247,6 +260,32 @@ def _normalise_summary(
     return out
 
 
+def _normalise_trials(name: str, values: Mapping[str, Any] | None) -> dict[str, tuple[float, ...]]:
+    """``{p50: [..], p95: [..]}``: per statistic, each trial's positive latency in seconds."""
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{name} must be a mapping like {{p50: [0.041, ...]}}, got {values!r}")
+    out: dict[str, tuple[float, ...]] = {}
+    for key in sorted(values, key=lambda k: _summary_order(str(k))):
+        if not isinstance(key, str) or not re.fullmatch(r"p\d+(?:\.\d+)?", key):
+            raise ValueError(f"{name} keys must be percentiles like p50, got {key!r}")
+        trials = values[key]
+        if isinstance(trials, (str, bytes, Mapping)) or not isinstance(trials, Iterable):
+            raise ValueError(f"{name}.{key} must be a list of positive numbers, got {trials!r}")
+        clean: list[float] = []
+        for i, value in enumerate(trials):
+            if not is_number(value) or not math.isfinite(value) or value <= 0:
+                raise ValueError(
+                    f"{name}.{key} must be a list of positive numbers; item {i} is {value!r}"
+                )
+            clean.append(round_latency(value))
+        if not clean:
+            raise ValueError(f"{name}.{key} must be a non-empty list of positive numbers, got []")
+        out[key] = tuple(clean)
+    return out
+
+
 @dataclass(frozen=True)
 class LevelBaseline:
     """The recorded figures for one workload of one test.
@@ -262,6 +301,14 @@ class LevelBaseline:
     """Per-request decode rate summary (tok/s), e.g. ``{p50: 65.2}``."""
     ttft_s: Mapping[str, float] = field(default_factory=dict)
     """Time-to-first-token summary (seconds), e.g. ``{p50: 0.041, p95: 0.052}``."""
+    itl_s: Mapping[str, float] = field(default_factory=dict)
+    """Inter-token latency summary (seconds), e.g. ``{p50: 0.0154, p95: 0.0161}``."""
+    trials_ttft_s: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    """Each trial's TTFT per percentile, ``{p50: [...], p95: [...]}``: the samples the latency
+    gate tests later runs against (:mod:`pytest_kimi.gate.latency_gate`).  Empty in files
+    recorded before latency was gated: their latency is then not compared."""
+    trials_itl_s: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    """The same for the inter-token latency."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workload", WorkloadKey.of(self.workload))
@@ -288,6 +335,20 @@ class LevelBaseline:
             _normalise_summary("request_tok_s", self.request_tok_s, round_tok_s),
         )
         object.__setattr__(self, "ttft_s", _normalise_summary("ttft_s", self.ttft_s, round_seconds))
+        object.__setattr__(self, "itl_s", _normalise_summary("itl_s", self.itl_s, round_latency))
+        for name in ("trials_ttft_s", "trials_itl_s"):
+            object.__setattr__(self, name, _normalise_trials(name, getattr(self, name)))
+
+    def latency_trials(self, kind: str, stat: str) -> tuple[float, ...]:
+        """The stored per-trial samples of ``kind`` (``ttft_s``/``itl_s``) at ``stat`` (``p95``);
+        empty when this baseline holds none."""
+        stored = self.trials_ttft_s if kind == "ttft_s" else self.trials_itl_s
+        return tuple(stored.get(stat, ()))
+
+    def latency_summary(self, kind: str, stat: str) -> float | None:
+        """The stored pooled figure of ``kind`` at ``stat``, None when not recorded."""
+        stored = self.ttft_s if kind == "ttft_s" else self.itl_s
+        return stored.get(stat)
 
     @property
     def tok_s(self) -> float:

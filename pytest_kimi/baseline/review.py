@@ -8,6 +8,7 @@ for PR descriptions.  No pytest; no git is run here, only commands are written.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from collections.abc import Sequence
@@ -19,7 +20,13 @@ from pytest_kimi.baseline.model import CapacityBaseline, TestBaseline, WorkloadK
 from pytest_kimi.baseline.provenance import FieldChange, provenance_diff
 from pytest_kimi.baseline.values import ABSENT, scalar_text
 
-__all__ = ["LevelChange", "UpdateSummary", "git_review_commands", "summarize_update"]
+__all__ = [
+    "LevelChange",
+    "UpdateSummary",
+    "git_review_commands",
+    "replaced_summary",
+    "summarize_update",
+]
 
 
 @dataclass(frozen=True)
@@ -62,11 +69,16 @@ class UpdateSummary:
     """Review then commit, e.g. ``git diff -- <path>`` and ``git add <path> && git commit ...``."""
     capacity: str | None = None
     """A ``@capacity`` test's line: old -> new capacity (None when neither side has one)."""
+    replaced: str | None = None
+    """What was wrong with the corrupt file ``--update-baselines=force`` replaced (None: it
+    was read and merged, or there was none)."""
 
     def lines(self) -> list[str]:
-        out = [
-            f"{self.test} [{self.profile}] -> {self.path}{' (new file)' if self.created else ''}"
-        ]
+        if self.replaced is not None:
+            what = f" (replaced a corrupt file: {self.replaced})"
+        else:
+            what = " (new file)" if self.created else ""
+        out = [f"{self.test} [{self.profile}] -> {self.path}{what}"]
         if self.capacity is not None:
             out.append(f"  {self.capacity}")
         out += [f"  {change}" for change in self.levels]
@@ -158,6 +170,17 @@ def summarize_update(
         commands,
         capacity_change(old.capacity if old else None, new.capacity),
     )
+
+
+def replaced_summary(summary: UpdateSummary, problem: str, cwd: Path | None) -> UpdateSummary:
+    """``summary`` (of ``new`` written as if there had been no file) for a corrupt file that
+    was replaced: the file is in git already, so its review is a plain ``git diff``."""
+    commands = git_review_commands(
+        [summary.path],
+        message=f"kimi baseline ({summary.profile}): replace corrupt {summary.test}",
+        cwd=cwd,
+    )
+    return dataclasses.replace(summary, created=False, replaced=problem, git_commands=commands)
 
 
 def capacity_change(old: CapacityBaseline | None, new: CapacityBaseline | None) -> str | None:

@@ -27,7 +27,7 @@ from pytest_kimi.baseline.model import (
     WorkloadLike,
 )
 from pytest_kimi.baseline.paths import DEFAULT_PROFILE, baseline_relpath, check_profile
-from pytest_kimi.baseline.review import UpdateSummary, summarize_update
+from pytest_kimi.baseline.review import UpdateSummary, replaced_summary, summarize_update
 from pytest_kimi.baseline.yaml_io import dumps, loads
 from pytest_kimi.files import write_atomic
 
@@ -118,13 +118,27 @@ class BaselineStore:
         return path
 
     def update(
-        self, new: TestBaseline, *, drop_stale: bool = False, cwd: Path | None = None
+        self,
+        new: TestBaseline,
+        *,
+        drop_stale: bool = False,
+        cwd: Path | None = None,
+        replace_corrupt: bool = False,
     ) -> UpdateSummary:
         """Merge ``new`` into the stored file (see :func:`merge`), write it, and summarise.
 
-        A corrupt existing file raises :class:`BaselineError` before anything is written.
+        A corrupt existing file raises :class:`BaselineError` before anything is written,
+        unless ``replace_corrupt`` (``--update-baselines=force``): nothing in a file that
+        cannot be read can be merged, so ``new`` alone replaces it, and the summary says what
+        was wrong with it (git still has the old text).
         """
-        old = self.load(new.test)
+        try:
+            old = self.load(new.test)
+        except BaselineError as exc:
+            if not replace_corrupt:
+                raise
+            path = self.save(new, overwrite=True)
+            return replaced_summary(summarize_update(None, new, path, cwd=cwd), exc.problem, cwd)
         merged = merge(old, new, drop_stale=drop_stale)
         path = self.save(merged, overwrite=old is not None)
         return summarize_update(old, merged, path, cwd=cwd)

@@ -20,6 +20,7 @@ from pytest_kimi.baseline.model import (
 from pytest_kimi.baseline.provenance import Provenance
 from pytest_kimi.baseline.store import BaselineStore
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.measure.latency import KINDS
 from pytest_kimi.measure.results import ThroughputResult, level_key, workload_dict
 
 
@@ -31,31 +32,22 @@ def update_baselines(
     endpoints: dict[str, dict[str, Any]],
     rootdir: Path,
 ) -> tuple[list[str], list[str]]:
-    """Write the baselines of the tests that ran; refuse untrustworthy ones unless forced.
+    """Write the baselines of the tests that ran; refuse what must not become a target unless
+    forced (:func:`refusal`).  With ``force`` a corrupt baseline file is replaced too.
 
     Returns the summary lines (old -> new per level, git commands) and the refusals.
     """
     written: list[str] = []
     refused: list[str] = []
+    force = mode == "force"
     for test in tests:
-        bad = [lv for lv in test["levels"] if not Verdict(lv["verdict"]).recordable]
-        if bad and mode != "force":
-            why = "; ".join(f"{lv['label']} {lv['verdict']}" for lv in bad)
-            refused.append(
-                f"{test['nodeid']}: not recorded ({why}); fix the run, or record anyway with "
-                "--update-baselines=force"
-            )
+        why = None if force else refusal(test)
+        if why is not None:
+            refused.append(why)
             continue
         capacity = None
         if isinstance(test.get("capacity"), dict):
             # a @capacity test records its capacity, not the levels its search happened to pick
-            verdict = Verdict.of(test["capacity"].get("verdict"))
-            if (verdict is None or not verdict.recordable) and mode != "force":
-                refused.append(
-                    f"{test['nodeid']}: not recorded (capacity {test['capacity'].get('verdict')}); "
-                    "fix the run, or record anyway with --update-baselines=force"
-                )
-                continue
             try:
                 capacity = capacity_record(test["capacity"])
             except (KeyError, TypeError, ValueError) as exc:
@@ -66,7 +58,13 @@ def update_baselines(
                 workload=WorkloadKey.from_dict(level_key(lv, test["workload"])),
                 trials_tok_s=lv["trials_tok_s"],
                 request_tok_s=_summary(p50=lv.get("request_tok_s_p50")),
-                ttft_s=_summary(p50=lv.get("ttft_s_p50"), p95=lv.get("ttft_s_p95")),
+                ttft_s={
+                    **_summary(p50=lv.get("ttft_s_p50"), p95=lv.get("ttft_s_p95")),
+                    **latency_record(lv, "ttft_s")[0],
+                },
+                itl_s=latency_record(lv, "itl_s")[0],
+                trials_ttft_s=latency_record(lv, "ttft_s")[1],
+                trials_itl_s=latency_record(lv, "itl_s")[1],
             )
             for lv in test["levels"]
             if lv.get("trials_tok_s") and capacity is None
@@ -90,12 +88,67 @@ def update_baselines(
             capacity=capacity,
         )
         try:
-            summary = store.update(new, cwd=rootdir)
+            summary = store.update(new, cwd=rootdir, replace_corrupt=force)
         except (BaselineError, ProvenanceConflict, OSError) as exc:
             refused.append(f"{test['nodeid']}: not recorded: {exc}")
             continue
         written.append(str(summary))
     return written, refused
+
+
+REASON_CHARS = 200
+"""How much of a verdict's first reason a refusal quotes (the full text is in the reports)."""
+
+
+def refusal(test: dict[str, Any]) -> str | None:
+    """Why a test's figures may not become its baseline without ``--update-baselines=force``,
+    or None when they may.
+
+    Refused: a level whose verdict is not :attr:`~pytest_kimi.verdicts.Verdict.recordable`
+    (``error``, ``invalid``, ``not-run``: no trustworthy samples; ``fail``, ``regression``: the
+    run failed on them), a ``@capacity`` test whose own verdict is not (below
+    ``min_capacity``, a capacity regression, a search that could not finish), a common shift
+    of the levels that is a regression, and a test the run was interrupted in.  Recording any
+    of them would make what the gate rejected (or never finished) the next target: a red run
+    turned green by an update.  The text names each level with its verdict and reason.
+    """
+    bad = [
+        f"{lv.get('label', '?')} {lv.get('verdict')}{_reason(lv.get('reasons'))}"
+        for lv in test.get("levels") or []
+        if not _recordable(lv.get("verdict"))
+    ]
+    capacity = test.get("capacity")
+    if isinstance(capacity, dict) and not _recordable(capacity.get("verdict")):
+        bad.append(f"capacity {capacity.get('verdict')}{_reason(capacity.get('reasons'))}")
+    shift = test.get("shift")
+    if isinstance(shift, dict) and shift.get("verdict") == Verdict.REGRESSION.value:
+        bad.append(f"all levels regression{_reason([shift.get('text')])}")
+    if test.get("outcome") == "interrupted":
+        bad.append("interrupted: only some levels finished")
+    if not bad:
+        return None
+    return (
+        f"{test['nodeid']}: not recorded ({'; '.join(bad)}): a run the gate failed, or that "
+        "could not be measured, must not become the target; fix the run, or record it anyway "
+        "with --update-baselines=force (an approved trade-off: say so in the pull request)"
+    )
+
+
+def _recordable(verdict: Any) -> bool:
+    """A verdict this plugin does not know (or none: a capacity never judged) is not."""
+    known = Verdict.of(verdict)
+    return known is not None and known.recordable
+
+
+def _reason(reasons: Any) -> str:
+    """``: <first reason>`` (notes left out), or nothing."""
+    if not isinstance(reasons, list):
+        return ""
+    for reason in reasons:
+        if isinstance(reason, str) and reason and not reason.startswith("note:"):
+            short = reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 3] + "..."
+            return f": {short}"
+    return ""
 
 
 def capacity_record(capacity: dict[str, Any]) -> CapacityBaseline:
@@ -114,20 +167,51 @@ def capacity_record(capacity: dict[str, Any]) -> CapacityBaseline:
     )
 
 
+def latency_record(
+    level: dict[str, Any], kind: str
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """A report level's latency of ``kind`` (``ttft_s``/``itl_s``) as a baseline stores it: the
+    pooled figure per percentile and each trial's, from its ``latency`` section (empty for a
+    level without one, such as a report written before the latency gate)."""
+    section = level.get("latency")
+    figures = section.get("figures") if isinstance(section, dict) else None
+    pooled: dict[str, float] = {}
+    trials: dict[str, list[float]] = {}
+    for name, figure in (figures or {}).items():
+        if not (isinstance(figure, dict) and name.startswith(kind + "_")):
+            continue
+        stat = name[len(kind) + 1 :]
+        if figure.get("value") is not None and figure["value"] > 0:
+            pooled[stat] = figure["value"]
+        if figure.get("trials"):
+            trials[stat] = list(figure["trials"])
+    return pooled, trials
+
+
 def _summary(**values: float | None) -> dict[str, float]:
     return {k: v for k, v in values.items() if v is not None}
 
 
 def reference_baseline(result: ThroughputResult, provenance: Provenance, name: str) -> TestBaseline:
-    """The reference deployment's figures of this run, shaped as a baseline for the others."""
-    levels = [
-        LevelBaseline(
-            workload=WorkloadKey.from_dict(level_key(lv.to_dict(), workload_dict(result.workload))),
-            trials_tok_s=tuple(lv.figures.trials_tok_s),
+    """The reference deployment's figures of this run, shaped as a baseline for the others
+    (its latency too, so the candidates' latency is gated against the reference's)."""
+    common = workload_dict(result.workload)
+    levels = []
+    for lv in result.levels:
+        if not lv.figures.trials_tok_s:
+            continue
+        data = lv.to_dict()
+        (ttft, ttft_trials), (itl, itl_trials) = (latency_record(data, k) for k in KINDS)
+        levels.append(
+            LevelBaseline(
+                workload=WorkloadKey.from_dict(level_key(data, common)),
+                trials_tok_s=tuple(lv.figures.trials_tok_s),
+                ttft_s=ttft,
+                itl_s=itl,
+                trials_ttft_s=ttft_trials,
+                trials_itl_s=itl_trials,
+            )
         )
-        for lv in result.levels
-        if lv.figures.trials_tok_s
-    ]
     return TestBaseline(
         test=result.nodeid, profile=name, provenance=provenance, levels=tuple(levels)
     )

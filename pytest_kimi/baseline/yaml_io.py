@@ -105,6 +105,12 @@ def _document(baseline: TestBaseline) -> dict[str, Any]:
             entry["request_tok_s"] = _FlowMap(level.request_tok_s)
         if level.ttft_s:
             entry["ttft_s"] = _FlowMap(level.ttft_s)
+        if level.itl_s:
+            entry["itl_s"] = _FlowMap(level.itl_s)
+        for name in ("trials_ttft_s", "trials_itl_s"):  # one line per latency: trials, as tok/s
+            trials = getattr(level, name)
+            if trials:
+                entry[name] = _FlowMap((k, list(v)) for k, v in trials.items())
         levels.append(entry)
     p = baseline.provenance
     provenance = {
@@ -172,7 +178,16 @@ _CAPACITY_KEYS = (
     "held",
     "broke",
 )
-_LEVEL_KEYS = ("workload", "tok_s", "trials_tok_s", "request_tok_s", "ttft_s")
+_LEVEL_KEYS = (
+    "workload",
+    "tok_s",
+    "trials_tok_s",
+    "request_tok_s",
+    "ttft_s",
+    "itl_s",
+    "trials_ttft_s",
+    "trials_itl_s",
+)
 _PROVENANCE_KEYS = (
     "model",
     "plugin_version",
@@ -250,12 +265,19 @@ def _parse_level(index: int, raw: Any) -> LevelBaseline:
         raise _Invalid(f"{what}: trials_tok_s must be a list of positive numbers, got {trials!r}")
     request_tok_s: Any = entry.get("request_tok_s")  # None or not a mapping: LevelBaseline says
     ttft_s: Any = entry.get("ttft_s")
+    itl_s: Any = entry.get("itl_s")
+    # latency per trial: absent from files recorded before the latency gate
+    trials_ttft_s: Any = entry.get("trials_ttft_s")
+    trials_itl_s: Any = entry.get("trials_itl_s")
     try:
         level = LevelBaseline(
             workload=workload,
             trials_tok_s=tuple(trials),
             request_tok_s=request_tok_s,
             ttft_s=ttft_s,
+            itl_s=itl_s,
+            trials_ttft_s=trials_ttft_s,
+            trials_itl_s=trials_itl_s,
         )
     except ValueError as exc:
         raise _Invalid(f"{what}: {exc}") from None

@@ -55,6 +55,9 @@ class GateSettings:
     """Recording baselines: every level runs ``max_trials`` so the stored samples are good."""
     detectable_drop: float = stats.DEFAULT_DETECTABLE_DROP
     """The true drop a level must be able to catch (with ``stats.DEFAULT_POWER``) to ``pass``."""
+    sigma_source: str = "the default"
+    """Where ``session_sigma`` came from (:mod:`pytest_kimi.run.noise_source`): every report
+    says it beside the figure."""
 
     def for_test(self, targets: Targets) -> GateSettings:
         """These settings with the marker's ``tolerance=`` and ``alpha=`` where it gives them
@@ -105,6 +108,9 @@ class AdaptiveTrials:
     """Always 1.0 (no alpha is spent on looks); kept for :func:`apply_gate`'s callers."""
     planned: dict[LevelSpec, int] = field(default_factory=dict)
     """Trials planned so far per level (bounds the top-up when trials give no figure)."""
+    designs: dict[LevelSpec, stats.Design] = field(default_factory=dict)
+    """Per level, the look that read the estimate (``undecided`` extends to max_trials): the
+    final test accounts for it (:mod:`pytest_kimi.gate.family`)."""
 
     def more_trials(self, level: LevelSpec, samples: Sequence[float]) -> int:
         s = self.settings
@@ -136,6 +142,13 @@ class AdaptiveTrials:
         )
         self.looks[level] = look + 1
         self.alpha_weights[level] = decision.alpha_weight
+        if level not in self.designs and decision.reason is not stats.StopReason.CONTINUE:
+            # the first stop of the variance rule is the look at the estimate: an undecided
+            # level could be extended there, a futile or capped one could not
+            extendable = decision.reason in (stats.StopReason.POWERED, stats.StopReason.UNDECIDED)
+            self.designs[level] = stats.Design(
+                len(samples), s.max_trials if extendable else len(samples)
+            )
         if decision.stop or len(samples) >= s.max_trials:
             return 0
         # decide() sees only the figures: trials that give none (invalid, errors) would make
@@ -179,6 +192,7 @@ def apply_gate(
     tolerance: float | None = None,
     alpha: float | None = None,
     alpha_weights: dict[LevelSpec, float] | None = None,
+    designs: dict[LevelSpec, stats.Design] | None = None,
 ) -> list[FieldChange]:
     """Compare every measured level with its baseline; set verdicts, notes and report fields.
 
@@ -204,22 +218,47 @@ def apply_gate(
     if not eligible:
         return changes
     weights = alpha_weights or {}
-    comparisons = stats.compare_test(
+    plans = designs or {}
+    family = stats.compare_family(
         [(b, c) for _, b, c in eligible],
         tolerance=tol,
         alpha=alp,
         session_sigma=settings.session_sigma,
         alpha_weights=[weights.get(lv.spec, 1.0) for lv, _, _ in eligible],
         detectable_drop=settings.detectable_drop,
+        designs=[plans.get(lv.spec) for lv, _, _ in eligible],
     )
-    for (level, base, _), cmp in zip(eligible, comparisons):
+    for (level, base, _), cmp in zip(eligible, family.levels):
         level.comparison, note = compared_level(
             cmp, base, tolerance=tol, alpha=alp, changes=changes
         )
         level.verdict = merge_verdicts(level.verdict, cmp.verdict)
         if note:
             level.reasons.append(note)
+    if family.shift is not None:
+        result.shift = shift_record(family.shift, tol, changes)
     return changes
+
+
+def shift_record(
+    shift: stats.ShiftComparison, tolerance: float, changes: Sequence[object] = ()
+) -> dict[str, Any]:
+    """The test's common shift as its JSON object (``shift``), with the sentence the reports
+    print: the levels as one hypothesis (:mod:`pytest_kimi.gate.family`)."""
+    out = shift.to_dict()
+    lo, hi = shift.ci90
+    text = (
+        f"common shift of {shift.levels} levels {(shift.ratio - 1) * 100:+.1f}% "
+        f"(90% CI {_pct_text(lo)} .. {_pct_text(hi)}), p={shift.p_regression:.3g} against "
+        f"the tolerance -{tolerance * 100:g}%: {shift.verdict.value}"
+    )
+    if shift.verdict is Verdict.REGRESSION:
+        changed = "; ".join(str(c) for c in changes)
+        text += " (the levels as a whole dropped beyond the tolerance)" + (
+            f"; changed: {changed}" if changed else ""
+        )
+    out["text"] = text
+    return out
 
 
 def compared_level(
@@ -247,15 +286,25 @@ def compared_level(
         baseline_trials_tok_s=tuple(base),
         change_pct=round((cmp.ratio - 1) * 100, 2),
         ci90=(_pct(lo), _pct(hi)),
-        p_value=_finite(cmp.p_regression),
+        p_value=_finite(cmp.p_regression_raw),
+        p_adjusted=_finite(cmp.p_regression),
         min_detectable_drop_pct=_finite(cmp.min_detectable_drop * 100),
         tolerance_pct=round(tolerance * 100, 2),
     )
     change = f"{(cmp.ratio - 1) * 100:+.1f}% (90% CI {_pct_text(lo)} .. {_pct_text(hi)})"
+    p_text = f"p={cmp.p_regression_raw:.3g}"
+    if not math.isclose(cmp.p_regression, cmp.p_regression_raw, rel_tol=1e-3):
+        # the decision's p: the test's levels and the trial policy's look accounted for
+        p_text += f" (decided at {cmp.p_regression:.3g}, adjusted for the test's levels)"
     changed = "; ".join(str(c) for c in changes)
     note = {
-        Verdict.REGRESSION: f"regression {change}, p={cmp.p_regression:.3g} vs baseline {cmp.baseline_median:.1f} tok/s"
-        + (f"; changed: {changed}" if changed else ""),
+        Verdict.REGRESSION: f"regression {change}, {p_text} vs baseline "
+        f"{cmp.baseline_median:.1f} tok/s" + (f"; changed: {changed}" if changed else ""),
+        Verdict.INCONCLUSIVE: f"inconclusive {change}: the estimate lies beyond the tolerance "
+        f"-{tolerance * 100:g}% but the drop is not significant ({p_text}, alpha {alpha:g}) "
+        f"after {cmp.n_current} trials: "
+        "rerun, lower the noise (a measured --perf-session-sigma), or raise --perf-max-trials; "
+        "--perf-strict fails it",
         Verdict.IMPROVED: f"improved {change}: update the baseline (--update-baselines) so the slack "
         "cannot hide a later regression",
         Verdict.UNDERPOWERED: f"underpowered: a drop of {cmp.min_detectable_drop * 100:.1f}% "

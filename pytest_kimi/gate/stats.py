@@ -27,8 +27,12 @@ Tests per level (``m = log(1 - tolerance)``, ``d`` the log ratio, ``se`` its sta
 * regression: H0 ``ratio >= 1 - tol`` vs H1 ``ratio < 1 - tol``;  p = T_df((d - m) / se)
 * improved: H0 ``ratio <= 1 + tol`` vs H1 ``ratio > 1 + tol``;  p = 1 - T_df((d - log(1 + tol)) / se)
 
-Both are Holm-adjusted across the levels of one test.  One test per level, at the end: the
-number of trials never depends on ``d`` (see *Trials*), so no alpha is spent on looks.
+Across the levels of one test both are adjusted by closed testing over the levels' common
+shifts, with the session term they share (:mod:`pytest_kimi.gate.family`): a sweep whose
+levels move together is as sensitive as one level, and the family-wise rate stays at alpha.
+:func:`compare_family` also returns the test's common shift.  One test per level, at the end;
+the one look at ``d`` the trial policy takes (*Trials*) is accounted for by its
+:class:`Design`.
 
 Power: what ``pass`` vouches for
 --------------------------------
@@ -52,23 +56,28 @@ significantly *above* ``1 - tol``.  With ``se >= session_sigma = 3%`` that needs
 
 Verdict, first match wins
 -------------------------
-1. ``regression``   Holm-adjusted p_regression <= alpha.
-2. ``improved``     Holm-adjusted p_improved <= alpha.
-3. ``underpowered`` min_detectable_drop > detectable_drop: this run cannot vouch for the level
+1. ``regression``   adjusted p_regression <= alpha.
+2. ``improved``     adjusted p_improved <= alpha.
+3. ``inconclusive`` the estimated ratio lies beyond the tolerance (``< 1 - tol``) and the
+   drop is not significant: the data vouch for neither ``pass`` nor ``regression``.
+4. ``underpowered`` min_detectable_drop > detectable_drop: this run cannot vouch for the level
    (more trials, less noise or a larger ``detectable_drop``; not a code change).
-4. ``pass``         no regression beyond the tolerance, and a drop of ``detectable_drop``
-   would have been caught with probability ``power``.
+5. ``pass``         no significant regression beyond the tolerance, the estimate within it,
+   and a drop of ``detectable_drop`` would have been caught with probability ``power``.
 ``no-baseline`` is returned when the baseline is empty; the caller decides what that means.
-``inconclusive`` is no longer produced (version 1 used it for a well-powered level that was
-neither pass nor regression); :class:`pytest_kimi.verdicts.Verdict` keeps it so old
-reports still read.
 
 Significant results rank above ``underpowered``: a significant test is valid whatever its
 power, and low power only explains why a result is *not* significant.  Regression ranks first
 because it is the one that fails the build.  Regression and improved never both hold.
 
-Trials (variance-driven sample size)
-------------------------------------
+Trials (variance-driven sample size, one look at the estimate)
+--------------------------------------------------------------
+At the variance rule's first stop, a powered level whose estimate lies beyond the tolerance
+without a significant regression is ``undecided`` (:attr:`StopReason.UNDECIDED`) and runs to
+``max_trials``; the final test then uses the null distribution of this procedure
+(:class:`Design`, :func:`pytest_kimi.gate.family.single_adaptive_p`), since taking the
+extended data at face value raised the false-alarm rate at the tolerance to 6%.  Otherwise:
+
 After ``min_trials`` (3) current trials, :func:`decide` stops a level that is already powered.
 Otherwise it asks, from the current variance estimates, for the smallest number of current
 trials (at most ``max_trials``, 10) that makes the level powered, and is called again after
@@ -127,6 +136,9 @@ class StopReason(str, Enum):
     often the session term, is too large for ``detectable_drop``): more trials cannot help."""
     MAX_TRIALS = "max-trials"
     CONTINUE = "continue"
+    UNDECIDED = "undecided"
+    """Powered, but the estimate lies beyond the tolerance without a significant regression:
+    run to ``max_trials`` (the one look that reads the estimate; :class:`Design`)."""
     NO_BASELINE = "no-baseline"
     """Nothing to compare with: run the whole schedule so the run makes a good baseline."""
 
@@ -390,7 +402,9 @@ def _tests(
         p_regression=p_reg,
         p_improved=p_imp,
         min_detectable_drop=mdd,
-        verdict=_verdicts(p_reg, p_imp, mdd, detectable_drop, alpha),
+        verdict=_verdicts(
+            p_reg, p_imp, mdd, detectable_drop, alpha, ratio=np.exp(core.d), tolerance=tolerance
+        ),
         valid=valid,
         se_log=np.where(valid, core.se, np.nan),
         df=np.where(valid, core.df, np.nan),
@@ -403,10 +417,15 @@ def _verdicts(
     mdd: NDArray[np.float64],
     detectable_drop: float,
     alpha: float,
+    *,
+    ratio: NDArray[np.float64] | None = None,
+    tolerance: float | None = None,
 ) -> NDArray[np.str_]:
     """Apply the verdict order of the module docstring (later assignments win)."""
     out = np.full(p_reg.shape, Verdict.PASS.value, dtype="<U12")
     out[mdd > detectable_drop] = Verdict.UNDERPOWERED.value
+    if ratio is not None and tolerance is not None:
+        out[ratio < 1.0 - tolerance] = Verdict.INCONCLUSIVE.value
     out[p_imp <= alpha] = Verdict.IMPROVED.value
     out[p_reg <= alpha] = Verdict.REGRESSION.value
     return out
@@ -426,27 +445,10 @@ def _check_weight(weight: float) -> None:
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values, in the input order.
+    """Holm-Bonferroni adjusted p-values (:func:`pytest_kimi.gate.family.holm`)."""
+    from pytest_kimi.gate import family
 
-    The smallest p is multiplied by m, the next by m - 1, ..., and a running maximum keeps the
-    adjusted values monotone in the raw ones (a level can never look more significant than one
-    with a smaller raw p).  Reject where adjusted <= alpha: this controls the chance of *any*
-    false alarm across the levels of a test at alpha, and is never less powerful than plain
-    Bonferroni.  NaN entries (levels not tested, e.g. no baseline) pass through as NaN and do
-    not count towards m.
-    """
-    p = np.asarray(p_values, dtype=np.float64).reshape(-1)
-    tested = np.flatnonzero(~np.isnan(p))
-    if ((p[tested] < 0.0) | (p[tested] > 1.0)).any():
-        raise ValueError(f"p-values must lie in [0, 1], got {list(p_values)!r}")
-    m = tested.size
-    order = tested[np.argsort(p[tested], kind="stable")]
-    adjusted = np.full(p.shape, np.nan)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * float(p[i])))
-        adjusted[i] = running
-    return [float(x) for x in adjusted]
+    return family.holm(list(p_values))
 
 
 # --------------------------------------------------------------------------- trials
@@ -498,13 +500,17 @@ def compare_batch(
     alpha_weight: float = 1.0,
     power: float = DEFAULT_POWER,
     detectable_drop: float = DEFAULT_DETECTABLE_DROP,
+    interim_trials: ArrayLike | None = None,
+    extend_to: ArrayLike | None = None,
 ) -> BatchComparison:
     """Compare many independent (baseline, current) pairs at once: arrays (rows, trials).
 
     Rows are independent comparisons (e.g. simulated repetitions), not levels of one test:
-    no Holm across rows.  Same maths as :func:`compare_level`; exists so that power
+    no adjustment across rows.  Same maths as :func:`compare_level`; exists so that power
     simulations of thousands of comparisons take milliseconds.  ``alpha_weight``: test at
     ``alpha * alpha_weight`` (p-values divided by it); 1.0 unless the caller splits alpha.
+    ``interim_trials`` / ``extend_to``: per row, the trial policy's look (:class:`Design`);
+    the regression p then accounts for it (both sides need two or more trials).
     """
     _check_params(tolerance, alpha, session_sigma, power, detectable_drop)
     _check_weight(alpha_weight)
@@ -515,9 +521,27 @@ def compare_batch(
         raise ValueError("compare_batch needs at least one baseline and one current trial")
     core = _core(log_b, log_c, session_sigma)
     t = _tests(core, tolerance, alpha, alpha * alpha_weight, power, detectable_drop)
-    if alpha_weight == 1.0:
+    p_reg = t.p_regression
+    if interim_trials is not None and extend_to is not None:
+        from pytest_kimi.gate import family
+
+        if core.var_b is None or core.var_c is None:
+            raise ValueError("a design needs two or more trials on both sides")
+        n_b = log_b.shape[1]
+        wb = core.var_b / n_b
+        p_reg = family.single_adaptive_p(
+            p_reg,
+            session_sigma=session_sigma,
+            wb=wb,
+            denom_b=wb**2 / (n_b - 1),
+            vc=core.var_c,
+            n_interim=np.broadcast_to(np.asarray(interim_trials, dtype=np.float64), p_reg.shape),
+            n_extended=np.broadcast_to(np.asarray(extend_to, dtype=np.float64), p_reg.shape),
+            alpha=alpha,
+        )
+    elif alpha_weight == 1.0:
         return t
-    p_reg = _weight_adjust(t.p_regression, alpha_weight)
+    p_reg = _weight_adjust(p_reg, alpha_weight)
     p_imp = _weight_adjust(t.p_improved, alpha_weight)
     return BatchComparison(
         ratio=t.ratio,
@@ -526,14 +550,108 @@ def compare_batch(
         p_regression=p_reg,
         p_improved=p_imp,
         min_detectable_drop=t.min_detectable_drop,
-        verdict=_verdicts(p_reg, p_imp, t.min_detectable_drop, detectable_drop, alpha),
+        verdict=_verdicts(
+            p_reg,
+            p_imp,
+            t.min_detectable_drop,
+            detectable_drop,
+            alpha,
+            ratio=t.ratio,
+            tolerance=tolerance,
+        ),
         valid=t.valid,
         se_log=t.se_log,
         df=t.df,
     )
 
 
-def compare_test(
+@dataclass(frozen=True, slots=True)
+class Design:
+    """How the trial policy planned a level's current trials, for the final test to account
+    for the look it took at the estimate (:mod:`pytest_kimi.gate.family`, *Adaptive trials*).
+
+    ``interim_trials``: the current trials when the variance rule stopped and the policy read
+    the estimate; ``extend_to``: the count an undecided level is extended to (``max_trials``),
+    or ``interim_trials`` when the level could not have been extended (futility, already at
+    the cap).  None (the default everywhere) is a fixed design: the offline comparison of two
+    reports, or a level that never reached the look.
+    """
+
+    interim_trials: int
+    extend_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShiftComparison:
+    """The common shift of a test's compared levels: all of them as one hypothesis.
+
+    ``regression`` here means the levels *as a whole* dropped beyond the tolerance, at the
+    same family-wise alpha as the levels' own verdicts (:mod:`pytest_kimi.gate.family`).  A
+    test fails on it even where no single level is significant on its own.
+    """
+
+    ratio: float
+    """exp(mean log ratio) over the levels."""
+    ci90: tuple[float, float]
+    p_regression: float
+    p_improved: float
+    verdict: Verdict
+    """``regression``, ``improved`` or ``pass`` (the shift has no power rule of its own)."""
+    levels: int
+    se_log: float
+    df: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "change_pct": _pct_round(self.ratio),
+            "ci90": [_pct_round(self.ci90[0]), _pct_round(self.ci90[1])],
+            "p_value": _round_p(self.p_regression),
+            "p_improved": _round_p(self.p_improved),
+            "verdict": self.verdict.value,
+            "levels": self.levels,
+        }
+
+
+def _pct_round(ratio: float) -> float | None:
+    return round((ratio - 1) * 100, 2) if math.isfinite(ratio) else None
+
+
+def _round_p(p: float) -> float | None:
+    return round(p, 6) if math.isfinite(p) else None
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyComparison:
+    """:func:`compare_family`: every level's comparison, and the test's common shift (None
+    with fewer than two compared levels: then the shift is the level)."""
+
+    levels: list[LevelComparison]
+    shift: ShiftComparison | None
+    method: str
+    """How the levels were adjusted: ``closed`` (closed testing over common shifts), ``holm``
+    (more than :data:`pytest_kimi.gate.family.MAX_CLOSED` levels), ``single``."""
+
+
+def _level_terms(
+    log_b: NDArray[np.float64], log_c: NDArray[np.float64], core: _Core
+) -> tuple[float, float, float, float, float]:
+    """One level's ``(w, denom, wb, denom_b, vc)`` for the family (see LevelTerms)."""
+    n_b, n_c = log_b.shape[1], log_c.shape[1]
+    var_b = None if core.var_b is None else float(core.var_b[0])
+    var_c = None if core.var_c is None else float(core.var_c[0])
+    if var_b is not None and var_c is not None:
+        wb, wc = var_b / n_b, var_c / n_c
+        db, dc = wb**2 / (n_b - 1), wc**2 / (n_c - 1)
+        return wb + wc, db + dc, wb, db, var_c
+    if var_b is not None:  # one current trial: it borrows the baseline's scatter
+        w = var_b * (1.0 / n_b + 1.0 / n_c)
+        return w, w**2 / (n_b - 1), var_b / n_b, w**2 / (n_b - 1), var_b
+    assert var_c is not None
+    w = var_c * (1.0 / n_b + 1.0 / n_c)
+    return w, w**2 / (n_c - 1), var_c / n_b, 0.0, var_c
+
+
+def compare_family(
     levels: Sequence[tuple[Sequence[float], Sequence[float]]],
     *,
     tolerance: float = DEFAULT_TOLERANCE,
@@ -542,22 +660,41 @@ def compare_test(
     alpha_weights: Sequence[float] | None = None,
     power: float = DEFAULT_POWER,
     detectable_drop: float = DEFAULT_DETECTABLE_DROP,
-) -> list[LevelComparison]:
-    """Final verdicts for all levels of one test, Holm-adjusted across the levels.
+    designs: Sequence[Design | None] | None = None,
+) -> FamilyComparison:
+    """Final verdicts for all levels of one test, as one family (closed testing over their
+    common shifts, :mod:`pytest_kimi.gate.family`), and the test's common shift.
 
     ``levels`` holds one ``(baseline, current)`` pair of tok/s sequences per level; an empty
-    baseline gives ``no-baseline`` (NaN p-values, outside the Holm family).  ``alpha_weights``
-    is, per level, the share of alpha to test it at (default 1.0; the adaptive trials spend
-    none on looks, so :attr:`Decision.alpha_weight` is always 1.0).
+    baseline gives ``no-baseline`` (NaN p-values, outside the family), and so does a level
+    whose noise cannot be estimated at all (one trial on each side: outside the family, its
+    p-values 1).  ``alpha_weights``: per level, the share of alpha to test it at (default 1.0;
+    a subset is tested at its smallest member's share).  ``designs``: per level, how the trial
+    policy planned its trials (:class:`Design`; None: fixed).
     """
+    from pytest_kimi.gate import family
+
     _check_params(tolerance, alpha, session_sigma, power, detectable_drop)
     weights = [1.0] * len(levels) if alpha_weights is None else [float(w) for w in alpha_weights]
     if len(weights) != len(levels):
         raise ValueError(f"{len(weights)} alpha_weights for {len(levels)} levels")
     for w in weights:
         _check_weight(w)
+    plans = [None] * len(levels) if designs is None else list(designs)
+    if len(plans) != len(levels):
+        raise ValueError(f"{len(plans)} designs for {len(levels)} levels")
 
-    raw: list[tuple[_Core, BatchComparison, int, int, float, float] | None] = []
+    @dataclass
+    class _Row:
+        core: _Core
+        t: BatchComparison
+        n_b: int
+        n_c: int
+        med_b: float
+        med_c: float
+        terms: tuple[float, float, float, float, float]
+
+    rows: list[_Row | None] = []
     for i, (base, cur) in enumerate(levels):
         where = f"level {i}: " if len(levels) > 1 else ""
         log_c = _log_samples("current", cur, 1, where)
@@ -565,31 +702,95 @@ def compare_test(
         if log_c.shape[1] == 0:
             raise ValueError(f"{where}no current trials to compare")
         if log_b.shape[1] == 0:
-            raw.append(None)
+            rows.append(None)
             continue
         core = _core(log_b, log_c, session_sigma)
         t = _tests(core, tolerance, alpha, alpha * weights[i], power, detectable_drop)
-        raw.append(
-            (
+        nan = math.nan
+        parts = _level_terms(log_b, log_c, core) if bool(t.valid[0]) else (nan, nan, nan, nan, nan)
+        rows.append(
+            _Row(
                 core,
                 t,
                 log_b.shape[1],
                 log_c.shape[1],
                 float(np.median(np.asarray(base, dtype=np.float64))),
                 float(np.median(np.asarray(cur, dtype=np.float64))),
+                parts,
             )
         )
 
-    def family(pick: str) -> list[float]:
-        return [
-            math.nan if r is None else float(_weight_adjust(getattr(r[1], pick), w)[0])
-            for r, w in zip(raw, weights)
-        ]
+    family_idx = [i for i, r in enumerate(rows) if r is not None and bool(r.t.valid[0])]
+    p_reg_adj: dict[int, float] = {}
+    p_imp_adj: dict[int, float] = {}
+    shift: ShiftComparison | None = None
+    method = "single"
+    if family_idx:
+        picked = [rows[i] for i in family_idx]
+        assert all(r is not None for r in picked)
 
-    p_reg_adj, p_imp_adj = holm(family("p_regression")), holm(family("p_improved"))
+        def arr(k: int) -> NDArray[np.float64]:
+            return np.array([r.terms[k] for r in picked if r is not None])
+
+        n_final = np.array([r.n_c for r in picked if r is not None], dtype=np.int64)
+        n1 = np.array(
+            [
+                n if plans[i] is None else min(n, plans[i].interim_trials)  # type: ignore[union-attr]
+                for i, n in zip(family_idx, n_final)
+            ],
+            dtype=np.int64,
+        )
+        n2 = np.array(
+            [
+                n1[j] if plans[i] is None else max(n1[j], plans[i].extend_to)  # type: ignore[union-attr]
+                for j, i in enumerate(family_idx)
+            ],
+            dtype=np.int64,
+        )
+        level_terms = family.LevelTerms(
+            d=np.array([float(r.core.d[0]) for r in picked if r is not None]),
+            w=arr(0),
+            denom=arr(1),
+            wb=arr(2),
+            denom_b=arr(3),
+            vc=arr(4),
+            n_interim=n1,
+            n_extended=n2,
+            n_final=n_final,
+        )
+        tests = family.closed_tests(
+            level_terms, session_sigma=session_sigma, tolerance=tolerance, alpha=alpha
+        )
+        w_min = min(weights[i] for i in family_idx)
+        for j, i in enumerate(family_idx):
+            p_reg_adj[i] = min(1.0, tests.p_regression[j] / weights[i])
+            p_imp_adj[i] = min(1.0, tests.p_improved[j] / weights[i])
+        method = tests.method if len(family_idx) > 1 else "single"
+        if len(family_idx) > 1:
+            sh = tests.shift
+            q = (
+                float(_st().t.ppf(0.5 + CI_LEVEL / 2.0, sh.df))
+                if math.isfinite(sh.df)
+                else float(_st().norm.ppf(0.5 + CI_LEVEL / 2.0))
+            )
+            p_r, p_i = min(1.0, sh.p_regression / w_min), min(1.0, sh.p_improved / w_min)
+            shift = ShiftComparison(
+                ratio=math.exp(sh.d),
+                ci90=(math.exp(sh.d - q * sh.se), math.exp(sh.d + q * sh.se)),
+                p_regression=p_r,
+                p_improved=p_i,
+                verdict=Verdict.REGRESSION
+                if p_r <= alpha
+                else Verdict.IMPROVED
+                if p_i <= alpha
+                else Verdict.PASS,
+                levels=len(family_idx),
+                se_log=sh.se,
+                df=sh.df,
+            )
 
     out: list[LevelComparison] = []
-    for i, r in enumerate(raw):
+    for i, r in enumerate(rows):
         if r is None:
             only = np.asarray(levels[i][1], dtype=np.float64)
             out.append(
@@ -610,37 +811,64 @@ def compare_test(
                 )
             )
             continue
-        core, t, n_b, n_c, med_b, med_c = r
+        valid = bool(r.t.valid[0])
+        p_reg = p_reg_adj.get(i, 1.0)
+        p_imp = p_imp_adj.get(i, 1.0)
         verdict = _verdicts(
-            np.array([p_reg_adj[i]]),
-            np.array([p_imp_adj[i]]),
-            t.min_detectable_drop,
+            np.array([p_reg]),
+            np.array([p_imp]),
+            r.t.min_detectable_drop,
             detectable_drop,
             alpha,
+            ratio=r.t.ratio,
+            tolerance=tolerance,
         )[0]
-        valid = bool(t.valid[0])
         out.append(
             LevelComparison(
-                baseline_median=med_b,
-                current_median=med_c,
-                ratio=float(np.exp(core.d[0])),
-                ci90=(float(t.ci_lo[0]), float(t.ci_hi[0])),
-                p_regression=p_reg_adj[i],
-                p_improved=p_imp_adj[i],
-                min_detectable_drop=float(t.min_detectable_drop[0]),
+                baseline_median=r.med_b,
+                current_median=r.med_c,
+                ratio=float(np.exp(r.core.d[0])),
+                ci90=(float(r.t.ci_lo[0]), float(r.t.ci_hi[0])),
+                p_regression=p_reg,
+                p_improved=p_imp,
+                min_detectable_drop=float(r.t.min_detectable_drop[0]),
                 verdict=Verdict(verdict),
-                n_baseline=n_b,
-                n_current=n_c,
-                p_regression_raw=float(t.p_regression[0]),
-                p_improved_raw=float(t.p_improved[0]),
-                se_log=float(core.se[0]) if valid else math.nan,
-                df=float(core.df[0]) if valid else math.nan,
+                n_baseline=r.n_b,
+                n_current=r.n_c,
+                p_regression_raw=float(r.t.p_regression[0]),
+                p_improved_raw=float(r.t.p_improved[0]),
+                se_log=float(r.core.se[0]) if valid else math.nan,
+                df=float(r.core.df[0]) if valid else math.nan,
                 alpha_weight=weights[i],
                 detectable_drop=detectable_drop,
                 power=power,
             )
         )
-    return out
+    return FamilyComparison(out, shift, method)
+
+
+def compare_test(
+    levels: Sequence[tuple[Sequence[float], Sequence[float]]],
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    alpha: float = DEFAULT_ALPHA,
+    session_sigma: float = DEFAULT_SESSION_SIGMA,
+    alpha_weights: Sequence[float] | None = None,
+    power: float = DEFAULT_POWER,
+    detectable_drop: float = DEFAULT_DETECTABLE_DROP,
+    designs: Sequence[Design | None] | None = None,
+) -> list[LevelComparison]:
+    """The levels' part of :func:`compare_family` (for callers that need no common shift)."""
+    return compare_family(
+        levels,
+        tolerance=tolerance,
+        alpha=alpha,
+        session_sigma=session_sigma,
+        alpha_weights=alpha_weights,
+        power=power,
+        detectable_drop=detectable_drop,
+        designs=designs,
+    ).levels
 
 
 def compare_level(
@@ -698,7 +926,7 @@ def decide_batch(
         raise ValueError("decide needs at least one current trial")
 
     def answer(reason: NDArray[np.str_], nxt: NDArray[np.int64]) -> BatchDecision:
-        stop = reason != StopReason.CONTINUE.value
+        stop = (reason != StopReason.CONTINUE.value) & (reason != StopReason.UNDECIDED.value)
         return BatchDecision(
             stop=stop,
             reason=reason,
@@ -735,7 +963,13 @@ def decide_batch(
         ] = n
     reason[target == 0] = StopReason.FUTILITY.value
     reason[powered] = StopReason.POWERED.value
-    return answer(reason, target - n_c)
+    # Powered, but the estimate lies beyond the tolerance and its regression is not
+    # significant: neither ``pass`` nor ``regression`` is vouched for, so take every trial the
+    # cap allows.  This look reads the estimate; the final test accounts for it (Design).
+    t = _tests(core, tolerance, alpha, alpha, power, detectable_drop)
+    undecided = powered & (t.p_regression > alpha) & (t.ratio < 1.0 - tolerance)
+    reason[undecided] = StopReason.UNDECIDED.value
+    return answer(reason, np.where(undecided, max_trials - n_c, target - n_c).astype(np.int64))
 
 
 def decide(

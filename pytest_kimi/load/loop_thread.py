@@ -16,6 +16,10 @@ from typing import Any, Coroutine, TypeVar
 
 T = TypeVar("T")
 
+SETTLE_S = 5.0
+"""How long an interrupted :meth:`LoopThread.run` waits for its coroutine to stop: its
+``finally`` blocks cancel streams and close connections, which takes milliseconds."""
+
 
 class LoopThread:
     """Runs coroutines on a private loop; ``run`` blocks, ``submit`` returns a future."""
@@ -40,16 +44,40 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run to completion; Ctrl-C in the main thread cancels the coroutine, then re-raises."""
-        fut = self.submit(coro)
+        """Run to completion; Ctrl-C in the main thread cancels the coroutine, waits until it
+        has stopped (at most :data:`SETTLE_S`), then re-raises.
+
+        The wait is what makes a partial result final: cancelling the thread-safe future
+        returns at once, while the coroutine still runs on this loop until the cancellation
+        reaches its next ``await``.  Without it the caller read a sweep's partial result while
+        a level that had just printed its figures was still being appended, and reported it
+        as never measured (and requests went on being sent while the reports were written).
+        """
+        started = threading.Event()
+        settled = threading.Event()
+
+        async def settling() -> T:
+            started.set()
+            try:
+                return await coro
+            finally:
+                settled.set()
+
+        fut = self.submit(settling())
         try:
             return fut.result()
         except KeyboardInterrupt:
             fut.cancel()
-            try:
-                fut.result(timeout=5)
-            except BaseException:
-                pass
+
+            def never_started() -> None:
+                # queued after the cancellation: a coroutine not started by now never will be
+                # (its task is cancelled before its first step), so there is nothing to wait for
+                if not started.is_set():
+                    coro.close()
+                    settled.set()
+
+            self._loop.call_soon_threadsafe(never_started)
+            settled.wait(SETTLE_S)
             raise
 
     async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:

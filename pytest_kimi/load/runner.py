@@ -648,6 +648,7 @@ class LoadClient:
                         return
 
             watch = asyncio.ensure_future(watcher())
+        done_all: asyncio.Future[Any] | None = None
         try:
             if watch is None:
                 await asyncio.gather(*tasks)
@@ -663,11 +664,18 @@ class LoadClient:
         finally:
             if watch is not None:
                 watch.cancel()
+            if done_all is not None:
+                # Cancelled from outside (Ctrl-C, SIGTERM): the gather would end with its
+                # children's CancelledError, never retrieved, and asyncio would print that
+                # traceback ("_GatheringFuture exception was never retrieved") after the
+                # clean stop.  Cancelled itself, it cancels the workers and ends quietly.
+                done_all.cancel()
             for t in tasks:
                 if not t.done():
                     t.cancel()
             if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+                waited = [*tasks, done_all] if done_all is not None else tasks
+                await asyncio.gather(*waited, return_exceptions=True)
         if cut_at is not None:
             for rec in inflight.values():
                 rec.cut = True

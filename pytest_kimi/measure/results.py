@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
+from pytest_kimi.measure.latency import LevelLatency
 from pytest_kimi.measure.metrics import (
     LatencyLimits,
     LevelFigures,
@@ -38,7 +39,11 @@ class BaselineComparison:
     ci90: tuple[float | None, float | None] | None = None
     """The 90% interval of the change, in percent (an end is None where it is unbounded)."""
     p_value: float | None = None
-    """One-sided p of a drop beyond the tolerance (Holm-adjusted over the test's levels)."""
+    """One-sided p of a drop beyond the tolerance, for this level alone: it agrees with
+    ``ci90`` (p <= alpha exactly where the interval's upper end lies below the tolerance)."""
+    p_adjusted: float | None = None
+    """The p the verdict was decided by: adjusted for the test's levels (closed testing over
+    their common shifts, :mod:`pytest_kimi.gate.family`) and for the trial policy's look."""
     min_detectable_drop_pct: float | None = None
     tolerance_pct: float | None = None
 
@@ -52,6 +57,7 @@ class BaselineComparison:
             "change_pct": self.change_pct,
             "ci90": None if self.ci90 is None else list(self.ci90),
             "p_value": self.p_value,
+            "p_adjusted": self.p_adjusted,
             "min_detectable_drop_pct": self.min_detectable_drop_pct,
             "tolerance_pct": self.tolerance_pct,
         }
@@ -89,6 +95,8 @@ class LevelResult:
     """A ``@capacity`` search's point: whether every ceiling held, by what margin."""
     # -- judged (gate/policy.py) and annotated (run/conductor.py)
     comparison: BaselineComparison | None = None
+    latency: LevelLatency | None = None
+    """TTFT and ITL at p50 and pNN per trial, against the baseline's (gate/latency_gate.py)."""
     deployment: str | None = None
     """The server profile measured (JSON ``profile``)."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -157,6 +165,8 @@ class LevelResult:
         out.update((k, v) for k, v in optional.items() if v is not None)
         if self.comparison is not None:
             out.update(self.comparison.to_dict())
+        if self.latency is not None:
+            out["latency"] = self.latency.to_dict()
         out.update(self.extra)
         return out
 
@@ -207,6 +217,10 @@ class ThroughputResult:
     compared_with: str | None = None
     """Same-run A/B: what a deployment was compared with (the reference, or its baseline)."""
     capacity: dict[str, Any] | None = None
+    shift: dict[str, Any] | None = None
+    """The common shift of the test's compared levels (two or more): ``change_pct``,
+    ``ci90``, ``p_value``, ``verdict``, ``levels``, ``text`` (:func:`gate.policy.shift_record`).
+    A ``regression`` here fails the test even where no single level is significant."""
     """A ``@capacity`` test's capacity: the report's ``capacity`` object (report/capacity_cells.py)."""
     cache_flush: str | None = None
     """Why a managed server's prefix cache was not flushed before the test."""
@@ -250,6 +264,12 @@ class ThroughputResult:
         failing = Verdict.failing() if failing is None else failing
         return [lv for lv in self.levels if lv.verdict in failing]
 
+    def shift_failure(self) -> str | None:
+        """The failure a significant common shift of the levels makes (None without one)."""
+        if self.shift is None or self.shift.get("verdict") != Verdict.REGRESSION.value:
+            return None
+        return "regression beyond noise across the levels"
+
     def to_dict(self) -> dict[str, Any]:
         """The test's object in ``--perf-json`` (docs/json-report.md): fields left unset are
         absent, as they always were."""
@@ -263,6 +283,7 @@ class ThroughputResult:
             "warmup_server_time_s": self.warmup_server_time_s,
             "server_clock": self.server_clock,
             "capacity": self.capacity,
+            "shift": self.shift,
             "baseline_file": self.baseline_file,
             "baseline_profile": self.baseline_profile,
             "session_id": self.session_id,
@@ -308,14 +329,21 @@ def workload_dict(workload: Workload) -> dict[str, Any]:
     return out
 
 
-def spec_key(level: LevelSpec, prompts_key: str, workload: Workload) -> dict[str, Any]:
-    """The baseline key of a level before it is measured (for adaptive trials)."""
+def spec_key(
+    level: LevelSpec, prompts_key: str, workload: Workload, protocol: str | None = None
+) -> dict[str, Any]:
+    """The baseline key of a level before it is measured (for adaptive trials).
+
+    ``protocol``: the level's trial protocol (``Workload.protocol_for``), part of the key the
+    measured level will have; without it a stationary baseline is never found before the
+    level is measured, and the trial policy runs the fixed pilot only."""
     fields = {
         "concurrency": level.concurrency,
         "rate": level.rate,
         "max_tokens": level.max_tokens,
         "input_tokens": level.input_tokens,
         "prompts": prompts_key,
+        "protocol": protocol,
     }
     return level_key(fields, workload_dict(workload))
 

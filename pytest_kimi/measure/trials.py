@@ -480,7 +480,8 @@ async def measure_level(
         if trial.requests_failed and trial.stopped_early:
             break  # the server is failing: more trials would only repeat it
         if len(trials) == planned:
-            samples = [t.tok_s for t in trials if t.valid and t.tok_s is not None]
+            # in the figures' clock (the simulator's, at speed != 1), as the baseline's are
+            samples = [t.tok_s / spec.clock for t in trials if t.valid and t.tok_s is not None]
             planned += spec.policy.more_trials(level, samples)
         if progress is not None:
             progress(

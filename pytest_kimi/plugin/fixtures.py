@@ -203,6 +203,8 @@ def _kimi_measure(
         trials=opts.perf_trials,
         protocol=opts.perf_protocol,
         server_metrics=opts.perf_server_metrics,
+        latency_tolerance=opts.perf_latency_tolerance,
+        replace_corrupt=gate.update == "force",
     )
     problem: str | None = None
     try:

@@ -232,9 +232,10 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         verdicts = item.config.stash[GATE].settings.failing_verdicts()
         failing = result.failing_levels(verdicts)
         capacity = capacity_failure(result.capacity, verdicts)  # a @capacity test's own verdict
-        if failing or capacity:
+        shift = result.shift_failure()  # the levels as a whole, when none is significant alone
+        if failing or capacity or shift:
             kinds = ", ".join(dict.fromkeys(_headline(lv.verdict) for lv in failing))
-            headline = capacity or f"throughput {kinds}"  # a search's failed level is in it
+            headline = capacity or (f"throughput {kinds}" if failing else f"throughput {shift}")
             lines = format_test(result.to_dict())[1:]
             pytest.fail(scrub_text(f"{headline}:\n" + "\n".join(lines)), pytrace=False)
     return (yield)

@@ -3,6 +3,7 @@ xdist workers send), prints the summary, and hands the run to :func:`finish_run`
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from pytest_kimi.measure.results import ThroughputResult
 from pytest_kimi.plugin.state import (
     DEPLOYMENTS,
     GATE,
+    INTERRUPTS,
     REPORT_ATTR,
     STATE,
     is_worker,
@@ -52,9 +54,19 @@ class PerfReporter:
         if not self.state.tests:
             return
         terminalreporter.section("pytest-kimi throughput")
+        if self.summary is not None and self.summary.interrupted is not None:
+            # the headline, as in every report: a stopped run never reads as a finished one
+            terminalreporter.write_line(f"INTERRUPTED: {self.summary.interrupted}", red=True)
         if self.state.endpoint:
             ep = self.state.endpoint
             terminalreporter.write_line(f"endpoint {ep['url']}  model {ep['model']}")
+        settings = self.config.stash[GATE].settings
+        terminalreporter.write_line(
+            scrub_text(
+                f"gate: tolerance {settings.tolerance * 100:g}%, alpha {settings.alpha:g}, "
+                f"session noise {settings.session_sigma:g} from {settings.sigma_source}"
+            )
+        )
         for test in self.state.tests:
             for line in format_test(test):
                 terminalreporter.write_line(scrub_text(line))
@@ -86,6 +98,7 @@ class PerfReporter:
         if is_worker(self.config):
             return  # the controller writes, from the reports the workers sent
         names = [d.name for d in self.config.stash[DEPLOYMENTS]]
+        interrupted = interruption(self.config, session, self.state.tests)
         self.summary = finish_run(
             kimi_options(self.config),
             self.config.stash[GATE],
@@ -94,10 +107,36 @@ class PerfReporter:
             self.state.endpoints,
             rootdir=Path(self.config.rootpath),
             deployments=names,
+            interrupted=interrupted,
         )
         failed = self.summary.refused or self.summary.problems
         if failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def interruption(
+    config: pytest.Config, session: pytest.Session, tests: list[dict[str, Any]]
+) -> str | None:
+    """What stopped the run before its end, as the reports say it; None when nothing did.
+
+    pytest's exit status says so for an interrupt anywhere (also between two tests, where no
+    test record does), a test record for one that stopped a measurement; the signal handler
+    (:mod:`pytest_kimi.server.interrupts`) knows which signal it was.
+    """
+    stopped = session.exitstatus == pytest.ExitCode.INTERRUPTED or any(
+        t.get("outcome") == "interrupted" for t in tests
+    )
+    if not stopped:
+        return None
+    interrupts = config.stash.get(INTERRUPTS, None)
+    first = interrupts.first if interrupts is not None else None
+    by = {int(signal.SIGTERM): "SIGTERM", int(signal.SIGINT): "Ctrl-C (SIGINT)"}.get(
+        first if first is not None else -1, "an interrupt"
+    )
+    return (
+        f"run interrupted by {by}: the levels that finished keep their verdicts, "
+        "the rest did not run"
+    )
 
 
 def report_interrupted(config: pytest.Config, result: ThroughputResult) -> None:

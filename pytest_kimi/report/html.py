@@ -17,9 +17,11 @@ from typing import Any, Iterable, Mapping
 from pytest_kimi.files import write_atomic
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.report.capacity_cells import capacity_html
+from pytest_kimi.report.latency_cells import latency_html
 from pytest_kimi.report.htmlkit import e as _e
 from pytest_kimi.report.htmlkit import levels_table, page, safe_name, verdict_class
 from pytest_kimi.report.markdown import (
+    gate_line,
     run_facts,
     VERDICT_HELP,
     headline,
@@ -34,7 +36,7 @@ from pytest_kimi.report.svg import standalone
 
 INDEX_NAME = "index.html"
 
-_STATUS_CLASS = {"FAILED": "s-failed", "PASSED": "s-passed"}
+_STATUS_CLASS = {"FAILED": "s-failed", "PASSED": "s-passed", "INTERRUPTED": "s-interrupted"}
 
 
 def _table(levels: list[Mapping[str, Any]], failing: frozenset[str]) -> str:
@@ -63,7 +65,7 @@ def _test_section(
     cls = (
         "s-failed"
         if outcome in ("failed", "error")
-        else ("s-passed" if outcome == "passed" else "s-none")
+        else _STATUS_CLASS.get(outcome.upper(), "s-none")
     )
     where = f" on <code>{_e(test['profile'])}</code>" if test.get("profile") else ""
     parts = [
@@ -89,6 +91,9 @@ def _test_section(
     capacity = test.get("capacity")
     if isinstance(capacity, Mapping):  # a @capacity test: its capacity and search
         parts.append(capacity_html(test, verdict_class(str(capacity.get("verdict")), failing)))
+    latency = latency_html(test)  # TTFT/ITL vs target and baseline
+    if latency:
+        parts.append(latency)
     if test.get("error"):
         parts.append(f'<pre class="error">{_e(test["error"])}</pre>')
     notes = []
@@ -101,6 +106,13 @@ def _test_section(
             )
         for error in (lv.get("errors") or [])[:5]:
             notes.append(f"<li><b>{_e(level_label(lv, test))}</b> error: {_e(error)}</li>")
+    shift = test.get("shift")
+    if isinstance(shift, Mapping) and shift.get("text"):
+        verdict = str(shift.get("verdict", "?"))
+        notes.append(
+            f'<li><b>all levels</b> <span class="{verdict_class(verdict, failing)}">'
+            f"{_e(verdict)}</span>: {_e(shift['text'])}</li>"
+        )
     if notes:
         parts.append(f"<ul>{''.join(notes)}</ul>")
     if test.get("baseline_note"):
@@ -139,6 +151,9 @@ def render_html(
     ]
     if where:
         head.append(f'<p class="meta">{" · ".join(where)}</p>')
+    judged = gate_line(report)
+    if judged:
+        head.append(f'<p class="meta">{_e(judged)}</p>')
     counts = verdict_counts(tests)
     if counts:
         head.append(

@@ -70,7 +70,8 @@ CSS = (
     # a run's status, and a verdict as a table cell (the run report)
     ".status{font-weight:700;padding:.1rem .5rem;border-radius:4px;color:#fff}"
     ".s-failed,.v-failing{background:#c62828;color:#fff}.s-passed{background:#2e7d32}"
-    ".s-none{background:#777}.v-failing{font-weight:700}.v-warning{background:#fff3cd}"
+    ".s-none{background:#777}.s-interrupted{background:#e65100}"
+    ".v-failing{font-weight:700}.v-warning{background:#fff3cd}"
     ".v-improved{background:#e3f2e3}\n"
     # a verdict as its chart marker and word (the dashboard)
     ".verdict{white-space:nowrap}.m-failing,.m-none{font-weight:700}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +17,45 @@ def build_report(
     endpoint: dict[str, Any] | None,
     tests: list[dict[str, Any]],
     session_noise: dict[str, Any] | None = None,
+    gate: dict[str, Any] | None = None,
+    *,
+    interrupted: str | None = None,
 ) -> dict[str, Any]:
     """The report dict; ``session_noise`` (``--perf-sessions``, see
-    :func:`pytest_kimi.run.server_starts.session_noise`) only when there is one."""
-    report = {
+    :func:`pytest_kimi.run.server_starts.session_noise`) only when there is one; ``gate``:
+    the settings the verdicts were judged by, the session noise and its source among them;
+    ``interrupted``: what stopped the run before its end (a signal), when something did."""
+    report: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "plugin_version": __version__,
+        "status": run_status(tests, interrupted=interrupted is not None),
         "endpoint": endpoint or {},
         "tests": tests,
     }
+    if interrupted is not None:
+        report["interrupted"] = interrupted
+    if gate is not None:
+        report["gate"] = gate
     if session_noise is not None:
         report["session_noise"] = session_noise
     return report
+
+
+def run_status(tests: Sequence[Mapping[str, Any]], *, interrupted: bool = False) -> str:
+    """The run's one word, every report's headline: ``interrupted``, ``failed``, ``passed`` or
+    ``no-tests``.
+
+    An interrupted run is never ``passed``, even when every test it finished passed: a
+    cancelled CI job appends this summary, and an operator gating on it must not read a
+    stopped run as a green one.  The run counts as interrupted when the session says so
+    (``interrupted``: also between two tests) or a test was stopped mid-measurement.
+    """
+    outcomes = {t.get("outcome") for t in tests}
+    if interrupted or "interrupted" in outcomes:
+        return "interrupted"
+    if outcomes & {"failed", "error"}:
+        return "failed"
+    return "passed" if tests else "no-tests"
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:

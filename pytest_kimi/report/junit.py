@@ -24,6 +24,33 @@ JUNIT_FIELDS = (
 exposes prefix-cache counters."""
 
 
+LATENCY_SUFFIXES = {"": "value", "_baseline": "baseline", "_target": "target"}
+"""Per latency figure (``ttft_s_p95``): the level's figure, the baseline's and the ceiling, as
+``kimi.C8.ttft_s_p95``, ``kimi.C8.ttft_s_p95_baseline``, ``kimi.C8.ttft_s_p95_target``; also
+``..._change_pct`` and ``..._verdict`` where it was compared."""
+
+
+def _latency_properties(
+    prefix: str, level: dict[str, Any], taken: set[str]
+) -> list[tuple[str, Any]]:
+    """A level's TTFT and ITL figures (p50 and the marker's percentile) from its ``latency``
+    section, each with its baseline and target; a name the level's fields gave already (the
+    pooled ``ttft_s_p95``) is not repeated."""
+    section = level.get("latency")
+    if not isinstance(section, dict):
+        return []
+    props: list[tuple[str, Any]] = []
+    for name, figure in (section.get("figures") or {}).items():
+        if not isinstance(figure, dict):
+            continue
+        keys = {**LATENCY_SUFFIXES, "_change_pct": "change_pct", "_verdict": "verdict"}
+        for suffix, key in keys.items():
+            prop = name + suffix
+            if figure.get(key) is not None and prop not in taken:
+                props.append((f"{prefix}.{prop}", figure[key]))
+    return props
+
+
 def junit_properties(test: dict[str, Any]) -> list[tuple[str, Any]]:
     """Per-level figures as ``kimi.C<c>.<field>`` properties: ``--junitxml`` carries them (also via xdist)."""
     props: list[tuple[str, Any]] = []
@@ -33,6 +60,7 @@ def junit_properties(test: dict[str, Any]) -> list[tuple[str, Any]]:
         props += [
             (f"{prefix}.{name}", lv[name]) for name in JUNIT_FIELDS if lv.get(name) is not None
         ]
+        props += _latency_properties(prefix, lv, {name for name in JUNIT_FIELDS if lv.get(name)})
     capacity = test.get("capacity")
     if isinstance(capacity, dict):  # a @capacity test: its capacity and verdict
         props += [

@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.report.capacity_cells import capacity_markdown
+from pytest_kimi.report.latency_cells import latency_markdown
+from pytest_kimi.report.json_report import run_status
 from pytest_kimi.report.workload_cells import RATES_HEADER, has_rates, rates_cell, shape_lines
 from pytest_kimi.report.dataset_cells import (
     CACHE_HEADER,
@@ -231,18 +233,28 @@ def outcome_counts(tests: Sequence[Mapping[str, Any]]) -> Counter[str]:
 
 
 def headline(report: Mapping[str, Any]) -> tuple[str, str]:
-    """(status word, one-line summary) shared with the HTML report."""
+    """(status word, one-line summary) shared with the HTML report.
+
+    The word is the report's ``status`` (:func:`~pytest_kimi.report.json_report.run_status`;
+    reports written before it had none are read the same way from their outcomes), so an
+    interrupted run says ``INTERRUPTED``, never ``PASSED``, and the summary says what stopped it.
+    """
     tests = report.get("tests") or []
     counts = outcome_counts(tests)
-    bad = counts.get("failed", 0) + counts.get("error", 0)
-    status = "FAILED" if bad else ("PASSED" if tests else "NO TESTS")
+    word = report.get("status")
+    if not isinstance(word, str):
+        word = run_status(tests, interrupted=bool(report.get("interrupted")))
+    status = word.replace("-", " ").upper()
     order = ["passed", "failed", "error", "skipped"]
     parts = [f"{counts.get(k, 0)} {k}" for k in order[:2]]
     parts += [
         f"{counts[k]} {k}" for k in (*order[2:], *sorted(set(counts) - set(order))) if counts.get(k)
     ]
     n = len(tests)
-    return status, f"{n} test{'s' if n != 1 else ''}: " + ", ".join(parts)
+    summary = f"{n} test{'s' if n != 1 else ''}: " + ", ".join(parts)
+    if isinstance(report.get("interrupted"), str):
+        summary += f"; {report['interrupted']}"
+    return status, summary
 
 
 def run_facts(report: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
@@ -256,6 +268,19 @@ def run_facts(report: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
         ("pytest-kimi", report.get("plugin_version"), False),
     ]
     return [(label, str(value), is_code) for label, value, is_code in facts if value]
+
+
+def gate_line(report: Mapping[str, Any]) -> str | None:
+    """What the verdicts were judged by, the session noise and where it came from (None for
+    a report without the ``gate`` object: older versions, ``kimi-perf compare``)."""
+    gate = report.get("gate")
+    if not isinstance(gate, Mapping) or gate.get("session_sigma") is None:
+        return None
+    return (
+        f"gate: tolerance {float(gate.get('tolerance', 0)) * 100:g}%, alpha "
+        f"{gate.get('alpha')}, session noise {float(gate['session_sigma']):g} from "
+        f"{gate.get('session_sigma_source', '?')}"
+    )
 
 
 def verdict_counts(tests: Sequence[Mapping[str, Any]]) -> Counter[str]:
@@ -285,6 +310,9 @@ def render_markdown(
     ]
     if where:
         out += ["", " · ".join(where)]
+    judged = gate_line(report)
+    if judged:
+        out += ["", text(judged)]
     verdicts = verdict_counts(tests)
     if verdicts:
         out += [
@@ -343,6 +371,7 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
     else:
         lines += ["", "_no levels measured_"]
     lines += capacity_markdown(test, lambda v: marker(v, failing), cell, text)
+    lines += latency_markdown(test, cell, text)  # TTFT/ITL vs target and baseline
     if test.get("error"):
         lines += ["", "```text", str(test["error"]).replace("```", "'''"), "```"]
     notes: list[str] = []
@@ -358,6 +387,11 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
             notes.append(
                 f"- {level_label(lv, test)}: {len(errors) - MAX_ERRORS_SHOWN} more errors in the JSON report"
             )
+    shift = test.get("shift")
+    if isinstance(shift, Mapping) and shift.get("text"):
+        notes.append(
+            f"- all levels {marker(str(shift.get('verdict', '?')), failing)}: {text(str(shift['text']))}"
+        )
     notes += [f"- {text(line)}" for line in shape_lines(levels)]
     notes += [f"- {text(line)}" for line in dataset_lines(test)]
     if notes:

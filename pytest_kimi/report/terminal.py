@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from pytest_kimi.report.capacity_cells import capacity_lines
+from pytest_kimi.report.latency_cells import latency_lines
 
 from pytest_kimi.report.workload_cells import RATES_HEADER, has_rates, rates_cell, shape_lines
 from pytest_kimi.report.dataset_cells import (
@@ -231,6 +232,10 @@ def format_test(test: dict[str, Any]) -> list[str]:
     else:
         lines = [title, "  no levels measured"]
     lines += ["  " + line for line in capacity_lines(test)]  # a @capacity test's search
+    lines += ["  " + line for line in latency_lines(test)]  # TTFT/ITL vs target and baseline
+    shift = test.get("shift")
+    if isinstance(shift, Mapping) and shift.get("text"):
+        lines.append("  " + str(shift["text"]))
     if test.get("error"):
         lines += ["  " + line for line in str(test["error"]).splitlines()[:10]]
     price = price_text(test)

@@ -37,6 +37,11 @@ from pytest_kimi.gate.capacity_gate import (
     judge_capacity,
     record_of,
 )
+from pytest_kimi.gate.latency_gate import (
+    DEFAULT_LATENCY_TOLERANCE,
+    apply_latency_gate,
+    latency_tolerance,
+)
 from pytest_kimi.gate.policy import (
     AdaptiveTrials,
     GateSettings,
@@ -57,6 +62,11 @@ from pytest_kimi.verdicts import Verdict
 INTERRUPTED = (
     "measurement interrupted (Ctrl-C or SIGTERM); only the levels it finished are reported"
 )
+CORRUPT_FIX = (
+    "fix the file by hand, restore it with `git checkout -- {path}`, or rewrite it from this "
+    "run with --update-baselines=force"
+)
+"""How a corrupt baseline file stops being one: said under the error that names it."""
 
 
 class GateProblem(RuntimeError):
@@ -121,6 +131,11 @@ class Conditions:
     protocol: str = DEFAULT_PROTOCOL
     server_metrics: bool = False
     """``--perf-server-metrics``: check every trial against the server's own counters."""
+    latency_tolerance: float = DEFAULT_LATENCY_TOLERANCE
+    """``--perf-latency-tolerance``: how much slower TTFT and ITL may be than the baseline's."""
+    replace_corrupt: bool = False
+    """``--update-baselines=force``: a corrupt baseline file is measured as none, so that the
+    update at the end can replace it (without force it fails the test before any load)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +148,10 @@ class Prepared:
     baseline: TestBaseline | None
     current: Provenance
     compared_with: str
+    latency_tolerance: float = DEFAULT_LATENCY_TOLERANCE
+    """The session's latency tolerance (a marker's ``latency_tolerance=`` overrides it)."""
+    corrupt: str | None = None
+    """What is wrong with a corrupt baseline file measured as none (``replace_corrupt``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +216,12 @@ def conduct(
         partial = prepared.spec.partial
         if partial is None:
             raise
+        if isinstance(job, SweepJob) and partial.levels:
+            # the finished levels get the verdicts the gate gives them (a level without a
+            # baseline is no-baseline, not the pass of its targets); an unfinished search has
+            # no capacity to judge, its levels keep held/broke
+            job.judge(partial, prepared, settings, plan.targets, None)
+            _note_missing_baseline(partial, prepared, comparison)
         _annotate(partial, measurer, prepared, comparison, flush_note, server)
         partial.interrupted = INTERRUPTED
         raise MeasurementInterrupted(partial) from None
@@ -209,15 +234,29 @@ def conduct(
     )
     _annotate(result, measurer, prepared, comparison, flush_note, server)
     result.provenance_changes = judged.provenance_changes
-    if prepared.baseline is None and not comparison.is_candidate:
-        result.baseline_note = (
-            f"no baseline yet: {prepared.path} (record it with --update-baselines)"
-        )
+    _note_missing_baseline(result, prepared, comparison)
     if comparison.reference is not None:
         result.compared_with = prepared.compared_with
     if judged.reference is not None and comparison.references is not None:
         comparison.references[nodeid] = judged.reference
     return result
+
+
+def _note_missing_baseline(
+    result: ThroughputResult, prepared: Prepared, comparison: JudgedAgainst
+) -> None:
+    """Where the baseline would be and how to record it (a candidate of an A/B has none)."""
+    if prepared.baseline is not None or comparison.is_candidate:
+        return
+    if prepared.corrupt is not None:
+        result.baseline_note = (
+            f"corrupt baseline {prepared.path} ({prepared.corrupt}): measured as without one; "
+            "--update-baselines=force replaces it"
+        )
+    else:
+        result.baseline_note = (
+            f"no baseline yet: {prepared.path} (record it with --update-baselines)"
+        )
 
 
 def prepare(
@@ -232,9 +271,11 @@ def prepare(
     against (its baseline, or the reference deployment's run), checked comparable.
 
     A corrupt or incomparable baseline and a workload that cannot be built raise
-    :class:`GateProblem` naming the marker's argument.
+    :class:`GateProblem` naming the marker's argument (a corrupt file with how to fix it; with
+    ``replace_corrupt`` it is measured as none instead).
     """
     path = comparison.store.path_for(nodeid)
+    corrupt: str | None = None
     current = Provenance.collect(
         model=endpoint.model,
         server_info=endpoint.server_info,
@@ -256,17 +297,34 @@ def prepare(
             baseline = (comparison.references or {}).get(nodeid)
             compared_with = f"deployment {comparison.reference} (same run)"
         else:
-            baseline = comparison.store.load(nodeid)
             compared_with = str(path)
+            try:
+                baseline = comparison.store.load(nodeid)
+            except BaselineError as exc:
+                if not conditions.replace_corrupt:
+                    raise
+                baseline, corrupt = None, exc.problem
         check_comparable(baseline, current, compared_with)
     except WorkloadError as exc:
         from pytest_kimi.workload.dataset import DatasetError
 
         argument = "dataset" if isinstance(exc, DatasetError) else "prompts"
         raise GateProblem(f"{plan.marker} {argument}: {exc}") from None
-    except (BaselineError, IncomparableBaseline) as exc:
+    except BaselineError as exc:
+        root = conditions.rootdir
+        shown = exc.path.relative_to(root) if exc.path.is_relative_to(root) else exc.path
+        raise GateProblem(f"{exc}\n{CORRUPT_FIX.format(path=shown)}") from None
+    except IncomparableBaseline as exc:
         raise GateProblem(str(exc)) from None
-    return Prepared(path, spec, baseline, current, compared_with)
+    return Prepared(
+        path,
+        spec,
+        baseline,
+        current,
+        compared_with,
+        latency_tolerance=conditions.latency_tolerance,
+        corrupt=corrupt,
+    )
 
 
 def _annotate(
@@ -308,7 +366,13 @@ class SweepJob:
     ) -> ThroughputResult:
         spec = prepared.spec
         keys = {
-            lv: spec_key(lv, spec.prompts_key(lv), spec.workload) for lv in spec.workload.levels
+            lv: spec_key(
+                lv,
+                spec.prompts_key(lv),
+                spec.workload,
+                spec.workload.protocol_for(lv, spec.protocol),
+            )
+            for lv in spec.workload.levels
         }
         self._policy = AdaptiveTrials(
             baseline_samples(prepared.baseline, keys), settings, len(keys), first_trials=spec.trials
@@ -333,6 +397,14 @@ class SweepJob:
             tolerance=targets.tolerance,
             alpha=targets.alpha,
             alpha_weights=self._policy.alpha_weights if self._policy is not None else None,
+            designs=self._policy.designs if self._policy is not None else None,
+        )
+        apply_latency_gate(  # TTFT and ITL against the baseline's: their own tolerance
+            result,
+            prepared.baseline,
+            tolerance=latency_tolerance(targets, prepared.latency_tolerance),
+            alpha=settings.alpha,  # the marker's alpha= is in it already (for_test)
+            session_sigma=settings.session_sigma,
         )
         reference = reference_baseline(result, prepared.current, name) if name is not None else None
         return Judged([str(c) for c in changes], reference)
@@ -371,6 +443,7 @@ class CapacityJob:
             first_trials=spec.trials,
             max_trials=max(settings.max_trials, spec.trials),
             must_probe=capacity.min_capacity,
+            itl=capacity.itl,
         )
         self._run = measurer.run_job(lambda client: run_capacity(client, spec, search, progress))
         result: ThroughputResult = self._run.result

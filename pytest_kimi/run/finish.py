@@ -35,6 +35,8 @@ class RunSummary:
     """``--perf-history``: where the run went (False) or why it did not (True)."""
     problems: list[str] = field(default_factory=list)
     """Sinks that failed (a report path that cannot be written): one line each."""
+    interrupted: str | None = None
+    """What stopped the run before its end (the report's ``interrupted``), or None."""
 
 
 def finish_run(
@@ -46,13 +48,19 @@ def finish_run(
     *,
     rootdir: Path,
     deployments: Sequence[str],
+    interrupted: str | None = None,
 ) -> RunSummary:
-    """Write every sink from the run's test records (the ``--perf-json`` test objects)."""
-    summary = RunSummary()
+    """Write every sink from the run's test records (the ``--perf-json`` test objects);
+    ``interrupted`` (what stopped the run, when a signal did) heads every report."""
+    summary = RunSummary(interrupted=interrupted)
     tests = list(tests)
     summary.session_noise = session_noise(tests, current_sigma=opts.perf_session_sigma)
     report = build_report(
-        dict(endpoint) if endpoint else None, [dict(t) for t in tests], summary.session_noise
+        dict(endpoint) if endpoint else None,
+        [dict(t) for t in tests],
+        summary.session_noise,
+        gate.report_fields(),
+        interrupted=interrupted,
     )
     summary.problems.extend(
         write_reports(opts, report, gate.settings.failing_verdicts(), os.environ)

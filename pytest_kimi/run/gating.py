@@ -8,13 +8,14 @@ session, sweep or search, is judged by the same settings and stored in the same 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pytest_kimi.baseline import BaselineStore
 from pytest_kimi.gate import stats
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.options import KimiOptions
+from pytest_kimi.run.noise_source import choose_session_sigma
 from pytest_kimi.workload.markers import Targets
 
 
@@ -32,13 +33,33 @@ class GateContext:
 
     @classmethod
     def from_options(cls, opts: KimiOptions) -> GateContext:
+        """The session's gate; its session noise measured where it can be
+        (:func:`pytest_kimi.run.noise_source.choose_session_sigma`)."""
+        profile = opts.default_profile()
+        choice = choose_session_sigma(opts, profile, opts.baseline_dir)
+        settings = replace(
+            opts.gate_settings(), session_sigma=choice.sigma, sigma_source=choice.source
+        )
         return cls(
-            opts.gate_settings(),
+            settings,
             opts.baseline_dir,
-            opts.default_profile(),
+            profile,
             opts.baseline_profile is not None,
             opts.update_baselines,
         )
+
+    def report_fields(self) -> dict[str, object]:
+        """The report's ``gate`` object: the settings every verdict was judged by."""
+        s = self.settings
+        return {
+            "tolerance": s.tolerance,
+            "alpha": s.alpha,
+            "session_sigma": s.session_sigma,
+            "session_sigma_source": s.sigma_source,
+            "detectable_drop": s.detectable_drop,
+            "max_trials": s.max_trials,
+            "strict": s.strict,
+        }
 
     def store(self, deployment: str | None = None) -> BaselineStore:
         """The baseline store of a deployment (by its name), or of the session's profile."""

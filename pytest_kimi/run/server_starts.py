@@ -232,8 +232,10 @@ def pool_sessions(tests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     later runs are judged against the deployment rather than against one lucky or unlucky
     start.  The gate still adds the full ``session_sigma`` for the baseline side, and the
     pooled trials' scatter includes the between-session part: both err toward fewer false
-    alarms.  A level keeps the first untrustworthy verdict any session gave it (so the refusal
-    without ``force`` still applies), and the median of the sessions' request rates and TTFTs.
+    alarms.  A level keeps the first verdict any session gave it that may not be recorded
+    (:attr:`Verdict.recordable`: untrustworthy samples, or a ``fail`` or ``regression`` that
+    failed the run), so the refusal without ``force`` still applies when one start of N did,
+    and the median of the sessions' request rates and TTFTs.
     Tests without ``perf_session`` pass through unchanged.
     """
     groups: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}

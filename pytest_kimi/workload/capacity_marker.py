@@ -50,8 +50,16 @@ NOT_FOR_CAPACITY = {
     "min_request_tok_s": "a per-request rate floor",
     "min_goodput": "a goodput floor",
     "requests": "a fixed number of requests per trial, whatever the load",
+    "latency_tolerance": "the tolerance of the latency comparison with a baseline",
 }
 """``@throughput`` arguments that mean nothing for a search, with what they are."""
+
+
+ItlStatistic = Literal["request", "token"]
+"""How an ITL ceiling is judged: ``request``, each request's mean time per token with the
+percentile across requests (a capacity's, robust to the client's read timing:
+:mod:`pytest_kimi.measure.capacity_latency`), or ``token``, the percentile of every gap between
+reads (``@throughput``'s ITL figure)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +75,9 @@ class CapacitySpec:
     min_capacity: float | None = None
     resolution: float = DEFAULT_RESOLUTION
     max_levels: int = DEFAULT_MAX_LEVELS
+    itl: ItlStatistic = "request"
+    """The ITL statistic (no marker argument yet: ``bench/capacity.py truth --itl token``
+    measures the other)."""
 
     def label(self, load: float | None) -> str:
         if load is None:

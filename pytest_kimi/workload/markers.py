@@ -18,7 +18,7 @@ MARKER_SIGNATURE = (
     "throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None, min_request_tok_s=None, "
     "max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, min_goodput=None, prompts='diverse', input_tokens=None, dataset=None, num_prompts=None, shared_prefix_tokens=None, prefix_groups=None, requests=None, requests_per_stream=1, duration_s=None, turns=1, "
     "trials=None, warmup=2, ignore_eos=True, timeout_s=600, api='chat', max_error_rate=0, "
-    "tolerance=None, alpha=None, seed=0, protocol=None): measure output tok/s at each concurrency level against an "
+    "tolerance=None, alpha=None, latency_tolerance=None, seed=0, protocol=None): measure output tok/s at each concurrency level against an "
     "OpenAI-compatible endpoint before the test body runs, and fail on a missed target"
 )
 
@@ -183,6 +183,9 @@ class Targets:
     """Floor on the share of requests that meet every latency ceiling (each request on its own)."""
     tolerance: float | None = None
     alpha: float | None = None
+    latency_tolerance: float | None = None
+    """How much slower TTFT and ITL may be than the baseline's (None: the session's
+    ``--perf-latency-tolerance``)."""
 
     def floor_for(self, level: LevelSpec) -> float | None:
         return self.min_tok_s.get(level.load)
@@ -333,6 +336,7 @@ _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
     "min_goodput": _fraction,
     "tolerance": lambda n, v: _fraction(n, v, open_low=True),
     "alpha": lambda n, v: _fraction(n, v, open_low=True),
+    "latency_tolerance": _positive_float,
     "seed": lambda n, v: _positive_int(n, v, minimum=0),
     "protocol": lambda n, v: _choice(n, v, PROTOCOLS),
     "turns": _positive_int,
@@ -437,6 +441,7 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
         min_goodput=values.pop("min_goodput", None),
         tolerance=values.pop("tolerance", None),
         alpha=values.pop("alpha", None),
+        latency_tolerance=values.pop("latency_tolerance", None),
     )
     return Workload(levels=levels, prompts=prompts, **values), targets
 

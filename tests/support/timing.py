@@ -8,6 +8,9 @@ time to a fixed bound: it bounds it by what it measured alongside, here the even
 from __future__ import annotations
 
 import asyncio
+import os
+import select
+import subprocess
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -117,3 +120,19 @@ def send_late_bound_s(loop_lag_max_s: float, lag_interval_s: float) -> float:
     up when the send was due, and a hold-up shows in the monitor shortened by at most one of
     its intervals."""
     return loop_lag_max_s + lag_interval_s + TIMER_SLACK_S
+
+
+def read_until(proc: subprocess.Popen[str], text: str, timeout_s: float = SESSION_S) -> str:
+    """What ``proc`` printed up to and including ``text`` (select-paced reads: a deadline
+    that can fire while the process prints nothing); fails with the output's tail when
+    ``proc`` ends or ``timeout_s`` passes first.  ``proc.stdout`` must be a pipe."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    got = b""
+    deadline = time.monotonic() + timeout_s
+    while text.encode() not in got:
+        left = deadline - time.monotonic()
+        assert left > 0 and proc.poll() is None, got.decode(errors="replace")[-2000:]
+        if select.select([fd], [], [], min(left, 1.0))[0]:
+            got += os.read(fd, 65536)
+    return got.decode(errors="replace")

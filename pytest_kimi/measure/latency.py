@@ -1,0 +1,189 @@
+"""A level's latency figures per trial, and how they compare with the baseline's.
+
+Why per trial.  The throughput gate's sample is one trial's aggregate tok/s, because requests
+inside a trial share the server's batch and are correlated; the same holds for their latencies.
+So each trial gives one TTFT p50, one TTFT pNN, one ITL p50 and one ITL pNN (the requests and
+token gaps of that trial alone), and the latency gate (:mod:`pytest_kimi.gate.latency_gate`)
+compares those samples with the baseline's the way the throughput gate compares tok/s.
+
+The figure a report shows as *measured* stays the level's own (every trial's requests pooled,
+as ``ttft_s_pct`` and the latency ceilings have always been read); the per-trial samples are
+what the comparison tests.  No pytest, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from pytest_kimi.measure.metrics import (
+    LevelFigures,
+    TrialResult,
+    inter_token_latencies,
+    percentile,
+)
+
+KINDS = ("ttft_s", "itl_s")
+"""The latencies the gate compares: time to first token, inter-token latency (seconds)."""
+
+NAMES = {"ttft_s": "TTFT", "itl_s": "ITL"}
+
+
+def stat_name(q: float) -> str:
+    """``p95`` for 95, ``p99.9`` for 99.9: how a percentile is keyed in JSON and YAML."""
+    return f"p{q:g}"
+
+
+def stats_for(q: float) -> tuple[str, ...]:
+    """The statistics compared at a marker's ``percentile=``: p50 and pNN (p50 once at 50)."""
+    return ("p50",) if stat_name(q) == "p50" else ("p50", stat_name(q))
+
+
+def trial_latencies(
+    trials: Sequence[TrialResult], q: float, clock: float = 1.0
+) -> dict[str, dict[str, list[float]]]:
+    """Per valid trial, each kind's p50 and pNN in the server's clock: ``{kind: {stat: [..]}}``.
+
+    Only the trials whose tok/s is a sample (:attr:`TrialResult.valid`) give one, so the
+    latency samples and the throughput samples come from the same trials; a trial without a
+    positive figure of a kind (no successful request, a single-token stream) gives none of it.
+    """
+    out: dict[str, dict[str, list[float]]] = {k: {s: [] for s in stats_for(q)} for k in KINDS}
+    for trial in trials:
+        if not trial.valid:
+            continue
+        ok = [r for r in trial.records if r.ok]
+        values = {
+            "ttft_s": [x * clock for x in (r.ttft for r in ok) if x is not None],
+            "itl_s": list(inter_token_latencies(ok) * clock),
+        }
+        for kind in KINDS:
+            for stat in stats_for(q):
+                value = percentile(values[kind], float(stat[1:]))
+                if value is not None and math.isfinite(value) and value > 0:
+                    out[kind][stat].append(value)
+    return out
+
+
+def pooled_value(figures: LevelFigures, kind: str, stat: str) -> float | None:
+    """The level's own figure (every trial's requests pooled): what the reports have always
+    shown, and what the latency ceilings (``max_ttft_s``, ``max_itl_s``) are judged on."""
+    if stat == "p50":
+        return figures.ttft_s_p50 if kind == "ttft_s" else figures.itl_s_p50
+    if stat != stat_name(figures.percentile):
+        return None
+    return figures.ttft_s_pct if kind == "ttft_s" else figures.itl_s_pct
+
+
+@dataclass(slots=True)
+class LatencyFigure:
+    """One latency statistic of a level (``ttft_s_p95``): measured, target, baseline, change."""
+
+    kind: str
+    """``ttft_s`` or ``itl_s``."""
+    stat: str
+    """``p50`` or the marker's ``pNN``."""
+    value: float | None
+    """The level's figure, every trial pooled (the one ``max_ttft_s`` / ``max_itl_s`` judge)."""
+    trials: tuple[float, ...] = ()
+    """Each valid trial's figure: the samples the comparison tests."""
+    target: float | None = None
+    """``max_ttft_s`` / ``max_itl_s`` (at pNN only; p50 has none)."""
+    baseline: float | None = None
+    """The baseline's figure of the same kind (pooled when it stored one, else the median of
+    its trials); None when it has none."""
+    baseline_trials: tuple[float, ...] = ()
+    change_pct: float | None = None
+    """Current vs baseline geometric mean of the trials, in percent (+ is slower)."""
+    ci90: tuple[float | None, float | None] | None = None
+    p_value: float | None = None
+    """One-sided p of a slow-down beyond the latency tolerance, for this figure alone."""
+    p_adjusted: float | None = None
+    """The same, Holm-adjusted over every latency figure of the test: the verdict's p."""
+    min_detectable_pct: float | None = None
+    """The slow-down (percent) this comparison would have flagged with 95% probability: what
+    a figure that is not a regression vouches for."""
+    verdict: str | None = None
+    """``pass``, ``regression`` or ``improved``; None when not compared."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}_{self.stat}"
+
+    @property
+    def label(self) -> str:
+        """``TTFT p95``: how reasons and reports name it."""
+        return f"{NAMES.get(self.kind, self.kind)} {self.stat}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "value": _round(self.value),
+            "trials": [_round(x) for x in self.trials],
+            "target": self.target,
+            "baseline": _round(self.baseline),
+            "baseline_trials": list(self.baseline_trials),
+            "change_pct": self.change_pct,
+            "ci90": None if self.ci90 is None else list(self.ci90),
+            "p_value": self.p_value,
+            "p_adjusted": self.p_adjusted,
+            "min_detectable_pct": self.min_detectable_pct,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(slots=True)
+class LevelLatency:
+    """A level's latency section (JSON ``latency``): its figures and whether they were compared."""
+
+    percentile: float
+    figures: list[LatencyFigure] = field(default_factory=list)
+    tolerance_pct: float | None = None
+    """The slow-down the gate tolerated (``--perf-latency-tolerance``), in percent."""
+    compared: bool = False
+    note: str | None = None
+    """Why the latency was not compared (an old baseline, none at all, an untrustworthy level)."""
+
+    def figure(self, kind: str, stat: str) -> LatencyFigure | None:
+        return next((f for f in self.figures if f.kind == kind and f.stat == stat), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "percentile": self.percentile,
+            "tolerance_pct": self.tolerance_pct,
+            "compared": self.compared,
+            "note": self.note,
+            "figures": {f.name: f.to_dict() for f in self.figures},
+        }
+
+
+def level_latency(
+    trials: Sequence[TrialResult],
+    figures: LevelFigures,
+    max_ttft_s: float | None,
+    max_itl_s: float | None,
+) -> LevelLatency:
+    """The latency section of a measured level, before any comparison."""
+    q = figures.percentile
+    per_trial = trial_latencies(trials, q, figures.clock)
+    targets = {"ttft_s": max_ttft_s, "itl_s": max_itl_s}
+    out = LevelLatency(percentile=q)
+    for kind in KINDS:
+        for stat in stats_for(q):
+            out.figures.append(
+                LatencyFigure(
+                    kind=kind,
+                    stat=stat,
+                    value=pooled_value(figures, kind, stat),
+                    trials=tuple(per_trial[kind][stat]),
+                    target=targets[kind] if stat != "p50" or q == 50 else None,
+                )
+            )
+    return out
+
+
+def _round(x: float | None) -> float | None:
+    """Seconds to 4 significant digits, as the baseline stores them (``round_latency``)."""
+    if x is None or x == 0 or not math.isfinite(x):
+        return x
+    return round(x, 3 - math.floor(math.log10(abs(x))))
