@@ -490,6 +490,30 @@ def run_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_margin(args: argparse.Namespace) -> int:
+    """False alarms at a true drop of exactly the tolerance, with more comparisons than a
+    matrix cell: synthetic levels (1% and 0.3% within-session spread, one and three levels)."""
+    from pytest_kimi.gate import family
+
+    family.MC_DRAWS = args.mc_draws
+    rng = np.random.default_rng(args.seed)
+    for n_levels, within in ((1, 0.01), (3, 0.01), (1, 0.003)):
+        shape = Shape(
+            "margin", [LevelModel("margin", f"C={i}", within, 1.0) for i in range(n_levels)], 0.0
+        )
+        for sigma in (0.03, 0.01):
+            cell = simulate_shape(
+                shape, drop=0.05, sims=args.sims, sigma=sigma, baseline_trials=10, rng=rng
+            )
+            se = math.sqrt(cell.failed * (1 - cell.failed) / args.sims)
+            print(
+                f"{n_levels} level(s), within {within:g}, session sigma {sigma:g}: "
+                f"failed {cell.failed:.1%} +- {se:.1%} of {args.sims}",
+                flush=True,
+            )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -515,9 +539,14 @@ def main(argv: list[str] | None = None) -> int:
         default=5000,
         help="simulated sessions of the family's null per comparison (the plugin uses 20000)",
     )
+    ap.add_argument(
+        "--margin", action="store_true", help="false alarms at the tolerance, synthetic levels"
+    )
     args = ap.parse_args(argv)
     if args.matrix:
         return run_matrix(args)
+    if args.margin:
+        return run_margin(args)
     protocols = ["whole-requests", "stationary"] if args.protocol == "both" else [args.protocol]
     rng = np.random.default_rng(args.seed)
     summary = []

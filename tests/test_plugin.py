@@ -448,7 +448,9 @@ def test_markdown_step_summary_and_html_reports(
     assert "## pytest-kimi throughput: FAILED" in text
     assert "### `test_markdown_step_summary_and_html_reports.py::test_sweep` **FAILED**" in text
     rows = [line for line in text.splitlines() if line.startswith("| C=4 |")]
-    assert len(rows) == 1 and "**FAIL**" in rows[0] and "1e+07" in rows[0]
+    # the level's row in the throughput table, then its row in the latency table
+    assert len(rows) == 2 and "**FAIL**" in rows[0] and "1e+07" in rows[0]
+    assert "not compared" in rows[1]
     assert summary.read_text().startswith("previous step\n") and text in summary.read_text()
     page = (html_dir / "index.html").read_text()
     svgs = sorted(html_dir.glob("*.svg"))
