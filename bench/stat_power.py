@@ -62,7 +62,7 @@ DROPS: tuple[float, ...] = (0.0, 0.02, 0.05, 0.08, 0.10, 0.15, 0.20, 0.30)
 FIXED: tuple[int, ...] = (3, 5, 10)
 PROTOCOLS: tuple[str, ...] = ("v2", "v1")
 COLUMNS: dict[str, tuple[str, ...]] = {
-    "v2": ("pass", "regression", "improved", "underpowered"),
+    "v2": ("pass", "regression", "improved", "inconclusive", "underpowered"),
     "v1": ("pass", "regression", "improved", "underpowered", "inconclusive"),
 }
 

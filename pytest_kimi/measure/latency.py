@@ -2,8 +2,9 @@
 
 Why per trial.  The throughput gate's sample is one trial's aggregate tok/s, because requests
 inside a trial share the server's batch and are correlated; the same holds for their latencies.
-So each trial gives one TTFT p50, one TTFT pNN, one ITL p50 and one ITL pNN (the requests and
-token gaps of that trial alone), and the latency gate (:mod:`pytest_kimi.gate.latency_gate`)
+So each trial gives one TTFT p50, one TTFT pNN, one ITL p50 and one ITL pNN (over that trial's
+requests alone; ITL as each request's mean time per token, as ``@capacity`` judges it, since
+per-gap tails carry the client's read timing), and the latency gate (:mod:`pytest_kimi.gate.latency_gate`)
 compares those samples with the baseline's the way the throughput gate compares tok/s.
 
 The figure a report shows as *measured* stays the level's own (every trial's requests pooled,
@@ -17,10 +18,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from pytest_kimi.measure.capacity_latency import min_gaps_for, read_gaps, request_itl
 from pytest_kimi.measure.metrics import (
     LevelFigures,
     TrialResult,
-    inter_token_latencies,
     percentile,
 )
 
@@ -54,9 +55,18 @@ def trial_latencies(
         if not trial.valid:
             continue
         ok = [r for r in trial.records if r.ok]
+        gaps = min_gaps_for(ok)
         values = {
             "ttft_s": [x * clock for x in (r.ttft for r in ok) if x is not None],
-            "itl_s": list(inter_token_latencies(ok) * clock),
+            # each request's mean time per token, as @capacity judges ITL: a client that
+            # reads late lengthens one gap and shortens the next, so per-gap tails carry the
+            # client's timing (x speed on the simulator) and a busy machine read as a latency
+            # regression; a request's mean moves only with its first or last read
+            "itl_s": [
+                x * clock
+                for x in (request_itl(r) for r in ok if read_gaps(r) >= gaps)
+                if x is not None
+            ],
         }
         for kind in KINDS:
             for stat in stats_for(q):
