@@ -103,6 +103,8 @@ def test_ttft_doubled_at_equal_tok_s_is_a_regression(
     assert re.search(r"TTFT p50 [0-9.]+ s vs baseline [0-9.]+ s \(\+[0-9.]+% per trial", reason)
     assert "latency tolerance +50%" in reason
     result.stdout.fnmatch_lines(["*C=1 regression: latency regression: TTFT p50*"])
+    # tok/s held (its estimate is inside the tolerance): the headline names the latency
+    result.stdout.fnmatch_lines(["latency regression beyond its tolerance:"])
     # the reports carry the figures, their ceiling and the baseline's
     p95 = figures["ttft_s_p95"]
     cell = f"{p95['value']:.4g} (max 5) vs {p95['baseline']:.4g}"
@@ -112,7 +114,10 @@ def test_ttft_doubled_at_equal_tok_s_is_a_regression(
     junit = (pytester.path / "junit.xml").read_text()
     assert 'name="kimi.C1.ttft_s_p95_target" value="5.0"' in junit
     assert f'name="kimi.C1.ttft_s_p95_baseline" value="{p95["baseline"]}"' in junit
-    assert 'name="kimi.C1.ttft_s_p95_verdict" value="regression"' in junit
+    # the p50 is what the slowed prefill must flag; the p95 (two or three requests a trial)
+    # says whatever its own comparison said
+    assert 'name="kimi.C1.ttft_s_p50_verdict" value="regression"' in junit
+    assert f'name="kimi.C1.ttft_s_p95_verdict" value="{p95["verdict"]}"' in junit
 
 
 def test_an_unchanged_rerun_passes_its_latency(pytester: pytest.Pytester, recording: str) -> None:

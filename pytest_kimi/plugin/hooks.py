@@ -10,7 +10,7 @@ on the test report (so it survives pytest-xdist) into the reporter.
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import pytest
@@ -234,16 +234,25 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         capacity = capacity_failure(result.capacity, verdicts)  # a @capacity test's own verdict
         shift = result.shift_failure()  # the levels as a whole, when none is significant alone
         if failing or capacity or shift:
-            kinds = ", ".join(dict.fromkeys(_headline(lv.verdict) for lv in failing))
-            headline = capacity or (f"throughput {kinds}" if failing else f"throughput {shift}")
+            kinds = ", ".join(
+                dict.fromkeys(
+                    k if k.startswith("latency") else f"throughput {k}"
+                    for k in (_headline(lv.verdict, lv.reasons) for lv in failing)
+                )
+            )
+            headline = capacity or (kinds if failing else f"throughput {shift}")
             lines = format_test(result.to_dict())[1:]
             pytest.fail(scrub_text(f"{headline}:\n" + "\n".join(lines)), pytrace=False)
     return (yield)
 
 
-def _headline(verdict: str) -> str:
-    """How the failure message names a failing level's verdict (a word it does not know as itself)."""
+def _headline(verdict: str, reasons: Sequence[str] = ()) -> str:
+    """How the failure message names a failing level's verdict (a word it does not know as
+    itself); a regression of latency alone says so, not "throughput regression"."""
     known = Verdict.of(verdict)
+    if known is Verdict.REGRESSION and not any(r.startswith("regression ") for r in reasons):
+        if any(r.startswith("latency regression") for r in reasons):
+            return "latency regression beyond its tolerance"
     return verdict if known is None else known.headline
 
 
