@@ -92,6 +92,9 @@ class Gate:
     max_trials: int = DEFAULT_MAX_TRIALS
     power: float = DEFAULT_POWER
     detectable_drop: float = DEFAULT_DETECTABLE_DROP
+    design: bool = True
+    """Judge an extended level by the null of the procedure (stats.Design); False tests the
+    extended data as if its trial count were fixed (``--no-design``: what that would cost)."""
 
     def kwargs(self) -> dict[str, float]:
         return dict(
@@ -170,12 +173,16 @@ def _v2_adaptive(base: np.ndarray, cur: np.ndarray, gate: Gate) -> tuple[np.ndar
         extend[looked] = np.where(can, gate.max_trials, n)
         done = rows[dec.stop]
         if done.size:
+            design = (
+                {
+                    "interim_trials": np.where(interim[done] > 0, interim[done], n),
+                    "extend_to": np.where(interim[done] > 0, extend[done], n),
+                }
+                if gate.design
+                else {}
+            )
             verdicts[done] = compare_batch(
-                base[done],
-                cur[done, :n],
-                interim_trials=np.where(interim[done] > 0, interim[done], n),
-                extend_to=np.where(interim[done] > 0, extend[done], n),
-                **gate.kwargs(),
+                base[done], cur[done, :n], **design, **gate.kwargs()
             ).verdict
             trials[done] = n
         for k in np.unique(dec.next_trials[~dec.stop]):
@@ -373,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
     parser.add_argument("--detectable-drop", type=float, default=DEFAULT_DETECTABLE_DROP)
     parser.add_argument("--power", type=float, default=DEFAULT_POWER)
+    parser.add_argument(
+        "--no-design",
+        action="store_true",
+        help="test an extended (undecided) level as if its trial count were fixed",
+    )
     args = parser.parse_args(argv)
     noise = Noise(session_sigma=args.true_session_sigma, within_sigma=args.within_sigma)
     gate = Gate(
@@ -380,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         session_sigma=args.gate_session_sigma,
         detectable_drop=args.detectable_drop,
         power=args.power,
+        design=not args.no_design,
     )
     n_base = gate.max_trials if args.baseline_trials is None else args.baseline_trials
     t0 = time.perf_counter()

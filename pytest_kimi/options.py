@@ -426,7 +426,8 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-session-sigma",
             "kimi_perf_session_sigma",
             "KIMI_PERF_SESSION_SIGMA",
-            "session-to-session noise (log sd) of the deployment (default {default}); 0 for a "
+            "session-to-session noise (log sd) of the deployment (default {default} until the "
+            "history has measured it: 5 or more server starts of an unchanged build); 0 for a "
             "noiseless one",
             non_negative_float,
             metavar="SIGMA",

@@ -76,7 +76,8 @@ At the variance rule's first stop, a powered level whose estimate lies beyond th
 without a significant regression is ``undecided`` (:attr:`StopReason.UNDECIDED`) and runs to
 ``max_trials``; the final test then uses the null distribution of this procedure
 (:class:`Design`, :func:`pytest_kimi.gate.family.single_adaptive_p`), since taking the
-extended data at face value raised the false-alarm rate at the tolerance to 6%.  Otherwise:
+extended data at face value raised the false-alarm rate at the tolerance to 5.6% (4.6% with
+the design; ``bench/stat_power.py --no-design``).  Otherwise:
 
 After ``min_trials`` (3) current trials, :func:`decide` stops a level that is already powered.
 Otherwise it asks, from the current variance estimates, for the smallest number of current
@@ -289,14 +290,16 @@ def _within_var(log_x: NDArray[np.float64]) -> NDArray[np.float64] | None:
     return var
 
 
-def _within_terms(
+def _side_terms(
     var_b: NDArray[np.float64] | None,
     n_b: int,
     var_c: NDArray[np.float64] | None,
     n_c: int,
     rows: int,
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Within-session variance of the difference of means and its Satterthwaite denominator.
+) -> tuple[NDArray[np.float64], ...]:
+    """The within-session variance of the difference of means by side:
+    ``(wb, denom_b, vc, w, denom)`` -- the baseline's part of the variance and of its
+    Satterthwaite denominator, the current side's per-trial variance, and the totals.
 
     A side with a single sample borrows the other side's variance (the noise is a property of
     the serving stack, similar in both sessions) and with it that side's degrees of freedom.
@@ -305,14 +308,29 @@ def _within_terms(
     """
     if var_b is not None and var_c is not None:
         wb, wc = var_b / n_b, var_c / n_c
-        return wb + wc, wb**2 / (n_b - 1) + wc**2 / (n_c - 1)
-    if var_b is not None or var_c is not None:
-        var, k = (var_b, n_b) if var_b is not None else (var_c, n_c)
-        assert var is not None
-        w = var * (1.0 / n_b + 1.0 / n_c)
-        return w, w**2 / (k - 1)
+        db = wb**2 / (n_b - 1)
+        return wb, db, var_c, wb + wc, db + wc**2 / (n_c - 1)
+    if var_b is not None:  # one current trial: the baseline's scatter and degrees of freedom
+        w = var_b * (1.0 / n_b + 1.0 / n_c)
+        return var_b / n_b, w**2 / (n_b - 1), var_b, w, w**2 / (n_b - 1)
+    if var_c is not None:  # one baseline trial: the current side's
+        w = var_c * (1.0 / n_b + 1.0 / n_c)
+        return var_c / n_b, np.zeros(rows), var_c, w, w**2 / (n_c - 1)
     nan = np.full(rows, np.nan)
-    return nan, nan
+    return nan, nan, nan, nan, nan
+
+
+def _within_terms(
+    var_b: NDArray[np.float64] | None,
+    n_b: int,
+    var_c: NDArray[np.float64] | None,
+    n_c: int,
+    rows: int,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Within-session variance of the difference of means and its Satterthwaite denominator
+    (:func:`_side_terms`)."""
+    terms = _side_terms(var_b, n_b, var_c, n_c, rows)
+    return terms[3], terms[4]
 
 
 @dataclass(frozen=True, slots=True)
@@ -636,19 +654,10 @@ def _level_terms(
     log_b: NDArray[np.float64], log_c: NDArray[np.float64], core: _Core
 ) -> tuple[float, float, float, float, float]:
     """One level's ``(w, denom, wb, denom_b, vc)`` for the family (see LevelTerms)."""
-    n_b, n_c = log_b.shape[1], log_c.shape[1]
-    var_b = None if core.var_b is None else float(core.var_b[0])
-    var_c = None if core.var_c is None else float(core.var_c[0])
-    if var_b is not None and var_c is not None:
-        wb, wc = var_b / n_b, var_c / n_c
-        db, dc = wb**2 / (n_b - 1), wc**2 / (n_c - 1)
-        return wb + wc, db + dc, wb, db, var_c
-    if var_b is not None:  # one current trial: it borrows the baseline's scatter
-        w = var_b * (1.0 / n_b + 1.0 / n_c)
-        return w, w**2 / (n_b - 1), var_b / n_b, w**2 / (n_b - 1), var_b
-    assert var_c is not None
-    w = var_c * (1.0 / n_b + 1.0 / n_c)
-    return w, w**2 / (n_c - 1), var_c / n_b, 0.0, var_c
+    wb, db, vc, w, denom = (
+        float(x[0]) for x in _side_terms(core.var_b, log_b.shape[1], core.var_c, log_c.shape[1], 1)
+    )
+    return w, denom, wb, db, vc
 
 
 def compare_family(

@@ -409,14 +409,7 @@ class HistoryStore:
         )
         if test is not None:
             query = query.where(t.c.test == test)
-        try:
-            with self.engine.connect() as conn:
-                rows = list(conn.execute(query))
-        except SQLAlchemyError as exc:
-            raise self._fail(exc) from None
-        groups: dict[tuple[str, str, str | None], list[Any]] = {}
-        for row in rows:
-            groups.setdefault((row.test, row.level_key, row.deployment), []).append(row)
+        groups = self._series_rows(query, "level_key")
         out = []
         for (name, key, deployment), members in groups.items():
             points = tuple(
@@ -448,6 +441,18 @@ class HistoryStore:
             )
         return out
 
+    def _series_rows(self, query: Any, key: str) -> dict[tuple[str, str, str | None], list[Any]]:
+        """The rows of a series query, grouped by (test, ``key`` column, deployment) in order."""
+        try:
+            with self.engine.connect() as conn:
+                rows = list(conn.execute(query))
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        groups: dict[tuple[str, str, str | None], list[Any]] = {}
+        for row in rows:
+            groups.setdefault((row.test, getattr(row, key), row.deployment), []).append(row)
+        return groups
+
     def _capacity_series(
         self, test: str | None, run_for: Any
     ) -> list[tuple[tuple[Any, ...], LevelSeries]]:
@@ -466,14 +471,7 @@ class HistoryStore:
         )
         if test is not None:
             query = query.where(t.c.test == test)
-        try:
-            with self.engine.connect() as conn:
-                rows = list(conn.execute(query))
-        except SQLAlchemyError as exc:
-            raise self._fail(exc) from None
-        groups: dict[tuple[str, str, str | None], list[Any]] = {}
-        for row in rows:
-            groups.setdefault((row.test, row.capacity_key, row.deployment), []).append(row)
+        groups = self._series_rows(query, "capacity_key")
         out = []
         for (name, key, deployment), members in groups.items():
             points = tuple(
