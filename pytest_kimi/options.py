@@ -44,7 +44,7 @@ from pytest_kimi.history.urls import DEFAULT_URL as DEFAULT_HISTORY_URL
 from pytest_kimi.history.urls import check_url, resolve_history_url
 from pytest_kimi.measure.trials import DEFAULT_TRIALS
 from pytest_kimi.scrub import scrub_text
-from pytest_kimi.workload.markers import DEFAULT_PROTOCOL, PROTOCOLS
+from pytest_kimi.workload.markers import ALLOW_LARGE_FLAG, DEFAULT_PROTOCOL, PROTOCOLS
 
 T = TypeVar("T")
 
@@ -92,6 +92,15 @@ class KimiOptions:
     perf_require_baseline: bool = False
     perf_strict: bool = False
     perf_server_metrics: bool = False
+    perf_allow_large: bool = False
+    """Lift the upper bounds on marker values (:data:`pytest_kimi.workload.markers.BOUNDED_ARGS`),
+    which stop a typo such as ``concurrency=10**7`` at collection; non-finite numbers stay
+    refused."""
+    perf_lock_timeout: float = 1800.0
+    """Seconds a perf test waits for another pytest-kimi run measuring the same endpoint on this
+    machine (:mod:`pytest_kimi.run.endpoint_lock`) before it errors naming that run: 30
+    minutes, longer than a typical perf job's measurement, short enough that a CI job whose
+    neighbour hangs fails within its own timeout rather than at the runner's."""
     update_baselines: UpdateMode | None = None
     perf_history: str | None = DEFAULT_HISTORY_URL
     """Database every run is stored in (SQLAlchemy URL); None: ``--perf-history=off``.  A
@@ -498,6 +507,25 @@ OPTIONS: dict[str, Option[Any]] = {
             "makes the level invalid",
             boolean,
             switch=True,
+        ),
+        Option(
+            ALLOW_LARGE_FLAG,
+            "kimi_perf_allow_large",
+            "KIMI_PERF_ALLOW_LARGE",
+            "accept marker values above their upper bounds (concurrency 65536, input_tokens "
+            "and max_tokens 2097152, trials 1000, rate 10000/s, ...), which otherwise stop the "
+            "run at collection as the typo they nearly always are",
+            boolean,
+            switch=True,
+        ),
+        Option(
+            "--perf-lock-timeout",
+            "kimi_perf_lock_timeout",
+            "KIMI_PERF_LOCK_TIMEOUT",
+            "seconds a perf test waits for another pytest-kimi run on this machine measuring "
+            "the same endpoint (default {default}); past it the test errors naming that run",
+            positive_float,
+            metavar="SECONDS",
         ),
         Option(
             # Command line only: an ini key committed with the suite would rewrite the

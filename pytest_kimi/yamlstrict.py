@@ -1,4 +1,5 @@
-"""The one YAML loader for files people edit by hand: ``safe_load`` that refuses duplicate keys.
+"""The one YAML loader for files people edit by hand: ``safe_load`` that refuses duplicate keys,
+anchors and aliases, and inputs too large to be a hand-written file.
 
 PyYAML keeps the last of two equal keys silently, so a second ``tp-size:`` added further down a
 server profile, or a ``tok_s:`` pasted twice into a baseline, would change what is read without
@@ -6,18 +7,87 @@ a word.  Server profiles (:mod:`pytest_kimi.server.profile`) and baselines
 (:mod:`pytest_kimi.baseline.yaml_io`) both read through :func:`load`, so they agree on what a
 duplicate is and both can name the key and the two lines; each keeps its own wording around it.
 
+Anchors and aliases (``&a`` / ``*a``) are refused outright: a "billion laughs" of nine aliases
+nine deep under a baseline's ``provenance.server_info`` is a 1 kB file that every later walk of
+the value (scrubbing, comparing, dumping) expands to 10**9 items; pytest and ``kimi-perf
+baselines`` hung at 3 GB.  No hand-written baseline or profile needs them (the plugin's own
+writer never emits one), so the loader refuses the first one it meets, before it is composed,
+naming its line.  Two limits back that up, each far above any real file: the text's size
+(:data:`MAX_CHARS`) and the number of nodes composed (:data:`MAX_NODES`).
+
 Only PyYAML here (no pytest): load-worker processes and offline scripts import it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["DuplicateKeyError", "StrictLoader", "load"]
+__all__ = [
+    "AliasError",
+    "DuplicateKeyError",
+    "MAX_CHARS",
+    "MAX_NODES",
+    "NodeLimitError",
+    "StrictLoader",
+    "TooLargeError",
+    "load",
+    "read_text",
+]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+MAX_CHARS = 1024 * 1024
+"""The largest text :func:`load` parses (1 Mi characters).  A baseline of 50 levels with their
+trials and a full SGLang ``server_info`` is about 30 kB; a server profile is a few kB.  PyYAML
+in pure Python parses a few hundred kB a second, so this also bounds the time spent."""
+MAX_NODES = 100_000
+"""The most YAML nodes :func:`load` composes (a 50-level baseline has about 2000): a second
+line behind the alias ban, and a bound on the time (PyYAML composes some 50,000 a second)."""
+_NO_ALIASES = (
+    "anchors and aliases are refused: no hand-written baseline or server profile needs them "
+    "(an alias bomb would expand without bound); write the value out in full"
+)
+
+
+class AliasError(yaml.composer.ComposerError):
+    """An anchor (``&name``) or alias (``*name``); ``kind``, ``name`` and ``line`` (1-based) are
+    there for callers that word it themselves."""
+
+    def __init__(self, kind: str, name: str, mark: Any) -> None:
+        # ``mark``: a ``yaml.Mark`` (PyYAML's stubs allow its C twin and None on an event)
+        self.kind = kind
+        self.name = name
+        self.line = mark.line + 1
+        sign = "&" if kind == "anchor" else "*"
+        super().__init__(None, None, f"found {kind} {sign}{name}: {_NO_ALIASES}", mark)
+
+
+class NodeLimitError(yaml.composer.ComposerError):
+    """More than :data:`MAX_NODES` nodes; ``line`` (1-based) is where the limit was passed."""
+
+    def __init__(self, mark: Any) -> None:
+        self.line = mark.line + 1
+        super().__init__(
+            None,
+            None,
+            f"more than {MAX_NODES} YAML nodes: far more than a hand-written baseline or server "
+            "profile holds; is this the file you meant?",
+            mark,
+        )
+
+
+class TooLargeError(yaml.YAMLError):
+    """The text is over :data:`MAX_CHARS`; ``size`` is its length (characters or bytes)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        super().__init__(
+            f"{size} characters, over the {MAX_CHARS} a hand-written baseline or server profile "
+            "could hold; is this the file you meant?"
+        )
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -44,12 +114,32 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
 
 
 class StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` whose mappings raise :class:`DuplicateKeyError` on a repeated key.
+    """``yaml.SafeLoader`` whose mappings raise :class:`DuplicateKeyError` on a repeated key and
+    whose composer raises :class:`AliasError` on an anchor or alias, :class:`NodeLimitError` past
+    :data:`MAX_NODES` nodes.
 
     Keys compare as constructed values (``tp-size`` and ``"tp-size"`` are the same key, ``1``
     and ``"1"`` are not).  Merge keys (``<<``) are left to PyYAML: overriding a merged key is
-    what they are for.
+    what they are for (with aliases refused, only an inline mapping can be merged).
     """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        # Checked before PyYAML's composer sees the event: an alias is refused before the
+        # anchored node is looked up, an anchor before its node is composed.
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            raise AliasError("alias", str(event.anchor), event.start_mark)
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            raise AliasError("anchor", str(anchor), event.start_mark)
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise NodeLimitError(event.start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
@@ -69,9 +159,27 @@ class StrictLoader(yaml.SafeLoader):
 
 
 def load(text: str) -> Any:
-    """Parse one YAML document like ``yaml.safe_load``, refusing duplicate keys.
+    """Parse one YAML document like ``yaml.safe_load``, refusing duplicate keys, anchors and
+    aliases, and more than :data:`MAX_CHARS` of text or :data:`MAX_NODES` nodes.
 
-    Raises :class:`yaml.YAMLError` (:class:`DuplicateKeyError` for a repeated key), or
-    ``ValueError`` for a scalar PyYAML cannot construct (an impossible date).
+    Raises :class:`yaml.YAMLError` (:class:`DuplicateKeyError` for a repeated key,
+    :class:`AliasError`, :class:`NodeLimitError`, :class:`TooLargeError`), or ``ValueError``
+    for a scalar PyYAML cannot construct (an impossible date).
     """
+    if len(text) > MAX_CHARS:
+        raise TooLargeError(len(text))
     return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def read_text(path: Path) -> str:
+    """A file's UTF-8 text for :func:`load`, refusing (:class:`TooLargeError`) one whose size on
+    disk is over :data:`MAX_CHARS` bytes before reading any of it: a baseline or profile path
+    pointed at a log or a core dump must not be read whole into memory.
+
+    ``OSError`` and ``UnicodeDecodeError`` pass through, for the caller's own wording.
+    """
+    with path.open("rb") as f:
+        data = f.read(MAX_CHARS + 1)
+    if len(data) > MAX_CHARS:
+        raise TooLargeError(path.stat().st_size)
+    return data.decode("utf-8")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -246,7 +247,7 @@ def test_run_meta_from_github_actions_and_git(tmp_path: Path) -> None:
     assert ci_run_url(env) == "https://github.com/org/suite/actions/runs/42"
     assert ci_run_url({}) is None
     meta = RunMeta.collect(
-        report(server_info={"tp_size": 8, "admin_api_key": "s3cr3t-admin", "a": {"b": 1}}),
+        report(server_info={"tp_size": 8, "admin_api_key": "s3cr3t-admin", "sim": {"b": 1}}),
         suite_dir=tmp_path,  # not a checkout: no commit, branch from CI
         deployment="sim",
         environ=env,
@@ -254,9 +255,10 @@ def test_run_meta_from_github_actions_and_git(tmp_path: Path) -> None:
     assert meta.commit is None and meta.branch == "main" and meta.deployment == "sim"
     assert meta.ci_url == "https://github.com/org/suite/actions/runs/42"
     assert meta.provenance["server_info.tp_size"] == 8
-    assert meta.provenance["server_info.a.b"] == 1
+    assert meta.provenance["server_info.sim.b"] == 1
     assert meta.provenance["model"] == "kimi" and meta.provenance["plugin_version"]
-    assert meta.provenance["server_info.admin_api_key"] == "<redacted>"
+    assert "server_info.admin_api_key" not in meta.provenance
+    assert "s3cr3t-admin" not in repr(meta.provenance)
     assert meta.time.tzinfo is not None
     git = ["git", "-C", str(tmp_path), "-c", "user.name=k", "-c", "user.email=k@example.invalid"]
     subprocess.run([*git, "init", "-q", "-b", "perf"], check=True, timeout=60)
@@ -458,6 +460,55 @@ def test_unreachable_and_malformed_say_so_without_the_password(tmp_path: Path) -
     blocker.write_text("")
     with pytest.raises(HistoryError):
         open_history(f"sqlite:///{blocker}/h.db")  # its directory cannot be made
+
+
+def test_a_file_that_is_no_database_is_named_with_how_to_move_it_aside(tmp_path: Path) -> None:
+    """``file is not a database`` said what SQLite found, not what to do; the file (maybe
+    someone's data under the wrong name) is left exactly as it was."""
+    garbage = tmp_path / "my history.db"
+    garbage.write_bytes(b"\x00garbage, not SQLite\xff" * 400)
+    with pytest.raises(HistoryError) as info:
+        open_history(f"sqlite:///{garbage}")
+    message = str(info.value)
+    assert f"{garbage} is not a usable SQLite database (file is not a database)" in message
+    assert f"move it aside (mv '{garbage}' '{garbage}.corrupt')" in message
+    assert "--perf-history" in message and "\n" not in message
+    assert garbage.read_bytes() == b"\x00garbage, not SQLite\xff" * 400
+    directory = tmp_path / "a-directory.db"
+    directory.mkdir()
+    with pytest.raises(HistoryError, match="a-directory.db is not a file"):
+        open_history(f"sqlite:///{directory}")
+
+
+FULL_DISK = """
+import os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # two SQLite pages: the schema needs more
+from pytest_kimi.history.store import HistoryError, open_history
+try:
+    open_history(sys.argv[1]).close()
+except HistoryError as exc:
+    print(exc)
+else:
+    print("opened")
+"""
+
+
+def test_a_new_history_that_cannot_be_made_whole_leaves_no_file(tmp_path: Path) -> None:
+    """The disk fills while the schema is written: SQLite had already made the file, and the
+    next run took the empty or half-made database for a history (an empty one is a valid
+    SQLite file).  The schema is built under a temporary name now, and takes the history's
+    name only whole."""
+    where = tmp_path / "runs"
+    url = f"sqlite:///{where / 'h.db'}"
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, url], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.startswith(f"history {url}: "), done.stdout + done.stderr
+    assert list(where.iterdir()) == [], "no database, no temporary file, no journal"
+    with open_history(url) as history:  # with room again, the history is made as usual
+        assert history.runs() == []
+    assert [p.name for p in where.iterdir()] == ["h.db"]
 
 
 # ---------------------------------------------------------------------------- real runs

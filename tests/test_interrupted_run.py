@@ -4,7 +4,8 @@ A cancelled CI job sends SIGINT then SIGTERM, and its step summary is what the p
 a headline of PASSED over "1 interrupted" told the operator the gate passed.  The session test
 runs pytest against the simulator in a subprocess, signals it once its first level has finished
 (read from the progress output: no fixed sleep), and reads every report it wrote; the others
-pin the two pieces under it (the load loop's stop, the baseline update's refusal).
+pin the pieces under it (the load loop's stop, the baseline update's refusal, signals that
+arrive together taken as one).
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ import subprocess
 import sys
 import threading
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from pytest_kimi.baseline.update import refusal
 from pytest_kimi.load.loop_thread import LoopThread
+from pytest_kimi.server.interrupts import TOGETHER_S, Interrupts
 from support.busy_machine import INNER_ADDOPTS
 from support.timing import SESSION_S, apoll_until, read_until
 
@@ -36,15 +41,12 @@ FIRST_LEVEL_DONE = "[kimi] C=1: "
 two more levels of two trials each (about 3 wall seconds) follow, which the signal cuts."""
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_an_interrupted_run_says_so_in_every_report(
-    pytester: pytest.Pytester, signum: signal.Signals
-) -> None:
-    pytester.makepyfile(test_suite=SUITE)
-    where = pytester.path
-    step_summary = where / "step-summary.md"
-    proc = subprocess.Popen(
+def _session(where: Path, *, under: list[str] | None = None) -> subprocess.Popen[str]:
+    """The sweep's pytest session in a subprocess (``under``: a command it runs under, such as
+    ``timeout``), writing every report into ``where``."""
+    return subprocess.Popen(
         [
+            *(under or []),
             sys.executable,
             "-m",
             "pytest",
@@ -60,21 +62,37 @@ def test_an_interrupted_run_says_so_in_every_report(
         env={
             **os.environ,
             "PYTEST_ADDOPTS": INNER_ADDOPTS,
-            "GITHUB_STEP_SUMMARY": str(step_summary),
+            "GITHUB_STEP_SUMMARY": str(where / "step-summary.md"),
         },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def _signalled(proc: subprocess.Popen[str], send: list[tuple[int, int]]) -> str:
+    """Send each (pid, signal) of ``send`` at once after the first level, then the output."""
     try:
         head = read_until(proc, FIRST_LEVEL_DONE)
-        proc.send_signal(signum)
+        for pid, signum in send:
+            os.kill(pid, signum)
         out, _ = proc.communicate(timeout=SESSION_S)
-        out = head + out
+        return head + out
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_says_so_in_every_report(
+    pytester: pytest.Pytester, signum: signal.Signals
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    where = pytester.path
+    step_summary = where / "step-summary.md"
+    proc = _session(where)
+    out = _signalled(proc, [(proc.pid, signum)])
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
     # a clean stop: no traceback after it (the cut streams' CancelledError used to follow)
     for text in ("Traceback", "CancelledError", "exception was never retrieved"):
@@ -104,6 +122,68 @@ def test_an_interrupted_run_says_so_in_every_report(
     assert "PASSED" not in html
     # the terminal summary's headline
     assert f"INTERRUPTED: run interrupted by {name}" in out
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs GNU coreutils' timeout")
+@pytest.mark.parametrize("how", ["timeout", "TERM+INT"])
+def test_signals_that_arrive_together_are_one_stop_and_every_report_is_written(
+    pytester: pytest.Pytester, how: str
+) -> None:
+    """GNU ``timeout`` (without ``--foreground``) sends its signal to pytest, then to pytest's
+    process group: pytest got SIGTERM twice within microseconds, took the second for "stop
+    now" and exited 143 without the JSON and Markdown.  Here ``timeout`` is sent SIGTERM, which
+    it relays exactly as when its time runs out (the child, then the group, then SIGCONT); and,
+    as a delivery the kernel cannot merge, SIGTERM and SIGINT back to back (a runner's
+    signal and a terminal's at once)."""
+    pytester.makepyfile(test_suite=SUITE)
+    where = pytester.path
+    if how == "timeout":
+        proc = _session(where, under=["timeout", "--signal=TERM", f"{SESSION_S:g}"])
+        out = _signalled(proc, [(proc.pid, signal.SIGTERM)])  # timeout relays it
+    else:
+        proc = _session(where)
+        out = _signalled(proc, [(proc.pid, signal.SIGTERM), (proc.pid, signal.SIGINT)])
+    # timeout exits with its child's status when it was signalled rather than timed out
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
+    assert "again: killing the servers" not in out, out[-3000:]
+    report = json.loads((where / "perf.json").read_text())
+    assert report["status"] == "interrupted", report.get("status")
+    # the first handled names the stop (Python runs pending handlers in signal order, so
+    # SIGINT may come first of the pair)
+    by = ("SIGTERM",) if how == "timeout" else ("SIGTERM", "Ctrl-C (SIGINT)")
+    headline = report["interrupted"]
+    assert headline.startswith(tuple(f"run interrupted by {name}" for name in by)), headline
+    (test,) = report["tests"]
+    assert {lv["label"]: lv["verdict"] for lv in test["levels"]}.get("C=1") == "no-baseline"
+    for markdown in (where / "perf.md", where / "step-summary.md"):
+        assert markdown.read_text().startswith("## pytest-kimi throughput: INTERRUPTED\n")
+    assert f"INTERRUPTED: {headline}" in out
+
+
+class _Recording(Interrupts):
+    """The handler's decisions without a real exit: ``hard_stop`` records its signal."""
+
+    def __init__(self) -> None:
+        super().__init__(say=lambda text: None)
+        self.hard_stops: list[int] = []
+
+    def hard_stop(self, signum: int) -> None:
+        self.hard_stops.append(signum)
+
+
+def test_a_signal_with_the_first_is_the_same_stop_one_after_it_stops_at_once() -> None:
+    """What the handler does with each delivery, called as the signal module calls it."""
+    interrupts = _Recording()
+    with pytest.raises(KeyboardInterrupt):
+        interrupts._handle(signal.SIGTERM, None)
+    # timeout's signal to the group, a second signal sent with the first: the same stop
+    interrupts._handle(signal.SIGTERM, None)
+    interrupts._handle(signal.SIGINT, None)
+    assert interrupts.hard_stops == []
+    assert (interrupts.count, interrupts.echoes, interrupts.first) == (1, 2, signal.SIGTERM)
+    interrupts._first_at -= TOGETHER_S  # as if the window had passed: a person's second Ctrl-C
+    interrupts._handle(signal.SIGINT, None)
+    assert interrupts.hard_stops == [signal.SIGINT]
 
 
 def test_an_interrupted_loop_run_returns_once_its_coroutine_has_stopped() -> None:

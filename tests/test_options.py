@@ -51,6 +51,8 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "perf_require_baseline": False,
     "perf_strict": False,
     "perf_server_metrics": False,
+    "perf_allow_large": False,
+    "perf_lock_timeout": 1800.0,
     "update_baselines": None,
     "perf_history": "sqlite:///.kimi/history.db",
 }
@@ -171,6 +173,8 @@ KINDS = [
     ("baseline_profile", ["--baseline-profile=cli"], "env", "ini", ("cli", "env", "ini", None)),
     ("perf_strict", ["--perf-strict"], "false", "true", (True, False, True, False)),
     ("perf_json", ["--perf-json=c.json"], "e.json", "i.json", ("c.json", "e.json", "i.json", None)),
+    ("perf_allow_large", ["--perf-allow-large"], "false", "true", (True, False, True, False)),
+    ("perf_lock_timeout", ["--perf-lock-timeout=5"], "60", "0.5", (5.0, 60.0, 0.5, 1800.0)),
 ]
 
 
@@ -220,6 +224,10 @@ def test_server_profiles_cli_over_ini(pytester: pytest.Pytester) -> None:
         ([], "lots", None, "env KIMI_PERF_TRIALS"),
         ([], None, "kimi_perf_strict = maybe", "ini kimi_perf_strict"),
         (["--update-baselines=always"], None, None, "--update-baselines"),
+        (["--perf-lock-timeout=0"], None, None, "--perf-lock-timeout"),
+        (["--perf-lock-timeout=inf"], None, None, "--perf-lock-timeout"),
+        ([], None, "kimi_perf_lock_timeout = soon", "ini kimi_perf_lock_timeout"),
+        ([], None, "kimi_perf_allow_large = perhaps", "ini kimi_perf_allow_large"),
     ],
 )
 def test_bad_value_names_its_source(

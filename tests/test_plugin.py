@@ -340,7 +340,7 @@ def test_endpoint_sim_starts_and_reaps_a_simulator(
 
         @throughput(concurrency=2, {SMALL})
         def test_sim(kimi_endpoint):
-            pid = kimi_endpoint.server_info["sim"]["pid"]
+            pid = kimi_endpoint.server_pid
             with open(os.environ["PID_FILE"], "w") as fh:
                 fh.write(str(pid))
         """

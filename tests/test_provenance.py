@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pytest_kimi.baseline import Provenance, provenance_diff
 from pytest_kimi.endpoint.serverinfo import clean_server_info, parse_launch_command
@@ -101,13 +102,61 @@ def test_launch_command_parsed_into_args() -> None:
 
 
 def test_clean_server_info_is_idempotent_and_keeps_stable_fields() -> None:
-    raw = _info("--port", "31001", "--api-key", "sk-verysecretvalue123")
+    raw = _info("--port", "31001", "--api-key", "sk-verysecretvalue123", "--enable-eplb")
     once = clean_server_info(raw)
     assert clean_server_info(once) == once
-    assert once["launch_command"]["args"]["api_key"] == "<redacted>"
-    assert once["api_key"] == "<redacted>"
-    assert once["startup_time"] == raw["startup_time"], "stored, only left out of the diff"
-    assert once["tp_size"] == 8
+    assert once["tp_size"] == 8 and once["enable_eplb"] is True and once["version"] == "0.5.23"
+    assert once["launch_command"] == {
+        "args": {"enable_eplb": True, "ep_size": "8", "model_path": "/models/kimi", "tp_size": "8"}
+    }, "flags on the allow-list only: no --api-key, --host or --port"
+    # neither the keys nor what changes at every start is stored at all
+    for gone in ("api_key", "admin_api_key", "startup_time", "internal_states", "random_seed"):
+        assert gone not in once, gone
+    assert "host" not in once and "port" not in once
+    assert "sk-verysecretvalue123" not in repr(once)
+
+
+def test_what_the_allow_list_drops_shows_as_a_digest() -> None:
+    """A field the list does not name is not stored, but its change is still visible."""
+    a = clean_server_info({"tp_size": 8, "log_level": "info", "port": 1})
+    b = clean_server_info({"tp_size": 8, "log_level": "debug", "port": 2})
+    c = clean_server_info({"tp_size": 8, "log_level": "info", "port": 3})
+    assert "log_level" not in a and "info" not in repr(a)
+    assert a["unlisted"].startswith("1 setting, sha256:")
+    assert a == c, "a new port is no change"
+    assert _diff(a, b) == [f"unlisted: {a['unlisted']} -> {b['unlisted']}"]
+
+
+@pytest.mark.parametrize(
+    "flag, value, named",
+    [
+        ("--enable-eplb", None, "enable_eplb: false -> true"),
+        ("--max-running-requests", "128", "max_running_requests: 64 -> 128"),
+        ("--chunked-prefill-size", "4096", "chunked_prefill_size: null -> 4096"),
+        ("--tp-size", "16", "tp_size: 8 -> 16"),
+        ("--ep-size", "4", "ep_size: 8 -> 4"),
+        ("--cuda-graph-max-bs-decode", "128", "cuda_graph_max_bs_decode: null -> 128"),
+        ("--attention-backend", "triton", "attention_backend: null -> triton"),
+        ("--mem-fraction-static", "0.8", "mem_fraction_static: null -> 0.8"),
+    ],
+)
+def test_the_allow_list_keeps_every_tuning_knob(flag: str, value: str | None, named: str) -> None:
+    """A provenance diff still names the knob that moved throughput, while neither side
+    stores what changes at every start."""
+    base = ["--max-running-requests", "64"]
+    # a flag given again overrides the first (argparse): --tp-size 8 ... --tp-size 16
+    new = [*base, flag] if value is None else [*base, flag, value]
+    old_info, new_info = _info("--port", "1", *base), _info("--port", "2", *new)
+    assert _diff(old_info, new_info) == [named]
+    for kept in (Provenance(server_info=old_info), Provenance(server_info=new_info)):
+        assert not {"port", "startup_time", "random_seed"} & set(kept.server_info)
+
+
+def test_stream_interval_and_the_simulator_knobs_are_kept() -> None:
+    info = clean_server_info(
+        {"stream_interval": 4, "sim": {"speed": 10.0, "seed": 3, "pid": 4242}, "port": 80}
+    )
+    assert info == {"stream_interval": 4, "sim": {"speed": 10.0, "seed": 3}}
 
 
 def _profile(pytester: pytest.Pytester, marker: str, max_running: int) -> Path:
@@ -140,7 +189,12 @@ def test_rerun_of_an_unchanged_managed_server_lists_no_change(pytester: pytest.P
     # (a baseline of the marker's trials: its provenance is what the reruns compare with)
     assert _changes(pytester, profile, "--update-baselines", "--perf-max-trials=2") == []
     baseline = next((pytester.path / "baselines").rglob("*.yaml")).read_text()
-    assert "launch_command" in baseline and "startup_time" in baseline
+    assert "launch_command" in baseline and "max_running_requests" in baseline
+    # what changes at every start is not in the file at all (each re-record's diff was noisier)
+    saved = yaml.safe_load(baseline)["provenance"]["server_info"]
+    for gone in ("port", "host", "startup_time", "random_seed", "internal_states"):
+        assert gone not in saved, gone
+    assert "pid" not in saved["sim"] and "port" not in saved["launch_command"]["args"]
     assert _changes(pytester, profile) == []
     _profile(pytester, marker, 128)
     # (the fake serves through the simulator, whose own knobs sit under "sim.")

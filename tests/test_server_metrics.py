@@ -21,10 +21,13 @@ from pytest_kimi.measure.metrics import ClientSignals, TrialResult, summarize_tr
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.report.markdown import render_markdown
 from pytest_kimi.report.terminal import format_test
+from pytest_kimi.crosscheck.prefix_cache import PrefixCacheProbe
 from pytest_kimi.crosscheck.server_metrics import (
+    METRICS_MAX_BYTES,
     RATE_TOLERANCE,
     CounterNames,
     MetricsScraper,
+    MetricsTooLarge,
     Scrape,
     ServerMetricsError,
     check_trial,
@@ -377,6 +380,82 @@ async def test_scraper_connection_error_names_the_url() -> None:
             await scraper.open()
     finally:
         await scraper.close()
+
+
+# ------------------------------------------------------------------ the size cap on a page
+
+
+async def _serve_big(total: int, *, announce: bool) -> web.AppRunner:
+    """A /metrics page of ``total`` bytes of comment lines: announced (Content-Length) or
+    streamed in blocks without a length, like a proxy's or a label explosion's."""
+    line = b"# padding: a page far larger than any server's metrics\n"
+    block = line * (2**16 // len(line))
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        if announce:
+            resp.content_length = total
+        await resp.prepare(request)
+        sent = 0
+        try:
+            while sent < total:
+                chunk = block[: total - sent]
+                await resp.write(chunk)
+                sent += len(chunk)
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the reader gave up: what the cap is for
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("announce", [True, False], ids=["content-length", "chunked"])
+async def test_a_page_over_the_cap_is_refused_with_its_reason(announce: bool) -> None:
+    runner = await _serve_big(METRICS_MAX_BYTES + 2**20, announce=announce)
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    scraper = MetricsScraper(url)
+    probe = PrefixCacheProbe(url)
+    try:
+        with pytest.raises(MetricsTooLarge) as err:
+            await scraper.open()
+        assert str(err.value) == (
+            f"{url}/metrics sent more than 16 MB, the cap on a metrics page (METRICS_MAX_BYTES; "
+            "SGLang's and vLLM's are well under 1 MB): it was not read -- is something other "
+            "than the server's Prometheus endpoint answering there?"
+        )
+        # the prefix-cache probe stops asking, and its level says why there is no hit rate
+        await probe.start_level()
+        assert await probe.end_level() == {"notes": [f"no prefix-cache hit rate: {err.value}"]}
+        assert await probe.end_level() == {}  # said once
+    finally:
+        await scraper.close()
+        await runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_a_page_within_the_cap_is_read_whole() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=SGLANG + "# " + "x" * 2**20 + "\n")  # a long comment line
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    scraper = MetricsScraper(f"http://127.0.0.1:{runner.addresses[0][1]}")
+    try:
+        await scraper.open()
+        assert (await scraper.scrape()).generation == 8.0
+    finally:
+        await scraper.close()
+        await runner.cleanup()
 
 
 # ------------------------------------------------------------------- real sessions, simulator

@@ -491,6 +491,40 @@ async def test_no_usage_and_client_abort(http: aiohttp.ClientSession) -> None:
         assert sim.engine.requests_failed == 1
 
 
+@pytest.mark.asyncio
+async def test_a_server_that_does_not_abort_keeps_decoding_what_its_client_cut(
+    http: aiohttp.ClientSession,
+) -> None:
+    """``abort_on_disconnect=false``: the zombies the contamination check is for."""
+    async with await start_server(SimConfig(speed=50.0, abort_on_disconnect=False)) as sim:
+        resp = await http.post(sim.url + CHAT, json=chat_body(400))
+        await resp.content.readline()
+        resp.close()  # the client is gone ...
+        await apoll_until(lambda: sim.engine.generated_tokens >= 40, "decoding went on")
+        assert (
+            sim.engine.num_running == 1 and sim.engine.requests_failed == 0
+        )  # ... not the request
+        await apoll_until(lambda: sim.engine.num_running == 0, "the zombie finished")
+        assert sim.engine.generated_tokens == 400  # to its end, as a real zombie does
+
+
+@pytest.mark.asyncio
+async def test_keepalive_after_tokens_streams_comments_and_never_ends(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with await start_server(SimConfig(speed=50.0, keepalive_after_tokens=3)) as sim:
+        tokens = comments = 0
+        async with http.post(sim.url + CHAT, json=chat_body(8)) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    tokens += 1
+                elif line.startswith(b": keep-alive"):
+                    comments += 1
+                    if comments == 3:
+                        break  # bytes keep coming, tokens do not: the client must give up
+        assert (tokens, comments) == (3, 3)  # the 8-token request never finished its stream
+
+
 # ---------------------------------------------------------------------- rate truth
 
 

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import json
 import random
+import tracemalloc
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from pytest_kimi.load.sse import StreamParser, error_event_message, malformed_message, parse_blocks
+from pytest_kimi.load.sse import (
+    MAX_EVENT_BYTES,
+    StreamParser,
+    error_event_message,
+    malformed_message,
+    parse_blocks,
+    usage_below_events_message,
+    usage_problem,
+)
 from pytest_kimi.load.records import RequestRecord
 
 
@@ -32,6 +41,7 @@ class RefResult:
     done: bool = False
     reasoning_tokens: int = 0
     first_content: float | None = None
+    usage_error: str | None = None
 
 
 def _ref_interpret(
@@ -70,8 +80,15 @@ def _ref_interpret(
         if ch.get("finish_reason") is not None:
             res.finish_reason = str(ch["finish_reason"])
     u = obj.get("usage")
-    if isinstance(u, dict) and isinstance(u.get("completion_tokens"), int):
-        usage[:] = [u]
+    if isinstance(u, dict) and u.get("completion_tokens") is not None:
+        # the last usage is the server's word; one whose count is no count is not believed
+        value = u["completion_tokens"]
+        if type(value) is int and value >= 0 or type(value) is float and value == int(value) >= 0:
+            usage[:] = [u]
+            res.usage_error = None
+        else:
+            usage[:] = []
+            res.usage_error = usage_problem(value)
     if token and not answer:
         reasoning[0] += 1
     return token
@@ -136,10 +153,14 @@ def reference_parse(blocks: list[tuple[float, bytes]], api: str = "chat") -> Ref
         tail = full[ev_start:].replace(b"\r", b"").strip()
         if tail in (b"data: [DONE]", b"data:[DONE]"):
             res.done = True
+    events = sum(res.chunk_events)
+    if usage and usage[0]["completion_tokens"] < events:
+        res.usage_error = usage_below_events_message(int(usage[0]["completion_tokens"]), events)
+        usage = []
     if usage:
-        res.completion_tokens = usage[0]["completion_tokens"]
+        res.completion_tokens = int(usage[0]["completion_tokens"])
         pt = usage[0].get("prompt_tokens")
-        res.prompt_tokens = pt if isinstance(pt, int) else 0
+        res.prompt_tokens = pt if type(pt) is int and pt >= 0 else 0
     else:
         res.completion_tokens = sum(res.chunk_events)
         res.tokens_approx = True
@@ -183,6 +204,7 @@ def fast_parse(
         done=p.done,
         reasoning_tokens=rec.reasoning_tokens,
         first_content=rec.first_content,
+        usage_error=rec.usage_error,
     )
     return out, p
 
@@ -837,3 +859,132 @@ def test_reasoning_ranges_stay_on_the_fast_path() -> None:
         p = assert_same(random_blocks(stream, random.Random(mean), mean))
         assert p.record.reasoning_tokens == 600
         assert p.decoded <= 12, (mean, p.decoded, p.fast_ranges)
+
+
+# ------------------------------------------------------------------------------- bounds
+ROLE = 'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}'
+FINISH = 'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}'
+
+
+def _usage(value: str) -> str:
+    return 'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":%s}}' % value
+
+
+def _parse(blocks: list[bytes], max_tokens: int = 0) -> StreamParser:
+    rec = RequestRecord(index=0, worker=0, scheduled=0.0)
+    p = StreamParser(rec, "chat", max_tokens)
+    for i, b in enumerate(blocks):
+        p.feed(float(i), b)
+    p.close()
+    return p
+
+
+def test_a_stream_past_max_tokens_fails_at_the_first_event_too_many() -> None:
+    """Token events never outnumber tokens, so event ``max_tokens + 1`` proves the server
+    ignores the limit: the stream fails there (the reader stops), whatever comes after."""
+    tokens = [_events(TOK % i) for i in range(8)]
+    p = _parse([_events(ROLE), *tokens, _events("data: [DONE]")], max_tokens=5)
+    assert p.failed and not p.done
+    assert p.record.error is not None
+    assert p.record.error.startswith("stream passed max_tokens=5: 6 token events arrived")
+    assert p.events == 6  # nothing was taken after the event that broke the limit
+    # in one block: the same
+    p = _parse([_events(ROLE, *(TOK % i for i in range(8)))], max_tokens=5)
+    assert p.failed and p.record.error and "max_tokens=5: 8 token events" in p.record.error
+    # exactly max_tokens is fine, and unknown limits are no limit
+    whole = [_events(ROLE), *tokens[:5], _events(FINISH, _usage("5"), "data: [DONE]")]
+    assert _parse(whole, max_tokens=5).done
+    assert _parse([_events(ROLE), *tokens, _events("data: [DONE]")]).done
+
+
+def test_a_usage_above_max_tokens_fails_the_stream() -> None:
+    blocks = [_events(ROLE, TOK % "a", FINISH, _usage("9"), "data: [DONE]")]
+    p = _parse(blocks, max_tokens=5)
+    assert p.failed and p.record.error is not None
+    assert p.record.error.startswith("usage says 9 completion tokens, more than max_tokens=5")
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("-3", "usage.completion_tokens=-3 is negative"),
+        ("3.5", "usage.completion_tokens=3.5 is fractional"),
+        ('"12"', 'usage.completion_tokens="12" is not a number'),
+        ("true", "usage.completion_tokens is a bool (true), not a count"),
+        ("[3]", "usage.completion_tokens=[3] is not a number"),
+        ("1", "usage.completion_tokens=1 is below the 3 token events streamed"),
+    ],
+)
+def test_usage_that_is_no_count_is_not_believed(value: str, problem: str) -> None:
+    """The stream is fine (done, no error) but its usage is refused, named, and the tokens
+    are counted from the events instead (so no figure is negative or fractional)."""
+    stream = _events(ROLE, TOK % "a", TOK % "b", TOK % "c", FINISH, _usage(value), "data: [DONE]")
+    p = assert_same([(0.0, stream)])
+    rec = p.record
+    assert p.done and rec.error is None
+    assert rec.usage_error == problem
+    assert (rec.completion_tokens, rec.tokens_approx, rec.prompt_tokens) == (3, True, 0)
+    assert usage_problem(json.loads(value)) == (None if value == "1" else problem)
+
+
+def test_usage_that_is_a_count_is_believed() -> None:
+    for value, count in (("3", 3), ("7", 7), ("3.0", 3)):
+        stream = _events(ROLE, TOK % "a", TOK % "b", TOK % "c", FINISH, _usage(value))
+        rec = assert_same([(0.0, stream + _events("data: [DONE]"))]).record
+        assert rec.usage_error is None and rec.completion_tokens == count
+        assert not rec.tokens_approx
+
+
+def test_an_event_over_the_cap_fails_in_any_reads() -> None:
+    """One SSE event larger than 1 MB is no token stream: the stream fails once the event
+    passes the cap, whether it came in small reads, one read, or within a block of events."""
+    huge = b'data: {"pad":"' + b"x" * MAX_EVENT_BYTES + b'"}\n\n'
+    head = _events(ROLE, TOK % "a")
+    for blocks in (
+        [head, *(huge[i : i + 4096] for i in range(0, len(huge), 4096))],  # small reads
+        [head, huge[:-2], huge[-2:]],  # one big read, then its end
+        [head + huge + _events(TOK % "b")],  # whole, amid ordinary events
+        [head + _events(TOK % "b") * 8000 + huge],  # a big block, the huge event last
+    ):
+        p = _parse(blocks)
+        assert p.failed and not p.done, [len(b) for b in blocks]
+        assert p.record.error is not None
+        assert p.record.error.startswith("SSE event larger than 1 MB: "), p.record.error
+
+
+def test_events_up_to_the_cap_pass() -> None:
+    """Nothing honest is refused: a block of ordinary events larger than the cap (a client
+    that fell behind), and one event just under the cap split over many reads."""
+    many = _events(*(TOK % i for i in range(30000)))
+    assert len(many) > 2 * MAX_EVENT_BYTES
+    p = _parse([_events(ROLE), many, _events("data: [DONE]")])
+    assert p.done and p.events == 30000 and p.record.error is None
+    text = "y" * (MAX_EVENT_BYTES - 100)
+    big = _events(TOK % text)
+    assert len(big) <= MAX_EVENT_BYTES
+    p = _parse([_events(ROLE), *(big[i : i + 1000] for i in range(0, len(big), 1000))])
+    assert p.events == 1 and p.record.error is None
+
+
+@pytest.mark.parametrize("sep", ["\n", "\r\n"])
+def test_a_long_event_in_many_reads_is_held_in_parts_not_rejoined(sep: str) -> None:
+    """Linear, measured by memory rather than time: an event 0.9 MB long arriving in 4 KB
+    reads is kept as its reads (joined once, at its end), so the parser never holds a second
+    copy of it.  Re-joining the pending bytes on every read (the quadratic way) needs the old
+    copy and the new one at once: twice the event."""
+    text = "z" * (9 * MAX_EVENT_BYTES // 10)
+    event = _events(TOK % text, sep=sep)
+    reads = [event[i : i + 4096] for i in range(0, len(event), 4096)]
+    rec = RequestRecord(index=0, worker=0, scheduled=0.0)
+    p = StreamParser(rec, "chat")
+    p.feed(0.0, _events(ROLE, sep=sep))
+    tracemalloc.start()
+    try:
+        for i, b in enumerate(reads[:-1]):
+            p.feed(float(i), b)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    p.feed(1.0, reads[-1])
+    assert p.events == 1 and rec.error is None
+    assert peak < 1.3 * len(event), (peak, len(event))

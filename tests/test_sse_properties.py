@@ -23,7 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_kimi.load.records import Api, RequestRecord
-from pytest_kimi.load.sse import StreamParser, error_event_message, malformed_message
+from pytest_kimi.load.sse import (
+    StreamParser,
+    error_event_message,
+    malformed_message,
+    usage_below_events_message,
+    usage_problem,
+)
 
 # modest: the seeded loops of test_sse.py run long streams; a busy CI box may be slow to draw
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,11 +105,31 @@ def json_styles(draw: st.DrawFn, base: Json) -> Json:
     )
 
 
+completions = st.one_of(
+    st.integers(0, 5000),
+    st.integers(0, 5000),
+    st.integers(0, 5000),
+    # what a broken server claims: no count the parser may believe (an integral float is one)
+    st.integers(-5000, -1),
+    st.floats(0, 5000, allow_nan=False, allow_infinity=False),
+    st.integers(0, 5000).map(str),
+    st.booleans(),
+    st.none(),
+)
+
+
+def _count(value: Any) -> int | None:
+    """The token count a ``completion_tokens`` value stands for, None when it is none."""
+    if type(value) is float and value == int(value):
+        value = int(value)
+    return value if type(value) is int and value >= 0 else None
+
+
 usages = st.builds(
     lambda prompt, completion, reasoning, where: {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+        "total_tokens": prompt + (_count(completion) or 0),
         **(
             {}
             if where == "none"
@@ -116,7 +142,7 @@ usages = st.builds(
         ),
     },
     st.integers(0, 5000),
-    st.integers(0, 5000),
+    completions,
     st.integers(0, 5000),
     st.sampled_from(["none", "sglang", "openai"]),
 )
@@ -344,6 +370,7 @@ class Result:
     error: str | None
     done: bool
     failed: bool
+    usage_error: str | None
 
     def totals(self) -> Result:
         """The same without what depends on how the bytes were split into reads."""
@@ -396,6 +423,7 @@ def parse(
         rec.error,
         p.done,
         p.failed,
+        rec.usage_error,
     )
     return result, p
 
@@ -422,7 +450,8 @@ def expected(stream: Stream, blocks: list[tuple[float, bytes]], limit: int | Non
         if ev.done or ev.error is not None:
             done, error, ended = ev.done, ev.error, True
             break
-        usage = ev.usage if ev.usage is not None else usage
+        if ev.usage is not None and ev.usage["completion_tokens"] is not None:
+            usage = ev.usage  # the last one is the server's word, believed or not
         finish = ev.finish if ev.finish is not None else finish
         if ev.token:
             block = bisect_right(starts, end - 1) - 1  # the read that completes the event
@@ -435,8 +464,17 @@ def expected(stream: Stream, blocks: list[tuple[float, bytes]], limit: int | Non
     if not ended and stream.done_payload_end is not None and stream.done_payload_end <= limit:
         done = True  # a final "data: [DONE]" needs no blank line
     told = 0
+    usage_error = None
     if usage is not None:
-        completion, prompt = usage["completion_tokens"], usage["prompt_tokens"]
+        count = _count(usage["completion_tokens"])
+        if count is None:
+            usage_error = usage_problem(usage["completion_tokens"])
+        elif count < events:
+            usage_error = usage_below_events_message(count, events)
+        if usage_error is not None:
+            usage = None
+    if usage is not None:
+        completion, prompt = _count(usage["completion_tokens"]) or 0, usage["prompt_tokens"]
         details = usage.get("completion_tokens_details")
         told = details["reasoning_tokens"] if details else usage.get("reasoning_tokens", 0)
     else:
@@ -464,6 +502,7 @@ def expected(stream: Stream, blocks: list[tuple[float, bytes]], limit: int | Non
         error=error,
         done=done,
         failed=error is not None,
+        usage_error=usage_error,
     )
 
 

@@ -10,10 +10,8 @@ matter.  No pytest here.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
-import re
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -22,13 +20,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_kimi.baseline.values import ABSENT, is_number, scalar_text, utc_timestamp
-from pytest_kimi.endpoint.serverinfo import VOLATILE_SERVER_INFO, clean_server_info
+from pytest_kimi.endpoint.serverinfo import VOLATILE_SERVER_INFO, clean_server_info, is_volatile
 
 __all__ = ["SERVER_INFO_IGNORE", "Provenance", "FieldChange", "provenance_diff", "incomparable"]
 
 SERVER_INFO_IGNORE: tuple[str, ...] = VOLATILE_SERVER_INFO
 """Patterns for ``server_info`` entries that :func:`provenance_diff` ignores (their one home
-is :mod:`pytest_kimi.endpoint.serverinfo`, where server info enters the plugin)."""
+is :mod:`pytest_kimi.endpoint.serverinfo`, where server info enters the plugin).  Server info
+entering now never holds them; records written before it dropped them (the history's older
+runs) still do."""
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -59,7 +59,10 @@ class Provenance:
     model: str | None = None
     """Model name the endpoint serves."""
     server_info: Mapping[str, Any] = field(default_factory=dict)
-    """Server arguments and version as the endpoint reports them (SGLang ``/get_server_info``)."""
+    """The allow-listed server arguments and version as the endpoint reports them (SGLang
+    ``/server_info``): :func:`~pytest_kimi.endpoint.serverinfo.clean_server_info` keeps the
+    fields :data:`~pytest_kimi.endpoint.serverinfo.PROVENANCE_SERVER_INFO` names, scrubbed,
+    and a digest of the rest; whatever it is given, as a baseline is committed to git."""
     plugin_version: str | None = None
     git_commit: str | None = None
     """Commit of the test suite that recorded the numbers, when known."""
@@ -86,7 +89,8 @@ class Provenance:
         info = self.server_info if self.server_info is not None else {}
         if not isinstance(info, Mapping):
             raise ValueError(f"provenance.server_info must be a mapping, got {info!r}")
-        # Scrubbed here too, whatever path the info took: a baseline is committed to git.
+        # Allow-listed and scrubbed here too, whatever path the info took (a hand-edited or
+        # older baseline, a report from elsewhere): a baseline is committed to git.
         object.__setattr__(self, "server_info", _plain(clean_server_info(info), "server_info"))
         ids = self.session_ids if self.session_ids is not None else ()
         if isinstance(ids, str) or not all(isinstance(s, str) for s in ids):
@@ -196,18 +200,9 @@ def _flatten_into(value: Any, prefix: str, out: dict[str, Any]) -> None:
 
 def is_ignored(key: str, patterns: Sequence[str]) -> bool:
     """Whether a flat server_info key matches an ignore pattern: a dotted pattern matches a
-    key prefix (``launch_command.*``), a plain one any component (``*_port``)."""
-    components = [c for c in re.split(r"\.|\[\d+\]", key) if c]
-    prefixes = []
-    for match in re.finditer(r"\.|\[\d+\]|$", key):
-        prefixes.append(key[: match.start()])
-    for pattern in patterns:
-        if "." in pattern:
-            if any(fnmatch.fnmatchcase(p, pattern) for p in prefixes):
-                return True
-        elif any(fnmatch.fnmatchcase(c, pattern) for c in components):
-            return True
-    return False
+    key prefix (``launch_command.*``), a plain one any component (``*_port``).  The one
+    matcher is :func:`pytest_kimi.endpoint.serverinfo.is_volatile`."""
+    return is_volatile(key, patterns)
 
 
 def flat_changes(

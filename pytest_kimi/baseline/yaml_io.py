@@ -57,10 +57,15 @@ class _FlowSeq(list):  # type: ignore[type-arg]
 
 
 class _Dumper(yaml.SafeDumper):
-    """SafeDumper that indents block sequences under their key, as most people write YAML."""
+    """SafeDumper that indents block sequences under their key, as most people write YAML, and
+    never writes an anchor or alias: the reader refuses them (:mod:`pytest_kimi.yamlstrict`),
+    and PyYAML would emit ``&id001`` for any list or mapping that appears twice by identity."""
 
     def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
         super().increase_indent(flow, False)
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # a baseline holds no cycles: every value is written out in full
 
 
 def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
@@ -206,6 +211,10 @@ def _parse_yaml(text: str) -> Any:
         raise _Invalid(
             f"duplicate key {exc.key!r} at line {exc.line} (first at line {exc.first_line})"
         ) from None
+    except (yamlstrict.AliasError, yamlstrict.NodeLimitError) as exc:  # an alias bomb, say
+        raise _Invalid(f"line {exc.line}: {exc.problem} (or delete the file)") from None
+    except yamlstrict.TooLargeError as exc:
+        raise _Invalid(f"{exc} (fix or delete the file)") from None
     except (yaml.YAMLError, ValueError) as exc:  # e.g. an impossible date
         raise _Invalid(
             _yaml_error_text(exc) if isinstance(exc, yaml.YAMLError) else f"cannot read YAML: {exc}"

@@ -20,8 +20,9 @@ The counters (token counts, summed over their label sets):
 
 A server without either pair (no ``/metrics``, SGLang without ``--enable-metrics``) gets no
 hit rate: the level's JSON then has no ``prefix_cache_hit_rate`` key, never a made-up zero.
-Reading is best effort: one GET before and after a level, a short timeout, and the first
-failure turns the probe off for the test.
+Reading is best effort: one GET before and after a level, a short timeout, a page capped at
+:data:`~pytest_kimi.crosscheck.server_metrics.METRICS_MAX_BYTES`, and the first failure turns
+the probe off for the test.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from pytest_kimi.crosscheck.server_metrics import parse_metrics
+from pytest_kimi.crosscheck.server_metrics import MetricsTooLarge, parse_metrics, read_capped
 
 PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
     ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
@@ -111,6 +112,8 @@ class PrefixCacheProbe:
         self.timeout_s = timeout_s
         self.unavailable: str | None = None
         """Why there is no hit rate (None: none missing so far)."""
+        self._untold: str | None = None
+        """A failure the level's notes must carry (a page over the size cap): said once."""
         self._before: CacheCounters | None = None
 
     async def start_level(self) -> None:
@@ -118,14 +121,17 @@ class PrefixCacheProbe:
         self._before = await self.read()
 
     async def end_level(self) -> dict[str, Any]:
-        """``prefix_cache_hit_rate`` and ``prefix_cache`` for the level's JSON, or nothing."""
+        """``prefix_cache_hit_rate`` and ``prefix_cache`` for the level's JSON, or nothing;
+        ``notes`` (for the level's reports) when the page was over the size cap."""
         before, self._before = self._before, None
-        if before is None:
-            return {}
-        entry = hit_rate(before, await self.read())
-        if entry is None:
-            return {}
-        return {"prefix_cache_hit_rate": entry["hit_rate"], "prefix_cache": entry}
+        entry = hit_rate(before, await self.read()) if before is not None else None
+        out: dict[str, Any] = {}
+        if entry is not None:
+            out = {"prefix_cache_hit_rate": entry["hit_rate"], "prefix_cache": entry}
+        if self._untold is not None:
+            out["notes"] = [f"no prefix-cache hit rate: {self._untold}"]
+            self._untold = None
+        return out
 
     async def read(self) -> CacheCounters | None:
         if self.unavailable is not None:
@@ -136,7 +142,10 @@ class PrefixCacheProbe:
             ) as session:
                 async with session.get(self.url, headers=self.headers) as resp:
                     status = resp.status
-                    text = await resp.text(errors="replace")
+                    text = await read_capped(resp, self.url)
+        except MetricsTooLarge as exc:
+            self.unavailable = self._untold = str(exc)
+            return None
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             self.unavailable = f"{self.url}: {exc.__class__.__name__}"
             return None

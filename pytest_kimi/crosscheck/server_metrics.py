@@ -69,6 +69,13 @@ SETTLE_TIMEOUT_S = 1.0
 SETTLE_QUIET_S = 0.2
 """A counter unchanged this long after the trial is settled even when it disagrees."""
 SCRAPE_TIMEOUT_S = 10.0
+METRICS_MAX_BYTES = 16 * 2**20
+"""Largest ``/metrics`` page read (after decompression).  SGLang's and vLLM's pages are tens to
+hundreds of kilobytes (vLLM's histograms per label set are the bulk); 16 MB is far above any
+of them, while a page past it (a proxy's stream, a label-cardinality explosion: a tester's
+200 MB page was read whole) would hold the load client's event loop and its memory for
+nothing.  Every reader of the page (these checks, the prefix-cache probe, the contamination
+check) stops there and says so."""
 
 NO_METRICS_HINT = (
     "the server exposes no /metrics: launch SGLang with --enable-metrics (vLLM serves it by "
@@ -78,6 +85,33 @@ NO_METRICS_HINT = (
 
 class ServerMetricsError(RuntimeError):
     """The server's counters cannot be read; the message names the URL and what to do."""
+
+
+class MetricsTooLarge(ServerMetricsError):
+    """The page is larger than :data:`METRICS_MAX_BYTES`: it was not read to its end."""
+
+
+async def read_capped(
+    resp: aiohttp.ClientResponse, url: str, limit: int = METRICS_MAX_BYTES
+) -> str:
+    """The response's body as text (UTF-8, the exposition format's encoding; bad bytes
+    replaced), read in blocks and given up on as soon as it passes ``limit`` bytes: a size the
+    server announces is refused before a byte is read, one it does not is counted as it comes."""
+    too_big = MetricsTooLarge(
+        f"{url} sent more than {limit / 2**20:g} MB, the cap on a metrics page "
+        f"(METRICS_MAX_BYTES; SGLang's and vLLM's are well under 1 MB): it was not read -- is "
+        "something other than the server's Prometheus endpoint answering there?"
+    )
+    if resp.content_length is not None and resp.content_length > limit:
+        raise too_big
+    blocks: list[bytes] = []
+    size = 0
+    async for block in resp.content.iter_chunked(2**16):
+        size += len(block)
+        if size > limit:
+            raise too_big
+        blocks.append(block)
+    return b"".join(blocks).decode("utf-8", errors="replace")
 
 
 # ------------------------------------------------------------------------------------ parsing
@@ -223,6 +257,36 @@ class CounterNames:
 # ------------------------------------------------------------------------------------ scraping
 
 
+async def get_metrics_page(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    timeout_s: float,
+    no_metrics_hint: str = NO_METRICS_HINT,
+) -> str:
+    """``GET url`` (a ``/metrics`` page) as text, capped at :data:`METRICS_MAX_BYTES`; raises
+    :class:`ServerMetricsError` naming the URL and what went wrong (``no_metrics_hint``: what a
+    404 means to the caller)."""
+    try:
+        async with session.get(url, headers=headers) as resp:
+            status = resp.status
+            text = await read_capped(resp, url)
+    except asyncio.TimeoutError:
+        raise ServerMetricsError(f"{url} did not answer within {timeout_s:g} s") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise ServerMetricsError(
+            f"cannot read the server's counters at {url} ({exc.__class__.__name__}: {exc})"
+        ) from None
+    if status == 404:
+        raise ServerMetricsError(f"{url} answered 404: {no_metrics_hint}")
+    if status != 200:
+        raise ServerMetricsError(
+            f"{url} answered HTTP {status} ({' '.join(text.split())[:120]!r}): the "
+            "server's counters cannot be read"
+        )
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class Scrape:
     """The counters at one instant of the client's ``perf_counter`` clock."""
@@ -278,26 +342,7 @@ class MetricsScraper:
     async def _get(self) -> str:
         if self._session is None:
             raise RuntimeError("MetricsScraper is not open")
-        try:
-            async with self._session.get(self.url, headers=self.headers) as resp:
-                text = await resp.text(errors="replace")
-                status = resp.status
-        except asyncio.TimeoutError:
-            raise ServerMetricsError(
-                f"{self.url} did not answer within {self.timeout_s:g} s"
-            ) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ServerMetricsError(
-                f"cannot read the server's counters at {self.url} ({exc.__class__.__name__}: {exc})"
-            ) from None
-        if status == 404:
-            raise ServerMetricsError(f"{self.url} answered 404: {NO_METRICS_HINT}")
-        if status != 200:
-            raise ServerMetricsError(
-                f"{self.url} answered HTTP {status} ({' '.join(text.split())[:120]!r}): the "
-                "server's counters cannot be read"
-            )
-        return text
+        return await get_metrics_page(self._session, self.url, self.headers, self.timeout_s)
 
     async def scrape(self) -> Scrape:
         """The counters now; raises :class:`ServerMetricsError` (naming the URL) on failure."""

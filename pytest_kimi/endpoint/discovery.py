@@ -10,7 +10,7 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import aiohttp
 
@@ -29,6 +29,10 @@ class EndpointInfo:
     models: list[str] = field(default_factory=list)
     server_info: dict[str, Any] = field(default_factory=dict)
     api_key: str | None = field(default=None, repr=False)
+    server_pid: int | None = None
+    """The serving process's pid where the server says it (the simulator's ``sim.pid``): which
+    start measured a test under ``--perf-sessions``.  Not provenance (it changes at every
+    start), so it is kept here and never in ``server_info``."""
     """Kept only to build request headers; never printed or written."""
 
     def headers(self) -> dict[str, str]:
@@ -85,7 +89,18 @@ def redact_url(raw: str) -> str:
 async def _get_json(
     session: aiohttp.ClientSession, url: str, headers: dict[str, str]
 ) -> tuple[int, Any]:
-    async with session.get(url, headers=headers) as resp:
+    # Redirects are not followed: the server that answers at their target is not the one
+    # named (a 307 to another port would have the plugin measure that one), and a generation
+    # request would not follow them either (pytest_kimi.load.request).
+    async with session.get(url, headers=headers, allow_redirects=False) as resp:
+        if 300 <= resp.status < 400:
+            location = resp.headers.get("Location")
+            target = redact_url(urljoin(url, location))[:200] if location else "(no Location)"
+            raise EndpointError(
+                f"{url} answered HTTP {resp.status}, a redirect to {target}: redirects are not "
+                "followed (the server there would be measured instead); point --endpoint at "
+                "the final URL"
+            )
         text = await resp.text(errors="replace")
         if resp.status != 200:
             return resp.status, text[:200]
@@ -158,7 +173,14 @@ async def discover(
         models=models,
         server_info=clean_server_info(server_info, [api_key] if api_key else []),
         api_key=api_key,
+        server_pid=_sim_pid(server_info),
     )
+
+
+def _sim_pid(server_info: Any) -> int | None:
+    sim = server_info.get("sim") if isinstance(server_info, dict) else None
+    pid = sim.get("pid") if isinstance(sim, dict) else None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
 
 def _model_ids(body: Any, base_url: str) -> list[str]:

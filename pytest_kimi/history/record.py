@@ -51,6 +51,7 @@ from pytest_kimi.baseline.provenance import (
     git_commit,
     plugin_version as installed_version,
 )
+from pytest_kimi.endpoint.serverinfo import clean_server_info
 from pytest_kimi.scrub import scrub, scrub_text
 
 __all__ = [
@@ -159,7 +160,8 @@ def flat_provenance(
     (``model``, ``plugin_version``, ``client_host``, ``server_info.tp_size``) and scrubbed.
 
     Built through :class:`Provenance` so that server info is cleaned exactly as a baseline's
-    is; info that a baseline could not hold is kept as scrubbed JSON rather than dropped.
+    is; info that a baseline could not hold is kept as allow-listed, scrubbed JSON rather than
+    dropped.
     """
     info = endpoint.get("server_info") or {}
     model = endpoint.get("model")
@@ -171,8 +173,8 @@ def flat_provenance(
             client_host=client_host,
         )
         server_info: Any = prov.server_info
-    except ValueError:
-        server_info = info
+    except ValueError:  # a non-finite number, say: allow-listed and scrubbed all the same
+        server_info = clean_server_info(info) if isinstance(info, Mapping) else {}
     nested = {
         "model": model,
         "plugin_version": plugin_version,
@@ -313,13 +315,14 @@ class RunRows:
 
 
 def build_rows(report: Mapping[str, Any], meta: RunMeta) -> RunRows:
-    """The rows of one run: everything scrubbed once more and made JSON-safe first."""
+    """The rows of one run: every ``server_info`` allow-listed, everything scrubbed once more
+    and made JSON-safe first."""
     # The baseline's own key function and the sessions' parameter ids; they bring the load
     # engine's imports, paid only here.
     from pytest_kimi.measure.results import level_key
     from pytest_kimi.measure.results import PERF_SESSION, session_id
 
-    clean: dict[str, Any] = clean_json(scrub(dict(report)))
+    clean: dict[str, Any] = clean_json(scrub(_allow_listed(dict(report))))
     tests = [t for t in clean.get("tests") or () if isinstance(t, Mapping)]
     profiles = {t.get("profile") for t in tests if t.get("profile")}
     rows = []
@@ -367,6 +370,22 @@ def build_rows(report: Mapping[str, Any], meta: RunMeta) -> RunRows:
         report_schema=schema if isinstance(schema, int) else None,
         tests=tuple(rows),
     )
+
+
+def _allow_listed(value: Any) -> Any:
+    """``value`` with each ``server_info`` mapping in it (the endpoint's, a test's) through
+    the allow-list: the plugin's own reports hold it so already, a report from elsewhere (an
+    older plugin, another tool) may not, and a database row outlives its run."""
+    if isinstance(value, Mapping):
+        return {
+            k: clean_server_info(v)
+            if k == "server_info" and isinstance(v, Mapping)
+            else _allow_listed(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_allow_listed(v) for v in value]
+    return value
 
 
 def _scrubbed(meta: RunMeta) -> RunMeta:

@@ -19,6 +19,10 @@ password hidden; the plugin turns it into a warning, never into a failed run.
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import stat
+import threading
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -40,6 +44,7 @@ from pytest_kimi.history.urls import (
     resolve_history_url,
     sqlite_path,
     url_secrets,
+    with_sqlite_path,
 )
 from pytest_kimi.scrub import scrub_text
 
@@ -60,6 +65,12 @@ POSTGRES_CONNECT_TIMEOUT_S = 10
 MIGRATION_LOCK = 0x6B696D69
 """The PostgreSQL advisory lock key ("kimi") held while the schema is checked and upgraded."""
 SCRIPT_LOCATION = "pytest_kimi.history:migrations"
+SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
+"""The files SQLite keeps beside a database while it writes: removed with a discarded one."""
+SQLITE_CORRUPT = ("file is not a database", "database disk image is malformed")
+"""SQLite's words for a file that is no (longer a) database: its message says to move it aside."""
+_CREATING = threading.Lock()
+"""Held while this process makes a new SQLite history (see :func:`_create_sqlite`)."""
 WRITE = "kimi_write"
 """Execution option: this connection's transactions write (SQLite: BEGIN IMMEDIATE)."""
 
@@ -68,18 +79,89 @@ def open_history(url: str) -> HistoryStore:
     """The history at ``url``, its schema created or upgraded to this plugin's head.
 
     ``url`` is opened as given (a relative SQLite path from the working directory; resolve it
-    first with :func:`resolve_history_url`).  A SQLite file's directory is created.  Raises
-    :class:`HistoryError` for a malformed URL, an unreachable database, a missing driver or a
-    schema newer than this plugin.
+    first with :func:`resolve_history_url`).  A SQLite file's directory is created, and a new
+    SQLite file is built whole before it takes its name (:func:`_create_sqlite`).  Raises
+    :class:`HistoryError` for a malformed URL, an unreachable database, a missing driver, a
+    file that is no SQLite database (saying to move it aside) or a schema newer than this
+    plugin.
     """
+    path = sqlite_path(url)
+    if path:
+        _create_sqlite(url, Path(path))
+    return _open(url)
+
+
+def _open(url: str, shown: str | None = None) -> HistoryStore:
     engine = create_history_engine(url)
     store = HistoryStore(engine, url)
+    if shown is not None:
+        store.shown = shown
     try:
         store.migrate()
     except BaseException:
         store.close()
         raise
     return store
+
+
+def _create_sqlite(url: str, path: Path) -> None:
+    """Make a new SQLite history at ``path``, whole or not at all; nothing when it exists.
+
+    SQLite creates its file on the first connection, so a migration that failed (a full disk,
+    a quota, an interrupt) used to leave an empty or half-made database behind, which the next
+    run then took for a history.  Here the schema is built in a file beside ``path`` under a
+    temporary name and linked to ``path`` once complete; the temporary file goes whatever
+    happens.  Two runs creating the same history at once: the first link wins, the other's
+    file is dropped and both open the winner's.  Within one process the creation is
+    serialised (:data:`_CREATING`): Alembic's migration context is a module global, not safe
+    to run in two threads at once.
+    """
+    with _CREATING:
+        if _exists(url, path):
+            return
+        _build_sqlite(url, path)
+
+
+def _exists(url: str, path: Path) -> bool:
+    """Whether a history file is at ``path``; raises for something that is no file."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise HistoryError(f"history {display_url(url)}: {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise HistoryError(
+            f"history {display_url(url)}: {path} is not a file (a directory or device): "
+            "give --perf-history the path of a SQLite file"
+        )
+    return True
+
+
+def _build_sqlite(url: str, path: Path) -> None:
+    """The schema in a temporary file beside ``path``, then linked to ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.new")
+    tmp_url = with_sqlite_path(url, tmp.as_posix())
+    try:
+        try:
+            _open(tmp_url, shown=display_url(url)).close()
+        except HistoryError as exc:  # said of the history, not of its temporary name
+            raise HistoryError(str(exc).replace(display_url(tmp_url), display_url(url))) from None
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another run made it meanwhile: open theirs
+        except OSError:  # a filesystem without hard links
+            if not path.exists():
+                os.replace(tmp, path)
+    except OSError as exc:
+        raise HistoryError(f"history {display_url(url)}: {path}: {exc.strerror or exc}") from None
+    finally:
+        for leftover in (tmp, *(tmp.with_name(tmp.name + end) for end in SQLITE_SIDE_FILES)):
+            try:
+                leftover.unlink()
+            except OSError:  # gone, or never made; one that stays is never taken for a history
+                pass
 
 
 def create_history_engine(url: str) -> Engine:
@@ -177,7 +259,17 @@ class HistoryStore:
         self.close()
 
     def _fail(self, exc: BaseException) -> HistoryError:
-        return HistoryError(f"history {self.shown}: {_one_line(exc, self.url)}")
+        why = _one_line(exc, self.url)
+        path = sqlite_path(self.url)
+        if path and any(words in why.lower() for words in SQLITE_CORRUPT):
+            # no retry can fix it, and the run must not overwrite what may be someone's data
+            aside = shlex.quote(f"{path}.corrupt")
+            why = (
+                f"{path} is not a usable SQLite database ({why}); move it aside "
+                f"(mv {shlex.quote(path)} {aside}) and the next run starts a new history "
+                "there, or point --perf-history at another file"
+            )
+        return HistoryError(f"history {self.shown}: {why}")
 
     # ---------------------------------------------------------------------------- schema
 

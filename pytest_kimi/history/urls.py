@@ -29,6 +29,7 @@ __all__ = [
     "resolve_history_url",
     "sqlite_path",
     "url_secrets",
+    "with_sqlite_path",
 ]
 
 DEFAULT_URL = "sqlite:///.kimi/history.db"
@@ -143,6 +144,12 @@ def display_url(url: str, base: Path | None = None) -> str:
         user, _, host = parts.netloc.rpartition("@")
         parts = parts._replace(netloc=f"{user.split(':', 1)[0]}:***@{host}")
     return urlunsplit(parts)
+
+
+def with_sqlite_path(url: str, path: str) -> str:
+    """The SQLite ``url`` pointing at another file (``path``), its query kept: the history is
+    built under a temporary name beside its file, then takes the file's name."""
+    return _sqlite_url(url, path)
 
 
 def _sqlite_url(url: str, path: str) -> str:

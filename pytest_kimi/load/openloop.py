@@ -24,6 +24,12 @@ MAX_ARRIVALS = 20_000_000
 would otherwise allocate gigabytes before a single request goes out."""
 
 
+def check_wall_limit(limit_s: float | None) -> None:
+    """A plan's ``wall_limit_s`` (open or closed loop) is None or positive, finite seconds."""
+    if limit_s is not None and not (limit_s > 0 and math.isfinite(limit_s)):
+        raise ValueError(f"wall_limit_s must be a positive number of seconds, got {limit_s!r}")
+
+
 @dataclass(slots=True)
 class OpenLoopPlan:
     """What one open-loop trial sends.  At least one of ``requests`` / ``duration_s``."""
@@ -57,7 +63,13 @@ class OpenLoopPlan:
     gaps are still exponential-shaped with cv ~1, only the total is pinned.  False draws
     plain i.i.d. exponential gaps."""
 
+    wall_limit_s: float | None = None
+    """As :attr:`~pytest_kimi.load.runner.TrialPlan.wall_limit_s`: past this many wall seconds
+    after the start no arrival is sent any more and the requests in flight are cut, kept as
+    ``cut`` records.  None: no limit."""
+
     def __post_init__(self) -> None:
+        check_wall_limit(self.wall_limit_s)
         if not (self.rate > 0 and math.isfinite(self.rate)):
             raise ValueError(f"rate must be a positive number of requests/s, got {self.rate!r}")
         if not self.bodies:

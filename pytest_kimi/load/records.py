@@ -56,6 +56,12 @@ class RequestRecord:
     first_content: float | None = None
     """Arrival of the first read block holding a content (answer) token: the same as
     ``first_token`` unless the stream opened with reasoning; None when no content came."""
+    usage_error: str | None = None
+    """Why the server's ``usage`` was not believed (its ``completion_tokens`` negative,
+    fractional, not a number, or below the token events streamed), naming the value; the
+    token count is then the events' (``tokens_approx``).  Not an error of the request (its
+    stream was fine) but of the server's accounting, so it voids the trial instead
+    (:func:`pytest_kimi.measure.metrics.summarize_trial`)."""
     max_tokens: int = 0
     """The request's own ``max_tokens`` where it differs from its level's (the staggered first
     request of each stream in a stationary trial); 0: the level's."""

@@ -14,13 +14,14 @@ import os
 from dataclasses import dataclass, field
 from functools import partial
 from time import perf_counter
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import aiohttp
 from aiohttp import StreamReader
 
 from pytest_kimi.load.records import Api, RequestRecord
-from pytest_kimi.load.sse import StreamParser
+from pytest_kimi.load.sse import StreamParser, body_max_tokens
 
 
 _SECRET_HEADERS = ("authorization", "api-key", "x-api-key", "proxy-authorization")
@@ -126,6 +127,14 @@ class Target:
     """Full generation URL, e.g. ``http://127.0.0.1:30000/v1/chat/completions``."""
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     api: Api = "chat"
+
+    def __post_init__(self) -> None:
+        # Ask for the stream uncompressed: a compressed stream is buffered by its compressor
+        # (and by proxies that compress), so tokens arrive in lumps and inter-token latency
+        # cannot be measured.  aiohttp otherwise offers gzip/deflate/br on every request.  A
+        # server (or proxy) that compresses anyway is caught by its reads (metrics: buffered).
+        if not any(k.lower() == "accept-encoding" for k in self.headers):
+            self.headers = {**self.headers, "Accept-Encoding": "identity"}
 
     def secrets(self) -> list[str]:
         """Header values that must never appear in output (the key and its bare token)."""
@@ -244,6 +253,42 @@ def _fmt_s(x: float) -> str:
     return f"{x:g}"
 
 
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def http_error_message(
+    status: int, reason: str | None, headers: Mapping[str, str], body: str, url: str
+) -> str:
+    """The error text of a non-200 answer to a generation request.
+
+    A redirect is not followed (``allow_redirects=False``): following it would measure
+    whatever server answers at its target, and a 302/303 turns the POST into a GET (the
+    tester saw an unexplained ``HTTP 405``); the text names the target.  A 429 names its
+    ``Retry-After``, which says how long the server wants the client to wait.
+    """
+    text = f"HTTP {status}: {body}" if body else f"HTTP {status} {reason or ''}".rstrip()
+    if 300 <= status < 400:
+        location = headers.get("Location")
+        target = _without_userinfo(urljoin(url, location))[:200] if location else "(no Location)"
+        return (
+            f"HTTP {status} redirect to {target}: redirects are not followed (the server "
+            "there would be measured instead); point --endpoint at the final URL"
+        )
+    if status == 429:
+        after = headers.get("Retry-After")
+        wait = f"Retry-After: {after.strip()[:40]}" if after else "no Retry-After"
+        return (
+            f"HTTP 429 ({wait}): {body or 'too many requests'}: the server rate-limits the "
+            "benchmark; lift its limit for this client (or lower the load)"
+        )
+    return text
+
+
 async def stream_request(
     session: aiohttp.ClientSession,
     target: Target,
@@ -267,7 +312,8 @@ async def stream_request(
         if record is not None
         else RequestRecord(index=index, worker=worker, scheduled=scheduled)
     )
-    parser = StreamParser(rec, target.api)
+    # the request's own limit (a stationary opener's staggered one is in its body too)
+    parser = StreamParser(rec, target.api, rec.max_tokens or body_max_tokens(body))
     connected = False
     ctype = ""
     try:
@@ -277,16 +323,15 @@ async def stream_request(
             data=body,
             headers=target.headers,
             timeout=timeout or silence_timeout(timeout_s),
+            allow_redirects=False,
         ) as resp:
             connected = True
             rec.status = resp.status
             if resp.status != 200:
                 raw = await resp.content.read(4096)
                 text = raw.decode("utf-8", "replace").strip()[:200]
-                rec.error = (
-                    f"HTTP {resp.status}: {text}"
-                    if text
-                    else f"HTTP {resp.status} {resp.reason or ''}".rstrip()
+                rec.error = http_error_message(
+                    resp.status, resp.reason, resp.headers, text, target.url
                 )
             else:
                 ctype = resp.headers.get("Content-Type", "")
@@ -311,7 +356,11 @@ async def stream_request(
                                 await wait("readany")
                     else:
                         await _read_with(content.readany, parser)
-                    if parser.done and not content.is_eof():
+                    if parser.failed:
+                        # a stream past its bounds (max_tokens, event size) or broken: close
+                        # it now rather than read on (the connection is not reused)
+                        resp.close()
+                    elif parser.done and not content.is_eof():
                         rec.end = perf_counter()
                         await _finish_body(block_reader(content))
                 finally:

@@ -31,7 +31,7 @@ import aiohttp
 
 from pytest_kimi.load.conversation import Conversation, Conversations
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.load.openloop import OpenLoopPlan
+from pytest_kimi.load.openloop import OpenLoopPlan, check_wall_limit
 from pytest_kimi.load.request import Target, silence_timeout, stream_request
 from pytest_kimi.load.sse import running_usage
 
@@ -136,6 +136,12 @@ class TrialPlan:
     """Multi-turn conversations: each stream sends its next request as the next turn of its
     own conversation (the history, the answer it streamed, a follow-up) for this many turns,
     then opens a new one (:mod:`pytest_kimi.load.conversation`).  1: independent requests."""
+    wall_limit_s: float | None = None
+    """Wall seconds after the trial's start past which it is cut like a time box (every stream
+    in flight cancelled, what it received kept, marked ``cut``) and reported over its limit
+    (:attr:`TrialRecords.over_limit_s`): a stream that sends bytes but never tokens, or a usage
+    that never fills ``token_budget``, must not hold the run forever.  None: no limit (the
+    plan's own warm-up requests never have one)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -154,6 +160,7 @@ class TrialPlan:
             raise ValueError("requests must be >= 0")
         if self.timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
+        check_wall_limit(self.wall_limit_s)
 
 
 @dataclass(slots=True)
@@ -182,7 +189,11 @@ class TrialRecords:
     """Why the trial stopped starting requests before its plan said so (None: it did not)."""
     warmup_records: list[RequestRecord] = field(default_factory=list)
     cut_at: float | None = None
-    """When the token budget cut the trial (stationary protocol); None: it ran to its end."""
+    """When the trial cut its streams in flight: the token budget (stationary protocol) or the
+    wall-clock limit (:attr:`over_limit_s`); None: it ran to its end."""
+    over_limit_s: float | None = None
+    """The plan's ``wall_limit_s`` when the trial ran past it and was cut there; None: it
+    ended within its limit (or had none)."""
     lag_samples: int = 0
     lag_times: array[float] = field(default_factory=lambda: array("d"))
     lag_values: array[float] = field(default_factory=lambda: array("d"))
@@ -527,15 +538,17 @@ class LoadClient:
         live: LiveTrial | None = None,
         start_at: float | None = None,
         warmup: bool = False,
-    ) -> tuple[float, str | None, float | None]:
+    ) -> tuple[float, str | None, float | None, bool]:
         """Run C workers that each take the next index, send, await, repeat.
 
-        Returns (start time, stop reason, cut time).  Workers stop taking indices when the
-        count is reached, the deadline has passed, or ``max_failures`` requests failed.  With
+        Returns (start time, stop reason, cut time, whether the wall-clock limit made the
+        cut).  Workers stop taking indices when the count is reached, the deadline has passed,
+        or ``max_failures`` requests failed.  With
         ``start_at`` (a ``perf_counter`` instant agreed with other processes) the trial starts
         then, and that instant is its start time.  With a ``plan.token_budget`` (not in a
         warm-up) the streams in flight are cancelled once about that many tokens arrived;
-        their records are kept, marked ``cut``, and the cut time is returned.
+        their records are kept, marked ``cut``, and the cut time is returned; so are they at
+        ``plan.wall_limit_s`` after the start (not in a warm-up), whatever the budget.
         """
         session = self.session
         bodies = list(plan.bodies)
@@ -560,6 +573,7 @@ class LoadClient:
             await sleep_until(start_at)
         started = perf_counter() if start_at is None else start_at
         deadline = None if deadline_after is None else started + deadline_after
+        limit_at = None if warmup or plan.wall_limit_s is None else started + plan.wall_limit_s
         append = records.append
         if live is not None:
             live.started = started
@@ -630,24 +644,33 @@ class LoadClient:
         n_workers = concurrency if requests is None else max(0, min(concurrency, requests))
         tasks = [asyncio.ensure_future(worker(w)) for w in range(n_workers)]
         cut_at: float | None = None
-        watch = None
-        if budget is not None:
-            budget_tokens = budget
+        watch: asyncio.Future[bool] | None = None
+        if budget is not None or limit_at is not None:
             not_before = started + plan.min_duration_s
 
-            async def watcher() -> None:
+            async def watcher() -> bool:
+                """Returns once the trial must be cut: True at the wall-clock limit, False
+                once the token budget is in."""
+                if budget is None:
+                    assert limit_at is not None
+                    await sleep_until(limit_at)
+                    return True
                 # Polled, not counted per chunk: the hot path stays a timestamp and a count.
                 while True:
                     await asyncio.sleep(CUT_POLL_S)
-                    if perf_counter() < not_before:
+                    now = perf_counter()
+                    if limit_at is not None and now >= limit_at:
+                        return True
+                    if now < not_before:
                         continue
                     running = list(inflight.values())
                     reads = sum(len(r.chunk_times) for r in running)
                     per_read = _tokens_per_read(running, finished)
-                    if finished[0] + reads * per_read >= budget_tokens:
-                        return
+                    if finished[0] + reads * per_read >= budget:
+                        return False
 
             watch = asyncio.ensure_future(watcher())
+        over_limit = False
         done_all: asyncio.Future[Any] | None = None
         try:
             if watch is None:
@@ -658,6 +681,7 @@ class LoadClient:
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 if not done_all.done():
                     cut_at = perf_counter()
+                    over_limit = watch.done() and not watch.cancelled() and watch.result()
                     for t in tasks:
                         t.cancel()
                 await asyncio.gather(done_all, return_exceptions=True)
@@ -683,7 +707,7 @@ class LoadClient:
                 if live is not None:
                     live.inflight.pop(rec.index, None)
                 append(rec)
-        return started, (stop[0] if stop else None), cut_at
+        return started, (stop[0] if stop else None), cut_at, over_limit
 
     async def run_trial(
         self, target: Target, plan: TrialPlan, live: LiveTrial | None = None
@@ -734,7 +758,7 @@ class LoadClient:
         if start_at is not None:
             await sleep_until(start_at)
         async with _TrialBook.around(self.lag_interval_s) as book:
-            started, stopped, cut_at = await self._closed_loop(
+            started, stopped, cut_at, over_limit = await self._closed_loop(
                 target,
                 plan,
                 concurrency=plan.concurrency,
@@ -752,6 +776,7 @@ class LoadClient:
             start_spread_s=_start_spread(book.records, started),
             warmup_records=warm or [],
             cut_at=cut_at,
+            over_limit_s=plan.wall_limit_s if over_limit else None,
         )
 
     # ------------------------------------------------------------------------ open loop
@@ -792,7 +817,7 @@ class LoadClient:
         # nothing caps the number in flight, so allow a socket per planned arrival
         raise_nofile_limit(len(offsets) + 256)
         async with _TrialBook.around(self.lag_interval_s) as book:
-            started, stopped = await self._open_loop(
+            started, stopped, cut_at = await self._open_loop(
                 target,
                 plan,
                 offsets,
@@ -812,6 +837,8 @@ class LoadClient:
             start_spread_s=0.0,
             offered_rate=plan.rate,
             achieved_rate=achieved_rate(book.records),
+            cut_at=cut_at,
+            over_limit_s=plan.wall_limit_s if cut_at is not None else None,
         )
         trial.schedule_delay_p99_s = trial.send_delay_p99_s
         return trial
@@ -826,12 +853,14 @@ class LoadClient:
         records: list[RequestRecord],
         live: LiveTrial | None,
         start_at: float | None,
-    ) -> tuple[float, str | None]:
+    ) -> tuple[float, str | None, float | None]:
         """One scheduler loop that sleeps until each arrival and launches one task for it.
 
-        Returns (start time, stop reason).  Per arrival the scheduler only creates a record
-        and a task: arrivals that are already due (a burst, or a loop that fell behind) all go
-        out in one pass without yielding in between.
+        Returns (start time, stop reason, cut time).  Per arrival the scheduler only creates a
+        record and a task: arrivals that are already due (a burst, or a loop that fell behind)
+        all go out in one pass without yielding in between.  At ``plan.wall_limit_s`` after the
+        start no arrival is sent any more and every request in flight is cancelled; their
+        records are kept, marked ``cut``, and the cut time is returned (None: no cut).
         """
         loop = asyncio.get_running_loop()
         session = self.session
@@ -847,6 +876,16 @@ class LoadClient:
         state = {"failures": 0}
         waiter: list[asyncio.Future[None] | None] = [None]
         append = records.append
+        flying: dict[int, RequestRecord] = {}
+        cut: list[float] = []  # when the wall-clock limit cut the trial
+
+        def over_limit() -> None:
+            cut.append(perf_counter())
+            w = waiter[0]
+            if w is not None:
+                _wake(w)
+            for t in list(pending):
+                t.cancel()
 
         async def one(rec: RequestRecord) -> None:
             i = rec.index  # the global arrival index, also in a worker process
@@ -866,6 +905,7 @@ class LoadClient:
                 timeout=timeout,
                 record=rec,
             )
+            del flying[i]
             append(rec)
             if _request_done(rec, live, state, stop, max_failures):
                 w = waiter[0]
@@ -875,9 +915,12 @@ class LoadClient:
         started = perf_counter() if start_at is None else start_at
         if live is not None:
             live.started = started
+        limit = None
+        if plan.wall_limit_s is not None:
+            limit = loop.call_later(started + plan.wall_limit_s - perf_counter(), over_limit)
         try:
             for p, off in enumerate(offsets):
-                if stop:
+                if stop or cut:
                     break
                 due = started + off
                 delay = due - perf_counter()
@@ -891,20 +934,38 @@ class LoadClient:
                     finally:
                         handle.cancel()
                         waiter[0] = None
-                    if stop:
+                    if stop or cut:
                         break
                 g = p if indices is None else indices[p]
                 rec = RequestRecord(index=g, worker=g, scheduled=due)
                 if live is not None:
                     live.inflight[g] = rec
+                flying[g] = rec
                 task = loop.create_task(one(rec))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
             while pending:
-                await asyncio.gather(*list(pending))
+                # the limit cancels the tasks in flight: their CancelledError is the cut, not
+                # this coroutine's (a cancellation from outside still propagates from gather)
+                results = await asyncio.gather(*list(pending), return_exceptions=True)
+                for res in results:
+                    if isinstance(res, BaseException) and not isinstance(
+                        res, asyncio.CancelledError
+                    ):
+                        raise res
         finally:
+            if limit is not None:
+                limit.cancel()
             for t in list(pending):
                 t.cancel()
             if pending:
                 await asyncio.gather(*list(pending), return_exceptions=True)
-        return started, (stop[0] if stop else None)
+        if not cut:
+            return started, (stop[0] if stop else None), None
+        for rec in flying.values():
+            rec.cut = True
+            rec.end = cut[0]
+            if live is not None:
+                live.inflight.pop(rec.index, None)
+            append(rec)
+        return started, (stop[0] if stop else None), cut[0]

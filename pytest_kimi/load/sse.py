@@ -46,6 +46,14 @@ Event semantics (shared with the JSON-decoding reference used in the tests):
   the finish chunk or the trailing ``choices: []`` chunk, which are decoded.
 * Events must be separated by a blank line (``\\n\\n`` or ``\\r\\n\\r\\n``); an incomplete event
   at EOF is discarded (per the SSE spec) except a bare ``data: [DONE]``.
+* Bounds (what the parser refuses, each an error on the record that ends the stream at once):
+  more token events than the request's ``max_tokens`` (a server that ignores the limit would,
+  with ``ignore_eos``, stream forever; events never outnumber tokens), a ``usage`` above it, and
+  an event larger than :data:`MAX_EVENT_BYTES`.  The pending tail of an event split over reads
+  is kept as a list of parts and joined only when a read can complete it, so a huge line costs
+  linear time.  A ``usage.completion_tokens`` that is no count (negative, fractional, a string,
+  a bool) or below the token events streamed is not believed: the record counts its events and
+  says why in ``usage_error`` (the trial is invalid, :mod:`pytest_kimi.measure.metrics`).
 * Events carrying several choices (``n > 1`` packed into one chunk) would break the counting;
   they are detected on the first event (always decoded) or any later decoded one, and the
   stream is decoded event by event from then on.  (vLLM/OpenAI send one choice per chunk even
@@ -74,6 +82,70 @@ _DECODE_BELOW = 768
 """Ranges of unclassifiable events smaller than this are decoded whole instead of halved."""
 _NUMPY_ABOVE = 4096
 """Ranges at least this long count newlines with numpy (its per-call overhead is ~3 us)."""
+MAX_EVENT_BYTES = 2**20
+"""The largest SSE event the parser takes (1 MB).  A token chunk is a few hundred bytes, a
+finish or usage chunk under a kilobyte, so an event this large is no token stream (a file
+served by mistake, a hostile server); without a cap one line without an end holds memory
+without bound.  Larger than any event a real server sends by three orders of magnitude."""
+_NO_LIMIT = 1 << 62
+"""The token-event limit of a request whose ``max_tokens`` is not known."""
+_MAX_TOKENS_KEY = b'"max_tokens":'
+_MAX_TOKENS_VALUE = re.compile(rb"[ \t]*(\d{1,12})")
+
+
+def body_max_tokens(body: bytes) -> int:
+    """The ``max_tokens`` a request body asks for, 0 when it names none.
+
+    Read once per request (not per chunk) with one ``rfind`` from the end, where the encoded
+    bodies (:func:`pytest_kimi.workload.prompts.encode_bodies`, compact JSON) put the key after
+    the prompt.  In JSON a ``"`` inside a string is escaped, so the pattern ``"max_tokens":``
+    can only be the key itself, never prompt text.
+    """
+    i = body.rfind(_MAX_TOKENS_KEY)
+    if i < 0:
+        return 0
+    m = _MAX_TOKENS_VALUE.match(body, i + len(_MAX_TOKENS_KEY))
+    return int(m.group(1)) if m else 0
+
+
+def event_too_large_message(size: int) -> str:
+    return (
+        f"SSE event larger than {MAX_EVENT_BYTES // 2**20} MB: {size:,} bytes arrived without "
+        "the blank line that ends an event (a token chunk is a few hundred bytes), so this is "
+        "no token stream: check what answers at --endpoint (a proxy, a file server, another "
+        "service)"
+    )
+
+
+def past_max_tokens_message(events: int, max_tokens: int) -> str:
+    return (
+        f"stream passed max_tokens={max_tokens}: {events} token events arrived (each carries at "
+        "least one token), so the server ignores max_tokens and, with ignore_eos, would never "
+        "end; the stream was closed: fix the server, or the proxy in front of it"
+    )
+
+
+def usage_below_events_message(completion_tokens: int, events: int) -> str:
+    return (
+        f"usage.completion_tokens={completion_tokens} is below the {events} token events streamed"
+    )
+
+
+def usage_problem(value: object) -> str | None:
+    """Why a ``usage.completion_tokens`` value is no token count, or None when it is one.
+
+    An integral float (``12.0``) is a count; ``bool`` is refused although Python takes it as an
+    ``int`` (``true`` would otherwise read as 1 token).
+    """
+    if isinstance(value, bool):
+        return f"usage.completion_tokens is a bool ({json.dumps(value)}), not a count"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        return None if value >= 0 else f"usage.completion_tokens={value} is negative"
+    if isinstance(value, float):
+        return f"usage.completion_tokens={value!r} is fractional"
+    return f"usage.completion_tokens={json.dumps(value)[:40]} is not a number"
 
 
 def malformed_message(payload: bytes) -> str:
@@ -144,6 +216,9 @@ class StreamParser:
         "_styles",
         "_pat",
         "_pending",
+        "_parts",
+        "_pending_size",
+        "_limit",
         "_crlf",
         "_first",
         "_multi",
@@ -152,7 +227,9 @@ class StreamParser:
         "_keep",
     )
 
-    def __init__(self, record: RequestRecord, api: Api = "chat") -> None:
+    def __init__(self, record: RequestRecord, api: Api = "chat", max_tokens: int = 0) -> None:
+        """``max_tokens``: the request's (0: unknown); more token events than that end the
+        stream with an error."""
         if api not in ("chat", "completions"):
             raise ValueError(f"api must be 'chat' or 'completions', not {api!r}")
         self.record = record
@@ -176,6 +253,14 @@ class StreamParser:
         self._styles = _STYLES[api]
         self._pat = self._styles[0]
         self._pending = b""
+        """The incomplete event at the end of the reads so far (its first part while
+        ``_parts`` holds it)."""
+        self._parts: list[bytes] | None = None
+        """An incomplete event that took more than two reads, in the parts it came in: joined
+        only when a read can end it, so that a huge event costs linear time, not quadratic."""
+        self._pending_size = 0
+        """Bytes in ``_parts``."""
+        self._limit = max_tokens if max_tokens > 0 else _NO_LIMIT
         self._crlf = False
         self._first = True
         self._multi = False
@@ -196,7 +281,19 @@ class StreamParser:
             return
         if self._keep is not None:
             self._keep.append(data)  # a reference; the answer is read once the stream ends
-        buf = self._pending + data if self._pending else data
+        pending = self._pending
+        if not pending:
+            buf = data
+        elif self._parts is None:
+            buf = pending + data  # the usual case: an event split over two reads
+        elif b"\n\n" in data or self._completes(data):
+            parts = self._parts
+            parts.append(data)
+            buf = b"".join(parts)
+            self._parts = None
+        else:
+            self._hold(data)  # linear: the parts are joined once, when the event can end
+            return
         if self._crlf or b"\r" in data:
             # Normalise CRLF once per block; a trailing lone "\r" stays in the pending tail
             # and pairs with the "\n" of the next read.
@@ -205,9 +302,16 @@ class StreamParser:
         cut = buf.rfind(b"\n\n")
         if cut < 0:
             self._pending = buf
+            if pending:  # a second read without the event's end: hold parts from now on
+                self._parts = [buf]
+                self._pending_size = len(buf)
+                if len(buf) > MAX_EVENT_BYTES:
+                    self._too_large(len(buf))
             return
         end = cut + 2
         self._pending = buf[end:]
+        if len(buf) > MAX_EVENT_BYTES and not self._events_fit(buf, end):
+            return  # one length test per block; the scan only for blocks over the cap
         start = 0
         n = 0
         if self._first:
@@ -233,9 +337,62 @@ class StreamParser:
             self._times.append(t)
             self._counts.append(n)
             self.events += n
+            if self.events > self._limit:
+                self._fail(past_max_tokens_message(self.events, self._limit))
             if self._await_content and self.events > self.reasoning_events:
                 self._await_content = False  # one bool test per block from here on
                 self.record.first_content = t
+
+    # ---------------------------------------------------------------- bounds
+    def _completes(self, data: bytes) -> bool:
+        """Whether ``data`` can hold the end of the event held in parts (a blank line), given
+        that the parts hold none and ``data`` holds no ``\\n\\n``: in CRLF form, or split
+        between the parts' tail and its first bytes.  A false "yes" costs one join; a "no"
+        must be right."""
+        if not self._crlf and b"\r" in data:
+            self._crlf = True  # a held part may be the only one with a "\r" in it
+        if self._crlf and b"\n\r\n" in data:
+            return True
+        head = data[:3]
+        if b"\n" not in head:
+            return False  # a split boundary ends with a "\n" among data's first 3 bytes
+        assert self._parts is not None
+        tail = b"".join(self._parts[-3:])[-3:]  # a boundary is at most 4 bytes
+        return b"\n\n" in (tail + head).replace(b"\r\n", b"\n")
+
+    def _hold(self, part: bytes) -> None:
+        """Add ``part`` to the event held in parts; fail past the size cap."""
+        assert self._parts is not None
+        self._parts.append(part)
+        self._pending_size += len(part)
+        if self._pending_size > MAX_EVENT_BYTES:
+            self._too_large(self._pending_size)
+
+    def _too_large(self, size: int) -> None:
+        self._pending = b""
+        self._parts = None
+        self._fail(event_too_large_message(size))
+
+    def _events_fit(self, buf: bytes, end: int) -> bool:
+        """Every event of ``buf[:end]``, and the incomplete one after it, is at most
+        :data:`MAX_EVENT_BYTES` (else fail).
+
+        Only asked for blocks larger than the cap (a client that fell behind reads them):
+        each step finds the last boundary within a cap's reach, so a block costs about
+        ``end / MAX_EVENT_BYTES`` short reverse scans.
+        """
+        if len(buf) - end > MAX_EVENT_BYTES:
+            self._too_large(len(buf) - end)
+            return False
+        p = 0
+        while p < end:
+            q = buf.rfind(b"\n\n", p, min(p + MAX_EVENT_BYTES, end))
+            if q < 0:
+                nxt = buf.find(b"\n\n", p, end)
+                self._fail(event_too_large_message((nxt if nxt >= 0 else end) + 2 - p))
+                return False
+            p = q + 2
+        return True
 
     def _process(self, buf: bytes, start: int, end: int) -> int:
         """Token events in the complete events ``buf[start:end]``."""
@@ -417,12 +574,32 @@ class StreamParser:
                 if fr is not None:
                     self.record.finish_reason = str(fr)
         usage = obj.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            self.usage_seen = True
-            self.record.completion_tokens = usage["completion_tokens"]
-            pt = usage.get("prompt_tokens")
-            self.record.prompt_tokens = pt if isinstance(pt, int) else 0
-            self._usage_reasoning = usage_reasoning_tokens(usage)
+        if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+            value = usage["completion_tokens"]
+            problem = usage_problem(value)
+            if problem is not None:
+                # not believed, not ignored: the tokens are counted from the events, and the
+                # record says why (which voids the trial); a later usage may still be believed
+                self.usage_seen = False
+                self.record.usage_error = problem
+                self.record.prompt_tokens = 0
+                self._usage_reasoning = 0
+            elif int(value) > self._limit:
+                self._fail(
+                    f"usage says {int(value)} completion tokens, more than max_tokens="
+                    f"{self._limit}: the server ignores max_tokens; fix the server, or the "
+                    "proxy in front of it"
+                )
+                return -1
+            else:
+                self.usage_seen = True
+                self.record.usage_error = None
+                self.record.completion_tokens = int(value)
+                pt = usage.get("prompt_tokens")
+                self.record.prompt_tokens = (
+                    pt if isinstance(pt, int) and not isinstance(pt, bool) and pt >= 0 else 0
+                )
+                self._usage_reasoning = usage_reasoning_tokens(usage)
         if token and not content:
             self.reasoning_events += 1
         return token
@@ -436,11 +613,21 @@ class StreamParser:
     def close(self) -> None:
         """End of stream: settle token counts.  Safe to call more than once."""
         if not (self.done or self.failed) and self._pending:
-            tail = self._pending.replace(b"\r", b"").strip()
+            held = self._pending
+            if self._parts is not None:  # a final "data: [DONE]" is a few bytes
+                held = b"".join(self._parts) if self._pending_size <= 64 else b""
+            tail = held.replace(b"\r", b"").strip()
             if tail in (b"data: [DONE]", b"data:[DONE]"):
                 self.done = True
         self._pending = b""
+        self._parts = None
         rec = self.record
+        if self.usage_seen and rec.completion_tokens < self.events:
+            # every token event carries at least one token: fewer tokens than events is false
+            rec.usage_error = usage_below_events_message(rec.completion_tokens, self.events)
+            rec.prompt_tokens = 0  # a usage not believed tells nothing
+            self._usage_reasoning = 0
+            self.usage_seen = False
         if not self.usage_seen:
             rec.completion_tokens = self.events
             rec.tokens_approx = True

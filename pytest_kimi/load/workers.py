@@ -322,6 +322,7 @@ def merge(
         stopped_early=next((tr.stopped_early for tr in trs if tr.stopped_early), None),
         warmup_records=warm,
         cut_at=min((tr.cut_at for tr in trs if tr.cut_at is not None), default=None),
+        over_limit_s=next((tr.over_limit_s for tr in trs if tr.over_limit_s is not None), None),
         lag_samples=sum(tr.lag_samples for tr in trs),
         lag_times=array("d", [t for tr in trs for t in tr.lag_times]),
         lag_values=array("d", [v for tr in trs for v in tr.lag_values]),

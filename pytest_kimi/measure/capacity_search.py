@@ -742,7 +742,7 @@ async def run_capacity(
     """
     from pytest_kimi.measure.capacity_latency import ProbeStallCheck
     from pytest_kimi.measure.results import ThroughputResult
-    from pytest_kimi.measure.trials import _account, measure_level, warm_up
+    from pytest_kimi.measure.trials import _account, close_guard, measure_level, warm_up
 
     template = spec.workload.levels[0]
     base_workload = spec.workload
@@ -783,9 +783,12 @@ async def run_capacity(
             result.levels = sorted(measured.values(), key=lambda lv: lv.spec.load)
         estimate = search.estimate()
     finally:
-        await observer.close()
-        spec.observer = own_observer
-        _account(result, spec.clock)
+        try:
+            await observer.close()
+        finally:
+            await close_guard(spec)
+            spec.observer = own_observer
+            _account(result, spec.clock)
     return CapacityRun(result, estimate)
 
 

@@ -43,7 +43,7 @@ import numpy as np
 from pytest_kimi.load.runner import TrialRecords
 from pytest_kimi.workload.markers import LevelSpec
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.load.sse import running_usage
+from pytest_kimi.load.sse import running_usage, usage_below_events_message
 
 CLIENT_LAG_LIMIT_S = 0.02
 """Event-loop lag (p99) or send delay (p99) above this may mean the client set the pace.
@@ -65,6 +65,21 @@ STALL_ERROR_LIMIT = 0.02
 wakes.  Only a stall at an edge of the steady-state window moves tokens across it, so the tok/s
 figure is off by at most ``(stall at the start + stall at the end) / window``; beyond this share
 the trial is invalid."""
+
+
+BUFFERED_MIN_EVENTS = 16
+"""Token events a request needs before its reads can show that it was buffered.  SGLang with
+a large ``--stream-interval`` legitimately sends few, fat events (32 tokens at interval 8: 4
+events), which a fast server may deliver in two reads; 16 events are 16 decode steps, which an
+honest stream spreads over as many reads unless something held them back."""
+BUFFERED_MAX_READS = 2
+"""A request whose token events all came in this many reads or fewer was buffered: a proxy
+that buffers (or compresses: gzip emits when its window fills or the body ends) hands the
+whole answer on at once, so every token seems to arrive together and no inter-token latency
+exists to measure (the tester's gzip proxy passed at 11,495 tok/s with no ITL)."""
+BUFFERED_SHARE = 0.5
+"""More than this share of a trial's finished requests buffered voids the trial: one request
+lumped by a hiccup of the machine is no pattern; most of them is the server's path."""
 
 
 @dataclass(slots=True)
@@ -277,6 +292,11 @@ def count_cut_tokens(records: Sequence[RequestRecord]) -> int:
             continue
         told = running_usage(rec.last_read)
         rec.last_read = b""
+        if told is not None and told < rec.events:
+            # fewer tokens than events streamed cannot be true (each event carries one or
+            # more): not believed, and said (the trial is invalid), like a final usage's
+            rec.usage_error = usage_below_events_message(told, rec.events)
+            told = None
         if told is not None:
             rec.completion_tokens = told
         else:
@@ -419,6 +439,44 @@ def completed_rate(
     return (len(ends) - 1) / (ends[-1] - ends[0])
 
 
+def buffered_requests(
+    records: Sequence[RequestRecord], client: ClientSignals
+) -> list[RequestRecord]:
+    """The finished requests whose many token events arrived in one or two reads (see
+    :data:`BUFFERED_MAX_READS`).
+
+    A read that came right after the client's own event loop was held up (its stall covers the
+    first read, :meth:`ClientSignals.stall_at`) for half the request's time or more is the
+    client's doing, not the server's, and does not count.
+    """
+    out = []
+    for r in records:
+        reads = len(r.chunk_times)
+        if not r.ok or r.cut or reads == 0 or reads > BUFFERED_MAX_READS:
+            continue
+        if r.events < BUFFERED_MIN_EVENTS or r.first_token is None:
+            continue
+        if client.stall_at(r.first_token) >= 0.5 * (r.first_token - r.sent):
+            continue
+        out.append(r)
+    return out
+
+
+def usage_reasons(records: Sequence[RequestRecord]) -> str | None:
+    """One invalid reason for the requests whose ``usage`` was not believed, or None."""
+    bad = [r.usage_error for r in records if r.usage_error is not None]
+    if not bad:
+        return None
+    distinct = list(dict.fromkeys(bad))
+    return (
+        f"{len(bad)} request(s) reported usage that cannot be true: "
+        + "; ".join(distinct[:3])
+        + (f" (and {len(distinct) - 3} more)" if len(distinct) > 3 else "")
+        + ": the server's token accounting is broken, so no token figure of it stands; fix "
+        "its usage reporting (or the proxy that rewrites it)"
+    )
+
+
 def summarize_trial(
     index: int,
     level: LevelSpec,
@@ -476,7 +534,11 @@ def summarize_trial(
                 f"max_tokens={max_tokens} under ignore_eos (server ignores ignore_eos, or the "
                 "context length truncates)"
             )
-    approx = sum(1 for r in ok if r.tokens_approx)
+    usage = usage_reasons(records)
+    if usage is not None:
+        invalid.append(usage)
+    # a request whose usage was refused counts its events: said above, not as "no usage"
+    approx = sum(1 for r in ok if r.tokens_approx and r.usage_error is None)
     lag = client.lag_p99_within(*window) if window is not None else client.loop_lag_p99_s
     lag_limit = max(CLIENT_LAG_LIMIT_S, read_gap_p50(ok))
     delay = send_delay_p99_within(records, window)
@@ -519,6 +581,17 @@ def summarize_trial(
             notes.append(
                 f"note: {text}; tok/s is off by at most {bound:.2%}, latencies by the stall"
             )
+    finished = [r for r in ok if not r.cut]
+    lumped = buffered_requests(finished, client)
+    saturated = any(msg.startswith("load client saturated") for msg in invalid)
+    if finished and len(lumped) > BUFFERED_SHARE * len(finished) and not saturated:
+        lo, hi = min(r.events for r in lumped), max(r.events for r in lumped)
+        invalid.append(
+            "buffered: inter-token latency cannot be measured; turn off compression or proxy "
+            f"buffering ({len(lumped)} of {len(finished)} requests brought their "
+            f"{lo if lo == hi else f'{lo}-{hi}'} token events in at most {BUFFERED_MAX_READS} "
+            "reads)"
+        )
     errors: list[str] = []
     for r in failed:
         if r.error and r.error not in errors:

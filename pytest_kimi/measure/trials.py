@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from statistics import median
 from time import perf_counter
 from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
@@ -43,6 +44,18 @@ DEFAULT_TRIALS = 3
 MAX_REPLACED_TRIALS = 2
 """Per level: trials voided only by the moment (a client stall) that another trial replaces.
 A level whose stalls keep recurring stays invalid; the replaced trials are reported."""
+TRIAL_LIMIT_FACTOR = 4.0
+"""A trial's wall-clock limit, in its expected durations (:func:`trial_limit`): the same
+load on the same server varies by far less, and the estimate before a level's first trial
+scales the pace seen so far linearly with the streams (a server's step grows slower than
+that), so only a trial that is not progressing (a stream that sends bytes but no tokens, a
+usage that never fills the stationary budget) reaches it."""
+TRIAL_LIMIT_SLACK_S = 5.0
+"""Wall seconds added to every trial's limit: a short trial's expectation is a fraction of a
+second, and a busy machine's scheduling must not reach it."""
+OVER_LIMIT = "ran past its wall-clock limit"
+"""Begins the reason of a trial cut at its limit (the level stops there: the next trial would
+hang as long)."""
 
 
 class TrialPolicy(Protocol):
@@ -61,7 +74,9 @@ class TrialObserver(Protocol):
     before each trial (after the warm-up, so warm-up requests are never in a trial's counts),
     ``after_trial`` once the trial is summarised (appending to ``trial.invalid`` voids the
     sample, before the trial policy sees it), ``level_summary`` at the end of each level (merged
-    into ``LevelResult.extra``, i.e. the level's JSON), and ``close`` at the end, also on error.
+    into ``LevelResult.extra``, i.e. the level's JSON; a ``"notes"`` list in it becomes the
+    level's notes instead), and ``close`` at the end, also on error.  The contamination check
+    (``MeasureSpec.guard``) is one too, opened and closed around each level instead.
     """
 
     async def open(self) -> None: ...
@@ -84,6 +99,43 @@ class LevelProbe(Protocol):
     async def start_level(self) -> None: ...
 
     async def end_level(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How fast this server answered one trial (wall seconds), for the next trials' limits."""
+
+    token_s: float
+    """Seconds per output token of one stream (the median request's decode rate)."""
+    ttft_s: float
+    """The slowest first token."""
+    streams: int
+    """Requests in flight when these were seen: the batch the times are for."""
+    prompt_tokens: float = 0.0
+    """Mean prompt tokens of those requests (0: unknown)."""
+
+    @classmethod
+    def of(cls, tr: TrialRecords) -> Pace | None:
+        ok = [r for r in tr.records if r.ok and not r.cut]
+        rates = [rate for r in ok if (rate := r.decode_tok_s)]
+        if not rates:
+            return None
+        prompts = [r.prompt_tokens for r in ok if r.prompt_tokens > 0]
+        return cls(
+            token_s=1.0 / median(rates),
+            ttft_s=max((t for r in ok if (t := r.ttft) is not None), default=0.0),
+            streams=max(1, tr.concurrency),
+            prompt_tokens=sum(prompts) / len(prompts) if prompts else 0.0,
+        )
+
+    def request_s(self, level: LevelSpec, streams: float) -> float:
+        """A request of ``level`` with ``streams`` in flight: the times seen, scaled linearly
+        with the streams (and the first token with the prompt's length too)."""
+        scale = max(1.0, streams / self.streams)
+        prompt = 1.0
+        if level.input_tokens and self.prompt_tokens:
+            prompt = max(1.0, level.input_tokens / self.prompt_tokens)
+        return scale * (level.max_tokens * self.token_s + self.ttft_s * prompt)
 
 
 @dataclass(slots=True)
@@ -147,6 +199,14 @@ class MeasureSpec:
     policy: TrialPolicy = field(default_factory=FixedTrials)
     observer: TrialObserver | None = None
     """Checks each trial against another source (the server's counters); None: none."""
+    guard: TrialObserver | None = None
+    """The contamination check every perf test carries
+    (:class:`~pytest_kimi.crosscheck.contamination.ContaminationCheck`), beside ``observer``:
+    opened and closed around each level by :func:`measure_level` itself, so every path that
+    measures levels (a sweep, a capacity search) has it; None: none."""
+    pace: Pace | None = None
+    """How fast the server answered so far (the warm-up, the trials): sizes each trial's
+    wall-clock limit before the level has a trial of its own."""
     protocol: str = DEFAULT_PROTOCOL
     """Closed-loop trial protocol where the marker leaves it open (``--perf-protocol``)."""
     clock: float = 1.0
@@ -303,6 +363,82 @@ def prompt_tokens_summary(trials: Sequence[TrialResult]) -> dict[str, float | in
     }
 
 
+@dataclass(frozen=True, slots=True)
+class TrialLimit:
+    """A trial's wall-clock limit and where it comes from (its reason names both)."""
+
+    expected_s: float
+    """How long the trial should take, wall seconds."""
+    source: str
+    """What says so: the level's trial before, the server's pace so far, the request timeout."""
+    factor: float = TRIAL_LIMIT_FACTOR
+    """1 where the expectation is the request timeout: a bound already, not an estimate."""
+
+    @property
+    def limit_s(self) -> float:
+        return self.factor * self.expected_s + TRIAL_LIMIT_SLACK_S
+
+    def reason(self, tr: TrialRecords) -> str | None:
+        """Why a trial cut at this limit is void (None: it was not cut there)."""
+        if tr.over_limit_s is None:
+            return None
+        cut = sum(1 for r in tr.records if r.cut)
+        scaled = f"{self.factor:g}x " if self.factor != 1 else ""
+        return (
+            f"{OVER_LIMIT} of {tr.over_limit_s:.1f} s ({scaled}the {self.expected_s:.1f} s "
+            f"expected from {self.source}, plus {TRIAL_LIMIT_SLACK_S:g} s): its {cut} "
+            "stream(s) in flight were cut; the server did not finish the trial's work in time "
+            "(a stream that sends bytes but no tokens, or a usage that never fills the "
+            "stationary budget?)"
+        )
+
+
+_PACE = "the server's pace so far"
+_TIMEOUT = "the request timeout"
+
+
+def trial_limit(spec: MeasureSpec, level: LevelSpec, previous_s: float | None = None) -> TrialLimit:
+    """How long a trial of ``level`` should take (wall seconds), and so its limit: the level's
+    trial before when it had one; else its plan at the pace seen so far (stationary: the time
+    box's steps and the first tokens; whole requests: a stream's requests one after the other;
+    open loop: the arrivals and the last one's request); else the request timeout."""
+    w = spec.workload
+    if previous_s is not None:
+        return TrialLimit(previous_s, "the level's trial before")
+    stationary = (
+        level.concurrency is not None and w.protocol_for(level, spec.protocol) == STATIONARY
+    )
+    requests = w.requests_for(level)
+    duration_s = w.duration_s / spec.clock if w.duration_s is not None else None
+    pace = spec.pace
+    if level.concurrency is not None:
+        c = level.concurrency
+        if stationary:
+            min_s = SETTLE_MIN_S + WINDOW_MIN_S + TTFT_ALLOWANCE_S
+            if pace is None:
+                return TrialLimit(min_s + w.timeout_s, _TIMEOUT, 1.0)
+            # the time box's steps, priced as the tokens of one request of that length
+            box = replace(level, max_tokens=WINDOW_STEPS + SETTLE_STEPS + 1)
+            return TrialLimit(max(min_s, pace.request_s(box, c)), _PACE)
+        per_stream = w.timeout_s if pace is None else pace.request_s(level, c)
+        ends = [math.ceil(requests / c) * per_stream] if requests is not None else []
+        if duration_s is not None:
+            ends.append(duration_s + per_stream)  # in-flight requests finish after it
+        if pace is None:
+            return TrialLimit(min(ends), _TIMEOUT, 1.0)
+        return TrialLimit(min(ends), _PACE)
+    rate = (level.rate or 1.0) * spec.clock
+    spans = [requests / rate] if requests is not None else []
+    if duration_s is not None:
+        spans.append(duration_s)
+    arrivals = min(spans, default=0.0)
+    if pace is None:
+        return TrialLimit(arrivals + w.timeout_s, _TIMEOUT, 1.0)
+    # Little's law at the pace seen: the requests in flight while the arrivals run
+    flying = max(1.0, rate * pace.request_s(level, 1))
+    return TrialLimit(arrivals + pace.request_s(level, flying), _PACE)
+
+
 async def run_trial(
     client: TrialClient,
     spec: MeasureSpec,
@@ -310,12 +446,17 @@ async def run_trial(
     index: int,
     offset: int,
     live: LiveTrial | None = None,
+    previous_s: float | None = None,
 ) -> TrialResult:
+    """One trial of ``level``; ``previous_s``: the wall length of the level's trial before
+    (it sizes this one's wall-clock limit, :func:`trial_limit`)."""
     w = spec.workload
     requests = w.requests_for(level)
     duration_s = w.duration_s / spec.clock if w.duration_s is not None else None
     bodies = _rotated(spec.bodies_for(level), offset)
     max_failures = _max_failures(w, requests, _in_flight(level, spec.clock))
+    limit = trial_limit(spec, level, previous_s)
+    limit_s = limit.limit_s
     if level.concurrency is not None and w.protocol_for(level, spec.protocol) == STATIONARY:
         c = level.concurrency
         first, first_max = spec.stationary_openers(level, offset)
@@ -330,6 +471,7 @@ async def run_trial(
             # once the start-up backlog has settled
             token_budget=c * (WINDOW_STEPS + SETTLE_STEPS + 1),
             min_duration_s=SETTLE_MIN_S + WINDOW_MIN_S + TTFT_ALLOWANCE_S,
+            wall_limit_s=limit_s,
             **spec.next_unique(),
         )
         tr = await client.run_trial(spec.target, plan, live)
@@ -343,6 +485,7 @@ async def run_trial(
             max_failures=max_failures,
             warmup=0,
             turns=w.turns,
+            wall_limit_s=limit_s,
             **spec.next_unique(),
         )
         tr = await client.run_trial(spec.target, plan, live)
@@ -355,6 +498,7 @@ async def run_trial(
             timeout_s=w.timeout_s,
             max_failures=max_failures,
             seed=w.seed + index,
+            wall_limit_s=limit_s,
             **spec.next_unique(),
         )
         tr = await client.run_open_loop(spec.target, open_plan, live)
@@ -368,6 +512,9 @@ async def run_trial(
     )
     if lengths is not None and w.ignore_eos:
         check_own_lengths(trial, _rotated(lengths, offset))
+    if (over := limit.reason(tr)) is not None:
+        trial.invalid.append(over)
+    spec.pace = Pace.of(tr) or spec.pace
     return trial
 
 
@@ -434,13 +581,56 @@ async def warm_up(client: TrialClient, spec: MeasureSpec) -> list[str]:
         timeout_s=spec.workload.timeout_s,
         max_failures=n,
         warmup=0,
+        # no pace known yet: each of a slot's requests may take up to the request timeout
+        wall_limit_s=TrialLimit(
+            math.ceil(n / min(n, 8)) * spec.workload.timeout_s, _TIMEOUT, 1
+        ).limit_s,
         **spec.next_unique(),
     )
     tr = await client.run_trial(spec.target, plan)
-    return [r.error for r in tr.records if r.error]
+    spec.pace = Pace.of(tr) or spec.pace
+    errors = [r.error for r in tr.records if r.error]
+    if tr.over_limit_s is not None:
+        errors.append(f"the warm-up {OVER_LIMIT} of {tr.over_limit_s:.1f} s")
+    return errors
 
 
 async def measure_level(
+    client: TrialClient,
+    spec: MeasureSpec,
+    level: LevelSpec,
+    progress: ProgressFn | None = None,
+) -> LevelResult:
+    """One level's trials and verdict, with the contamination check (``spec.guard``) open
+    around them.  The guard is opened here (idempotent) so that every path measuring levels
+    has it, and closed by whoever runs the levels (:func:`close_guard`), not here: a signal
+    that lands while it closes must not cost the level that just finished."""
+    if spec.guard is not None:
+        await spec.guard.open()
+    return await _measure_level(client, spec, level, progress)
+
+
+async def close_guard(spec: MeasureSpec) -> None:
+    """Close the contamination check after the last level (also on error or cancel)."""
+    if spec.guard is not None:
+        await spec.guard.close()
+
+
+def _watchers(spec: MeasureSpec) -> list[TrialObserver]:
+    """The guard first: it waits for the server to drain before the observer's own readings,
+    and its verdict is on the trial before the observer's (a stall check leaves void trials)."""
+    return [o for o in (spec.guard, spec.observer) if o is not None]
+
+
+def _merge_summary(result: LevelResult, summary: dict[str, Any]) -> None:
+    """An observer's or probe's level summary into the level: its ``notes`` as notes, the
+    rest into the level's JSON."""
+    notes = summary.pop("notes", None) or []
+    result.errors.extend(f"note: {n}" for n in notes if f"note: {n}" not in result.errors)
+    result.extra.update(summary)
+
+
+async def _measure_level(
     client: TrialClient,
     spec: MeasureSpec,
     level: LevelSpec,
@@ -453,25 +643,27 @@ async def measure_level(
         await spec.level_probe.start_level()
     level_start = perf_counter()
     label = spec.workload.label(level)
-    observer = spec.observer
+    watchers = _watchers(spec)
     replaced: list[str] = []
+    previous_s: float | None = None
     while len(trials) < planned:
         stationary = spec.workload.protocol_for(level, spec.protocol) == STATIONARY
         live = LiveTrial(total=None if stationary else spec.workload.requests_for(level))
-        if observer is not None:
-            await observer.before_trial()
+        for watcher in watchers:
+            await watcher.before_trial()
         ticker = None
         if progress is not None:
             ticker = asyncio.ensure_future(
                 _ticker(progress, live, label, len(trials) + 1, planned, level_start, spec.clock)
             )
         try:
-            trial = await run_trial(client, spec, level, len(trials), offset, live)
+            trial = await run_trial(client, spec, level, len(trials), offset, live, previous_s)
         finally:
             if ticker is not None:
                 ticker.cancel()
-        if observer is not None:
-            await observer.after_trial(trial)
+        for watcher in watchers:
+            await watcher.after_trial(trial)
+        previous_s = trial.wall_s
         offset += trial.requests_ok + trial.requests_failed
         if _replaceable(trial) and len(replaced) < MAX_REPLACED_TRIALS:
             replaced.append(f"trial {len(trials) + len(replaced) + 1} replaced: {trial.invalid[0]}")
@@ -479,6 +671,8 @@ async def measure_level(
         trials.append(trial)
         if trial.requests_failed and trial.stopped_early:
             break  # the server is failing: more trials would only repeat it
+        if any(reason.startswith(OVER_LIMIT) for reason in trial.invalid):
+            break  # the server is not progressing: the next trial would hang as long
         if len(trials) == planned:
             # in the figures' clock (the simulator's, at speed != 1), as the baseline's are
             samples = [t.tok_s / spec.clock for t in trials if t.valid and t.tok_s is not None]
@@ -524,9 +718,9 @@ async def measure_level(
         result.extra.update(extra)
         result.errors.extend(f"note: {n}" for n in notes)
     if spec.level_probe is not None:
-        result.extra.update(await spec.level_probe.end_level())
-    if observer is not None:
-        result.extra.update(_in_server_clock(observer.level_summary(), spec.clock))
+        _merge_summary(result, await spec.level_probe.end_level())
+    for watcher in watchers:
+        _merge_summary(result, _in_server_clock(watcher.level_summary(), spec.clock))
     if progress is not None:
         f = result.figures
         progress(
@@ -574,9 +768,12 @@ async def measure_test(
             if (verdict := Verdict.of(measured.verdict)) is not None and verdict.stops_sweep:
                 stop_reason = f"not run: {measured.label} ended in error"
     finally:
-        if observer is not None:
-            await observer.close()
-        _account(result, spec.clock)
+        try:
+            if observer is not None:
+                await observer.close()
+        finally:
+            await close_guard(spec)
+            _account(result, spec.clock)
     return result
 
 

@@ -36,6 +36,7 @@ from pytest_kimi.run.conductor import (
     MeasurementInterrupted,
     conduct,
 )
+from pytest_kimi.run.endpoint_lock import EndpointBusy, EndpointLockError
 from pytest_kimi.run.measurer import KimiLoad, Measurer
 from pytest_kimi.run.setup import NO_ENDPOINT_REASON, SetupError, open_endpoint
 from pytest_kimi.scrub import scrub_text
@@ -207,13 +208,14 @@ def _kimi_measure(
         replace_corrupt=gate.update == "force",
     )
     problem: str | None = None
+    endpoint = request.getfixturevalue("kimi_endpoint")  # the lock is the endpoint's
     try:
-        with one_measurement_at_a_time(config):
+        with one_measurement_at_a_time(config, endpoint.url):
             result = conduct(
                 plan,
                 nodeid,
                 request.getfixturevalue("_kimi_measurer"),
-                request.getfixturevalue("kimi_endpoint"),
+                endpoint,
                 gate.settings,
                 comparison,
                 conditions,
@@ -222,7 +224,7 @@ def _kimi_measure(
                     config, nodeid + session_label(config, kimi_perf_session)
                 ),
             )
-    except GateProblem as exc:
+    except (GateProblem, EndpointBusy, EndpointLockError) as exc:
         problem = str(exc)
     except MeasurementInterrupted as exc:
         _where(request, exc.result, kimi_perf_session)
@@ -249,10 +251,11 @@ def _where(request: pytest.FixtureRequest, result: ThroughputResult, perf_sessio
     if perf_sessions(request.config) == 1:
         return
     server = request.getfixturevalue("kimi_server")
-    info = request.getfixturevalue("kimi_endpoint").server_info or {}
+    endpoint = request.getfixturevalue("kimi_endpoint")
+    info = endpoint.server_info or {}
     sim = info.get("sim")
     sim = sim if isinstance(sim, dict) else {}
-    who: dict[str, Any] = {"pid": getattr(server, "pid", None) or sim.get("pid")}
+    who: dict[str, Any] = {"pid": getattr(server, "pid", None) or endpoint.server_pid}
     if "seed" in sim:
         who["seed"] = sim["seed"]
     result.perf_session = perf_session

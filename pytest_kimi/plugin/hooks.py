@@ -40,7 +40,9 @@ from pytest_kimi.gate.capacity_gate import capacity_failure
 from pytest_kimi.history.urls import url_secrets
 from pytest_kimi.report.record import TestRecord
 from pytest_kimi.report.terminal import format_test
+from pytest_kimi.options import KimiOptions
 from pytest_kimi.run.gating import GateContext, marker_pass_unreachable, session_pass_unreachable
+from pytest_kimi.run.output_paths import OutputPathError, check_output_paths, report_paths
 from pytest_kimi.run.plan import PERF_MARKERS, PlanError, plan_test
 from pytest_kimi.measure.results import session_id
 from pytest_kimi.run.setup import (
@@ -111,6 +113,8 @@ def pytest_configure(config: pytest.Config) -> None:
     register_secret(opts.api_key)
     for secret in url_secrets(opts.perf_history):  # a history URL's password
         register_secret(secret)
+    if not is_worker(config):  # the controller writes the reports, and checked their paths
+        _check_report_paths(config, opts)
     config.stash[STATE] = RunState()
     config.stash[GATE] = GateContext.from_options(opts)
     try:
@@ -127,6 +131,18 @@ def pytest_configure(config: pytest.Config) -> None:
     if unreachable is not None and not is_worker(config):
         config.stash[PASS_UNREACHABLE] = unreachable
         config.issue_config_time_warning(pytest.PytestConfigWarning(unreachable), stacklevel=2)
+
+
+def _check_report_paths(config: pytest.Config, opts: KimiOptions) -> None:
+    """A report that cannot be written is a usage error now, not a lost report after hours of
+    measurement (see run/output_paths.py); pytest's own ``--junitxml`` is checked with ours."""
+    junitxml = getattr(config.option, "xmlpath", None)
+    if junitxml:  # as pytest's junitxml plugin reads it
+        junitxml = os.path.expanduser(os.path.expandvars(junitxml))
+    try:
+        check_output_paths(report_paths(opts, junitxml))
+    except OutputPathError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -205,6 +221,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.nodeid,
                 [(m.args, m.kwargs) for m in item.iter_markers("throughput")],
                 [(m.args, m.kwargs) for m in item.iter_markers("capacity")],
+                allow_large=kimi_options(config).perf_allow_large,
             )
         except PlanError as exc:
             problems.append(str(exc))

@@ -94,21 +94,30 @@ class PerfReporter:
             text, failed = summary.history
             terminalreporter.write_line(text, yellow=failed)
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """First among the session-finish hooks: another plugin's that raises (pytest's own
+        ``--junitxml`` writer, whose directory vanished) would stop pluggy before ours, and the
+        baselines, the history row and the reports would never be written."""
         if is_worker(self.config):
             return  # the controller writes, from the reports the workers sent
-        names = [d.name for d in self.config.stash[DEPLOYMENTS]]
-        interrupted = interruption(self.config, session, self.state.tests)
-        self.summary = finish_run(
-            kimi_options(self.config),
-            self.config.stash[GATE],
-            self.state.endpoint,
-            self.state.tests,
-            self.state.endpoints,
-            rootdir=Path(self.config.rootpath),
-            deployments=names,
-            interrupted=interrupted,
-        )
+        try:
+            names = [d.name for d in self.config.stash[DEPLOYMENTS]]
+            interrupted = interruption(self.config, session, self.state.tests)
+            self.summary = finish_run(
+                kimi_options(self.config),
+                self.config.stash[GATE],
+                self.state.endpoint,
+                self.state.tests,
+                self.state.endpoints,
+                rootdir=Path(self.config.rootpath),
+                deployments=names,
+                interrupted=interrupted,
+            )
+        except Exception as exc:  # finish_run guards each sink; this is the last line
+            self.summary = RunSummary(
+                problems=[scrub_text(f"pytest-kimi: run not finished: {type(exc).__name__}: {exc}")]
+            )
         failed = self.summary.refused or self.summary.problems
         if failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

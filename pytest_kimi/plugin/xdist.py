@@ -2,12 +2,14 @@
 
 Parallel workers would measure each other's load.  With ``-n N`` the controller switches xdist
 to ``--dist loadgroup`` and every perf test gets the same ``xdist_group``, so they all run, one
-after another, on one worker; a lock file holds even where that grouping does not.
+after another, on one worker; a lock file holds even where that grouping does not, and the
+endpoint lock (:mod:`pytest_kimi.run.endpoint_lock`) holds between runs, xdist or not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,9 @@ from typing import Any
 import pytest
 
 from pytest_kimi.plugin.nodeids import GROUP_SUFFIX
-from pytest_kimi.plugin.state import PLAN, STATE, is_worker
+from pytest_kimi.plugin.state import PLAN, STATE, is_worker, kimi_options
+from pytest_kimi.plugin.terminal import say
+from pytest_kimi.run import endpoint_lock
 
 PERF_GROUP = GROUP_SUFFIX.removeprefix("@")
 
@@ -75,23 +79,43 @@ def name_the_perf_group(config: pytest.Config, items: list[pytest.Item]) -> None
 
 
 @contextlib.contextmanager
-def one_measurement_at_a_time(config: pytest.Config) -> Iterator[None]:
-    """Under xdist, measurements of different workers take turns (a lock file in .kimi/).
+def one_measurement_at_a_time(config: pytest.Config, endpoint_url: str) -> Iterator[None]:
+    """One measurement at a time per endpoint, and under xdist one per rootdir as well.
 
-    Grouping perf tests on one worker (``--dist loadgroup``) is the first line; this holds even
-    where that grouping does not.  The measured interval is recorded so a report shows that
+    The endpoint lock (:mod:`pytest_kimi.run.endpoint_lock`) holds across every pytest-kimi
+    process of this user on this machine, xdist or not: a second run against the same server
+    waits (saying so once, naming the first) for at most ``--perf-lock-timeout`` and then raises
+    :class:`~pytest_kimi.run.endpoint_lock.EndpointBusy`.  Under xdist the workers also take
+    turns through a lock file in ``<rootdir>/.kimi/`` (taken first, so the two never wait on
+    each other crosswise): each worker's simulator is an endpoint of its own, and measuring
+    them at once would have them compete for this machine's cores.  Grouping perf tests on one
+    worker (``--dist loadgroup``) is the first line; this holds even where it does not.  The
+    measured interval (from the moment the locks are held) is recorded so a report shows that
     runs did not overlap.
     """
-    started = time.time()
-    if not is_worker(config):
-        yield
-    else:
-        # filelock, not fcntl: the plugin must import wherever pytest runs (Windows too).
-        from filelock import FileLock
+    opts = kimi_options(config)
+    with contextlib.ExitStack() as held:
+        if is_worker(config):
+            # filelock, not fcntl: the plugin must import wherever pytest runs (Windows too).
+            from filelock import FileLock
 
-        path = Path(config.rootpath) / ".kimi" / "measure.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path)):
-            started = time.time()
-            yield
+            path = Path(config.rootpath) / ".kimi" / "measure.lock"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            held.enter_context(FileLock(str(path)))
+        held.enter_context(
+            endpoint_lock.measuring(
+                endpoint_url,
+                timeout_s=opts.perf_lock_timeout,
+                on_wait=lambda text: _say_waiting(config, text),
+            )
+        )
+        started = time.time()
+        yield
     config.stash[STATE].intervals.append((started, time.time()))
+
+
+def _say_waiting(config: pytest.Config, text: str) -> None:
+    """The wait's one line: on the terminal (the controller's, under xdist a worker has none:
+    there it goes to the worker's stderr, which xdist shows when the worker crashes)."""
+    if not say(config, f"[kimi] {text}"):
+        print(f"[kimi] {text}", file=sys.stderr, flush=True)

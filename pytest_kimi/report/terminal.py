@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from pytest_kimi.crosscheck.contamination import NOTE_STARTS as CONTAMINATION_NOTES
 from pytest_kimi.report.capacity_cells import capacity_lines
 from pytest_kimi.report.latency_cells import latency_lines
 
@@ -80,8 +81,9 @@ def prompt_tokens_cell(level: Mapping[str, Any]) -> str:
 
 
 def prompt_notes(test: Mapping[str, Any]) -> list[str]:
-    """Where prompt lengths are estimates, the dataset sample and shared prefix, and a
-    prefix-cache flush that failed: one line each."""
+    """Where prompt lengths are estimates, the dataset sample and shared prefix, the
+    contamination check's notes (zombies waited for, a check not possible), and a prefix-cache
+    flush that failed: one line each."""
     notes: list[str] = []
     for lv in test.get("levels") or []:
         sizing = lv.get("input_tokens_sizing")
@@ -89,6 +91,12 @@ def prompt_notes(test: Mapping[str, Any]) -> list[str]:
             line = f"input_tokens={lv.get('input_tokens')}: {sizing}"
             if line not in notes:
                 notes.append(line)
+        for error in lv.get("errors") or []:
+            note = str(error)[len("note: ") :]
+            if str(error).startswith("note: ") and note.startswith(CONTAMINATION_NOTES):
+                line = f"{lv.get('label')}: {note}"
+                if line not in notes:
+                    notes.append(line)
     notes += dataset_lines(test)
     if test.get("cache_flush"):
         notes.append(str(test["cache_flush"]))

@@ -1,19 +1,26 @@
-"""The end of a session, without pytest: reports, the history row, the baseline update.
+"""The end of a session, without pytest: the baseline update, the history row, the reports.
 
 The plugin's reporter calls :func:`finish_run` once, on the controller, with every test's
 record (the workers' arrive with their test reports).  Each sink is independent: a report that
-cannot be written, or a history database that is down, costs one line of the summary and never
-the other sinks, the results or the exit code (a finished measurement is never lost to a
-failing sink).
+cannot be written, a history database that is down or a baseline directory that refuses the
+write costs one line of the summary and never the other sinks or the results (a finished
+measurement is never lost to a failing sink); a failed sink fails the run's exit status.
+
+The order is baselines, history, reports: the stores first, because they are what the next
+run reads and what cannot be rebuilt from anything else, the files last, because they are what
+most often cannot be written (a path, a full disk) and every one of them can be rebuilt from
+the history (``kimi-perf``).  Every stage catches every exception, not only ``OSError``: a
+renderer's bug in one report must not cost the history row of a two-hour run.
 """
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_kimi.baseline.update import update_baselines
 from pytest_kimi.options import KimiOptions
@@ -21,6 +28,8 @@ from pytest_kimi.report.json_report import build_report, write_json, write_text
 from pytest_kimi.run.gating import GateContext
 from pytest_kimi.run.server_starts import pool_sessions, session_noise
 from pytest_kimi.scrub import scrub, scrub_text
+
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -50,32 +59,53 @@ def finish_run(
     deployments: Sequence[str],
     interrupted: str | None = None,
 ) -> RunSummary:
-    """Write every sink from the run's test records (the ``--perf-json`` test objects);
-    ``interrupted`` (what stopped the run, when a signal did) heads every report."""
+    """Write every sink from the run's test records (the ``--perf-json`` test objects), in
+    the order baselines, history, reports, each on its own; ``interrupted`` (what stopped the
+    run, when a signal did) heads every report."""
     summary = RunSummary(interrupted=interrupted)
     tests = list(tests)
-    summary.session_noise = session_noise(tests, current_sigma=opts.perf_session_sigma)
-    report = build_report(
-        dict(endpoint) if endpoint else None,
-        [dict(t) for t in tests],
-        summary.session_noise,
-        gate.report_fields(),
-        interrupted=interrupted,
-    )
+    mode = gate.update
+    if mode is not None and tests:
+
+        def update() -> None:
+            summary.updates, summary.refused = update_baselines(
+                gate.root,
+                gate.profile,
+                mode,
+                pool_sessions(copy.deepcopy(tests)),  # --perf-sessions: one baseline of all starts
+                {k: dict(v) for k, v in endpoints.items()},
+                rootdir,
+            )
+
+        _sink(summary.problems, f"baselines not updated in {gate.root}", update)
+
+    def build() -> dict[str, Any]:
+        summary.session_noise = session_noise(tests, current_sigma=opts.perf_session_sigma)
+        return build_report(
+            dict(endpoint) if endpoint else None,
+            [dict(t) for t in tests],
+            summary.session_noise,
+            gate.report_fields(),
+            interrupted=interrupted,
+        )
+
+    report = _sink(summary.problems, "run report not built (no history row, no report)", build)
+    if report is None:
+        return summary
+    summary.history = store_history(opts, gate, report, endpoints, rootdir, deployments)
     summary.problems.extend(
         write_reports(opts, report, gate.settings.failing_verdicts(), os.environ)
     )
-    summary.history = store_history(opts, gate, report, endpoints, rootdir, deployments)
-    if gate.update is not None and tests:
-        summary.updates, summary.refused = update_baselines(
-            gate.root,
-            gate.profile,
-            gate.update,
-            pool_sessions(tests),  # --perf-sessions: one baseline of all starts
-            {k: dict(v) for k, v in endpoints.items()},
-            rootdir,
-        )
     return summary
+
+
+def _sink(problems: list[str], what: str, write: Callable[[], _T]) -> _T | None:
+    """``write()``'s result; on any exception, None and one line in ``problems``."""
+    try:
+        return write()
+    except Exception as exc:  # one sink's failure costs a line, never the others
+        problems.append(scrub_text(f"{what}: {type(exc).__name__}: {exc}"))
+        return None
 
 
 def write_reports(
@@ -85,48 +115,59 @@ def write_reports(
     environ: Mapping[str, str],
 ) -> list[str]:
     """JSON, Markdown (also to GitHub's step summary) and HTML, each from the one report dict;
-    the problems of those that could not be written (each sink on its own).
+    the problems of those that could not be written (each sink on its own: its rendering as
+    well as its write, so one report's bug costs that report alone).
 
     The dict is scrubbed once more here: server info was cleaned where it entered, but error
     texts and notes come from everywhere, and these files get uploaded and published.
     """
     if not report["tests"]:
         return []
-    report = scrub(report)
     problems: list[str] = []
-
-    def sink(what: str, write: Any) -> None:
-        try:
-            write()
-        except Exception as exc:  # one sink's failure costs a line, never the others
-            problems.append(scrub_text(f"{what} not written: {type(exc).__name__}: {exc}"))
+    scrubbed = _sink(problems, "reports not written (scrubbing failed)", lambda: scrub(report))
+    if scrubbed is None:
+        return problems
+    report = scrubbed
 
     if opts.perf_json is not None:
         path = opts.perf_json
-        sink(f"--perf-json {path}", lambda: write_json(path, report))
+        _sink(problems, f"--perf-json {path} not written", lambda: write_json(path, report))
     markdown_path = opts.perf_markdown
     step_summary = environ.get("GITHUB_STEP_SUMMARY")
     if markdown_path or step_summary:
-        from pytest_kimi.report.markdown import render_markdown
+        rendered: list[str] = []
 
-        text = render_markdown(report, failing_verdicts=failing)
+        def markdown() -> str:
+            """Rendered once for both its sinks, by the first that needs it."""
+            if not rendered:
+                from pytest_kimi.report.markdown import render_markdown
+
+                rendered.append(render_markdown(report, failing_verdicts=failing))
+            return rendered[0]
+
         if markdown_path:
-            sink(f"--perf-markdown {markdown_path}", lambda: write_text(markdown_path, text))
+            _sink(
+                problems,
+                f"--perf-markdown {markdown_path} not written",
+                lambda: write_text(markdown_path, markdown()),
+            )
         if step_summary:
 
             def append() -> None:
+                text = markdown()
                 with open(step_summary, "a", encoding="utf-8") as fh:
                     fh.write(text + "\n")
 
-            sink(f"GITHUB_STEP_SUMMARY {step_summary}", append)
+            _sink(problems, f"GITHUB_STEP_SUMMARY {step_summary} not written", append)
     if opts.perf_html is not None:
-        from pytest_kimi.report.html import write_html
-
         html_dir = opts.perf_html
-        sink(
-            f"--perf-html {html_dir}",
-            lambda: write_html(report, html_dir, failing_verdicts=failing),
-        )
+
+        def html() -> None:
+            from pytest_kimi.report.html import write_html
+
+            write_html(report, html_dir, failing_verdicts=failing)
+
+        _sink(problems, f"--perf-html {html_dir} not written", html)
     return problems
 
 

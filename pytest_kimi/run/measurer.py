@@ -45,6 +45,7 @@ from pytest_kimi.workload.prompts import (
 )
 from pytest_kimi.workload.dataset import DatasetSample, TextTokenizer, prepare_dataset
 from pytest_kimi.workload.prefix import SharedPrefixes, SystemTokenizer, shared_prefixes
+from pytest_kimi.crosscheck.contamination import ContaminationCheck
 from pytest_kimi.crosscheck.prefix_cache import PrefixCacheProbe
 
 
@@ -193,6 +194,8 @@ def build_spec(
         output_tokens=output_tokens,
         level_info=_level_info(workload, sample, prefixes),
         level_probe=PrefixCacheProbe(endpoint.url, endpoint.headers()),
+        # on for every perf test: zombies of cut streams and another client's load void trials
+        guard=ContaminationCheck(endpoint.url, endpoint.headers()),
         warmup_bodies=max(2, workload.prefix_groups or 0),
     )
 

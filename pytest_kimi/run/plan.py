@@ -24,7 +24,9 @@ class PlanError(ValueError):
     """A malformed marker; the message names the test and the marker."""
 
 
-def plan_test(nodeid: str, throughput: Marks, capacity: Marks) -> TestPlan | None:
+def plan_test(
+    nodeid: str, throughput: Marks, capacity: Marks, *, allow_large: bool = False
+) -> TestPlan | None:
     """The test's plan from its ``@throughput`` or ``@capacity`` markers (closest first), or
     None for a test that carries neither; :class:`PlanError` for a malformed one."""
     if throughput and capacity:
@@ -39,9 +41,9 @@ def plan_test(nodeid: str, throughput: Marks, capacity: Marks) -> TestPlan | Non
     args, kwargs = merge_marker_kwargs(list(marks))
     try:
         if capacity:
-            search, workload, targets = parse_capacity(args, kwargs)
+            search, workload, targets = parse_capacity(args, kwargs, allow_large=allow_large)
             return TestPlan(workload, targets, search)
-        workload, targets = parse_throughput(args, kwargs)
+        workload, targets = parse_throughput(args, kwargs, allow_large=allow_large)
     except MarkerError as exc:
         raise PlanError(f"{nodeid}: @{name} {exc}") from None
     return TestPlan(workload, targets)

@@ -11,6 +11,12 @@ container stop all send SIGTERM.  So while :class:`Interrupts` is installed:
 * a **second** one kills every supervised server group at once (SIGKILL through its
   supervisor), waits a few seconds for them to be gone, and exits with 128 + the signal.
 
+"Second" means a second *decision* to stop, not a second delivery: signals that arrive within
+:data:`TOGETHER_S` of the first are one.  GNU ``timeout`` (without ``--foreground``) sends its
+signal to pytest and then to pytest's whole process group, so pytest gets it twice within
+microseconds, as from any supervisor that signals both a process and its group.  Taken as two,
+the run exited at once without the reports the first signal promised.
+
 No pytest here: the plugin installs it in ``pytest_configure`` and restores the previous
 handlers in ``pytest_unconfigure``.
 """
@@ -21,13 +27,25 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from pytest_kimi.server import supervisor
 
-__all__ = ["Interrupts"]
+__all__ = ["TOGETHER_S", "Interrupts"]
+
+TOGETHER_S = 0.5
+"""Signals within this long of the first are the same stop, not a second one.
+
+One program's double delivery (``timeout``: the child, then its group; a terminal: every
+process of the group) comes within microseconds, and the main thread runs the handler for
+both back to back (milliseconds even on a busy machine, where it may run late, but late for
+both alike); a person who means "stop now" presses Ctrl-C again after reading the first
+notice, seconds later, and a CI runner's SIGINT then SIGTERM (GitHub Actions: 7.5 s apart)
+stays a second signal.  Measured from the first signal, not the latest, so a stream of
+signals cannot postpone the hard stop for ever."""
 
 
 class Interrupts:
@@ -38,7 +56,12 @@ class Interrupts:
         self.say = say or _to_stderr
         """Where the one-line notices go (the plugin passes its terminal writer)."""
         self.count = 0
+        """Signals taken as a decision to stop (echoes within :data:`TOGETHER_S` not counted)."""
+        self.echoes = 0
+        """Signals that arrived together with the first and were taken as the same one."""
         self.first: int | None = None
+        self._first_at = 0.0
+        self.together_s = TOGETHER_S
         self._previous: dict[int, Any] = {}
 
     def install(self) -> bool:
@@ -65,16 +88,26 @@ class Interrupts:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.count += 1
-        if self.count == 1:
+        now = time.monotonic()
+        if self.count and now - self._first_at < self.together_s:
+            # the same stop delivered again (timeout's signal to the group, or a second
+            # signal sent with the first): the first's KeyboardInterrupt is on its way
+            self.echoes += 1
+            return
+        if not self.count:
+            # time and signal first: a handler call nested in this one (a signal arriving
+            # while this runs) must see the stop under way
+            self._first_at = now
             self.first = signum
+            self.count = 1
             if signum == signal.SIGTERM:
                 self._say(
                     "pytest-kimi: SIGTERM: stopping like Ctrl-C (measurements stop, "
-                    "servers are shut down, reports are written); send it again to "
-                    "stop at once"
+                    "servers are shut down, reports are written); send it again to stop "
+                    f"at once (signals within {self.together_s:g} s of this one are this one)"
                 )
             raise KeyboardInterrupt
+        self.count += 1
         self.hard_stop(signum)
 
     def hard_stop(self, signum: int) -> None:

@@ -149,13 +149,18 @@ def load_profile(path: str | Path) -> ServerProfile:
     """Read and validate a profile file; :class:`ProfileError` on any problem."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = yamlstrict.read_text(p)  # bounded: a path to a huge file is not read whole
     except FileNotFoundError:
         raise ProfileError(f"server profile {p}: file not found") from None
+    except yamlstrict.TooLargeError as exc:
+        raise ProfileError(f"server profile {p}: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"server profile {p}: cannot read it: {exc}") from None
     try:
-        data = yamlstrict.load(text)  # a second ``tp-size:`` further down is an error
+        # a second ``tp-size:`` further down is an error, and so is an anchor or alias
+        data = yamlstrict.load(text)
+    except (yamlstrict.AliasError, yamlstrict.NodeLimitError) as exc:
+        raise ProfileError(f"{p}: line {exc.line}: {exc.problem}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -93,6 +93,10 @@ _REASONING_TAIL = b'},"logprobs":null,"finish_reason":null,"matched_stop":null}]
 """Closes a reasoning chunk, whose delta is ``{"reasoning_content":"..."}`` alone as in SGLang
 0.5.23 (``StreamDelta`` in ``sglang/srt/entrypoints/openai/sse_utils.py`` omits a None
 ``content``)."""
+_KEEPALIVE = b": keep-alive\n\n"
+KEEPALIVE_INTERVAL_S = 0.1
+"""Wall seconds between the comments of a ``keepalive_after_tokens`` stream: far inside any
+silence timeout, so only a trial's wall-clock limit ends it."""
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _HEALTH_EXEMPT = ("/health", "/health_generate", "/metrics", "/sim/")
 _ADMIN_OPTIONAL = ("/flush_cache",)
@@ -510,14 +514,18 @@ async def _write_events(
         return
     sent = 0
     interval = profile.stream_interval
+    hold = profile.keepalive_after_tokens
     while True:
+        if hold is not None and sent >= hold:
+            await _keep_alive(request, resp)
+            return
         await seq.wait_progress(sent)
         while interval > 1 and seq.generated < sent + interval and not seq.done:
             await seq.wait_progress(seq.generated)
         if seq.state is SeqState.ABORTED:
             _drop_connection(request)
             return
-        n = seq.generated
+        n = seq.generated if hold is None else min(seq.generated, hold)
         upto = n if disc is None or n < disc else disc
         if mal is not None and sent <= mal <= upto:
             data = enc.tokens(sent, mal) + _MALFORMED + enc.tokens(mal, upto)
@@ -544,6 +552,16 @@ async def _write_events(
             return
         if data:
             await resp.write(data)
+
+
+async def _keep_alive(request: web.Request, resp: web.StreamResponse) -> None:
+    """Bytes that carry no token, until the client goes away (the write then raises) or the
+    simulator shuts down (the connection is then dropped, as for an aborted stream)."""
+    engine = request.app[ENGINE_KEY]
+    while engine.is_running:
+        await resp.write(_KEEPALIVE)
+        await asyncio.sleep(KEEPALIVE_INTERVAL_S)
+    _drop_connection(request)
 
 
 _NULL_USAGE_END = b'"usage":null}\n\n'
@@ -669,7 +687,10 @@ def _generation_handler(kind: str) -> Callable[[web.Request], Awaitable[web.Stre
                 return await _stream(request, engine, seq, params, enc)
             return await _complete(engine, seq, params, enc)
         finally:
-            engine.abort(seq)  # no-op when finished; frees the slot when the client left
+            # a no-op when finished; frees the slot when the client left -- unless the profile
+            # imitates a server that does not abort: the request then decodes to its end
+            if engine.profile.abort_on_disconnect or not engine.is_running:
+                engine.abort(seq)
 
     return handler
 

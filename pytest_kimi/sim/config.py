@@ -128,6 +128,18 @@ _KNOBS: dict[str, _Knob] = {
     "slow_start_s": _Knob(
         "float", lo=0.0, help="health and generation answer 503 for this long, wall-clock"
     ),
+    "abort_on_disconnect": _Knob(
+        "bool",
+        help="false: keep decoding a request whose client disconnected until it ends (a "
+        "server or proxy that does not abort: zombies in the batch)",
+    ),
+    "keepalive_after_tokens": _Knob(
+        "int",
+        lo=0,
+        optional=True,
+        help="after this many tokens each stream sends only SSE comments (': keep-alive'), "
+        "never ending: bytes that are not tokens, so no silence timeout fires",
+    ),
     "model": _Knob("str", help="served model name"),
     "api_key": _Knob("str", optional=True, help="require Authorization: Bearer <key>"),
     "seed": _Knob("int", lo=0, hi=2**63 - 1, help="seed for noise, jitter, errors, EOS lengths"),
@@ -209,6 +221,14 @@ class SimConfig:
     disconnect_after_tokens: int | None = None
     malformed_after_tokens: int | None = None
     slow_start_s: float = 0.0
+    abort_on_disconnect: bool = True
+    """False: a request whose client went away keeps its slot and decodes to its end, as on a
+    server (or behind a proxy) that does not abort on disconnect.  A stationary trial's cut
+    streams then still share the next trial's batch (``crosscheck/contamination.py`` notices)."""
+    keepalive_after_tokens: int | None = None
+    """After this many tokens a stream carries only SSE comments, one every
+    ``KEEPALIVE_INTERVAL_S``, and never ends: the hostile stream a trial's wall-clock limit is
+    for (the silence timeout never fires, the stationary token budget never fills)."""
     model: str = "kimi-k2.6-sim"
     api_key: str | None = None
     seed: int = 0

@@ -19,9 +19,15 @@ from typing import Any, Literal, Mapping
 
 from pytest_kimi.workload.markers import (
     ALLOWED_ARGS,
+    MAX_CONCURRENCY,
+    MAX_LEVELS,
+    MAX_RATE,
+    LevelSpec,
     MarkerError,
     Targets,
     Workload,
+    check_bound,
+    check_trial_size,
     parse_throughput,
 )
 
@@ -104,9 +110,13 @@ def _range(name: str, value: Any) -> tuple[float, float]:
 
 
 def parse_capacity(
-    args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    args: tuple[Any, ...], kwargs: Mapping[str, Any], *, allow_large: bool = False
 ) -> tuple[CapacitySpec, Workload, Targets]:
-    """Validate ``@capacity`` arguments; raise :class:`MarkerError` naming the first bad one."""
+    """Validate ``@capacity`` arguments; raise :class:`MarkerError` naming the first bad one.
+
+    The range's top has ``@throughput``'s bound on a load (a search may measure it), as has a
+    trial there; ``allow_large`` (``--perf-allow-large``) lifts the bounds.
+    """
     if args:
         raise MarkerError(
             f"positional arguments {args!r} are not accepted: use keywords such as "
@@ -142,6 +152,13 @@ def parse_capacity(
     )
     raw = kwargs.get(metric, DEFAULT_CONCURRENCY_RANGE)
     low, high = _range(metric, raw)
+    check_bound(
+        metric,
+        high,
+        MAX_CONCURRENCY if metric == "concurrency" else MAX_RATE,
+        allow_large=allow_large,
+        given=f"the top of {metric}={raw!r}",
+    )
     if not any(kwargs.get(name) is not None for name in CEILINGS):
         raise MarkerError(
             "a capacity needs at least one latency ceiling: max_ttft_s, max_itl_s or max_e2e_s "
@@ -160,6 +177,7 @@ def parse_capacity(
     max_levels = kwargs.get("max_levels", DEFAULT_MAX_LEVELS)
     if isinstance(max_levels, bool) or not isinstance(max_levels, int) or max_levels < 2:
         raise MarkerError(f"max_levels={max_levels!r}: expected an integer >= 2")
+    check_bound("max_levels", max_levels, MAX_LEVELS, allow_large=allow_large)
     min_capacity = kwargs.get("min_capacity")
     if min_capacity is not None:
         if (
@@ -179,7 +197,7 @@ def parse_capacity(
     rest = {k: v for k, v in kwargs.items() if k not in (*CAPACITY_ONLY, *RANGES) and v is not None}
     rest[metric] = int(low) if metric == "concurrency" else low
     try:
-        workload, targets = parse_throughput((), rest)
+        workload, targets = parse_throughput((), rest, allow_large=allow_large)
     except MarkerError as exc:
         raise MarkerError(
             str(exc).replace(f"{metric}={rest[metric]!r}", f"{metric}={raw!r}")
@@ -189,6 +207,14 @@ def parse_capacity(
             "a capacity search varies the load alone: give one max_tokens and one input_tokens, "
             "not lists"
         )
+    (bottom,) = workload.levels
+    top = LevelSpec(
+        int(high) if metric == "concurrency" else None,
+        high if metric == "rate" else None,
+        bottom.max_tokens,
+        bottom.input_tokens,
+    )
+    check_trial_size(workload, top, allow_large=allow_large)  # the search may measure the top
     ceilings = {
         name[len("max_") :]: float(limit)
         for name in CEILINGS

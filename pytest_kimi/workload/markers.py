@@ -8,6 +8,7 @@ of pytest; the plugin adds the test's name to the message.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -191,6 +192,155 @@ class Targets:
         return self.min_tok_s.get(level.load)
 
 
+ALLOW_LARGE_FLAG = "--perf-allow-large"
+"""The one override of the upper bounds below: a command-line switch (also ini
+``kimi_perf_allow_large``, env ``KIMI_PERF_ALLOW_LARGE``; declared in :mod:`pytest_kimi.options`).
+Named here because every bound's message names it."""
+ALLOW_LARGE_HINT = (
+    f"if you mean it, run with {ALLOW_LARGE_FLAG} (or ini kimi_perf_allow_large = true)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """An upper bound on a marker value: beyond it the value is a typo or a unit slip
+    (``10**7`` for ``10**4``, milliseconds for seconds), not a deployment anyone runs.
+
+    Why bounds at all: the client builds what a marker asks for before it sends anything (a
+    stream per unit of concurrency, a prompt of ``input_tokens``, a record per request), so
+    ``concurrency=10**7`` took 5.6 GB and died with ``SystemError`` and ``input_tokens=10**9``
+    3.2 GB, silently.  Each limit is generous, set from what a real deployment can do, and
+    ``--perf-allow-large`` lifts every one of them; non-finite numbers are refused always.
+    """
+
+    limit: int | float
+    why: str
+    """Why this limit: the message says it, so the reader can judge the override."""
+
+
+MAX_CONCURRENCY = Bound(
+    65_536,
+    "far beyond the streams one deployment serves at once: SGLang's and vLLM's running "
+    "batches hold hundreds to a few thousand",
+)
+MAX_RATE = Bound(
+    10_000.0,
+    "requests/s far beyond what one deployment completes; a default trial sends 20 s of them",
+)
+MAX_CONTEXT_TOKENS = Bound(
+    2_097_152,
+    "tokens: a 2M-token context, the longest a served model takes",
+)
+"""Bounds ``max_tokens``, ``input_tokens`` and ``shared_prefix_tokens``."""
+MAX_TRIALS = Bound(1_000, "trials per level; the gate decides in 3 to 10")
+MAX_WARMUP = Bound(10_000, "warm-up requests; 2 warm a server")
+MAX_REQUESTS = Bound(
+    1_000_000,
+    "requests in one trial; the client keeps a record of each",
+)
+"""Bounds ``requests``, ``requests_per_stream``, ``num_prompts`` and what a level's trial sends
+in all (streams x requests per stream, rate x seconds)."""
+MAX_SECONDS = Bound(86_400.0, "seconds: a day")
+"""Bounds ``duration_s`` (a ramp's step too) and ``timeout_s``."""
+MAX_TURNS = Bound(1_000, "turns of one conversation, each re-sending the whole history")
+MAX_PREFIX_GROUPS = Bound(65_536, "distinct system prompts, one per group")
+MAX_PREFIX_TOKENS_HELD = Bound(
+    2**25,
+    "tokens of system prompts the client holds at once, about 130 MB of text",
+)
+MAX_LEVELS = Bound(1_000, "levels one test measures, each its own trials")
+"""Bounds a sweep (loads x max_tokens x input_tokens) and a capacity search's ``max_levels``."""
+
+BOUNDED_ARGS: Mapping[str, Bound] = {
+    "concurrency": MAX_CONCURRENCY,
+    "rate": MAX_RATE,
+    "max_tokens": MAX_CONTEXT_TOKENS,
+    "input_tokens": MAX_CONTEXT_TOKENS,
+    "shared_prefix_tokens": MAX_CONTEXT_TOKENS,
+    "trials": MAX_TRIALS,
+    "warmup": MAX_WARMUP,
+    "requests": MAX_REQUESTS,
+    "requests_per_stream": MAX_REQUESTS,
+    "num_prompts": MAX_REQUESTS,
+    "duration_s": MAX_SECONDS,
+    "timeout_s": MAX_SECONDS,
+    "turns": MAX_TURNS,
+    "prefix_groups": MAX_PREFIX_GROUPS,
+}
+"""Every marker argument with an upper bound (``docs/reference.md``, "Upper bounds")."""
+
+
+def check_bound(
+    name: str, value: float, bound: Bound, *, allow_large: bool = False, given: str | None = None
+) -> None:
+    """:class:`MarkerError` when ``value`` is above ``bound`` (unless ``allow_large``): the
+    message names the argument as ``given`` (default ``name=value``), the bound, why, and the
+    override."""
+    if allow_large or value <= bound.limit:
+        return
+    written = given if given is not None else f"{name}={_shown(value)}"
+    raise MarkerError(
+        f"{written} is above the bound {_shown(bound.limit)} ({bound.why}); " + ALLOW_LARGE_HINT
+    )
+
+
+def _shown(value: float) -> str:
+    """A bound or value as written in a marker: ``65536``, ``0.5``, ``2**25`` as digits."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value)
+
+
+def check_trial_size(workload: Workload, level: LevelSpec, *, allow_large: bool = False) -> None:
+    """What one trial at ``level`` sends in all (streams x requests per stream x turns, or
+    rate x seconds) against :data:`MAX_REQUESTS`: each value may be within its bound and the
+    product not (``concurrency=65536, requests_per_stream=1000``)."""
+    requests = workload.requests_for(level)
+    if requests is None and level.rate is not None and workload.duration_s is not None:
+        requests = math.ceil(level.rate * workload.duration_s)
+    if requests is None or allow_large or requests <= MAX_REQUESTS.limit:
+        return
+    raise MarkerError(
+        f"a trial at {workload.label(level)} sends {requests} requests, above the bound "
+        f"{_shown(MAX_REQUESTS.limit)} ({MAX_REQUESTS.why}); size trials with fewer "
+        f"requests, or {ALLOW_LARGE_HINT}"
+    )
+
+
+def check_bounds(workload: Workload, *, allow_large: bool = False) -> None:
+    """Every bounded value of a parsed workload (levels, trial sizes, the prefix prompts held)
+    against its :class:`Bound`; the first one above raises :class:`MarkerError`.
+
+    Run at collection by :func:`parse_throughput` (and so :func:`~pytest_kimi.workload.
+    capacity_marker.parse_capacity`), before any prompt is built or a request sent.
+    """
+    if len(workload.levels) > MAX_LEVELS.limit and not allow_large:
+        raise MarkerError(
+            f"the sweep has {len(workload.levels)} levels, above the bound "
+            f"{_shown(MAX_LEVELS.limit)} ({MAX_LEVELS.why}); " + ALLOW_LARGE_HINT
+        )
+    for level in workload.levels:
+        for name in ("concurrency", "rate", "max_tokens", "input_tokens"):
+            value = getattr(level, name)
+            if value is not None:
+                check_bound(name, value, BOUNDED_ARGS[name], allow_large=allow_large)
+    for name, bound in BOUNDED_ARGS.items():
+        value = getattr(workload, name, None)
+        if name not in ("concurrency", "rate", "max_tokens", "input_tokens") and value is not None:
+            check_bound(name, value, bound, allow_large=allow_large)
+    if workload.shared_prefix_tokens is not None:
+        held = workload.shared_prefix_tokens * (workload.prefix_groups or 1)
+        if held > MAX_PREFIX_TOKENS_HELD.limit and not allow_large:
+            raise MarkerError(
+                f"shared_prefix_tokens={workload.shared_prefix_tokens} x "
+                f"prefix_groups={workload.prefix_groups} is {held} tokens, above the bound "
+                f"{MAX_PREFIX_TOKENS_HELD.limit} ({MAX_PREFIX_TOKENS_HELD.why}); "
+                + ALLOW_LARGE_HINT
+            )
+    for level in workload.levels:
+        check_trial_size(workload, level, allow_large=allow_large)
+
+
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise MarkerError(f"{name}={value!r}: expected an integer >= {minimum}")
@@ -198,9 +348,23 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
 
 
 def _positive_float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise MarkerError(f"{name}={value!r}: expected a number > 0")
-    return float(value)
+    # finite: rate=inf passed collection and raised OverflowError at setup (round(inf * 20))
+    number = _finite(value)
+    if number is None or not number > 0:
+        raise MarkerError(f"{name}={value!r}: expected a finite number > 0")
+    return number
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float; None for a non-number, inf, nan or an int too large for a
+    float (``10**400``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _fraction(name: str, value: Any, *, open_low: bool = False) -> float:
@@ -229,7 +393,7 @@ def _sweep(name: str, value: Any, check: Callable[[str, Any], Any]) -> tuple[Any
     return values
 
 
-def _levels(kwargs: Mapping[str, Any]) -> tuple[LevelSpec, ...]:
+def _levels(kwargs: Mapping[str, Any], allow_large: bool = False) -> tuple[LevelSpec, ...]:
     """The sweep: every load value (concurrency or rate) x max_tokens x input_tokens, in order."""
     if kwargs.get("rate") is not None and kwargs.get("concurrency") is not None:
         raise MarkerError(
@@ -237,7 +401,7 @@ def _levels(kwargs: Mapping[str, Any]) -> tuple[LevelSpec, ...]:
         )
     loads: list[tuple[int | None, float | None]]
     if kwargs.get("rate") is not None:
-        loads = [(None, r) for r in _rates(kwargs["rate"])]
+        loads = [(None, r) for r in _rates(kwargs["rate"], allow_large)]
     else:
         loads = [
             (c, None) for c in _sweep("concurrency", kwargs.get("concurrency", 1), _positive_int)
@@ -248,13 +412,16 @@ def _levels(kwargs: Mapping[str, Any]) -> tuple[LevelSpec, ...]:
     return tuple(LevelSpec(c, r, m, i) for (c, r) in loads for m in lengths for i in inputs)
 
 
-def _rates(value: Any) -> tuple[float, ...]:
-    """``rate=``: a number, a list of them, or a :func:`~pytest_kimi.workload.ramp.ramp`."""
+def _rates(value: Any, allow_large: bool = False) -> tuple[float, ...]:
+    """``rate=``: a number, a list of them, or a :func:`~pytest_kimi.workload.ramp.ramp` (whose
+    top is held to :data:`MAX_RATE` here, so the message names the ramp as written)."""
     if isinstance(value, Ramp):
         try:
-            return check_ramp(value).rates
+            rates = check_ramp(value).rates
         except RampError as exc:
             raise MarkerError(f"rate={value!r}: {exc}") from None
+        check_bound("rate", max(rates), MAX_RATE, allow_large=allow_large, given=f"rate={value!r}")
+        return rates
     if isinstance(value, Mapping):
         raise MarkerError(
             f"rate={dict(value)!r}: a ramp is written rate=ramp(start, stop, steps=4) "
@@ -363,8 +530,14 @@ def _with_suggestion(name: str) -> str:
     return f"{name} (did you mean {close[0]}?)" if close else name
 
 
-def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Workload, Targets]:
-    """Validate marker arguments; raise :class:`MarkerError` naming the first bad one."""
+def parse_throughput(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any], *, allow_large: bool = False
+) -> tuple[Workload, Targets]:
+    """Validate marker arguments; raise :class:`MarkerError` naming the first bad one.
+
+    ``allow_large`` (``--perf-allow-large``) lifts the upper bounds (:data:`BOUNDED_ARGS`);
+    non-finite numbers are refused whatever it says.
+    """
     if args:
         raise MarkerError(
             f"positional arguments {args!r} are not accepted: use keywords such as "
@@ -377,7 +550,7 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
             f"unknown argument{'s' if len(unknown) > 1 else ''} {named}; "
             f"allowed: {', '.join(sorted(ALLOWED_ARGS))}"
         )
-    levels = _levels(kwargs)
+    levels = _levels(kwargs, allow_large)
     values = {
         name: check(name, kwargs[name])
         for name, check in _OPTIONAL.items()
@@ -443,7 +616,9 @@ def parse_throughput(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
         alpha=values.pop("alpha", None),
         latency_tolerance=values.pop("latency_tolerance", None),
     )
-    return Workload(levels=levels, prompts=prompts, **values), targets
+    workload = Workload(levels=levels, prompts=prompts, **values)
+    check_bounds(workload, allow_large=allow_large)
+    return workload, targets
 
 
 def _check_dataset_and_prefix(
@@ -545,6 +720,9 @@ def _check_ramp(values: dict[str, Any], rate: Any) -> None:
             f"rate={rate!r} sizes each step (duration_s / steps seconds of arrivals): drop "
             f"{sized[0]}=, or the ramp's duration_s"
         )
+    step_s = _finite(rate.duration_s)
+    if step_s is None:  # the ramp lets inf through: each step would send for ever
+        raise MarkerError(f"rate={rate!r}: duration_s must be a finite number of seconds")
     values["duration_s"] = rate.step_s
 
 

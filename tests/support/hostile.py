@@ -1,0 +1,362 @@
+"""A hostile OpenAI-compatible server on 127.0.0.1: one way of lying or misbehaving per mode.
+
+Why a server of its own and not the simulator's fault knobs: the simulator models an honest
+engine that fails (errors, stalls, crashes); what this one does an honest engine never does:
+streams past ``max_tokens``, reports impossible ``usage``, sends one event of 50 MB, buffers a
+whole response into one gzip write, redirects, rate-limits.  Each is a case the plugin must
+end in bounded time with a reason that names it (tests/test_hostile_streams.py).
+
+The server runs an aiohttp app in a thread of the test process, on a loop of its own and a free
+port, so a pytest session in a subprocess (``pytester.runpytest_subprocess``) reaches it over
+TCP like any server.  It serves ``/v1/models``, ``/health`` and ``/v1/chat/completions``; the
+generation route's behaviour is :data:`MODES`'s handler for the server's mode.  A new mode is
+one async function added to that dict (it gets the server, the request and the decoded body).
+Every request's method, path and headers are kept in :attr:`HostileServer.seen`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import threading
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+MODEL = "hostile-model"
+
+TOKEN_GAP_S = 0.002
+"""Pause between two token events of a streamed answer: a decode step of a fast server, long
+enough that the client reads each event on its own (what an honest stream looks like), short
+enough that a 32-token answer takes a few dozen milliseconds."""
+
+HUGE_LINE_BYTES = 50 * 2**20
+"""The single SSE line of ``huge_line``: 50 MB without a newline, as the tester sent."""
+
+HUGE_WRITE_BYTES = 2**16
+"""``huge_line`` writes its line in pieces of this size, as a socket would deliver it."""
+
+RETRY_AFTER = "7"
+"""What ``too_many_requests`` asks the client to wait, in seconds (the ``Retry-After`` value)."""
+
+ENDLESS_CAP_TOKENS = 1_000_000
+"""``endless`` stops after this many tokens if no client ever hangs up, so that a test that
+fails does not leave a thread streaming forever."""
+
+
+@dataclass(slots=True)
+class Seen:
+    """One request as the server received it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+
+
+Handler = Callable[["HostileServer", web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
+
+
+def _chunk(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _choice(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "hostile",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": MODEL,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def role_chunk() -> bytes:
+    """The first chunk of an OpenAI chat stream: the role, no text."""
+    return _chunk(_choice({"role": "assistant", "content": ""}))
+
+
+def token_chunk(i: int) -> bytes:
+    """The ``i``-th token's chunk (one token per event, as SGLang and vLLM send by default)."""
+    return _chunk(_choice({"content": f"t{i} "}))
+
+
+def finish_chunk() -> bytes:
+    return _chunk(_choice({}, "length"))
+
+
+def usage_chunk(completion_tokens: Any, prompt_tokens: int = 8) -> bytes:
+    """The trailing ``choices: []`` chunk ``stream_options.include_usage`` asks for; the value
+    of ``completion_tokens`` is whatever the mode wants to claim (any JSON value)."""
+    return _chunk(
+        {
+            "id": "hostile",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": MODEL,
+            "choices": [],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        }
+    )
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def max_tokens_of(body: dict[str, Any]) -> int:
+    n = body.get("max_tokens")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 16
+
+
+async def _open_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    return resp
+
+
+async def _stream_answer(request: web.Request, n: int, usage: Any) -> web.StreamResponse:
+    """An honest stream of ``n`` paced tokens whose usage claims ``usage`` tokens."""
+    resp = await _open_stream(request)
+    await resp.write(role_chunk())
+    for i in range(n):
+        await asyncio.sleep(TOKEN_GAP_S)
+        await resp.write(token_chunk(i))
+    await resp.write(finish_chunk() + usage_chunk(usage) + DONE)
+    await resp.write_eof()
+    return resp
+
+
+def _usage_mode(claim: Callable[[int], Any]) -> Handler:
+    """A mode that streams ``max_tokens`` honest tokens and reports ``claim(max_tokens)``."""
+
+    async def handler(
+        server: HostileServer, request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        n = max_tokens_of(body)
+        return await _stream_answer(request, n, claim(n))
+
+    return handler
+
+
+async def _endless(
+    server: HostileServer, request: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
+    """Tokens past ``max_tokens`` and never a ``[DONE]``: a server that ignores the limit (with
+    ``ignore_eos`` nothing else ends the stream).  Stops when the client hangs up."""
+    resp = await _open_stream(request)
+    async with server.hangup_counted():
+        await resp.write(role_chunk())
+        for i in range(ENDLESS_CAP_TOKENS):
+            await asyncio.sleep(TOKEN_GAP_S)
+            await resp.write(token_chunk(i))
+    return resp
+
+
+async def _huge_line(
+    server: HostileServer, request: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
+    """A role chunk, then one SSE line of :data:`HUGE_LINE_BYTES` without a newline."""
+    resp = await _open_stream(request)
+    piece = b"x" * HUGE_WRITE_BYTES
+    async with server.hangup_counted():
+        await resp.write(role_chunk() + b'data: {"pad":"')
+        for _ in range(HUGE_LINE_BYTES // HUGE_WRITE_BYTES):
+            await resp.write(piece)
+        await resp.write(b'"}\n\n' + DONE)
+        await resp.write_eof()
+    return resp
+
+
+async def _gzip_buffered(
+    server: HostileServer, request: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
+    """What a compressing (or buffering) proxy hands on: the whole answer, decoded at a
+    server's pace behind it, then gzipped into one write."""
+    n = max_tokens_of(body)
+    await asyncio.sleep(n * TOKEN_GAP_S)
+    raw = (
+        role_chunk()
+        + b"".join(token_chunk(i) for i in range(n))
+        + finish_chunk()
+        + usage_chunk(n)
+        + DONE
+    )
+    return web.Response(
+        body=gzip.compress(raw),
+        headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"},
+    )
+
+
+def _redirect(status: int) -> Handler:
+    async def handler(
+        server: HostileServer, request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        target = server.redirect_to or server.url
+        return web.Response(status=status, headers={"Location": target + "/v1/chat/completions"})
+
+    return handler
+
+
+async def _too_many_requests(
+    server: HostileServer, request: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
+    return web.json_response(
+        {"error": {"message": "rate limit exceeded", "type": "rate_limit"}},
+        status=429,
+        headers={"Retry-After": RETRY_AFTER},
+    )
+
+
+async def _ok(
+    server: HostileServer, request: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
+    n = max_tokens_of(body)
+    return await _stream_answer(request, n, n)
+
+
+MODES: dict[str, Handler] = {
+    "ok": _ok,
+    "endless": _endless,
+    "usage_one": _usage_mode(lambda n: 1),
+    "usage_negative": _usage_mode(lambda n: -165),
+    "usage_float": _usage_mode(lambda n: n - 0.5),
+    "usage_string": _usage_mode(str),
+    "usage_bool": _usage_mode(lambda n: True),
+    "huge_line": _huge_line,
+    "gzip_buffered": _gzip_buffered,
+    "redirect_307": _redirect(307),
+    "redirect_302": _redirect(302),
+    "too_many_requests": _too_many_requests,
+}
+"""The generation route's behaviour per mode (``ok``: an honest, paced stream)."""
+
+DISCOVERY_MODES = {"redirect_models"}
+"""Modes that act on discovery instead: ``redirect_models`` answers ``/v1/models`` with a 307
+to :attr:`HostileServer.redirect_to` (generation then behaves as ``ok``)."""
+
+
+@dataclass
+class HostileServer:
+    """The hostile server of one mode, on a free port of 127.0.0.1 while in ``with``."""
+
+    mode: str
+    redirect_to: str | None = None
+    """Where the redirect modes send the client (another server's base URL; None: this one)."""
+    seen: list[Seen] = field(default_factory=list)
+    hangups: int = 0
+    """Streams of ``endless`` / ``huge_line`` the client closed before the server was done."""
+    port: int = 0
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: threading.Thread | None = None
+    _runner: web.AppRunner | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES and self.mode not in DISCOVERY_MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; modes: {sorted(MODES)}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @contextlib.asynccontextmanager
+    async def hangup_counted(self) -> AsyncIterator[None]:
+        """Count a client that hangs up inside the block (aiohttp cancels the handler, or its
+        next write fails), and end the handler quietly."""
+        try:
+            yield
+        except (ConnectionError, RuntimeError):
+            self.hangups += 1
+        except asyncio.CancelledError:
+            self.hangups += 1
+            raise
+
+    def generations(self) -> list[Seen]:
+        """The generation requests received so far."""
+        return [s for s in self.seen if s.path == "/v1/chat/completions"]
+
+    # ------------------------------------------------------------------ routes
+    def _app(self) -> web.Application:
+        @web.middleware
+        async def record(
+            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        ) -> web.StreamResponse:
+            self.seen.append(Seen(request.method, request.path, dict(request.headers)))
+            return await handler(request)
+
+        async def models(request: web.Request) -> web.StreamResponse:
+            if self.mode == "redirect_models":
+                target = self.redirect_to or self.url
+                return web.Response(status=307, headers={"Location": target + "/v1/models"})
+            return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+        async def health(request: web.Request) -> web.StreamResponse:
+            return web.json_response({})
+
+        async def generate(request: web.Request) -> web.StreamResponse:
+            body = await request.json()
+            mode = "ok" if self.mode in DISCOVERY_MODES else self.mode
+            return await MODES[mode](self, request, body if isinstance(body, dict) else {})
+
+        app = web.Application(middlewares=[record])
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/health", health)
+        app.router.add_post("/v1/chat/completions", generate)
+        return app
+
+    # --------------------------------------------------------------- lifecycle
+    def start(self) -> HostileServer:
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        async def serve() -> None:
+            runner = web.AppRunner(
+                self._app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+            )
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            server = site._server
+            assert isinstance(server, asyncio.base_events.Server)
+            self.port = server.sockets[0].getsockname()[1]
+            self._runner = runner
+
+        def run() -> None:
+            loop = self._loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(serve())
+            except BaseException as exc:  # reported to start()
+                failure.append(exc)
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+            if self._runner is not None:
+                loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"hostile-{self.mode}", daemon=True)
+        self._thread.start()
+        if not started.wait(60) or failure:
+            raise RuntimeError(f"hostile server ({self.mode}) did not start: {failure}")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(60)
+            self._thread = None
+
+    def __enter__(self) -> HostileServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
