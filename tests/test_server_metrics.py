@@ -329,7 +329,7 @@ async def test_scraper_reads_counters_with_timestamps() -> None:
         s = await scraper.scrape()
         assert (s.generation, s.prompt, s.requests) == (8.0, 7.0, 1.0)
         assert s.half_rtt_s >= 0 and s.t > 0
-        assert scraper.headers == {"Authorization": "Bearer k"}
+        assert scraper.page.headers == {"Authorization": "Bearer k"}
     finally:
         await scraper.close()
         await runner.cleanup()

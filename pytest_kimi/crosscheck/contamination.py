@@ -42,13 +42,12 @@ from statistics import median
 from time import perf_counter
 from typing import Any, Sequence
 
-import aiohttp
-
 from pytest_kimi.crosscheck.server_metrics import (
     GENERATION_COUNTERS,
+    MetricsPage,
     ServerMetricsError,
-    get_metrics_page,
     parse_metrics,
+    stop_sampler,
 )
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.measure.metrics import TrialResult
@@ -122,8 +121,8 @@ class Reading:
 
 
 class GaugeReader:
-    """``GET /metrics`` with a small session of its own (never a load connection), the page
-    capped like every metrics read; finds the gauges at the first read."""
+    """The gauges at ``GET /metrics`` (a :class:`MetricsPage`: never a load connection, the
+    page capped like every metrics read); finds which gauges the server has at the first read."""
 
     def __init__(
         self,
@@ -131,32 +130,20 @@ class GaugeReader:
         headers: dict[str, str] | None = None,
         timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        self.url = base_url.rstrip("/") + "/metrics"
-        self.headers = {k: v for k, v in (headers or {}).items() if k.lower() == "authorization"}
-        self.timeout_s = timeout_s
+        self.page = MetricsPage(base_url, headers, timeout_s, NO_GAUGES_HINT)
+        self.url = self.page.url
         self.gauges: tuple[str, str] | None = None
-        self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                connector=aiohttp.TCPConnector(limit=2),
-            )
+        await self.page.open()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.page.close()
 
     async def read(self) -> Reading:
         """The gauges now; raises :class:`ServerMetricsError` naming the URL on failure."""
-        if self._session is None:
-            raise RuntimeError("GaugeReader is not open")
         sent = perf_counter()
-        text = await get_metrics_page(
-            self._session, self.url, self.headers, self.timeout_s, NO_GAUGES_HINT
-        )
+        text = await self.page.get()
         got = perf_counter()
         names = [n for pair in GAUGES for n in pair] + list(GENERATION_COUNTERS)
         totals = parse_metrics(text, names)
@@ -312,9 +299,7 @@ class ContaminationCheck:
 
     async def _stop_sampler(self) -> None:
         task, self._sampler = self._sampler, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await stop_sampler(task)
 
     async def after_trial(self, trial: TrialResult) -> None:
         await self._stop_sampler()

@@ -27,14 +27,17 @@ the probe off for the test.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 
-from pytest_kimi.crosscheck.server_metrics import MetricsTooLarge, parse_metrics, read_capped
+from pytest_kimi.crosscheck.server_metrics import (
+    MetricsPage,
+    MetricsTooLarge,
+    ServerMetricsError,
+    parse_metrics,
+)
 
 PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
     ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
@@ -43,6 +46,10 @@ PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
 )
 """(prompt tokens looked up, prompt tokens served from the cache), in the order looked for."""
 READ_TIMEOUT_S = 5.0
+NO_CACHE_HINT = (
+    "the server exposes no /metrics, so no prefix-cache hit rate (SGLang: launch it with "
+    "--enable-metrics)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +104,8 @@ def hit_rate(before: CacheCounters | None, after: CacheCounters | None) -> dict[
 class PrefixCacheProbe:
     """Reads the prefix-cache counters at ``GET /metrics`` on the load loop.
 
-    A short-lived session per reading (two a level) keeps it off the load client's connection
-    pool; after the first failure or a page without the counters it stops asking.
+    A short-lived :class:`MetricsPage` per reading (two a level) keeps it off the load client's
+    connection pool; after the first failure or a page without the counters it stops asking.
     """
 
     def __init__(
@@ -107,9 +114,8 @@ class PrefixCacheProbe:
         headers: dict[str, str] | None = None,
         timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        self.url = base_url.rstrip("/") + "/metrics"
-        self.headers = {k: v for k, v in (headers or {}).items() if k.lower() == "authorization"}
-        self.timeout_s = timeout_s
+        self._args = (base_url, headers, timeout_s, NO_CACHE_HINT)
+        self.url = MetricsPage(*self._args).url
         self.unavailable: str | None = None
         """Why there is no hit rate (None: none missing so far)."""
         self._untold: str | None = None
@@ -136,22 +142,18 @@ class PrefixCacheProbe:
     async def read(self) -> CacheCounters | None:
         if self.unavailable is not None:
             return None
+        page = MetricsPage(*self._args)
         try:
-            async with aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-            ) as session:
-                async with session.get(self.url, headers=self.headers) as resp:
-                    status = resp.status
-                    text = await read_capped(resp, self.url)
+            await page.open()
+            text = await page.get()
         except MetricsTooLarge as exc:
             self.unavailable = self._untold = str(exc)
             return None
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            self.unavailable = f"{self.url}: {exc.__class__.__name__}"
+        except ServerMetricsError as exc:
+            self.unavailable = str(exc)
             return None
-        if status != 200:
-            self.unavailable = f"{self.url} answered HTTP {status}"
-            return None
+        finally:
+            await page.close()
         counters = read_cache_counters(text)
         if counters is None:
             self.unavailable = f"{self.url} has no prefix-cache counters"

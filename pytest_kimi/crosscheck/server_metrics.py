@@ -287,6 +287,56 @@ async def get_metrics_page(
     return text
 
 
+async def stop_sampler(task: asyncio.Future[None] | None) -> None:
+    """Cancel a check's background scrape loop and wait until it is gone (its scrapes end
+    with the trial: one still in flight must not land in the next trial's samples)."""
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+class MetricsPage:
+    """``GET /metrics`` with a small ``aiohttp`` session of its own, the page capped at
+    :data:`METRICS_MAX_BYTES`: the one way every cross-check reads the server's counters.
+
+    A session of its own (at most 2 connections) so that a read never waits for, or takes, a
+    connection of the load client's pool; of the request headers only ``Authorization`` is
+    sent (a key-protected server guards ``/metrics`` too; nothing else of the load's headers
+    concerns it).
+    """
+
+    def __init__(
+        self, base_url: str, headers: dict[str, str] | None, timeout_s: float, hint: str
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.headers = {k: v for k, v in (headers or {}).items() if k.lower() == "authorization"}
+        self.timeout_s = timeout_s
+        self.hint = hint
+        """What a 404 means to the caller (the error's fix)."""
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                connector=aiohttp.TCPConnector(limit=2),
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def get(self) -> str:
+        """The page as text; raises :class:`ServerMetricsError` naming the URL and what went
+        wrong (:class:`MetricsTooLarge` past the cap)."""
+        if self._session is None:
+            raise RuntimeError(f"{type(self).__name__} for {self.url} is not open")
+        return await get_metrics_page(
+            self._session, self.url, self.headers, self.timeout_s, self.hint
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Scrape:
     """The counters at one instant of the client's ``perf_counter`` clock."""
@@ -303,8 +353,7 @@ class Scrape:
 class MetricsScraper:
     """GET ``/metrics`` on the loop the load runs on, with a small session of its own.
 
-    Its own ``aiohttp.ClientSession`` (at most 2 connections) so that scrapes never wait for,
-    or take, a connection of the load client's pool.  Timestamps are ``time.perf_counter()``,
+    Through a :class:`MetricsPage` (its own small session).  Timestamps are ``time.perf_counter()``,
     the clock every request record uses (one system-wide monotonic clock, also for the worker
     processes of ``--perf-workers``).
     """
@@ -315,41 +364,28 @@ class MetricsScraper:
         headers: dict[str, str] | None = None,
         timeout_s: float = SCRAPE_TIMEOUT_S,
     ) -> None:
-        self.url = base_url.rstrip("/") + "/metrics"
-        self.headers = {k: v for k, v in (headers or {}).items() if k.lower() == "authorization"}
-        self.timeout_s = timeout_s
+        self.page = MetricsPage(base_url, headers, timeout_s, NO_METRICS_HINT)
+        self.url = self.page.url
         self.names: CounterNames | None = None
-        self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> CounterNames:
         """Open the session and find the counters: raises :class:`ServerMetricsError` when the
         server has none, so a test fails before any load is sent."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                connector=aiohttp.TCPConnector(limit=2),
-            )
-        text = await self._get()
+        await self.page.open()
+        text = await self.page.get()
         metrics = parse_metrics(text)
         self.names = CounterNames.find(metrics, self.url, text)
         return self.names
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def _get(self) -> str:
-        if self._session is None:
-            raise RuntimeError("MetricsScraper is not open")
-        return await get_metrics_page(self._session, self.url, self.headers, self.timeout_s)
+        await self.page.close()
 
     async def scrape(self) -> Scrape:
         """The counters now; raises :class:`ServerMetricsError` (naming the URL) on failure."""
         if self.names is None:
             raise RuntimeError("MetricsScraper.open() finds the counters first")
         sent = perf_counter()
-        text = await self._get()
+        text = await self.page.get()
         got = perf_counter()
         metrics = parse_metrics(text, self.names.all)
         value = metrics.get(self.names.generation)
@@ -791,9 +827,7 @@ class ServerMetricsObserver:
 
     async def _stop_sampler(self) -> None:
         task, self._sampler = self._sampler, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await stop_sampler(task)
 
     async def after_trial(self, trial: TrialResult) -> None:
         await self._stop_sampler()
