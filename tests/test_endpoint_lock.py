@@ -319,3 +319,51 @@ def test_a_run_that_waits_too_long_errors_naming_the_other(
     ) in text, text[-3000:]
     assert "1 error" in text
     assert first.returncode == 0, first_out.read_text()[-3000:]
+
+
+SWEEP_TEST = textwrap.dedent(
+    """
+    def test_sweep(kimi_load):
+        result = kimi_load.sweep_sync(concurrency=[1], max_tokens=16, trials=1, warmup=0)
+        assert result.levels
+    """
+)
+
+
+def test_a_kimi_load_sweep_takes_the_endpoint_lock_too(
+    sim_url: str, own_tmpdir: Path, tmp_path: Path
+) -> None:
+    """A test that drives the load itself (``kimi_load.sweep``) measured beside another run's
+    test on the same server: it held no lock.  Now it waits like a marked test, and errors
+    naming the holder past ``--perf-lock-timeout``."""
+    holder = _hold(sim_url, tmp_path)
+    where = tmp_path / "sweep"
+    where.mkdir()
+    (where / "test_sweep.py").write_text(SWEEP_TEST)
+    (where / "pytest.ini").write_text("[pytest]\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    try:
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                f"--endpoint={sim_url}",
+                "--perf-history=off",
+                "--perf-lock-timeout=0.5",
+            ],
+            cwd=where,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SESSION_S,
+        )
+    finally:
+        holder.release.touch()
+        holder.proc.wait(timeout=DEADLINE_S)
+    assert run.returncode == 1, run.stdout[-3000:]
+    assert f"another pytest-kimi run has been measuring {sim_url}" in run.stdout
+    assert f"pid {holder.proc.pid} since" in run.stdout
+    assert "1 failed" in run.stdout

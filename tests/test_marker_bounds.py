@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_kimi.options import OPTIONS
+from support.timing import SESSION_S
 from pytest_kimi.workload import markers
 from pytest_kimi.workload.capacity_marker import parse_capacity
 from pytest_kimi.workload.markers import (
@@ -198,3 +199,23 @@ def test_the_parsers_take_the_override() -> None:
         (), {"concurrency": (1, 10**7), "max_itl_s": 0.05}, allow_large=True
     )
     assert spec.high == 10**7
+
+
+def test_a_kimi_load_sweep_keeps_to_the_bounds_unless_allowed(pytester: pytest.Pytester) -> None:
+    """``kimi_load.sweep`` takes ``@throughput``'s arguments, and so its bounds: refused with
+    the flag that lifts them named, and measured with ``--perf-allow-large`` (a request
+    timeout above a day costs nothing to allow)."""
+    pytester.makepyfile(
+        test_sweep="""
+        def test_sweep(kimi_load):
+            kimi_load.sweep_sync(concurrency=[1], max_tokens=16, trials=1, warmup=0,
+                                 timeout_s=100_000)
+        """
+    )
+    refused = pytester.runpytest_subprocess("--endpoint=sim:speed=20", timeout=SESSION_S)
+    refused.assert_outcomes(failed=1)
+    refused.stdout.fnmatch_lines(["*timeout_s*--perf-allow-large*"])
+    allowed = pytester.runpytest_subprocess(
+        "--endpoint=sim:speed=20", "--perf-allow-large", timeout=SESSION_S
+    )
+    allowed.assert_outcomes(passed=1)

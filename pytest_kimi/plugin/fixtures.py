@@ -21,6 +21,7 @@ from pytest_kimi.plugin.state import (
     DEPLOYMENTS,
     GATE,
     PLAN,
+    REQUESTS,
     RESULT,
     STATE,
     kimi_options,
@@ -29,6 +30,7 @@ from pytest_kimi.plugin.state import (
 from pytest_kimi.plugin.terminal import progress_printer, say
 from pytest_kimi.plugin.xdist import one_measurement_at_a_time
 from pytest_kimi.report.junit import junit_properties
+from pytest_kimi.report.requests_file import TestRequests
 from pytest_kimi.run.conductor import (
     JudgedAgainst,
     Conditions,
@@ -160,14 +162,17 @@ def kimi_load(
     request: pytest.FixtureRequest, kimi_endpoint: EndpointInfo, _kimi_measurer: Measurer
 ) -> KimiLoad:
     """The load engine bound to the endpoint: ``await kimi_load.sweep(concurrency=[1, 8])``."""
-    opts = kimi_options(request.config)
+    config = request.config
+    opts = kimi_options(config)
     return KimiLoad(
         _kimi_measurer,
         kimi_endpoint,
         baseline_id(request.node),
-        Path(request.config.rootpath),
+        Path(config.rootpath),
         opts.perf_trials,
         opts.perf_protocol,
+        allow_large=opts.perf_allow_large,
+        hold=lambda: one_measurement_at_a_time(config, kimi_endpoint.url),
     )
 
 
@@ -206,6 +211,7 @@ def _kimi_measure(
         server_metrics=opts.perf_server_metrics,
         latency_tolerance=opts.perf_latency_tolerance,
         replace_corrupt=gate.update == "force",
+        level_done=_requests_of(config, nodeid, name, kimi_perf_session),
     )
     problem: str | None = None
     endpoint = request.getfixturevalue("kimi_endpoint")  # the lock is the endpoint's
@@ -243,6 +249,18 @@ def _kimi_measure(
         for name, value in junit_properties(result.to_dict())
     )
     return result
+
+
+def _requests_of(
+    config: pytest.Config, nodeid: str, deployment: str | None, perf_session: int
+) -> TestRequests | None:
+    """``--perf-requests``: the test's level sink (its lines name the test as the JSON does:
+    id, deployment, ``--perf-sessions`` start); None without the option."""
+    requests = config.stash.get(REQUESTS, None)
+    if requests is None:
+        return None
+    session = perf_session if perf_sessions(config) > 1 else None
+    return requests.for_test(nodeid, profile=deployment, perf_session=session)
 
 
 def _where(request: pytest.FixtureRequest, result: ThroughputResult, perf_session: int) -> None:

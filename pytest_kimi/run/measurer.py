@@ -6,11 +6,12 @@ test shares; :class:`KimiLoad` is what ``async def`` tests get as ``kimi_load``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, ContextManager, Sequence, TypeVar
 
 from pytest_kimi.endpoint.discovery import EndpointInfo, discover
 from pytest_kimi.load.request import Target
@@ -136,7 +137,7 @@ def build_spec(
     keys: dict[int | None, str] = {}
     sizing: dict[int | None, str] = {}
 
-    def size(tokens: int) -> tuple[tuple[str, ...], str]:
+    def size(tokens: int, lengths: Sequence[int] | None = None) -> tuple[tuple[str, ...], str]:
         return sizer.synthetic(
             tokens,
             base_url=endpoint.url,
@@ -144,6 +145,7 @@ def build_spec(
             model=endpoint.model,
             api=workload.api,
             lead_text=lead_text,
+            lengths=lengths,  # range_ratio=: one prompt per drawn input length
         )
 
     sample = _dataset(endpoint, workload, rootdir, sizer)
@@ -156,7 +158,13 @@ def build_spec(
         if sample is not None:
             source = PromptSource(sample.prompts, sample.key)
         else:
-            source = resolve_prompts(workload.prompts, input_tokens, rootdir, size=size)
+            source = resolve_prompts(
+                workload.prompts,
+                input_tokens,
+                rootdir,
+                size=size,
+                lengths=workload.input_lengths(input_tokens),
+            )
         bodies[input_tokens] = encode_bodies(
             source,
             model=endpoint.model,
@@ -311,16 +319,25 @@ class KimiLoad:
         rootdir: Path,
         trials: int | None,
         protocol: str = DEFAULT_PROTOCOL,
+        *,
+        allow_large: bool = False,
+        hold: Callable[[], ContextManager[object]] = contextlib.nullcontext,
     ) -> None:
+        """``allow_large``: ``--perf-allow-large`` (the marker bounds are lifted as for
+        ``@throughput``); ``hold``: what a sweep holds while it measures (the plugin passes
+        its one-measurement-per-endpoint lock, so a sweep never measures beside another run's
+        test on the same server)."""
         self._session = session
         self.endpoint = endpoint
         self._nodeid = nodeid
         self._rootdir = rootdir
         self._trials = trials
         self._protocol = protocol
+        self._allow_large = allow_large
+        self._hold = hold
 
     def _spec(self, kwargs: dict[str, Any]) -> MeasureSpec:
-        workload, targets = parse_throughput((), kwargs)
+        workload, targets = parse_throughput((), kwargs, allow_large=self._allow_large)
         return build_spec(
             self.endpoint,
             self._nodeid,
@@ -333,8 +350,12 @@ class KimiLoad:
         )
 
     async def sweep(self, **kwargs: Any) -> ThroughputResult:
-        return await self._session.measure_async(self._spec(kwargs))
+        spec = self._spec(kwargs)  # a bad argument is said before any wait for the lock
+        with self._hold():
+            return await self._session.measure_async(spec)
 
     def sweep_sync(self, **kwargs: Any) -> ThroughputResult:
         """The same from a plain ``def`` test."""
-        return self._session.measure(self._spec(kwargs))
+        spec = self._spec(kwargs)
+        with self._hold():
+            return self._session.measure(spec)
