@@ -15,10 +15,13 @@ never the bottleneck), each pinned to its own core where possible, and compares:
 Modes:
   python bench/client_capacity.py                 # table at C=1, 64, 512
   python bench/client_capacity.py --framing batch # many SSE events per HTTP chunk
+  python bench/client_capacity.py --usage running # the usage so far on every chunk (SGLang's
+                                                  # continuous_usage_stats, which trials ask for)
   python bench/client_capacity.py --ramp          # paced ramp: tok/s before loop lag > 5 ms
   python bench/client_capacity.py --profile OUT   # our client at C=64 under py-spy (if installed)
   python bench/client_capacity.py --workers 1,2   # aggregate tok/s of ShardedClient vs worker processes
   python bench/client_capacity.py --open-rates 100,500,1000  # open loop: does each request leave on time?
+  python bench/client_capacity.py --parser        # ns per read of the SSE parser alone, no sockets
 """
 
 from __future__ import annotations
@@ -105,15 +108,22 @@ class Firehose:
 
 
 FRAMING = "event"
+USAGE = "final"
+"""``final``: usage only at the end; ``running``: ``continuous_usage_stats``, the usage so far
+on every token chunk, as the plugin's trials ask for it (the parser then reads each read's
+count off it: the per-chunk path it adds)."""
 
 
 def body(tokens: int, rate: float = 0.0) -> bytes:
+    options: dict[str, bool] = {"include_usage": True}
+    if USAGE == "running":
+        options["continuous_usage_stats"] = True
     req = {
         "model": "default",
         "messages": [{"role": "user", "content": "hi"}],
         "stream": True,
         "max_tokens": tokens,
-        "stream_options": {"include_usage": True},
+        "stream_options": options,
         "x_rate": rate,
         "x_framing": FRAMING,
     }
@@ -666,6 +676,59 @@ def summarize_profile(raw: Path) -> str:
     return "| where | share of busy samples |\n|---|---:|\n" + "\n".join(rows)
 
 
+def parser_mode(args: argparse.Namespace) -> None:
+    """The parser's own cost per read block (``StreamParser.feed`` and ``close``), without
+    sockets, aiohttp or an event loop: SGLang-shaped chunks from the firehose, with the usage
+    only at the end or on every chunk, one or eight events a read.  The minimum over
+    ``--repeat`` runs of 20 streams of 1024 tokens: what other processes on the machine add
+    is never negative, so the minimum is the figure to compare between two trees."""
+    import firehose as fh
+
+    from pytest_kimi.load.records import RequestRecord
+    from pytest_kimi.load.sse import StreamParser
+
+    n = 1024
+    role = fh._sse(
+        fh._chunk_obj(
+            {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None}
+        )
+    )
+    finish = fh._sse(
+        fh._chunk_obj(
+            {"role": None, "content": "", "reasoning_content": None, "tool_calls": None}, "length"
+        )
+    )
+    usage = (
+        b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"default",'
+        b'"choices":[],"usage":{"prompt_tokens":32,"total_tokens":%d,"completion_tokens":%d}}'
+        b"\n\n" % (32 + n, n)
+    )
+    print("| usage   | events a read | ns a read (min) | ns a token |")
+    print("|---------|--------------:|----------------:|-----------:|")
+    for running in (False, True):
+        events = fh.running(n)[0] if running else [fh.EVENTS[i % len(fh.EVENTS)] for i in range(n)]
+        for per in (1, 8):
+            blocks = [role + b"".join(events[:per])]
+            blocks += [b"".join(events[i : i + per]) for i in range(per, n, per)]
+            blocks[-1] += finish + usage + b"data: [DONE]\n\n"
+            best = float("inf")
+            for _ in range(args.repeat * 5):
+                t0 = time.perf_counter_ns()
+                for _ in range(20):
+                    rec = RequestRecord(index=0, worker=0, scheduled=0.0)
+                    p = StreamParser(rec, "chat", 0)
+                    for k, b in enumerate(blocks):
+                        p.feed(k * 1e-3, b)
+                    p.close()
+                best = min(best, (time.perf_counter_ns() - t0) / 20 / len(blocks))
+                assert rec.completion_tokens == n and rec.error is None
+            print(
+                f"| {'running' if running else 'final':<7} | {per:>13} | {best:>15,.0f} "
+                f"| {best / per:>10,.0f} |",
+                flush=True,
+            )
+
+
 def profile_mode(args: argparse.Namespace, url: str) -> None:
     spy = shutil.which("py-spy")
     if spy is None:
@@ -711,6 +774,12 @@ def main() -> None:
         default="event",
         help="firehose framing: one HTTP chunk per SSE event (uvicorn-like) or per 64-event batch",
     )
+    ap.add_argument(
+        "--usage",
+        choices=["final", "running"],
+        default="final",
+        help="running: the usage so far on every chunk (continuous_usage_stats)",
+    )
     ap.add_argument("--quick", action="store_true", help="smaller runs")
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--url", help="use a running firehose instead of starting one")
@@ -752,9 +821,18 @@ def main() -> None:
     )
     ap.add_argument("--open-seconds", type=float, default=3.0)
     ap.add_argument("--open-tokens", type=int, default=64)
+    ap.add_argument(
+        "--parser", action="store_true", help="ns per read of the SSE parser alone (no sockets)"
+    )
     args = ap.parse_args()
-    global FRAMING
+    if args.parser:
+        sys.path.insert(0, str(ROOT / "bench"))
+        pin(args)
+        parser_mode(args)
+        return
+    global FRAMING, USAGE
     FRAMING = args.framing
+    USAGE = args.usage
     raise_nofile_limit(8192)
     client_cpu, server_cpu, note = pin(args)
     fh = None if args.url else Firehose(server_cpu, args.tick)
@@ -765,7 +843,8 @@ def main() -> None:
             print(HEADER + "\n" + fmt_row(r) if r else "")
             return
         print(
-            f"# {note}; python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}; framing={FRAMING}"
+            f"# {note}; python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}; "
+            f"framing={FRAMING}, usage={USAGE}"
         )
         if args.workers:
             workers_mode(args, url, fh, client_cpu, server_cpu)

@@ -11,10 +11,12 @@ just enough HTTP/1.1 (keep-alive, Content-Length bodies) and writes precomputed 
   and friends), cycling through a few token texts;
 * events are written in large batches; with ``--rate``/``x_rate`` they are paced per stream.
 
-Request body fields used: ``max_tokens`` (default 256) and the bench-only ``x_rate``
-(tokens/s for this stream, 0 = as fast as the socket takes them) and ``x_framing``
-(``event`` or ``batch``: many SSE events per HTTP chunk).  Usage and ``[DONE]`` end
-every stream.
+Request body fields used: ``max_tokens`` (default 256), ``stream_options.
+continuous_usage_stats`` (then every token chunk carries the usage so far, in SGLang 0.5.23's
+shape and key order, as its ``serving_chat.py`` sends it: the client's running-usage path)
+and the bench-only ``x_rate`` (tokens/s for this stream, 0 = as fast as the socket takes them)
+and ``x_framing`` (``event`` or ``batch``: many SSE events per HTTP chunk).  Usage and
+``[DONE]`` end every stream.
 
 Run: ``python bench/firehose.py --port 8765`` (prints ``READY <port>`` when listening).
 """
@@ -136,7 +138,46 @@ def batch(start: int, n: int, per_event: bool = True) -> bytes:
     return b
 
 
-def tail(n_tokens: int, prompt_tokens: int = 32) -> bytes:
+PROMPT_TOKENS = 32
+_running_cache: dict[int, tuple[list[bytes], bytes, list[int]]] = {}
+
+
+def running(total: int) -> tuple[list[bytes], bytes, list[int]]:
+    """A ``total``-token stream whose every token chunk carries the usage so far: its SSE
+    events, their HTTP chunks joined, and each event's offset in that join (one more at the
+    end).  Built once per length, so a write is one slice, as cheap as the plain path."""
+    got = _running_cache.get(total)
+    if got is None:
+        events = []
+        for k in range(1, total + 1):
+            obj = _chunk_obj(
+                {
+                    "role": None,
+                    "content": WORDS[(k - 1) % len(WORDS)],
+                    "reasoning_content": None,
+                    "tool_calls": None,
+                }
+            )
+            obj["usage"] = {
+                "prompt_tokens": PROMPT_TOKENS,
+                "total_tokens": PROMPT_TOKENS + k,
+                "completion_tokens": k,
+                "prompt_tokens_details": None,
+                "reasoning_tokens": 0,
+                "completion_tokens_details": None,
+            }
+            events.append(_sse(obj))
+        chunks = [_http_chunk(e) for e in events]
+        offsets = [0]
+        for c in chunks:
+            offsets.append(offsets[-1] + len(c))
+        got = (events, b"".join(chunks), offsets)
+        if len(_running_cache) < 64:
+            _running_cache[total] = got
+    return got
+
+
+def tail(n_tokens: int, prompt_tokens: int = PROMPT_TOKENS) -> bytes:
     fin = _chunk_obj(
         {"role": None, "content": "", "reasoning_content": None, "tool_calls": None}, "length"
     )
@@ -163,11 +204,14 @@ def tail(n_tokens: int, prompt_tokens: int = 32) -> bytes:
 class Stream:
     """One response in progress on a connection."""
 
-    __slots__ = ("proto", "left", "total", "pos", "rate", "credit", "per_event")
+    __slots__ = ("proto", "left", "total", "pos", "rate", "credit", "per_event", "running")
 
-    def __init__(self, proto: FirehoseProtocol, total: int, rate: float, per_event: bool) -> None:
+    def __init__(
+        self, proto: FirehoseProtocol, total: int, rate: float, per_event: bool, usage: bool
+    ) -> None:
         self.proto = proto
         self.per_event = per_event
+        self.running = running(total) if usage else None
         self.left = self.total = total
         self.pos = 0
         self.rate = rate
@@ -261,7 +305,9 @@ class FirehoseProtocol(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(HEADERS + ROLE)
         framing = req.get("x_framing") or self.default_framing
-        s = self.stream = Stream(self, n, rate, framing != "batch")
+        options = req.get("stream_options")
+        usage = isinstance(options, dict) and bool(options.get("continuous_usage_stats"))
+        s = self.stream = Stream(self, n, rate, framing != "batch", usage)
         if rate > 0:
             self.pacer.add(s)
         else:
@@ -272,7 +318,15 @@ class FirehoseProtocol(asyncio.Protocol):
         if self.transport is None or self.stream is not s:
             return True
         n = min(n, s.left)
-        if n:
+        if n and s.running is not None:
+            events, joined, offsets = s.running
+            if s.per_event:
+                self.transport.write(joined[offsets[s.pos] : offsets[s.pos + n]])
+            else:
+                self.transport.write(_http_chunk(b"".join(events[s.pos : s.pos + n])))
+            s.pos += n
+            s.left -= n
+        elif n:
             self.transport.write(batch(s.pos, n, s.per_event))
             s.pos += n
             s.left -= n

@@ -17,11 +17,20 @@ and scrapes ``vllm:generation_tokens_total`` around each run for the server's ow
 Run it in the engine environment (``tox -e engine`` makes ``.tox/engine``)::
 
     .tox/engine/bin/python bench/vllm_peer.py --concurrency 1 8 --max-tokens 256 --repeat 3
+    .tox/engine/bin/python bench/vllm_peer.py --context-cost 32 288 544 800 1056 --concurrency 8
+
+``--context-cost`` measures instead what a decode step costs against the KV length (why a
+stationary trial's per-request rate and ``vllm bench serve``'s TPOT differ at long outputs,
+docs/benchmarks.md): C requests with prompts of exactly that many token ids and
+``--max-tokens`` output tokens, the lengths alternated round by round so a busy moment of the
+machine hits each alike, and each length's median TPOT as a ratio to the first length's in
+the same round.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -137,6 +146,47 @@ def run_vllm(url: str, tokenizer: str, c: int, max_tokens: int, requests: int) -
     return out
 
 
+async def _stream(url: str, ids: list[int], max_tokens: int) -> list[float]:
+    """One streamed completion of a token-id prompt: the arrival time of each token."""
+    import aiohttp
+
+    body = {
+        "model": "tiny-llama",
+        "prompt": ids,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0,
+    }
+    times: list[float] = []
+    async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json=body) as r:
+        async for line in r.content:
+            if line.startswith(b"data: {") and b'"text"' in line:
+                times.append(time.perf_counter())
+    return times
+
+
+def context_cost(url: str, c: int, lengths: list[int], max_tokens: int, rounds: int) -> None:
+    """Median TPOT per prompt length, and its paired ratio to the first length's."""
+
+    async def batch(ctx: int, seed: int) -> float:
+        prompts = [
+            [100 + (seed * 7919 + i * 104729 + j) % 3900 for i in range(ctx)] for j in range(c)
+        ]
+        runs = await asyncio.gather(*(_stream(url, ids, max_tokens) for ids in prompts))
+        return statistics.median((t[-1] - t[0]) / (len(t) - 1) for t in runs if len(t) > 1)
+
+    tpot: dict[int, list[float]] = {n: [] for n in lengths}
+    for rnd in range(rounds):
+        for n in lengths:
+            tpot[n].append(asyncio.run(batch(n, rnd * 1000 + n)))
+    print(f"# C={c}, {max_tokens} output tokens, {rounds} rounds, load {os.getloadavg()[0]:.2f}")
+    print("| prompt tokens | median TPOT ms | paired ratio to the first |\n|--:|--:|--:|")
+    for n in lengths:
+        ratio = statistics.median(a / b for a, b in zip(tpot[n], tpot[lengths[0]]))
+        print(f"| {n} | {statistics.median(tpot[n]) * 1e3:.2f} | {ratio:.2f} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default=str(ROOT / "servers" / "vllm-cpu-tiny.yaml"))
@@ -145,6 +195,13 @@ def main() -> int:
     ap.add_argument("--waves", type=int, default=4, help="requests per concurrent stream")
     ap.add_argument("--trials", type=int, default=3, help="our trials per run")
     ap.add_argument("--repeat", type=int, default=3, help="alternating runs of each client")
+    ap.add_argument(
+        "--context-cost",
+        type=int,
+        nargs="+",
+        metavar="TOKENS",
+        help="measure decode step cost against these prompt lengths instead (docstring)",
+    )
     args = ap.parse_args()
 
     profile = load_profile(args.profile)
@@ -155,6 +212,10 @@ def main() -> int:
     session = Measurer()
     try:
         assert server.url is not None
+        if args.context_cost:
+            for c in args.concurrency:
+                context_cost(server.url, c, args.context_cost, args.max_tokens, args.repeat)
+            return 0
         info = session.discover(server.url, api_key=None, model=None)
         print(
             f"# {info.model} at {server.url}, vLLM {info.server_info.get('version', '?')}; "

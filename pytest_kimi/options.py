@@ -19,7 +19,7 @@ or ``ini kimi_perf_trials``), so a stale variable in a CI job is found before an
 spent; :attr:`KimiOptions.sources` keeps that for later messages.
 
 Paths (``--baseline-dir``, ``--perf-json``, ``--perf-markdown``, ``--perf-html``,
-``--server-profile``, and the file of a ``sqlite:///`` ``--perf-history``): a relative one resolves against one base whatever its source, the
+``--perf-requests``, ``--server-profile``, and the file of a ``sqlite:///`` ``--perf-history``): a relative one resolves against one base whatever its source, the
 rootdir (where the ini file and ``baselines/`` live).  pytest's own convention differs by
 source (the invocation directory for arguments, the ini file's directory for ini paths, the
 process's directory for anything read from the environment), so the same text could name two
@@ -70,6 +70,8 @@ class KimiOptions:
     perf_json: Path | None = None
     perf_markdown: Path | None = None
     perf_html: Path | None = None
+    perf_requests: Path | None = None
+    """``--perf-requests``: one JSON line per request, appended as each level finishes."""
     perf_trials: int = DEFAULT_TRIALS
     """Trials per level; a marker's ``trials=`` overrides it."""
     perf_workers: int = 1
@@ -354,6 +356,17 @@ OPTIONS: dict[str, Option[Any]] = {
             "write a self-contained HTML report with plots (inline SVG)" + RELATIVE,
             path_value,
             metavar="DIR",
+            path=True,
+        ),
+        Option(
+            "--perf-requests",
+            "kimi_perf_requests",
+            "KIMI_PERF_REQUESTS",
+            "write one JSON line per request measured (test, level, trial, send, first token "
+            "and end times, token counts, status, error; no request bodies), appended as each "
+            "level finishes" + RELATIVE,
+            path_value,
+            metavar="PATH",
             path=True,
         ),
         Option(

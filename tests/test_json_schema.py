@@ -17,6 +17,7 @@ from pytest_kimi.measure.results import (
     ServerExit,
     ThroughputResult,
 )
+from pytest_kimi.measure.windows import TrialWindow
 from pytest_kimi.report.json_report import SCHEMA_VERSION, build_report
 from pytest_kimi.report.record import TestRecord
 from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
@@ -75,6 +76,20 @@ def _level() -> LevelResult:
         comparison=_every_field(BaselineComparison, found=True),
         extra={},
         turns=[{"turn": 1}],
+        trial_windows=[
+            TrialWindow(
+                trial=0,
+                kept=True,
+                valid=True,
+                start_monotonic=1.0,
+                end_monotonic=2.0,
+                unix_offset=1e9,
+                tokens=10.0,
+                tok_s=10.0,
+                requests=2,
+                cut=1,
+            )
+        ],
     )
 
 
@@ -101,6 +116,8 @@ def test_every_field_a_test_or_level_carries_is_documented() -> None:
     assert not set(test) - documented, "document these in docs/json-report.md"
     (level,) = test["levels"]
     assert not set(level) - documented, "document these in docs/json-report.md"
+    (window,) = level["trial_windows"]
+    assert not set(window) - documented, "document the trial windows' keys there too"
     assert PLUGGABLE <= documented  # the sections stages contribute through LevelResult.extra
     # every typed field reached the JSON (none is set and then dropped by to_dict)
     typed = {f.name for f in dataclasses.fields(ThroughputResult)} - {"workload", "targets"}

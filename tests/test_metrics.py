@@ -15,6 +15,7 @@ from pytest_kimi.measure.metrics import (
     inter_token_latencies,
     steady_window,
     summarize_trial,
+    tokens_in_steps,
     tokens_in_window,
 )
 from pytest_kimi.load.records import RequestRecord
@@ -62,7 +63,7 @@ def test_window_excludes_ramp_up_and_drain() -> None:
 def test_lone_stream_window_equals_its_decode_rate() -> None:
     rec = _rec(0, 0.0, 101, 0.01)
     start, end = steady_window([rec])
-    assert tokens_in_window([rec], start, end) / (end - start) == pytest.approx(rec.decode_tok_s)
+    assert tokens_in_steps([rec], start, end) / (end - start) == pytest.approx(rec.decode_tok_s)
     assert rec.decode_tok_s == pytest.approx(100.0)
 
 
@@ -281,7 +282,7 @@ def test_window_counts_the_last_steps_tokens_of_every_stream() -> None:
     ends = [1.0 + k * step for k in range(257)]
     recs = _stepped(ends, 8, tail_s=80e-6)
     start, end = steady_window(recs)
-    tokens = tokens_in_window(recs, start, end)
+    tokens = tokens_in_steps(recs, start, end)
     assert tokens == 255 * 8
     assert tokens / (end - start) == pytest.approx(8 / step, rel=1e-9)
 
@@ -292,7 +293,7 @@ def test_window_is_whole_steps_with_jittered_steps() -> None:
     ends = [1.0 + sum(durations[:k]) for k in range(301)]
     recs = _stepped(ends, 16, first=3, last=290)
     start, end = steady_window(recs)
-    tokens = tokens_in_window(recs, start, end)
+    tokens = tokens_in_steps(recs, start, end)
     assert tokens % 16 == 0
     steps = round(tokens / 16)
     # exactly the span of those steps: burst first reads, both stamped by stream 0
@@ -308,7 +309,7 @@ def test_window_is_whole_bursts_with_packed_events() -> None:
     for r in recs:
         assert r.tokens_per_event == pytest.approx(4)
     start, end = steady_window(recs)
-    tokens = tokens_in_window(recs, start, end)
+    tokens = tokens_in_steps(recs, start, end)
     assert tokens == pytest.approx(99 * 8 * 4)
     assert tokens / (end - start) == pytest.approx(8 / step, rel=1e-9)
 
@@ -318,7 +319,7 @@ def test_window_with_packed_events_on_different_steps_is_within_one_event_per_st
     ends = [1.0 + k * step for k in range(402)]
     recs = _stepped(ends, 8, last=400, every=4, phase=[j % 4 for j in range(8)])
     start, end = steady_window(recs)
-    rate = tokens_in_window(recs, start, end) / (end - start)
+    rate = tokens_in_steps(recs, start, end) / (end - start)
     assert rate == pytest.approx(8 / step, rel=8 * 4 / (8 * 390))
 
 

@@ -1,4 +1,5 @@
-"""Open-loop load: Poisson schedule, sends on time with no cap, stops on failures, live counters.
+"""Open-loop load: Poisson and gamma schedules (``burstiness``), sends on time with no cap or
+at most ``max_concurrency`` in flight, stops on failures, live counters.
 
 The schedule math is checked offline on large samples; the sending is checked against the
 simulator in its own process (speed 20), so the client's timing is not disturbed by a server
@@ -15,6 +16,7 @@ import math
 import socket
 import statistics
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -27,8 +29,9 @@ from pytest_kimi.load import (
     TrialPlan,
     poisson_arrivals,
 )
-from pytest_kimi.load.openloop import deal
+from pytest_kimi.load.openloop import deal, gamma_arrivals, queue_waits
 from pytest_kimi.load.runner import LAG_INTERVAL_S, TrialRecords, peak_inflight
+from pytest_kimi.load.workers import ShardedClient, shard_open
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig
 from support.timing import send_late_bound_s
@@ -104,6 +107,94 @@ def test_duration_and_count_limits() -> None:
     assert poisson_arrivals(10.0, requests=0) == [] and poisson_arrivals(10.0, requests=1) == [0.0]
     with pytest.raises(ValueError, match="arrivals planned"):
         poisson_arrivals(1e6, duration_s=1e6)
+
+
+def test_the_poisson_schedule_is_what_it_was_before_burstiness() -> None:
+    """Shape 1 (the default) draws exactly the exponential gaps the schedule always drew: the
+    same seed gives the same instants as before the knob (values from the code before it)."""
+    assert poisson_arrivals(50.0, requests=5, seed=0) == [
+        0.0,
+        0.03608807342039999,
+        0.06360360462755238,
+        0.07418817992325115,
+        0.08,
+    ]
+    assert gamma_arrivals(40.0, duration_s=0.1, seed=3, exact_rate=False) == [
+        0.0,
+        0.006794057580841709,
+        0.02643818965358599,
+        0.037987297101566314,
+        0.06114077623592696,
+        0.08570957401316681,
+        0.08740393737754056,
+        0.08773532383365643,
+    ]
+    plan = OpenLoopPlan(rate=30.0, bodies=[b"{}"], requests=200, seed=5)
+    assert plan.burstiness == 1.0 and plan.max_concurrency is None
+    assert plan.arrivals() == poisson_arrivals(30.0, requests=200, seed=5)
+
+
+def _cv_sigma(shape: float, n: int) -> float:
+    """One standard error of the sample cv of ``n`` gamma(shape) gaps, relative to the cv:
+    the sample sd's (its variance has variance ``sigma**4 (2 + 6 / shape) / n``: the gamma's
+    excess kurtosis is ``6 / shape``) and the mean's (``cv**2 / n``) added, ignoring their
+    positive covariance, which only makes the ratio steadier."""
+    return math.sqrt((1 + 3 / shape) / (2 * n) + 1 / (shape * n))
+
+
+@pytest.mark.parametrize("shape", [0.25, 0.5, 2.0, 8.0])
+def test_gamma_gaps_have_mean_one_over_rate_and_cv_one_over_sqrt_burstiness(shape: float) -> None:
+    """vLLM's ``get_request``: gaps ~ gamma(shape=burstiness, scale=1 / (rate * burstiness)).
+    The bounds are 5 standard errors of the sample (20,000 gaps), from the gamma's moments."""
+    rate, n = 40.0, 20_000
+    plain = gaps(gamma_arrivals(rate, burstiness=shape, requests=n + 1, seed=11, exact_rate=False))
+    mean_se = (1 / rate) / math.sqrt(shape * n)
+    assert abs(statistics.fmean(plain) - 1 / rate) <= 5 * mean_se
+    want = 1 / math.sqrt(shape)
+    assert abs(cv(plain) / want - 1) <= 5 * _cv_sigma(shape, n), (cv(plain), want)
+    # exact_rate pins the mean (the schedule spans (n - 1) / rate, as vLLM rescales it) and
+    # keeps the shape
+    pinned = gaps(gamma_arrivals(rate, burstiness=shape, requests=n + 1, seed=11))
+    assert statistics.fmean(pinned) == pytest.approx(1 / rate, rel=1e-9)
+    assert abs(cv(pinned) / want - 1) <= 5 * _cv_sigma(shape, n)
+    # a duration without a count: gaps of the same law until it runs out
+    timed = gamma_arrivals(rate, burstiness=shape, duration_s=n / rate, seed=2, exact_rate=False)
+    assert max(timed) < n / rate
+    assert abs(len(timed) - n) <= 5 * math.sqrt(n / shape)  # a renewal count's spread
+
+
+def test_gamma_schedules_are_seeded() -> None:
+    one = gamma_arrivals(10.0, burstiness=0.3, requests=100, seed=4)
+    assert one == gamma_arrivals(10.0, burstiness=0.3, requests=100, seed=4)
+    assert one != gamma_arrivals(10.0, burstiness=0.3, requests=100, seed=5)
+    assert one != gamma_arrivals(10.0, burstiness=0.31, requests=100, seed=4)
+    assert one[0] == 0.0 and one == sorted(one)
+
+
+def test_burstiness_and_cap_validation() -> None:
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="burstiness"):
+            OpenLoopPlan(rate=1.0, bodies=[b"{}"], requests=1, burstiness=bad)
+        with pytest.raises(ValueError, match="burstiness"):
+            gamma_arrivals(1.0, burstiness=bad, requests=3)
+    with pytest.raises(ValueError, match="max_concurrency"):
+        OpenLoopPlan(rate=1.0, bodies=[b"{}"], requests=1, max_concurrency=0)
+
+
+def test_a_capped_schedule_is_dealt_so_the_caps_sum_to_it() -> None:
+    """Sharded: each worker gets a share of the cap (at least 1, so no more workers than
+    slots), so the processes together never exceed it."""
+    target = Target("http://127.0.0.1:1/x")
+
+    def caps(cap: int | None, workers: int) -> list[int | None]:
+        plan = OpenLoopPlan(rate=10.0, bodies=[b"{}"], requests=20, max_concurrency=cap)
+        shards = shard_open(target, plan, workers)
+        assert sorted(i for s in shards for i in s.job.indices or []) == list(range(20))
+        return [s.job.plan.max_concurrency for s in shards]  # type: ignore[union-attr]
+
+    assert caps(5, 3) == [2, 2, 1]
+    assert caps(2, 4) == [1, 1]
+    assert caps(None, 3) == [None, None, None]
 
 
 def test_deal_round_robin() -> None:
@@ -182,6 +273,71 @@ async def test_no_cap_on_in_flight_when_the_server_is_slow() -> None:
     assert max(r.sent - r.scheduled for r in opened.records) <= late_bound_s(opened)
     ttfts = [r.ttft for r in opened.records if r.ttft is not None]
     assert max(ttfts) > 5 * min(ttfts)  # queueing shows up as TTFT, as it should
+
+
+def _running(base: str) -> int:
+    """Requests the simulator holds now (running and waiting: its ``/sim/stats``)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(base + "/sim/stats", timeout=10) as resp:
+        stats = json.load(resp)
+    return int(stats["running"]) + int(stats["waiting"])
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_max_concurrency_caps_what_is_in_flight(workers: int) -> None:
+    """Offered 200/s of 48-token requests, capped at 3: never more than 3 in flight, by the
+    records' own send and end stamps and by the server's count sampled while it runs; the
+    arrivals queue for slots, the queue waits say for how long, and the achieved rate is the
+    rate the cap let through, far below the offered one.  Each send is late only by what the
+    client's lag explains: ``scheduled`` is when its slot freed.  Sharded over two processes
+    the caps (2 + 1) hold the same total."""
+    cap, n = 3, 30
+    with SimProcess(SimConfig(speed=20)) as proc:
+        assert proc.url is not None
+        base = proc.url
+        plan = OpenLoopPlan(
+            rate=200.0, bodies=[body(48)], requests=n, timeout_s=20, max_concurrency=cap
+        )
+        seen: list[int] = []
+
+        async def sample() -> None:
+            while True:
+                seen.append(await asyncio.to_thread(_running, base))
+                await asyncio.sleep(0.01)
+
+        client = ShardedClient(workers) if workers > 1 else LoadClient()
+        async with client:
+            sampler = asyncio.ensure_future(sample())
+            try:
+                tr = await client.run_open_loop(Target(base + CHAT), plan)
+            finally:
+                sampler.cancel()
+    recs = tr.records
+    assert len(recs) == n and all(r.ok for r in recs), [r.error for r in recs if r.error][:3]
+    assert peak_inflight(recs) <= cap and tr.concurrency <= cap
+    assert seen and max(seen) <= cap, seen
+    waits = queue_waits(recs, plan.arrivals(), tr.started)
+    assert len(waits) == n and sum(1 for w in waits if w > 0) >= n - cap - workers
+    # the cap, not the schedule, sets the pace: about cap requests per request time
+    e2e = statistics.median(r.e2e for r in recs)
+    assert tr.achieved_rate is not None and tr.offered_rate == 200.0
+    assert tr.achieved_rate < 200.0 / 2 and tr.achieved_rate <= 2 * cap / e2e
+    for r in recs:
+        assert r.sent - r.scheduled <= late_bound_s(tr)
+
+
+@pytest.mark.asyncio
+async def test_a_cap_above_the_load_changes_nothing(sim: str) -> None:
+    """Offered 20/s of short requests with a cap of 50: no arrival ever finds the slots
+    taken, so every request leaves at its planned instant and no one waited."""
+    plan = OpenLoopPlan(rate=20.0, bodies=[body(4)], requests=20, timeout_s=10, max_concurrency=50)
+    async with LoadClient() as client:
+        tr = await client.run_open_loop(Target(sim), plan)
+    assert [r.scheduled - tr.started for r in tr.records] == pytest.approx(
+        plan.arrivals(), abs=1e-9
+    )
+    assert queue_waits(tr.records, plan.arrivals(), tr.started) == [0.0] * 20
 
 
 def _dead_url() -> str:

@@ -36,6 +36,7 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "perf_json": None,
     "perf_markdown": None,
     "perf_html": None,
+    "perf_requests": None,
     "perf_trials": 3,
     "perf_workers": 1,
     "perf_protocol": "stationary",

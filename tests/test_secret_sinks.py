@@ -83,6 +83,7 @@ def test_no_reported_secret_reaches_any_sink(
         f"--perf-json={out / 'perf.json'}",
         f"--perf-markdown={out / 'perf.md'}",
         f"--perf-html={out / 'html'}",
+        f"--perf-requests={out / 'requests.jsonl'}",
         f"--junitxml={out / 'junit.xml'}",
         f"--perf-history=sqlite:///{history}",
         "-rA",
@@ -99,7 +100,13 @@ def test_no_reported_secret_reaches_any_sink(
     texts = _files(pytester.path)
     baseline = next(p for p in texts if p.suffix == ".yaml" and "baselines" in p.parts)
     written = {p.relative_to(pytester.path).as_posix() for p in texts}
-    for expected in ("out/perf.json", "out/perf.md", "out/junit.xml", "hist/history.db"):
+    for expected in (
+        "out/perf.json",
+        "out/perf.md",
+        "out/requests.jsonl",
+        "out/junit.xml",
+        "hist/history.db",
+    ):
         assert expected in written, sorted(written)
     assert any(p.startswith("out/html/") for p in written), sorted(written)
     run_pages = [p for p in written if p.startswith("out/dash/") and p != "out/dash/index.html"]

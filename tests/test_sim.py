@@ -250,21 +250,28 @@ async def test_chat_stream_format(fast_sim: SimServer, http: aiohttp.ClientSessi
         payloads = await read_sse(resp)
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
-    tokens, finish, usage = chunks[:n], chunks[n], chunks[n + 1]
-    assert len(chunks) == n + 2
+    # SGLang 0.5.23: a role chunk of its own (no token), one chunk a token, the finish chunk,
+    # the usage-only chunk (serving_chat.py, _generate_chat_stream)
+    role, tokens, finish, usage = chunks[0], chunks[1 : n + 1], chunks[n + 1], chunks[n + 2]
+    assert len(chunks) == n + 3
     ids = {c["id"] for c in chunks}
     assert len(ids) == 1
-    for i, c in enumerate(tokens):
+    assert role["choices"][0]["delta"] == {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": None,
+        "tool_calls": None,
+    }
+    for c in tokens:
         assert c["object"] == "chat.completion.chunk" and c["model"] == "kimi-k2.6-sim"
         assert isinstance(c["created"], int) and c["usage"] is None
         (choice,) = c["choices"]
         assert choice["index"] == 0 and choice["finish_reason"] is None
         assert choice["logprobs"] is None and choice["matched_stop"] is None
         delta = choice["delta"]
-        assert ("role" in delta) == (i == 0)
+        assert "role" not in delta
         assert delta["content"] and delta["reasoning_content"] is None
         assert delta["tool_calls"] is None
-    assert tokens[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"]["content"] for c in tokens)
     for special in ("é", "日本", "🚀", '"', "\\", "\n"):
         assert special in text
@@ -440,7 +447,7 @@ async def test_stall(http: aiohttp.ClientSession) -> None:
         async with LoopLag() as lag:
             async with http.post(sim.url + CHAT, json=chat_body(6, usage=False)) as resp:
                 lines = await sse_lines_timed(resp)
-    times = [t for t, _ in lines[:6]]
+    times = [t for t, _ in lines[1:7]]  # after the role chunk, which comes with token 1
     gaps = [b - a for a, b in zip(times, times[1:])]
     late = lag.slack_s()
     assert gaps[2] >= 0.3 - late, (gaps, late)  # between token 3 and token 4
@@ -467,8 +474,8 @@ async def test_disconnect_and_malformed(http: aiohttp.ClientSession) -> None:
                 parsed.append(json.loads(payload))
             except json.JSONDecodeError:
                 broken.append(payload)
-        assert len(parsed) == 5 and len(broken) == 1
-        assert lines.index(broken[0]) == 2  # after two good tokens
+        assert len(parsed) == 6 and len(broken) == 1  # the role chunk and 5 tokens
+        assert lines.index(broken[0]) == 3  # after the role chunk and two good tokens
         await apoll_until(lambda: sim.engine.stats().requests_failed, "the drop counted")
         stats = sim.engine.stats()
         assert stats.requests_failed == 1 and stats.running == 0
@@ -479,7 +486,7 @@ async def test_no_usage_and_client_abort(http: aiohttp.ClientSession) -> None:
     async with await start_server(SimConfig(speed=50.0, no_usage=True)) as sim:
         async with http.post(sim.url + CHAT, json=chat_body(3)) as resp:
             chunks = [json.loads(p) for p in (await read_sse(resp))[:-1]]
-        assert all(c["usage"] is None for c in chunks) and len(chunks) == 4
+        assert all(c["usage"] is None for c in chunks) and len(chunks) == 5  # role, 3, finish
         async with http.post(sim.url + CHAT, json=chat_body(3, stream=False)) as resp:
             assert (await resp.json())["usage"] is None
         # a client that hangs up releases its batch slot
@@ -522,7 +529,8 @@ async def test_keepalive_after_tokens_streams_comments_and_never_ends(
                     comments += 1
                     if comments == 3:
                         break  # bytes keep coming, tokens do not: the client must give up
-        assert (tokens, comments) == (3, 3)  # the 8-token request never finished its stream
+        # the role chunk and 3 tokens: the 8-token request never finished its stream
+        assert (tokens, comments) == (4, 3)
 
 
 # ---------------------------------------------------------------------- rate truth

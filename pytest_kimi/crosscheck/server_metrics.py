@@ -455,7 +455,7 @@ def _arrivals(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]
         if not rec.chunk_times:
             continue
         times.append(np.frombuffer(rec.chunk_times, dtype=np.float64))
-        weights.append(np.frombuffer(rec.chunk_events, dtype=np.uint32) * rec.tokens_per_event)
+        weights.append(rec.read_tokens())  # each read's own tokens (SGLang packs 1, N, ..., rest)
     if not times:
         return np.empty(0), np.empty(0)
     t = np.concatenate(times)

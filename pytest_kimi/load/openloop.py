@@ -6,6 +6,22 @@ other: requests arrive whenever they arrive.  An open-loop plan models that with
 process, sends every request at its planned instant whatever is still in flight, and so
 shows what a server does when it falls behind (growing TTFT, a growing queue).
 
+Two knobs of vLLM's ``vllm bench serve`` (0.32, ``vllm/benchmarks/serve.py``) shape it:
+
+* ``burstiness``: the gaps between arrivals are gamma-distributed with shape ``burstiness``
+  and mean ``1 / rate`` (vLLM's ``get_request``: ``np.random.gamma(shape=burstiness,
+  scale=1 / (rate * burstiness))``), so their coefficient of variation is
+  ``1 / sqrt(burstiness)``: 1 is the Poisson process (the default, exponential gaps, drawn
+  exactly as before), below 1 burstier, above 1 more even.  vLLM rescales the cumulative
+  delays so the schedule spans exactly ``n / rate``, as ``exact_rate`` does here (the one
+  difference: vLLM's first request waits one gap, here it leaves at 0).
+* ``max_concurrency``: at most that many requests in flight; an arrival that finds every
+  slot taken waits for one (vLLM's semaphore around each request), and is sent when one
+  frees.  Its record's ``scheduled`` is then the instant the slot freed (when the client
+  could send it), so the send delay still measures the client alone; how long it queued is
+  ``scheduled`` minus its planned arrival (:func:`queue_waits`, vLLM's
+  ``client_queue_time``), and the achieved rate shows the rate the cap let through.
+
 This module holds only the plan and the arrival schedule (pure, no I/O); sending is done by
 :meth:`pytest_kimi.load.runner.LoadClient.run_open_loop` and, sharded over processes, by
 :class:`pytest_kimi.load.workers.ShardedClient`.  The schedule is computed completely before
@@ -18,6 +34,8 @@ import math
 import random
 from dataclasses import dataclass
 from typing import Sequence
+
+from pytest_kimi.load.records import RequestRecord
 
 MAX_ARRIVALS = 20_000_000
 """Refuse schedules longer than this: ``rate`` x ``duration_s`` typos (req/s vs req/min)
@@ -53,6 +71,12 @@ class OpenLoopPlan:
     """Stop sending once this many requests failed: a dead server must not be spun on."""
     seed: int = 0
     """Seed of the arrival schedule: the same plan always offers the same arrivals."""
+    burstiness: float = 1.0
+    """Shape of the gamma-distributed gaps (mean ``1 / rate``, cv ``1 / sqrt(burstiness)``);
+    1: a Poisson process.  vLLM's ``--burstiness``."""
+    max_concurrency: int | None = None
+    """At most this many requests in flight: an arrival that finds them all taken waits for a
+    slot.  None: no cap (the open loop proper).  vLLM's ``--max-concurrency``."""
     exact_rate: bool = True
     """Rescale the drawn gaps so that the schedule's mean rate is exactly ``rate``.
 
@@ -82,16 +106,26 @@ class OpenLoopPlan:
             raise ValueError("duration_s must be >= 0")
         if self.timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
+        check_burstiness(self.burstiness)
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1 or None, got {self.max_concurrency!r}")
 
     def arrivals(self) -> list[float]:
-        """Planned send instants, seconds after the trial start (first one at 0)."""
-        return poisson_arrivals(
+        """Planned arrival instants, seconds after the trial start (first one at 0)."""
+        return gamma_arrivals(
             self.rate,
+            burstiness=self.burstiness,
             requests=self.requests,
             duration_s=self.duration_s,
             seed=self.seed,
             exact_rate=self.exact_rate,
         )
+
+
+def check_burstiness(burstiness: float) -> None:
+    """A gamma shape: a finite number > 0."""
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise ValueError(f"burstiness must be a finite number > 0, got {burstiness!r}")
 
 
 def poisson_arrivals(
@@ -102,16 +136,35 @@ def poisson_arrivals(
     seed: int = 0,
     exact_rate: bool = True,
 ) -> list[float]:
-    """Arrival offsets of a Poisson process at ``rate``/s, sorted, starting at 0.
+    """Arrival offsets of a Poisson process at ``rate``/s: :func:`gamma_arrivals` of shape 1."""
+    return gamma_arrivals(
+        rate, requests=requests, duration_s=duration_s, seed=seed, exact_rate=exact_rate
+    )
+
+
+def gamma_arrivals(
+    rate: float,
+    *,
+    burstiness: float = 1.0,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    seed: int = 0,
+    exact_rate: bool = True,
+) -> list[float]:
+    """Arrival offsets at ``rate``/s with gamma-distributed gaps of shape ``burstiness``
+    (mean ``1 / rate``, cv ``1 / sqrt(burstiness)``), sorted, starting at 0.
 
     The first arrival is at 0 so that a trial starts doing something at once (no idle
     lead-in to subtract from the wall time).  Count: ``requests`` when given, else every
     arrival before ``duration_s`` (with ``exact_rate``: ``ceil(rate * duration_s)`` of them,
     the last one ``(n - 1) / rate`` after the first).  Both given: the first ``requests``
-    arrivals that fall before ``duration_s``.
+    arrivals that fall before ``duration_s``.  Shape 1 draws exponential gaps exactly as the
+    Poisson schedule always has (same seed, same instants); another shape draws
+    ``random.gammavariate(burstiness, 1 / burstiness)`` (mean 1) and scales it.
     """
     if requests is None and duration_s is None:
         raise ValueError("poisson_arrivals needs requests or duration_s")
+    check_burstiness(burstiness)
     if requests is not None:
         n = requests
     else:
@@ -123,12 +176,19 @@ def poisson_arrivals(
             f"{n} arrivals planned (more than {MAX_ARRIVALS}): check rate and duration_s"
         )
     rng = random.Random(seed)
-    expo = rng.expovariate
+    if burstiness == 1.0:
+        draw = rng.expovariate  # the Poisson schedule as it always was, draw for draw
+    else:
+        gamma, shape, mean_one = rng.gammavariate, burstiness, 1.0 / burstiness
+
+        def draw(lambd: float) -> float:
+            return gamma(shape, mean_one) / lambd
+
     offsets: list[float] = []
     if n is not None:
         if n <= 0:
             return []
-        gaps = [expo(1.0) for _ in range(n - 1)]
+        gaps = [draw(1.0) for _ in range(n - 1)]
         total = sum(gaps)
         # exact: n - 1 gaps spanning exactly (n - 1) / rate; plain: gaps of mean 1 / rate
         scale = ((n - 1) / rate / total) if (exact_rate and total > 0) else 1.0 / rate
@@ -140,7 +200,7 @@ def poisson_arrivals(
         if duration_s is not None:
             offsets = [x for x in offsets if x < duration_s]
         return offsets
-    # plain Poisson until the duration runs out (count is random)
+    # plain gaps until the duration runs out (count is random)
     assert duration_s is not None
     t = 0.0
     while t < duration_s:
@@ -149,8 +209,23 @@ def poisson_arrivals(
             raise ValueError(
                 f"more than {MAX_ARRIVALS} arrivals planned: check rate and duration_s"
             )
-        t += expo(rate)
+        t += draw(rate)
     return offsets
+
+
+def queue_waits(
+    records: Sequence[RequestRecord], offsets: Sequence[float], started: float
+) -> list[float]:
+    """How long each sent arrival waited for a slot under ``max_concurrency`` (seconds, wall
+    clock; 0 for one sent on time): its record's ``scheduled`` (the slot freed) minus its
+    planned arrival ``started + offsets[index]``.  vLLM reports the same as
+    ``client_queue_time``.  Works on a sharded trial's merged records too: their indices are
+    the global arrival indices and ``started`` the agreed start."""
+    out = []
+    for r in records:
+        if r.sent and 0 <= r.index < len(offsets):
+            out.append(max(0.0, r.scheduled - (started + offsets[r.index])))
+    return out
 
 
 def deal(offsets: Sequence[float], parts: int) -> list[tuple[list[int], list[float]]]:

@@ -1,5 +1,6 @@
 """Load runner: closed loop (keep exactly C streamed requests in flight) and open loop
-(send each request at its planned Poisson arrival, however many are in flight), recorded.
+(send each request at its planned arrival, however many are in flight, or at most
+``max_concurrency`` of them), recorded.
 
 Design choices and why:
 
@@ -783,11 +784,13 @@ class LoadClient:
     async def run_open_loop(
         self, target: Target, plan: OpenLoopPlan, live: LiveTrial | None = None
     ) -> TrialRecords:
-        """Open-loop trial: each request is sent at its planned Poisson arrival, with no cap
-        on how many are in flight; then all of them are awaited.
+        """Open-loop trial: each request is sent at its planned arrival, with no cap on how
+        many are in flight (but ``plan.max_concurrency``); then all of them are awaited.
 
-        ``record.scheduled`` is the planned arrival, ``record.sent`` the actual send and
-        ``record.worker`` the arrival index.  ``TrialRecords.concurrency`` is the peak number
+        ``record.scheduled`` is the planned arrival (under ``max_concurrency``, for an arrival
+        that waited, the instant a slot freed: :func:`~pytest_kimi.load.openloop.queue_waits`
+        gives the wait), ``record.sent`` the actual send and ``record.worker`` the arrival
+        index.  ``TrialRecords.concurrency`` is the peak number
         in flight (:func:`peak_inflight` of the records).  Stops scheduling at the plan's end
         or at ``max_failures``.
         """
@@ -814,8 +817,9 @@ class LoadClient:
             offsets = plan.arrivals()
         if indices is not None and len(indices) != len(offsets):
             raise ValueError("indices and offsets must have the same length")
-        # nothing caps the number in flight, so allow a socket per planned arrival
-        raise_nofile_limit(len(offsets) + 256)
+        # nothing caps the number in flight (but the plan's max_concurrency): a socket each
+        cap = plan.max_concurrency
+        raise_nofile_limit((len(offsets) if cap is None else min(cap, len(offsets))) + 256)
         async with _TrialBook.around(self.lag_interval_s) as book:
             started, stopped, cut_at = await self._open_loop(
                 target,
@@ -858,7 +862,9 @@ class LoadClient:
 
         Returns (start time, stop reason, cut time).  Per arrival the scheduler only creates a
         record and a task: arrivals that are already due (a burst, or a loop that fell behind)
-        all go out in one pass without yielding in between.  At ``plan.wall_limit_s`` after the
+        all go out in one pass without yielding in between.  With ``plan.max_concurrency`` it
+        first waits, when that many are in flight, until one ends (each request's end wakes
+        it), so arrivals leave in order as slots free, each with a slot of its own.  At ``plan.wall_limit_s`` after the
         start no arrival is sent any more and every request in flight is cancelled; their
         records are kept, marked ``cut``, and the cut time is returned (None: no cut).
         """
@@ -878,6 +884,9 @@ class LoadClient:
         append = records.append
         flying: dict[int, RequestRecord] = {}
         cut: list[float] = []  # when the wall-clock limit cut the trial
+        cap = plan.max_concurrency
+        want_slot = [False]  # the scheduler waits for a request to end (max_concurrency)
+        freed = [0.0]  # when the scheduler last got a slot it had waited for
 
         def over_limit() -> None:
             cut.append(perf_counter())
@@ -907,10 +916,10 @@ class LoadClient:
             )
             del flying[i]
             append(rec)
-            if _request_done(rec, live, state, stop, max_failures):
+            if _request_done(rec, live, state, stop, max_failures) or want_slot[0]:
                 w = waiter[0]
                 if w is not None:
-                    _wake(w)  # do not sleep until the next arrival: stop now
+                    _wake(w)  # a stop: do not sleep until the next arrival; or a slot freed
 
         started = perf_counter() if start_at is None else start_at
         if live is not None:
@@ -936,6 +945,25 @@ class LoadClient:
                         waiter[0] = None
                     if stop or cut:
                         break
+                if cap is not None and len(flying) >= cap:
+                    # every slot taken: wait for a request to end (vLLM's semaphore)
+                    while len(flying) >= cap and not (stop or cut):
+                        slot: asyncio.Future[None] = loop.create_future()
+                        waiter[0] = slot
+                        want_slot[0] = True
+                        try:
+                            await slot
+                        finally:
+                            waiter[0] = None
+                            want_slot[0] = False
+                    if stop or cut:
+                        break
+                    freed[0] = perf_counter()
+                if freed[0] > due:
+                    # held back behind the cap (this arrival, or the queue ahead of it, which
+                    # several ends may free at once): it could leave once the slot freed, so
+                    # its send delay is the client's alone and queue_waits() has the wait
+                    due = freed[0]
                 g = p if indices is None else indices[p]
                 rec = RequestRecord(index=g, worker=g, scheduled=due)
                 if live is not None:

@@ -16,8 +16,13 @@ per event:
   cut before its finish chunk or halved, and the parts retried, down to a few hundred bytes.
   The first event of a stream (the role chunk, as a rule) is always decoded.  A plain stream
   costs two or three ``json.loads`` in all, however it is split into reads.
-* Per block the parser appends one timestamp and one count to the record; everything else
-  (token totals, usage fallback) is settled once in :meth:`StreamParser.close`.
+* Per block the parser appends one timestamp and one count to the record, and one more int:
+  the running usage the block ends with when the stream carries it (decided once, at its
+  first token read: one ``rfind`` of ``"completion_tokens":``, after which the key is looked
+  for where it was in the block before, an O(1) test, and its digits parsed with one
+  ``find`` and ``int``), else the bytes of its complete events.  Everything else (token
+  totals, usage fallback) is settled once in :meth:`StreamParser.close`, and where each
+  read's tokens fall after the trial (:meth:`RequestRecord.read_positions`).
 
 Event semantics (shared with the JSON-decoding reference used in the tests):
 
@@ -41,9 +46,10 @@ Event semantics (shared with the JSON-decoding reference used in the tests):
   ``{"object": "error", ...}``), or a ``data:`` payload that is not a JSON object, ends it with
   an error on the record.  Nothing after the end is looked at.
 * ``usage`` (last one wins) and ``finish_reason`` (last non-null wins) are taken from decoded
-  events.  Limitation by design: usage riding on an ordinary token chunk *without* a
-  finish_reason (vLLM's ``continuous_usage_stats``) is not decoded; the final usage is always in
-  the finish chunk or the trailing ``choices: []`` chunk, which are decoded.
+  events.  Usage riding on an ordinary token chunk *without* a finish_reason (SGLang's and
+  vLLM's ``continuous_usage_stats``) is not decoded: its ``completion_tokens`` is read off
+  the block's bytes as the read's position (``RequestRecord.chunk_usage``); the final usage is
+  always in the finish chunk or the trailing ``choices: []`` chunk, which are decoded.
 * Events must be separated by a blank line (``\\n\\n`` or ``\\r\\n\\r\\n``); an incomplete event
   at EOF is discarded (per the SSE spec) except a bare ``data: [DONE]``.
 * Bounds (what the parser refuses, each an error on the record that ends the stream at once):
@@ -66,7 +72,7 @@ import json
 import re
 from typing import Any
 
-from pytest_kimi.load.records import Api, RequestRecord
+from pytest_kimi.load.records import UNKNOWN_USAGE, Api, RequestRecord
 
 try:  # numpy (a scipy dependency) counts newlines ~4x faster than bytes.count on big ranges
     from numpy import count_nonzero as _np_count_nonzero
@@ -90,6 +96,20 @@ without bound.  Larger than any event a real server sends by three orders of mag
 _NO_LIMIT = 1 << 62
 """The token-event limit of a request whose ``max_tokens`` is not known."""
 _MAX_TOKENS_KEY = b'"max_tokens":'
+_USAGE_KEY = b'"completion_tokens":'
+"""In valid JSON a ``"`` inside a string is escaped, so this can only be the usage's key
+(``"completion_tokens_details":`` does not match it)."""
+_USAGE_KEY_LEN = len(_USAGE_KEY)
+_LOOK_BACK = 8192
+"""How far back from a stream's first token read's end the parser looks for running usage: a
+token chunk with its usage is a few hundred bytes."""
+_SAMPLE_BYTES = 4096
+"""The head of the second token read kept to calibrate a stream's event envelope: one
+ordinary event (a few hundred bytes) or more, not a whole block a late client read."""
+_USAGE_VALUE = re.compile(rb"[ \t]*(\d{1,9})(?![\d.eE])")
+"""A count, at most 9 digits (it fits ``array('I')``); anything else (``null``, a fraction,
+a string) is no count, and the read gets :data:`UNKNOWN_USAGE`: its stream's positions are
+then apportioned instead (:meth:`RequestRecord.read_positions`)."""
 _MAX_TOKENS_VALUE = re.compile(rb"[ \t]*(\d{1,12})")
 
 
@@ -223,8 +243,16 @@ class StreamParser:
         "_first",
         "_multi",
         "_times",
-        "_counts",
+        "_times_append",
+        "_counts_append",
         "_keep",
+        "_running",
+        "_back",
+        "_term",
+        "_usage_append",
+        "_bytes_append",
+        "_skip",
+        "_sample_due",
     )
 
     def __init__(self, record: RequestRecord, api: Api = "chat", max_tokens: int = 0) -> None:
@@ -265,9 +293,25 @@ class StreamParser:
         self._first = True
         self._multi = False
         self._times = record.chunk_times
-        self._counts = record.chunk_events
+        self._times_append = record.chunk_times.append
+        self._counts_append = record.chunk_events.append
+        """Bound once: the hot path appends to the record's arrays without looking them up."""
         self._keep = record.blocks
         """The record's list of raw blocks when a conversation needs the answer; else None."""
+        self._running = False
+        """The stream carries running usage (``continuous_usage_stats``): decided once, at
+        the first token read, and each token read's count is then taken from it."""
+        self._back = 0
+        """Where the last running usage key was, counted back from the read's end."""
+        self._term = b","
+        """What follows the count: SGLang and vLLM put ``prompt_tokens_details`` after it; a
+        server whose usage ends with it has ``}`` (learnt by :meth:`_usage_slow`)."""
+        self._usage_append = record.chunk_usage.append
+        self._bytes_append = record.chunk_bytes.append
+        self._skip = 0
+        """Bytes of the events the slow path found to carry no token in the current read:
+        left out of its :attr:`RequestRecord.chunk_bytes`."""
+        self._sample_due = False
 
     @property
     def finished(self) -> bool:
@@ -331,17 +375,56 @@ class StreamParser:
                 self.fast_ranges += 1
             n += k
         if n:
+            rec = self.record
             if not self._times:
-                self.record.first_token = t
-            self.record.last_read = buf
-            self._times.append(t)
-            self._counts.append(n)
+                rec.first_token = t
+                # decided once: a stream without running usage never pays for looking again
+                # (in the last events only: a client that fell behind reads megabytes)
+                self._running = buf.rfind(_USAGE_KEY, max(end - _LOOK_BACK, 0), end) >= 0
+                self._sample_due = not self._running
+            rec.last_read = buf
+            self._times_append(t)
+            self._counts_append(n)
+            if self._running:
+                # the usage so far rides at the end of each chunk, as far from the read's end
+                # as in the read before (until its digits grow): one O(1) test finds it there,
+                # else one reverse scan; a short parse reads it (no json.loads)
+                i = end - self._back
+                if i < 0 or not buf.startswith(_USAGE_KEY, i):
+                    i = buf.rfind(_USAGE_KEY, 0, end)
+                    self._back = end - i if i >= 0 else end + 1
+                j = i + _USAGE_KEY_LEN
+                try:  # zero-cost unless it raises: a sign, a fraction, null, 2**32 or more
+                    self._usage_append(int(buf[j : buf.find(self._term, j, j + 12)]))
+                except (ValueError, OverflowError):
+                    self._usage_append(self._usage_slow(buf, j) if i >= 0 else UNKNOWN_USAGE)
+            else:
+                self._bytes_append(end - self._skip)
+                if self._sample_due and len(self._times) > 1:
+                    # one event of an ordinary read, whose envelope calibrates the bytes of
+                    # all (RequestRecord.read_positions); a copy of one read, once a stream
+                    self._sample_due = False
+                    rec.sample_read = buf[: min(end, _SAMPLE_BYTES)]
             self.events += n
             if self.events > self._limit:
                 self._fail(past_max_tokens_message(self.events, self._limit))
             if self._await_content and self.events > self.reasoning_events:
                 self._await_content = False  # one bool test per block from here on
-                self.record.first_content = t
+                rec.first_content = t
+        if self._skip:
+            self._skip = 0
+
+    def _usage_slow(self, buf: bytes, j: int) -> int:
+        """The count at ``buf[j:]`` when the quick parse failed: the regex decides, and a
+        count followed by something else than the expected byte teaches the parser that byte
+        (vLLM without details: ``}``), so the next reads take the quick parse again."""
+        m = _USAGE_VALUE.match(buf, j)
+        if m is None:
+            return UNKNOWN_USAGE
+        nxt = buf[m.end() : m.end() + 1]
+        if nxt in (b",", b"}"):
+            self._term = nxt
+        return int(m[1])
 
     # ---------------------------------------------------------------- bounds
     def _completes(self, data: bytes) -> bool:
@@ -443,19 +526,27 @@ class StreamParser:
         ):
             return None  # O(1) guards: the stream's end, and ranges that open with a non-data line
         p = self._pat
-        if end - start >= _NUMPY_ABOVE and _np_frombuffer is not None:
-            events = int(
-                _np_count_nonzero(_np_frombuffer(buf, _np_uint8, end - start, start) == 10)
-            )
+        if buf.find(b"\n", start, end) == end - 2:
+            # one single-line event, the read of a client on time: its one newline pair is
+            # the range's end, so the counts below reduce to one byte test
+            if buf[end - 3] != 0x7D:
+                return None  # it does not end as a JSON object does (truncated, garbage)
+            events = 1
         else:
-            events = buf.count(b"\n", start, end)
-        if events & 1:
-            return None
-        events >>= 1
-        if buf.count(b"}\n\n", start, end) != events:
-            return None  # an event that does not end as a JSON object does (truncated, garbage)
-        if buf.count(b"\n\ndata:", start, end) != events - 1:
-            return None  # an event that is not data (a comment, id:, event:) in the middle
+            if end - start >= _NUMPY_ABOVE and _np_frombuffer is not None:
+                events = int(
+                    _np_count_nonzero(_np_frombuffer(buf, _np_uint8, end - start, start) == 10)
+                )
+            else:
+                events = buf.count(b"\n", start, end)
+            if events & 1 or buf[end - 3] != 0x7D:
+                return None  # the last event does not end as a JSON object does (garbage)
+            events >>= 1
+            # every boundary is "}\n\ndata:": with the last event's "}\n\n" that is all the
+            # newlines, so every event is one line, a JSON object's end and a data field (an
+            # event that is a comment, id:, event: or truncated breaks the count)
+            if buf.count(b"}\n\ndata:", start, end) != events - 1:
+                return None
         c = buf.count(p.first, start, end)
         if c == events and events:
             if buf.find(p.finish, start, end) >= 0:
@@ -516,14 +607,18 @@ class StreamParser:
                     self._fail(malformed_message(line))
                     return tokens
             if not data_lines:
+                self._skip += len(raw) + 2
                 continue
             payload = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
             if payload.strip() == b"[DONE]":
                 self.done = True
+                self._skip += len(raw) + 2
                 return tokens
             tok = self._handle_payload(payload)
             if tok < 0:
                 return tokens
+            if not tok:
+                self._skip += len(raw) + 2  # no text: none of its bytes are a token's
             tokens += tok
         return tokens
 

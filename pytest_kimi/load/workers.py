@@ -253,8 +253,17 @@ def shard_closed(target: Target, plan: TrialPlan, n: int) -> list[Shard]:
 
 
 def shard_open(target: Target, plan: OpenLoopPlan, n: int) -> list[Shard]:
-    """Deal one open-loop schedule over ``n`` workers (only those with arrivals)."""
+    """Deal one open-loop schedule over ``n`` workers (only those with arrivals).
+
+    ``max_concurrency``: split over the workers (their caps sum to it, each at least 1, so
+    no more workers than slots): each waits for a slot of its own share, so the trial never
+    has more in flight than the cap, though an arrival may wait while another worker has one
+    free (vLLM's single semaphore would send it)."""
     offsets = plan.arrivals()
+    cap = plan.max_concurrency
+    if cap is not None:
+        n = max(1, min(n, cap))
+    caps = split_even(cap, n) if cap is not None else None
     dealt = deal(offsets, n)
     active = [k for k in range(n) if dealt[k][0]] or [0]
     shards = []
@@ -266,7 +275,12 @@ def shard_open(target: Target, plan: OpenLoopPlan, n: int) -> list[Shard]:
             else max(1, math.ceil(plan.max_failures / len(active)))
         )
         wplan = replace(
-            plan, rate=plan.rate / n, requests=len(offs), max_failures=mf, seed=plan.seed + k
+            plan,
+            rate=plan.rate / n,
+            requests=len(offs),
+            max_failures=mf,
+            seed=plan.seed + k,
+            max_concurrency=None if caps is None else caps[k],
         )
         shards.append(Shard(worker=k, job=Job("open", target, wplan, offs, idx)))
     return shards

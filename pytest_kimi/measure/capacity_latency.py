@@ -139,10 +139,8 @@ def samples(
                 continue
             gaps = inter_token_latencies([r])
             times = np.frombuffer(r.chunk_times, dtype=np.float64)
-            counts = np.maximum(
-                np.rint(np.frombuffer(r.chunk_events, dtype=np.uint32)[1:] * r.tokens_per_event),
-                1,
-            ).astype(np.int64)
+            # the same counts inter_token_latencies shares each read's gap by
+            counts = np.maximum(np.rint(r.read_tokens()[1:]), 1).astype(np.int64)
             ends = np.repeat(times[1:], counts)
             starts = np.repeat(times[:-1], counts)
             values.extend(gaps.tolist())

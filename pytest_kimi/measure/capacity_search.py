@@ -781,6 +781,8 @@ async def run_capacity(
             judged = search.tell(probe.load, outcome_of(level, settings))
             _label_level(level, judged, settings)
             result.levels = sorted(measured.values(), key=lambda lv: lv.spec.load)
+            if spec.level_done is not None:
+                spec.level_done(level)
         estimate = search.estimate()
     finally:
         try:
@@ -810,6 +812,13 @@ def _merged(first: Any, more: Any, spec: Any) -> Any:
     level.server_time_s = round((first.server_time_s or 0.0) + (more.server_time_s or 0.0), 3)
     level.prompt_tokens = prompt_tokens_summary(trials)
     level.replaced_trials = [*first.replaced_trials, *more.replaced_trials]
+    level.trial_windows = [
+        *first.trial_windows,
+        *(
+            dataclasses.replace(w, trial=len(first.trial_windows) + i)
+            for i, w in enumerate(more.trial_windows)
+        ),
+    ]
     notes = [e for e in [*first.errors, *more.errors] if e.startswith("note:")]
     level.errors.extend(n for n in dict.fromkeys(notes) if n not in level.errors)
     return level

@@ -29,6 +29,13 @@ know, for packed events (``stream_interval``: a burst is then every stream that 
 in that step), and for jittered or late steps (steps that arrive together form one burst,
 which is in or out as a whole).  A lone stream's window is [first read, last read), so its
 rate is its per-request decode rate, (tokens - 1) / (last - first).
+
+What each read brought is the record's own count (:meth:`RequestRecord.read_tokens`: the
+stream's running usage where the server sends it, else its events' text), never the stream's
+mean per event: SGLang sends a first event of one token, then ``stream_interval`` at a time,
+the rest with the finish, and a mean put every stream's edges a few tokens off (-3.1% at
+interval 8, C=4, 256 tokens).  A closed-loop window counts the tokens its steps generated,
+each dated back from the read that brought it (:func:`tokens_in_steps`).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import numpy as np
 
 from pytest_kimi.load.runner import TrialRecords
 from pytest_kimi.workload.markers import LevelSpec
-from pytest_kimi.load.records import RequestRecord
+from pytest_kimi.load.records import UNKNOWN_USAGE, RequestRecord
 from pytest_kimi.load.sse import running_usage, usage_below_events_message
 
 CLIENT_LAG_LIMIT_S = 0.02
@@ -258,8 +265,10 @@ def tokens_between(records: Iterable[RequestRecord], start: float, end: float) -
     eight at a time, and streams that started together stay in phase, so counting whole reads
     in a short window is off by up to eight steps' tokens at each end; a stream's tokens,
     though, come at an even pace between its reads, and interpolating gets each boundary
-    right to a fraction of a token per stream.  Before its first read a stream has no tokens,
-    after its last it has them all.
+    right to a fraction of a token per stream.  The reads' positions are the stream's own
+    (:meth:`RequestRecord.read_positions`: its running usage where the server sends it), so
+    SGLang's first event of one token and its short last one are where they are, not a mean
+    event apart.  Before its first read a stream has no tokens, after its last it has them all.
     """
     total = 0.0
     for rec in records:
@@ -268,7 +277,7 @@ def tokens_between(records: Iterable[RequestRecord], start: float, end: float) -
         times = np.frombuffer(rec.chunk_times, dtype=np.float64)
         if times[-1] < start or times[0] >= end:
             continue
-        tokens = np.cumsum(np.frombuffer(rec.chunk_events, dtype=np.uint32)) * rec.tokens_per_event
+        tokens = rec.read_positions()
         at = np.interp([start, end], times, tokens, left=0.0, right=float(tokens[-1]))
         total += float(at[1] - at[0])
     return total
@@ -277,20 +286,26 @@ def tokens_between(records: Iterable[RequestRecord], start: float, end: float) -
 def count_cut_tokens(records: Sequence[RequestRecord]) -> int:
     """Give the streams a time box cut their token counts; returns how many were estimated.
 
-    A cut stream never got its final ``usage``.  Stationary trials ask for
-    ``continuous_usage_stats`` (SGLang and vLLM put the usage so far on every chunk), so the
-    stream's last read says how many tokens it had: exact.  A server that ignores the option
+    A cut stream never got its final ``usage``.  Trials ask for ``continuous_usage_stats``
+    (SGLang and vLLM put the usage so far on every chunk), so the stream's last read says how
+    many tokens it had (:attr:`RequestRecord.chunk_usage`): exact.  A server that ignores the option
     leaves an estimate: the stream's events times the tokens per event of the trial's
     finished streams (events may carry several tokens, ``stream_interval``), counted and
     reported by the caller.
     """
+    # a mean is what is meant here: a stream without running usage is given the events of
+    # the finished ones' pattern, whose first and last events fall where they may
     done = [r.tokens_per_event for r in records if r.ok and not r.cut and r.completion_tokens]
     per_event = median(done) if done else 1.0
     estimated = 0
     for rec in records:
         if not rec.cut or not rec.chunk_events:
             continue
-        told = running_usage(rec.last_read)
+        told: int | None = None
+        if rec.chunk_usage and rec.chunk_usage[-1] != UNKNOWN_USAGE:
+            told = rec.chunk_usage[-1]  # the parser read it off the last read already
+        else:
+            told = running_usage(rec.last_read)
         rec.last_read = b""
         if told is not None and told < rec.events:
             # fewer tokens than events streamed cannot be true (each event carries one or
@@ -340,30 +355,79 @@ def burst_start(times: np.ndarray, anchor: float, step: float) -> float:
 
 
 def tokens_in_window(records: Iterable[RequestRecord], start: float, end: float) -> float:
-    """Token arrivals in [start, end): a closed-loop window's first burst in, its last out.
-
-    A block's events are weighted by ``completion_tokens / events`` of its request, so a server
-    that packs several tokens into one event (SGLang's ``stream_interval``) is counted right.
-    """
+    """Tokens of the reads that arrived in [start, end), each read weighted by the tokens it
+    brought (:meth:`RequestRecord.read_tokens`): an open-loop window's count, whose ends are
+    instants of the trial, not steps."""
     total = 0.0
     for rec in records:
         if not rec.chunk_times:
             continue
         times = np.frombuffer(rec.chunk_times, dtype=np.float64)
-        events = np.frombuffer(rec.chunk_events, dtype=np.uint32)
         inside = (times >= start) & (times < end)
-        total += float(events[inside].sum()) * rec.tokens_per_event
+        if inside.any():
+            total += float(rec.read_tokens()[inside].sum())
     return total
 
 
+def tokens_in_steps(records: Sequence[RequestRecord], start: float, end: float) -> float:
+    """Tokens generated in a closed-loop window [start, end): the steps from the burst that
+    starts it up to, not including, the burst that ends it.
+
+    A read brings the tokens the server generated one a step since the stream's read before
+    (:meth:`RequestRecord.read_tokens`), the last of them just before the read; so each
+    token is dated back from its read, ``k`` steps for the ``k``-th last (a step: the
+    streams' median time per token, :func:`step_gap`), and counted when that falls in the
+    window.  Both edges are taken half a step early: a burst's reads, and so the tokens
+    dated back from them, spread a little after its first read, and a token of the step
+    before the burst is dated a whole step before it.  With one token a read that is the
+    reads of the bursts [start, end), as it always was.  A
+    packed stream (SGLang's ``stream_interval``: one token first, then ``stream_interval`` at
+    a time, the rest with the finish) has reads only every few steps, so counting its reads
+    dropped its last event, whose tokens the window's last steps generated (-3.1% at
+    interval 8, C=4, 256 tokens); interpolating between reads instead leaned on the first
+    read, which the client stamps late while its C streams start (+0.15%).  A read that
+    brought several tokens because the client read it late is dated back the same way.
+    """
+    step = step_gap(records)
+    total = 0.0
+    for rec in records:
+        if not rec.chunk_times:
+            continue
+        times = np.frombuffer(rec.chunk_times, dtype=np.float64)
+        if times[-1] < start:
+            continue  # every token dated before its read: all before the window
+        tokens = rec.read_tokens()
+        total += float(
+            (
+                _generated_before(times, tokens, end - 0.5 * step, step)
+                - _generated_before(times, tokens, start - 0.5 * step, step)
+            ).sum()
+        )
+    return total
+
+
+def _generated_before(
+    times: np.ndarray, tokens: np.ndarray, instant: float, step: float
+) -> np.ndarray:
+    """Per read, its tokens dated (one a step back from the read) strictly before ``instant``:
+    all of a read before it; of a later read, those ``d`` steps back with ``d > (read -
+    instant) / step``; without a step, the reads' own times."""
+    if step <= 0.0:
+        return np.where(times < instant, tokens, 0.0)
+    back = np.floor((times - instant) / step)
+    return np.where(times < instant, tokens, np.clip(tokens - back - 1.0, 0.0, tokens))
+
+
 def inter_token_latencies(records: Iterable[RequestRecord]) -> np.ndarray:
-    """One gap per token after the first read: a read's gap is shared by the tokens in it."""
+    """One gap per token after the first read: a read's gap is shared by the tokens it brought
+    (:meth:`RequestRecord.read_tokens`; SGLang's packed events carry 1, then
+    ``stream_interval``, then the rest, and each gets its own share)."""
     parts = []
     for rec in records:
         if len(rec.chunk_times) < 2:
             continue
         times = np.frombuffer(rec.chunk_times, dtype=np.float64)
-        tokens = np.frombuffer(rec.chunk_events, dtype=np.uint32)[1:] * rec.tokens_per_event
+        tokens = rec.read_tokens()[1:]
         counts = np.maximum(np.rint(tokens), 1).astype(np.int64)
         parts.append(np.repeat(np.diff(times) / counts, counts))
     return np.concatenate(parts) if parts else np.empty(0)
@@ -517,7 +581,13 @@ def summarize_trial(
             )
     else:
         window_s = window[1] - window[0]
-        count = tokens_between if tr.cut_at is not None else tokens_in_window
+        count = (
+            tokens_between
+            if tr.cut_at is not None
+            else tokens_in_window
+            if open_loop
+            else tokens_in_steps
+        )
         window_tokens = count(ok, *window)
         tok_s = window_tokens / window_s
     if empty:

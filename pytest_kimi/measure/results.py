@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
+from pytest_kimi.workload.markers import LevelSpec, Targets, Workload, ratio_fields
 from pytest_kimi.measure.latency import LevelLatency
+from pytest_kimi.measure.windows import TrialWindow
+from pytest_kimi.measure.peer_figures import PeerFigures, empty_peer_dict, peer_figures
 from pytest_kimi.measure.metrics import (
     LatencyLimits,
     LevelFigures,
@@ -93,6 +95,14 @@ class LevelResult:
     """Trials voided for a transient reason (a stalled client) and measured again."""
     capacity_level: dict[str, Any] | None = None
     """A ``@capacity`` search's point: whether every ceiling held, by what margin."""
+    trial_windows: list[TrialWindow] = field(default_factory=list)
+    """Every trial measured, replaced ones included, in order: its window's bounds, clock
+    offset, tokens and tok/s (:mod:`pytest_kimi.measure.windows`), so each figure can be
+    recomputed and reconciled (JSON ``trial_windows``)."""
+    peer: PeerFigures | None = None
+    """The figures peers report (TTFT/ITL/TPOT/E2E at mean, std, p50-p99, requests/s, input
+    and total tok/s: :mod:`pytest_kimi.measure.peer_figures`); set by :func:`judge_level`.
+    None (its keys null) for a level not run."""
     # -- judged (gate/policy.py) and annotated (run/conductor.py)
     comparison: BaselineComparison | None = None
     latency: LevelLatency | None = None
@@ -141,8 +151,13 @@ class LevelResult:
             "reasons": list(self.reasons),
             "errors": list(self.errors),
             "trials": len(self.trials),
+            "trial_windows": [w.to_dict() for w in self.trial_windows],
             "client": _client_summary(self.trials),
         }
+        # the peers' figures; the ones the level had before (ttft_s_p50, ttft_s_p95,
+        # itl_s_p50) keep their own values (the same definition: equal)
+        peer = empty_peer_dict() if self.peer is None else self.peer.to_dict()
+        out.update((k, v) for k, v in peer.items() if k not in out)
         if f.reasoning is not None:
             out.update(reasoning_dict(f.reasoning))
         if self.spec.rate is not None:
@@ -326,6 +341,16 @@ def workload_dict(workload: Workload) -> dict[str, Any]:
         # ``prompts``: content hash, sample size, seed)
         out["shared_prefix_tokens"] = workload.shared_prefix_tokens
         out["prefix_groups"] = workload.prefix_groups or 1
+    # the load knobs of docs/workloads.md, each keyed only where it is set (an old baseline
+    # has none of them and still matches a test without them)
+    if workload.range_ratio is not None:
+        # the drawn lengths are the workload: the ratio and the seed that drew them
+        out.update(ratio_fields(workload.range_ratio))
+        out["seed"] = workload.seed
+    if workload.burstiness != 1.0:
+        out["burstiness"] = workload.burstiness  # 1: Poisson, the schedule before the knob
+    if workload.max_concurrency is not None:
+        out["max_concurrency"] = workload.max_concurrency
     return out
 
 
@@ -463,6 +488,13 @@ def judge_level(
         reasons=reasons,
         target_tok_s=floor,
         errors=errors,
+        peer=peer_figures(
+            trials,
+            figures.tok_s,
+            clock,
+            max_tokens=level.max_tokens,
+            ignore_eos=workload.ignore_eos,
+        ),
     )
 
 

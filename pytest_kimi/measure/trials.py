@@ -16,9 +16,17 @@ from time import perf_counter
 from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
 from pytest_kimi.load.request import Target
-from pytest_kimi.load.openloop import OpenLoopPlan
+from pytest_kimi.load.openloop import OpenLoopPlan, queue_waits
 from pytest_kimi.load.runner import TRIAL_ID_BITS, LiveTrial, TrialClient, TrialPlan, TrialRecords
-from pytest_kimi.workload.markers import DEFAULT_PROTOCOL, STATIONARY, LevelSpec, Targets, Workload
+from pytest_kimi.workload.markers import (
+    DEFAULT_PROTOCOL,
+    STATIONARY,
+    LevelSpec,
+    Targets,
+    Workload,
+    ratio_key,
+)
+from pytest_kimi.workload.prompts import length_bounds
 from pytest_kimi.measure.metrics import (
     SETTLE_MIN_S,
     SETTLE_STEPS,
@@ -29,6 +37,7 @@ from pytest_kimi.measure.metrics import (
 )
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, judge_level, not_run_level
 from pytest_kimi.measure.shapes import fill_up_note, turn_figures
+from pytest_kimi.measure.windows import TrialWindow, trial_window, unix_offset
 from pytest_kimi.verdicts import Verdict
 
 WARMUP_MAX_TOKENS = 16
@@ -220,6 +229,10 @@ class MeasureSpec:
     output_tokens: dict[int | None, list[int]] = field(default_factory=dict)
     """A dataset's own output length of each body (0: the level's ``max_tokens``); a level
     caps them at its ``max_tokens`` (:meth:`lengths_for`).  Empty: every body has the level's."""
+    queue_waits: dict[tuple[LevelSpec, int], list[float]] = field(default_factory=dict)
+    """Under ``max_concurrency``: per (level, trial index) how long each arrival waited for a
+    slot, wall seconds (a replaced trial's are overwritten by the trial that replaces it);
+    :meth:`annotate_level` summarises and drops them."""
     level_info: Callable[[LevelSpec], tuple[dict[str, Any], list[str]]] | None = None
     """Per level: fields for its JSON (a dataset's sample at the level's cap, the shared
     prefix) and notes for its reports (estimated lengths, a sample too small for C)."""
@@ -228,22 +241,65 @@ class MeasureSpec:
     warmup_bodies: int = 2
     """Distinct bodies the warm-up cycles through: one per shared-prefix group, so the groups'
     system prompts are in the server's cache before the first level."""
+    level_done: Callable[[LevelResult], None] | None = None
+    """Called with each level once it is final, before the next one starts
+    (``--perf-requests`` appends its requests there, so an interrupted run keeps the levels it
+    finished); a capacity top-up calls it again with the merged level.  It must not raise."""
+
+    def _raws(self, level: LevelSpec) -> list[bytes]:
+        """The level's encoded bodies (at ``max_tokens`` 0); under an output range at least
+        one per drawn length (a prompt set shorter than the draws is cycled), so body ``k``
+        has draw ``k``."""
+        raws = self.bodies[level.input_tokens]
+        drawn = self.workload.output_lengths(level.max_tokens)
+        if drawn is None or len(raws) >= len(drawn):
+            return raws
+        return [raws[k % len(raws)] for k in range(len(drawn))]
 
     def lengths_for(self, level: LevelSpec) -> list[int] | None:
-        """Each body's ``max_tokens`` at this level; None when all have the level's."""
+        """Each body's ``max_tokens`` at this level; None when all have the level's: a
+        dataset's own lengths (capped at the level's), or ``range_ratio``'s draws."""
+        drawn = self.workload.output_lengths(level.max_tokens)
+        if drawn is not None:
+            return [drawn[k % len(drawn)] for k in range(len(self._raws(level)))]
         own = self.output_tokens.get(level.input_tokens)
         if own is None:
             return None
         return [min(n, level.max_tokens) if n else level.max_tokens for n in own]
 
     def bodies_for(self, level: LevelSpec) -> list[bytes]:
-        stationary = self.workload.protocol_for(level, self.protocol) == STATIONARY
-        raws = self.bodies[level.input_tokens]
+        """The level's bodies, each with its own ``max_tokens`` written in."""
+        raws = self._raws(level)
         lengths = self.lengths_for(level) or [level.max_tokens] * len(raws)
         return [
-            _running_usage(raw, stationary).replace(MAX_TOKENS_SLOT, b'"max_tokens":%d' % n, 1)
+            _running_usage(raw).replace(MAX_TOKENS_SLOT, b'"max_tokens":%d' % n, 1)
             for raw, n in zip(raws, lengths)
         ]
+
+    def length_info(self, level: LevelSpec) -> dict[str, Any]:
+        """``range_ratio``'s draws at this level, for its JSON (``length_range``): the ratio,
+        the ranges drawn from, and what the draws came to (empty without a range)."""
+        w = self.workload
+        if w.range_ratio is None:
+            return {}
+        out: dict[str, Any] = {"range_ratio": ratio_key(w.range_ratio)}
+        drawn = {
+            "input_tokens": w.input_lengths(level.input_tokens),
+            "max_tokens": w.output_lengths(level.max_tokens),
+        }
+        for (name, lengths), value, ratio in zip(
+            drawn.items(), (level.input_tokens, level.max_tokens), w.range_ratio
+        ):
+            if lengths is None or value is None:
+                continue
+            out[name] = {
+                "range": list(length_bounds(value, ratio)),
+                "draws": len(lengths),
+                "mean": round(sum(lengths) / len(lengths), 1),
+                "min": min(lengths),
+                "max": max(lengths),
+            }
+        return {"length_range": out}
 
     def stationary_openers(self, level: LevelSpec, offset: int) -> tuple[list[bytes], list[int]]:
         """The first request of each of the level's C streams, and its ``max_tokens``.
@@ -251,18 +307,64 @@ class MeasureSpec:
         Stream ``w`` opens with ``ceil((w + 0.5) / C * max_tokens)`` tokens: the streams then
         finish their first requests one after another, evenly over a request's length, and
         from there on every decode position is held by one stream -- the batch is in its
-        steady mix from the first steps, so any window of it measures the same rate.
+        steady mix from the first steps, so any window of it measures the same rate.  Under
+        an output range (``range_ratio``) the fraction is of the stream's own body's drawn
+        length: each opens part way through a request of the drawn mix.
         """
         c = level.concurrency or 1
-        raws = _rotated(self.bodies[level.input_tokens], offset)
-        lengths = [max(1, math.ceil((w + 0.5) / c * level.max_tokens)) for w in range(c)]
+        raws = _rotated(self._raws(level), offset)
+        own = self.lengths_for(level)
+        full = _rotated(own, offset) if own is not None else [level.max_tokens] * len(raws)
+        lengths = [max(1, math.ceil((w + 0.5) / c * full[w % len(full)])) for w in range(c)]
         bodies = [
-            _running_usage(raws[w % len(raws)], True).replace(
-                MAX_TOKENS_SLOT, b'"max_tokens":%d' % n, 1
-            )
+            _running_usage(raws[w % len(raws)]).replace(MAX_TOKENS_SLOT, b'"max_tokens":%d' % n, 1)
             for w, n in enumerate(lengths)
         ]
         return bodies, lengths
+
+    def annotate_level(self, result: LevelResult, trials: Sequence[TrialResult]) -> None:
+        """The workload knobs' part of a finished level: ``range_ratio``'s draws
+        (``length_range``) and, under ``max_concurrency``, how late the cap let the arrivals
+        go (``client_queue``, server seconds, and a note that reports show)."""
+        level = result.spec
+        result.extra.update(self.length_info(level))
+        cap = self.workload.max_concurrency
+        if cap is None or level.rate is None:
+            return
+        kept = [self.queue_waits.pop((level, t.index), []) for t in trials]
+        waits = [x * self.clock for trial_waits in kept for x in trial_waits]
+        for key in [k for k in self.queue_waits if k[0] == level]:
+            del self.queue_waits[key]
+        if not waits:
+            return
+        ranked = sorted(waits)
+        queued = [x for x in waits if x > 0]
+
+        def pct(q: float) -> float:
+            return ranked[min(len(ranked) - 1, max(0, math.ceil(q / 100 * len(ranked)) - 1))]
+
+        summary = {
+            "max_concurrency": cap,
+            "arrivals": len(waits),
+            "queued": len(queued),
+            "wait_s_mean": round(sum(waits) / len(waits), 5),
+            "wait_s_p50": round(pct(50), 5),
+            "wait_s_p90": round(pct(90), 5),
+            "wait_s_p99": round(pct(99), 5),
+            "wait_s_max": round(ranked[-1], 5),
+        }
+        result.extra["client_queue"] = summary
+        achieved = result.figures.achieved_rate
+        sent = f"; sent at {achieved:.3g}/s of the offered {level.rate:g}/s" if achieved else ""
+        if queued:
+            note = (
+                f"max_concurrency={cap}: {len(queued)} of {len(waits)} arrivals waited for a "
+                f"free slot (p50 {summary['wait_s_p50']:.3g} s, p99 {summary['wait_s_p99']:.3g} "
+                f"s, max {summary['wait_s_max']:.3g} s, in the server's seconds){sent}"
+            )
+        else:
+            note = f"max_concurrency={cap}: no arrival waited for a slot{sent}"
+        result.errors.append(f"note: {note}")
 
     def prompts_key(self, level: LevelSpec) -> str:
         return self.prompts_keys[level.input_tokens]
@@ -282,10 +384,15 @@ _USAGE_OPTION = b'"stream_options":{"include_usage":true}'
 _RUNNING_USAGE_OPTION = b'"stream_options":{"include_usage":true,"continuous_usage_stats":true}'
 
 
-def _running_usage(raw: bytes, on: bool) -> bytes:
-    """A stationary trial's body asks for the usage on every chunk: the streams its time box
-    cuts never get a final one (:func:`~pytest_kimi.measure.metrics.count_cut_tokens`)."""
-    return raw.replace(_USAGE_OPTION, _RUNNING_USAGE_OPTION, 1) if on else raw
+def _running_usage(raw: bytes) -> bytes:
+    """Every measured body asks for the usage on every chunk (``continuous_usage_stats``),
+    whatever the protocol: each read's running usage is the exact position of its tokens
+    (:meth:`~pytest_kimi.load.records.RequestRecord.read_positions`; SGLang packs 1, then
+    ``stream_interval``, then the rest, so a mean per event misplaces a window's edges), and
+    the streams a stationary time box cuts never get a final usage
+    (:func:`~pytest_kimi.measure.metrics.count_cut_tokens`).  A server that ignores the
+    option costs nothing: the parser looks for it once, at a stream's first token read."""
+    return raw.replace(_USAGE_OPTION, _RUNNING_USAGE_OPTION, 1)
 
 
 _T = TypeVar("_T")
@@ -432,10 +539,17 @@ def trial_limit(spec: MeasureSpec, level: LevelSpec, previous_s: float | None = 
     if duration_s is not None:
         spans.append(duration_s)
     arrivals = min(spans, default=0.0)
+    cap = w.max_concurrency
+    # under max_concurrency the arrivals queue for slots: the cap's rounds of requests
+    sent = requests if requests is not None else math.ceil(rate * (duration_s or 0.0))
+    rounds = math.ceil(max(1, sent) / cap) if cap is not None else 1
     if pace is None:
-        return TrialLimit(arrivals + w.timeout_s, _TIMEOUT, 1.0)
+        return TrialLimit(max(arrivals, (rounds - 1) * w.timeout_s) + w.timeout_s, _TIMEOUT, 1.0)
     # Little's law at the pace seen: the requests in flight while the arrivals run
     flying = max(1.0, rate * pace.request_s(level, 1))
+    if cap is not None and flying > cap:
+        # the cap holds the rest back: cap in flight, each slot sending rounds in a row
+        return TrialLimit(max(arrivals, rounds * pace.request_s(level, cap)), _PACE)
     return TrialLimit(arrivals + pace.request_s(level, flying), _PACE)
 
 
@@ -498,10 +612,16 @@ async def run_trial(
             timeout_s=w.timeout_s,
             max_failures=max_failures,
             seed=w.seed + index,
+            burstiness=w.burstiness,
+            max_concurrency=w.max_concurrency,
             wall_limit_s=limit_s,
             **spec.next_unique(),
         )
         tr = await client.run_open_loop(spec.target, open_plan, live)
+        if open_plan.max_concurrency is not None:
+            spec.queue_waits[(level, index)] = queue_waits(
+                tr.records, open_plan.arrivals(), tr.started
+            )
     lengths = spec.lengths_for(level)
     trial = summarize_trial(
         index,
@@ -519,13 +639,17 @@ async def run_trial(
 
 
 def check_own_lengths(trial: TrialResult, lengths: Sequence[int]) -> None:
-    """The ``ignore_eos`` check where every body has its own ``max_tokens`` (a dataset):
-    request ``g`` (its global index) sent body ``g % len(lengths)`` of the trial's rotated
-    list, so it must have returned exactly that many tokens."""
+    """The ``ignore_eos`` check where every body has its own ``max_tokens`` (a dataset, or
+    ``range_ratio``'s draws): request ``g`` (its global index) sent body ``g % len(lengths)``
+    of the trial's rotated list, so it must have returned exactly that many tokens (a
+    stationary opener: its record's own ``max_tokens``)."""
+    # a stationary stream's first request has its own, shorter max_tokens (on its record)
     short = [
-        (r.completion_tokens, lengths[r.index % len(lengths)])
+        (r.completion_tokens, want)
         for r in trial.records
-        if r.ok and not r.cut and r.completion_tokens != lengths[r.index % len(lengths)]
+        if r.ok
+        and not r.cut
+        and r.completion_tokens != (want := r.max_tokens or lengths[r.index % len(lengths)])
     ]
     if short:
         got, asked = short[0]
@@ -645,6 +769,7 @@ async def _measure_level(
     label = spec.workload.label(level)
     watchers = _watchers(spec)
     replaced: list[str] = []
+    windows: list[TrialWindow] = []
     previous_s: float | None = None
     while len(trials) < planned:
         stationary = spec.workload.protocol_for(level, spec.protocol) == STATIONARY
@@ -661,11 +786,17 @@ async def _measure_level(
         finally:
             if ticker is not None:
                 ticker.cancel()
+        clock_pair = unix_offset()  # at the trial, for its window's start_unix
         for watcher in watchers:
             await watcher.after_trial(trial)
         previous_s = trial.wall_s
         offset += trial.requests_ok + trial.requests_failed
-        if _replaceable(trial) and len(replaced) < MAX_REPLACED_TRIALS:
+        keep = not (_replaceable(trial) and len(replaced) < MAX_REPLACED_TRIALS)
+        # every trial measured has a window record, a replaced one too (kept=False)
+        windows.append(
+            trial_window(trial, len(windows), kept=keep, clock=spec.clock, offset=clock_pair)
+        )
+        if not keep:
             replaced.append(f"trial {len(trials) + len(replaced) + 1} replaced: {trial.invalid[0]}")
             continue
         trials.append(trial)
@@ -694,6 +825,8 @@ async def _measure_level(
     result = judge_level(
         level, spec.workload, spec.targets, trials, spec.prompts_key(level), spec.clock
     )
+    spec.annotate_level(result, trials)  # range_ratio's draws, max_concurrency's queue
+    result.trial_windows = windows
     protocol = spec.workload.protocol_for(level, spec.protocol)
     result.protocol = protocol if protocol == STATIONARY else None
     result.server_time_s = round((perf_counter() - level_start) * spec.clock, 3)
@@ -765,6 +898,8 @@ async def measure_test(
                 continue
             measured = await measure_level(client, spec, level, progress)
             result.levels.append(measured)
+            if spec.level_done is not None:
+                spec.level_done(measured)
             if (verdict := Verdict.of(measured.verdict)) is not None and verdict.stops_sweep:
                 stop_reason = f"not run: {measured.label} ended in error"
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from pytest_kimi.plugin.state import (
     PASS_UNREACHABLE,
     PLAN,
     REPORT_ATTR,
+    REQUESTS,
     RESULT,
     STATE,
     RunState,
@@ -39,6 +41,8 @@ from pytest_kimi.plugin.xdist import PERF_GROUP, group_perf_tests, worker_groups
 from pytest_kimi.gate.capacity_gate import capacity_failure
 from pytest_kimi.history.urls import url_secrets
 from pytest_kimi.report.record import TestRecord
+from pytest_kimi.report.requests_file import RequestsFile
+from pytest_kimi.report.requests_file import start as start_requests_file
 from pytest_kimi.report.terminal import format_test
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.run.gating import GateContext, marker_pass_unreachable, session_pass_unreachable
@@ -115,6 +119,7 @@ def pytest_configure(config: pytest.Config) -> None:
         register_secret(secret)
     if not is_worker(config):  # the controller writes the reports, and checked their paths
         _check_report_paths(config, opts)
+    _open_requests_file(config, opts)
     config.stash[STATE] = RunState()
     config.stash[GATE] = GateContext.from_options(opts)
     try:
@@ -143,6 +148,23 @@ def _check_report_paths(config: pytest.Config, opts: KimiOptions) -> None:
         check_output_paths(report_paths(opts, junitxml))
     except OutputPathError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _open_requests_file(config: pytest.Config, opts: KimiOptions) -> None:
+    """``--perf-requests``: every measuring process appends to the one file (xdist workers
+    too, under a lock: report/requests_file.py); the controller empties it first, so it holds
+    this run's requests only."""
+    if opts.perf_requests is None:
+        return
+    if not is_worker(config):
+        try:
+            start_requests_file(opts.perf_requests)
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"{opts.source('perf_requests')} {opts.perf_requests}: cannot be written: "
+                f"{exc.strerror or exc}; give another path"
+            ) from None
+    config.stash[REQUESTS] = RequestsFile(opts.perf_requests, Path(config.rootpath) / ".kimi")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

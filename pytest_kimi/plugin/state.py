@@ -15,6 +15,7 @@ import pytest
 from pytest_kimi.baseline import TestBaseline
 from pytest_kimi.measure.results import ThroughputResult
 from pytest_kimi.options import KimiOptions
+from pytest_kimi.report.requests_file import RequestsFile
 from pytest_kimi.run.conductor import TestPlan
 from pytest_kimi.run.gating import GateContext
 from pytest_kimi.server import ServerProfile
@@ -48,6 +49,8 @@ PLAN = pytest.StashKey[TestPlan]()
 RESULT = pytest.StashKey[ThroughputResult]()
 """A perf test's result, set by the measuring fixture."""
 INTERRUPTS = pytest.StashKey[Interrupts]()
+REQUESTS = pytest.StashKey[RequestsFile]()
+"""``--perf-requests``: the file every measuring process appends its levels' requests to."""
 PASS_UNREACHABLE = pytest.StashKey[str]()
 """Set when the gate's settings make ``pass`` unreachable: said before any trial runs."""
 

@@ -18,6 +18,7 @@ from pytest_kimi.files import write_atomic
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.report.capacity_cells import capacity_html
 from pytest_kimi.report.latency_cells import latency_html
+from pytest_kimi.report.peer_cells import peer_html
 from pytest_kimi.report.htmlkit import e as _e
 from pytest_kimi.report.htmlkit import levels_table, page, safe_name, verdict_class
 from pytest_kimi.report.markdown import (
@@ -94,6 +95,9 @@ def _test_section(
     latency = latency_html(test)  # TTFT/ITL vs target and baseline
     if latency:
         parts.append(latency)
+    peer = peer_html(test)  # the figures vLLM/GuideLLM report
+    if peer:
+        parts.append(peer)
     if test.get("error"):
         parts.append(f'<pre class="error">{_e(test["error"])}</pre>')
     notes = []

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.report.capacity_cells import capacity_markdown
 from pytest_kimi.report.latency_cells import latency_markdown
+from pytest_kimi.report.peer_cells import peer_markdown
 from pytest_kimi.report.json_report import run_status
 from pytest_kimi.report.workload_cells import RATES_HEADER, has_rates, rates_cell, shape_lines
 from pytest_kimi.report.dataset_cells import (
@@ -372,6 +373,7 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
         lines += ["", "_no levels measured_"]
     lines += capacity_markdown(test, lambda v: marker(v, failing), cell, text)
     lines += latency_markdown(test, cell, text)  # TTFT/ITL vs target and baseline
+    lines += peer_markdown(test, cell, text)  # the figures vLLM/GuideLLM report
     if test.get("error"):
         lines += ["", "```text", str(test["error"]).replace("```", "'''"), "```"]
     notes: list[str] = []

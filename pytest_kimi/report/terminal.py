@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pytest_kimi.crosscheck.contamination import NOTE_STARTS as CONTAMINATION_NOTES
 from pytest_kimi.report.capacity_cells import capacity_lines
 from pytest_kimi.report.latency_cells import latency_lines
+from pytest_kimi.report.peer_cells import peer_lines
 
 from pytest_kimi.report.workload_cells import RATES_HEADER, has_rates, rates_cell, shape_lines
 from pytest_kimi.report.dataset_cells import (
@@ -80,9 +81,16 @@ def prompt_tokens_cell(level: Mapping[str, Any]) -> str:
     return f"{pt['mean']:.0f}" + ("" if lo == hi else f" ({lo}-{hi})")
 
 
+TERMINAL_NOTES = (*CONTAMINATION_NOTES, "max_concurrency=")
+"""Level notes the terminal summary shows (every other sink shows every note): the
+contamination check's, and how long arrivals queued under a rate's concurrency cap (a capped
+rate is not the offered one, which the operator must see where they look)."""
+
+
 def prompt_notes(test: Mapping[str, Any]) -> list[str]:
     """Where prompt lengths are estimates, the dataset sample and shared prefix, the
-    contamination check's notes (zombies waited for, a check not possible), and a prefix-cache
+    contamination check's notes (zombies waited for, a check not possible), arrivals queued
+    under ``max_concurrency``, and a prefix-cache
     flush that failed: one line each."""
     notes: list[str] = []
     for lv in test.get("levels") or []:
@@ -93,7 +101,7 @@ def prompt_notes(test: Mapping[str, Any]) -> list[str]:
                 notes.append(line)
         for error in lv.get("errors") or []:
             note = str(error)[len("note: ") :]
-            if str(error).startswith("note: ") and note.startswith(CONTAMINATION_NOTES):
+            if str(error).startswith("note: ") and note.startswith(TERMINAL_NOTES):
                 line = f"{lv.get('label')}: {note}"
                 if line not in notes:
                     notes.append(line)
@@ -228,7 +236,9 @@ def session_text(test: Mapping[str, Any]) -> str:
     return f" (s{k + 1})" if isinstance(k, int) else ""
 
 
-def format_test(test: dict[str, Any]) -> list[str]:
+def format_test(test: dict[str, Any], width: int | None = None) -> list[str]:
+    """A test's lines in the terminal summary (and a failed test's message); ``width``: the
+    terminal's (default: as pytest takes it), which the peer figures' table keeps to."""
     w = test.get("workload", {})
     where = (f" on {test['profile']}" if test.get("profile") else "") + session_text(test)
     title = (
@@ -241,6 +251,7 @@ def format_test(test: dict[str, Any]) -> list[str]:
         lines = [title, "  no levels measured"]
     lines += ["  " + line for line in capacity_lines(test)]  # a @capacity test's search
     lines += ["  " + line for line in latency_lines(test)]  # TTFT/ITL vs target and baseline
+    lines += ["  " + line for line in peer_lines(test, width)]  # as vLLM/GuideLLM report them
     shift = test.get("shift")
     if isinstance(shift, Mapping) and shift.get("text"):
         lines.append("  " + str(shift["text"]))

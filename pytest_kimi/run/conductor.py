@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from pytest_kimi.baseline import (
     BaselineError,
@@ -51,7 +51,7 @@ from pytest_kimi.gate.policy import (
     check_comparable,
 )
 from pytest_kimi.measure.capacity_search import SearchSettings, run_capacity
-from pytest_kimi.measure.results import ServerExit, ThroughputResult, spec_key
+from pytest_kimi.measure.results import LevelResult, ServerExit, ThroughputResult, spec_key
 from pytest_kimi.measure.trials import MeasureSpec, ProgressFn
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.workload.capacity_marker import CapacitySpec
@@ -136,6 +136,8 @@ class Conditions:
     replace_corrupt: bool = False
     """``--update-baselines=force``: a corrupt baseline file is measured as none, so that the
     update at the end can replace it (without force it fails the test before any load)."""
+    level_done: Callable[[LevelResult], None] | None = None
+    """Called with each level once it is final (``--perf-requests``: ``MeasureSpec.level_done``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +206,7 @@ def conduct(
     """
     settings = settings.for_test(plan.targets)  # marker tolerance=/alpha= > the session's
     prepared = prepare(plan, nodeid, measurer, endpoint, comparison, conditions)
+    prepared.spec.level_done = conditions.level_done
     flush_note = flush_cache(server)
     if conditions.server_metrics:
         prepared.spec.observer = ServerMetricsObserver(endpoint.url, endpoint.headers())

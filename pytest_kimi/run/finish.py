@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from pytest_kimi.baseline.update import update_baselines
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.report.json_report import build_report, write_json, write_text
+from pytest_kimi.report.requests_file import problems_in
 from pytest_kimi.run.gating import GateContext
 from pytest_kimi.run.server_starts import pool_sessions, session_noise
 from pytest_kimi.scrub import scrub, scrub_text
@@ -96,6 +97,8 @@ def finish_run(
     summary.problems.extend(
         write_reports(opts, report, gate.settings.failing_verdicts(), os.environ)
     )
+    if opts.perf_requests is not None:  # appended by the measuring processes, as levels ended
+        summary.problems.extend(problems_in(tests))
     return summary
 
 

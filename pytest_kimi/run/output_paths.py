@@ -37,7 +37,7 @@ class Target(Enum):
     """What the sink writes at its path."""
 
     FILE = "file"
-    """One file (``--perf-json``, ``--perf-markdown``, ``--junitxml``)."""
+    """One file (``--perf-json``, ``--perf-markdown``, ``--perf-requests``, ``--junitxml``)."""
     DIRECTORY = "directory"
     """A directory of files (``--perf-html``: ``index.html`` and its charts)."""
 
@@ -55,7 +55,7 @@ class OutputPath:
 
 
 def report_paths(opts: KimiOptions, junitxml: str | os.PathLike[str] | None) -> list[OutputPath]:
-    """The session's report paths: the plugin's three and pytest's ``--junitxml`` (relative:
+    """The session's report paths: the plugin's four and pytest's ``--junitxml`` (relative:
     against the working directory, as pytest writes it)."""
     found = [
         OutputPath(opts.source(name), path, target)
@@ -63,6 +63,7 @@ def report_paths(opts: KimiOptions, junitxml: str | os.PathLike[str] | None) -> 
             ("perf_json", opts.perf_json, Target.FILE),
             ("perf_markdown", opts.perf_markdown, Target.FILE),
             ("perf_html", opts.perf_html, Target.DIRECTORY),
+            ("perf_requests", opts.perf_requests, Target.FILE),
         )
         if path is not None
     ]

@@ -285,7 +285,9 @@ def parse_generation(body: object, kind: str) -> GenParams:
         if not isinstance(options, dict):
             raise BadRequest("'stream_options' must be an object")
         include_usage = _opt_bool(options, "include_usage", False)
-        continuous_usage = include_usage and _opt_bool(options, "continuous_usage_stats", False)
+        # independent of include_usage, as in SGLang 0.5.23 (should_include_usage in
+        # entrypoints/openai/utils.py); vLLM needs both
+        continuous_usage = _opt_bool(options, "continuous_usage_stats", False)
     ignore_eos = _opt_bool(body, "ignore_eos", False)
     chat = kind == "chat"
     return GenParams(
@@ -315,7 +317,6 @@ class _Encoder:
         "model",
         "offset",
         "events",
-        "first_events",
         "_head",
         "thinking",
         "split",
@@ -339,80 +340,123 @@ class _Encoder:
         head = self._head + b'"choices":[{"index":0,'
         if kind == "chat":
             self.events = [head + b'"delta":{"content":' + enc + _CHAT_TAIL for enc in _VOCAB_JSON]
-            self.first_events = [
-                head + b'"delta":{"role":"assistant","content":' + enc + _CHAT_TAIL
-                for enc in _VOCAB_JSON
-            ]
         else:
             self.events = [head + b'"text":' + enc + _TEXT_TAIL for enc in _VOCAB_JSON]
-            self.first_events = self.events
         self.thinking = thinking if kind == "chat" else 0
         """Reasoning tokens this response opens with (usage counts them either way)."""
         self.split = self.thinking if separate else 0
         """First token streamed as content; the ones before it are ``reasoning_content``."""
         self.r_events: list[bytes] = []
         self.role_event = b""
+        """A chat stream opens with a chunk of its own that carries the role and no token,
+        as SGLang 0.5.23's does (``_generate_chat_stream`` in ``serving_chat.py``: the first
+        output yields ``build_sse_content(role="assistant", content="")``, then the tokens)."""
+        if kind == "chat":
+            self.role_event = head + b'"delta":{"role":"assistant","content":""' + _CHAT_TAIL
         if self.split:
-            # SGLang with a reasoning parser: a role chunk of its own, then one chunk per
-            # step with reasoning text, then content chunks (serving_chat.py, 0.5.23)
+            # SGLang with a reasoning parser: one chunk per step with reasoning text, then
+            # content chunks (serving_chat.py, 0.5.23)
             self.r_events = [
                 head + b'"delta":{"reasoning_content":' + enc + _REASONING_TAIL
                 for enc in _VOCAB_JSON
             ]
-            self.role_event = head + b'"delta":{"role":"assistant","content":""' + _CHAT_TAIL
 
-    def tokens(self, start: int, stop: int) -> bytes:
-        """The SSE events of tokens ``start`` (inclusive) to ``stop`` (exclusive)."""
+    def tokens(self, start: int, stop: int, running: int | None = None) -> bytes:
+        """The SSE events of tokens ``start`` (inclusive) to ``stop`` (exclusive), one a token.
+
+        ``running``: the prompt's tokens when every token chunk carries the usage so far
+        (``continuous_usage_stats``); None: ``"usage":null`` on each, as pre-encoded."""
         if stop <= start:
             return b""
         ev = self.events
         v = len(ev)
         off = self.offset
+        role = self.role_event if start == 0 else b""
         if start < self.split:
             mid = min(stop, self.split)
             rev = self.r_events
-            return (self.role_event if start == 0 else b"") + b"".join(
-                [rev[(off + i) % v] for i in range(start, mid)]
-                + [ev[(off + i) % v] for i in range(mid, stop)]
-            )
-        if start == 0:
-            first = self.first_events[off]
-            return first + b"".join([ev[(off + i) % v] for i in range(1, stop)])
-        return b"".join([ev[(off + i) % v] for i in range(start, stop)])
+            parts = [rev[(off + i) % v] for i in range(start, mid)] + [
+                ev[(off + i) % v] for i in range(mid, stop)
+            ]
+        else:
+            parts = [ev[(off + i) % v] for i in range(start, stop)]
+        if running is not None:
+            cut = -len(_NULL_USAGE_END)
+            parts = [
+                e[:cut] + self.running_usage(running, start + j + 1) for j, e in enumerate(parts)
+            ]
+        return role + b"".join(parts)
 
-    def merged(self, start: int, stop: int, interval: int) -> bytes:
-        """Tokens ``start``..``stop`` as events of ``interval`` tokens each (SGLang's
-        ``--stream-interval``): fewer, larger events for the same text."""
+    def merged(self, start: int, stop: int, interval: int, running: int | None = None) -> bytes:
+        """Tokens ``start``..``stop`` as SGLang 0.5.23 streams them with ``--stream-interval``
+        ``interval``: the first token in an event of its own, then events of ``interval``
+        tokens, the last one shorter (the rest, sent with the finish).
+
+        ``OutputStreamer.accept`` (``scheduler_components/output_streamer.py``) sends a
+        stream's output when it has no token sent yet, or when at least ``interval`` tokens
+        are unsent, or when it finishes; with one token a step that puts the events' ends at
+        tokens 1, 1 + interval, 1 + 2 * interval, ...  ``start`` is such an end (the writer
+        only stops on them), so the events come out the same however late it writes.
+        ``running`` as in :meth:`tokens`: each event then carries the usage up to its end."""
         out = []
-        for lo in range(start, stop, interval):
-            hi = min(lo + interval, stop)
+        lo = start
+        while lo < stop:
+            hi = min(1 if lo == 0 else lo + interval, stop)
+            usage = None if running is None else self.running_usage(running, hi)
+            if lo == 0:
+                out.append(self.role_event)
             if lo < self.split:
                 # the step that ends the thinking yields a reasoning chunk, then a content one
-                if lo == 0:
-                    out.append(self.role_event)
                 text = json.dumps(
                     "".join(_token_text(self.offset, i) for i in range(lo, min(hi, self.split))),
                     ensure_ascii=False,
                 ).encode("utf-8")
                 out.append(
-                    self._head
-                    + b'"choices":[{"index":0,"delta":{"reasoning_content":'
-                    + text
-                    + _REASONING_TAIL
+                    _usage_tail(
+                        self._head
+                        + b'"choices":[{"index":0,"delta":{"reasoning_content":'
+                        + text
+                        + _REASONING_TAIL,
+                        usage,
+                    )
                 )
-                lo = self.split
-                if hi <= lo:
+                if hi <= self.split:
+                    lo = hi
                     continue
+                mid = self.split
+            else:
+                mid = lo
             text = json.dumps(
-                "".join(_token_text(self.offset, i) for i in range(lo, hi)), ensure_ascii=False
+                "".join(_token_text(self.offset, i) for i in range(mid, hi)), ensure_ascii=False
             ).encode("utf-8")
             head = self._head + b'"choices":[{"index":0,'
             if self.kind == "chat":
-                role = b'"role":"assistant",' if lo == 0 else b""
-                out.append(head + b'"delta":{' + role + b'"content":' + text + _CHAT_TAIL)
+                event = head + b'"delta":{"content":' + text + _CHAT_TAIL
             else:
-                out.append(head + b'"text":' + text + _TEXT_TAIL)
+                event = head + b'"text":' + text + _TEXT_TAIL
+            out.append(_usage_tail(event, usage))
+            lo = hi
         return b"".join(out)
+
+    def running_usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """``"usage":{...}}\n\n``, the end of a token chunk under ``continuous_usage_stats``:
+        SGLang 0.5.23's ``UsageProcessor.calculate_token_usage(...).model_dump()`` in its
+        key order (``UsageInfo`` in ``protocol.py``), the reasoning so far included."""
+        r = min(self.thinking, completion_tokens)
+        details = b'{"reasoning_tokens":%d}' % r if r else b"null"
+        return (
+            b'"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,'
+            % (
+                prompt_tokens,
+                prompt_tokens + completion_tokens,
+                completion_tokens,
+            )
+            + b'"prompt_tokens_details":null,"reasoning_tokens":%d,"completion_tokens_details":%s}}\n\n'
+            % (
+                r,
+                details,
+            )
+        )
 
     def finish(self, reason: str) -> bytes:
         matched = str(EOS_TOKEN_ID) if reason == "stop" else "null"
@@ -515,34 +559,41 @@ async def _write_events(
     sent = 0
     interval = profile.stream_interval
     hold = profile.keepalive_after_tokens
+    running = params.prompt_tokens if params.continuous_usage and not profile.no_usage else None
     while True:
         if hold is not None and sent >= hold:
             await _keep_alive(request, resp)
             return
         await seq.wait_progress(sent)
-        while interval > 1 and seq.generated < sent + interval and not seq.done:
+        # SGLang 0.5.23's --stream-interval: the first token at once, then an event whenever
+        # `interval` tokens are unsent, the rest with the finish (Encoder.merged)
+        while interval > 1 and sent and seq.generated < sent + interval and not seq.done:
             await seq.wait_progress(seq.generated)
         if seq.state is SeqState.ABORTED:
             _drop_connection(request)
             return
-        n = seq.generated if hold is None else min(seq.generated, hold)
+        n = seq.generated
+        if interval > 1 and not seq.done and n > 1:
+            n = 1 + (n - 1) // interval * interval  # the last event end SGLang has sent by now
+        if hold is not None:
+            n = min(n, hold)
         upto = n if disc is None or n < disc else disc
         if mal is not None and sent <= mal <= upto:
-            data = enc.tokens(sent, mal) + _MALFORMED + enc.tokens(mal, upto)
+            data = enc.tokens(sent, mal, running) + _MALFORMED + enc.tokens(mal, upto, running)
             mal = None
         elif interval > 1:
-            data = enc.merged(sent, upto, interval)
+            data = enc.merged(sent, upto, interval, running)
         else:
-            data = enc.tokens(sent, upto)
+            data = enc.tokens(sent, upto, running)
         sent = upto
         if disc is not None and sent >= disc:
             if data:
                 await resp.write(data)
             _drop_connection(request)
             return
-        if params.continuous_usage and data and not profile.no_usage:
-            data = _with_usage(data, enc, params.prompt_tokens, sent)
         if seq.state is SeqState.FINISHED and sent >= seq.target:
+            # SGLang's chat stream: a finish chunk without usage, then the usage-only chunk
+            # when include_usage asked for it (serving_chat.py, _generate_chat_stream)
             tail = [data, enc.finish(seq.finish_reason)]
             if params.include_usage and not profile.no_usage:
                 tail.append(enc.usage(params.prompt_tokens, sent))
@@ -567,13 +618,9 @@ async def _keep_alive(request: web.Request, resp: web.StreamResponse) -> None:
 _NULL_USAGE_END = b'"usage":null}\n\n'
 
 
-def _with_usage(data: bytes, enc: _Encoder, prompt_tokens: int, completion_tokens: int) -> bytes:
-    """The write's last token chunk with the usage so far in place of ``"usage":null``."""
-    if not data.endswith(_NULL_USAGE_END):
-        return data
-    body = {**_usage(prompt_tokens, completion_tokens), **enc.reasoning_usage(completion_tokens)}
-    usage = json.dumps(body, separators=(",", ":")).encode()
-    return data[: -len(_NULL_USAGE_END)] + b'"usage":' + usage + b"}\n\n"
+def _usage_tail(event: bytes, usage: bytes | None) -> bytes:
+    """``event`` (a pre-encoded chunk ending ``"usage":null}``) with ``usage`` in its place."""
+    return event if usage is None else event[: -len(_NULL_USAGE_END)] + usage
 
 
 async def _complete(
@@ -992,6 +1039,7 @@ async def _sim_truth(request: web.Request) -> web.Response:
         return _error(400, "end must be after start", "BadRequestError")
     tokens, steps, span = engine.truth(start, end)
     wall_tok_s = tokens / span if span > 0 else 0.0
+    between = engine.tokens_between(start, end)
     return web.json_response(
         {
             "tokens": tokens,
@@ -999,6 +1047,10 @@ async def _sim_truth(request: web.Request) -> web.Response:
             "wall_tok_s": wall_tok_s,
             "tok_s": wall_tok_s / engine.profile.speed,
             "speed": engine.profile.speed,
+            "edge_lag_s": engine.edge_lag(start, end),
+            # the window's ends anywhere, each step's tokens spread over its duration
+            "between_tokens": between,
+            "between_tok_s": between / (end - start) / engine.profile.speed,
         }
     )
 

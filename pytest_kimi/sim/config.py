@@ -151,7 +151,11 @@ _KNOBS: dict[str, _Knob] = {
         "request finishes, as SGLang does, not per token",
     ),
     "stream_interval": _Knob(
-        "int", lo=1, hi=10_000, help="tokens per streamed event, like SGLang's --stream-interval"
+        "int",
+        lo=1,
+        hi=10_000,
+        help="like SGLang 0.5.23's --stream-interval: the first token at once, then an event "
+        "whenever this many tokens are unsent, the rest with the finish",
     ),
     "disable_radix_cache": _Knob(
         "bool",

@@ -242,6 +242,10 @@ class SimEngine:
         self.step_tokens: array[int] = array("I")
         """When each step delivered (engine clock, the same CLOCK_MONOTONIC as the client's
         ``perf_counter``) and how many tokens: the truth for any window a client measured."""
+        self.step_lags: array[float] = array("d")
+        """How late each step ended behind its schedule (0 when on time): a step late by half a
+        step or more ran back to back with the next one, whose tokens a client then reads in
+        one burst (:meth:`edge_lag`)."""
         self.late_steps = 0
         self.max_lag_s = 0.0
         self.schedule_resets = 0
@@ -413,6 +417,38 @@ class SimEngine:
         hi = max(bisect_right(self.step_ends, end) - 1, lo)
         span = self.step_ends[hi] - self.step_ends[lo] if hi > lo else 0.0
         return int(sum(self.step_tokens[lo:hi])), hi - lo, span
+
+    def tokens_between(self, start: float, end: float) -> float:
+        """The tokens the engine generated between two instants, each step's tokens spread
+        over its duration (the engine delivers them at its end): the truth of a window whose
+        ends are not on steps (a stationary trial's), like the client's own
+        :func:`~pytest_kimi.measure.metrics.tokens_between` of its reads.  :meth:`truth`
+        takes whole steps instead, which is right for a window on step boundaries but puts a
+        handover step (a stream between two requests: one token fewer) in or out whole."""
+        ends = self.step_ends
+        tokens = self.step_tokens
+
+        def generated(at: float) -> float:
+            k = bisect_right(ends, at)  # the steps ended at or before ``at``
+            done = float(sum(tokens[:k]))
+            if k == 0 or k == len(ends):
+                return done
+            return done + tokens[k] * (at - ends[k - 1]) / (ends[k] - ends[k - 1])
+
+        return generated(end) - generated(start)
+
+    def edge_lag(self, start: float, end: float) -> float:
+        """The latest of the steps around the two ends of a client window ``[start, end)``
+        (each end's step and its neighbours) ended behind schedule: how far the window's edge
+        reads may sit from the steps :meth:`truth` puts them on, and 0 when those steps were
+        on time (a check's bound then needs no allowance for the simulator at all)."""
+        lags = self.step_lags
+        worst = 0.0
+        for at in (start, end):
+            k = bisect_right(self.step_ends, at) - 1
+            for j in range(max(k - 1, 0), min(k + 2, len(lags))):
+                worst = max(worst, lags[j])
+        return worst
 
     @property
     def num_running(self) -> int:
@@ -605,6 +641,7 @@ class SimEngine:
             self.generated_tokens += delivered
             self.step_ends.append(now)
             self.step_tokens.append(delivered)
+            self.step_lags.append(lag if lag > 0.0 else 0.0)
 
     def _waiting_admissible(self) -> bool:
         return bool(self._waiting) and len(self._parked) < self.profile.max_running_requests

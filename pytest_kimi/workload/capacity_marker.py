@@ -57,6 +57,10 @@ NOT_FOR_CAPACITY = {
     "min_goodput": "a goodput floor",
     "requests": "a fixed number of requests per trial, whatever the load",
     "latency_tolerance": "the tolerance of the latency comparison with a baseline",
+    "max_concurrency": (
+        "a cap on the requests in flight, behind which arrivals queue in the client: the "
+        "latencies (from the send) would never show the overload a rate search looks for"
+    ),
 }
 """``@throughput`` arguments that mean nothing for a search, with what they are."""
 

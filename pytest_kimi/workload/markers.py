@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from pytest_kimi.load.records import Api
+from pytest_kimi.workload.prompts import RANGE_DRAWS, draw_lengths, length_bounds
 from pytest_kimi.workload.ramp import Ramp, RampError, check as check_ramp
 
 MARKER_SIGNATURE = (
     "throughput(concurrency=1, rate=None, max_tokens=512, min_tok_s=None, min_request_tok_s=None, "
-    "max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, min_goodput=None, prompts='diverse', input_tokens=None, dataset=None, num_prompts=None, shared_prefix_tokens=None, prefix_groups=None, requests=None, requests_per_stream=1, duration_s=None, turns=1, "
+    "max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, min_goodput=None, prompts='diverse', input_tokens=None, dataset=None, num_prompts=None, shared_prefix_tokens=None, prefix_groups=None, range_ratio=None, burstiness=1.0, max_concurrency=None, requests=None, requests_per_stream=1, duration_s=None, turns=1, "
     "trials=None, warmup=2, ignore_eos=True, timeout_s=600, api='chat', max_error_rate=0, "
     "tolerance=None, alpha=None, latency_tolerance=None, seed=0, protocol=None): measure output tok/s at each concurrency level against an "
     "OpenAI-compatible endpoint before the test body runs, and fail on a missed target"
@@ -64,7 +65,8 @@ class LevelSpec:
 
     concurrency: int | None
     rate: float | None
-    """Requests per second, Poisson arrivals (open loop); exclusive with ``concurrency``."""
+    """Requests per second (open loop): Poisson arrivals, or gamma-distributed gaps with the
+    workload's ``burstiness``; exclusive with ``concurrency``."""
     max_tokens: int
     input_tokens: int | None = None
 
@@ -114,6 +116,20 @@ class Workload:
     prefix cache is exercised on purpose (:mod:`pytest_kimi.workload.prefix`)."""
     prefix_groups: int | None = None
     """How many distinct system prompts (groups) ``shared_prefix_tokens`` deals out, round robin."""
+    range_ratio: tuple[float, float] | None = None
+    """``range_ratio=``: (input, output) ratios r of vLLM's ``--random-range-ratio``: each
+    request's ``input_tokens`` and ``max_tokens`` are drawn uniformly from the integers
+    ``[floor(L * (1 - r)), ceil(L * (1 + r))]`` around the level's L (seeded by ``seed``,
+    :data:`~pytest_kimi.workload.prompts.RANGE_DRAWS` draws a level, cycled).  The input part is
+    0 where the prompts are not synthetic (a prompt set keeps its own lengths).  None: every
+    request has the level's lengths, as before."""
+    burstiness: float = 1.0
+    """Open loop: the shape of the gamma-distributed gaps between arrivals (mean ``1 / rate``,
+    coefficient of variation ``1 / sqrt(burstiness)``), vLLM's ``--burstiness``: 1 is a
+    Poisson process, below 1 burstier, above 1 more even."""
+    max_concurrency: int | None = None
+    """Open loop: at most this many requests in flight; an arrival that finds every slot taken
+    waits for one (vLLM's ``--max-concurrency`` with ``--request-rate``).  None: no cap."""
 
     @property
     def swept(self) -> frozenset[str]:
@@ -132,6 +148,24 @@ class Workload:
         if "input_tokens" in self.swept:
             parts.append(f"input_tokens={level.input_tokens}")
         return " ".join(parts)
+
+    def input_lengths(self, input_tokens: int | None) -> tuple[int, ...] | None:
+        """Each body's drawn prompt length for a level of ``input_tokens`` (None: no input
+        range, every prompt is sized to ``input_tokens``).  The same for every run of one seed."""
+        if self.range_ratio is None or not self.range_ratio[0] or input_tokens is None:
+            return None
+        return draw_lengths(
+            input_tokens, self.range_ratio[0], RANGE_DRAWS, seed=self.seed, what="input"
+        )
+
+    def output_lengths(self, max_tokens: int) -> tuple[int, ...] | None:
+        """Each body's drawn ``max_tokens`` for a level of ``max_tokens`` (None: no output
+        range).  The same for every run of one seed."""
+        if self.range_ratio is None or not self.range_ratio[1]:
+            return None
+        return draw_lengths(
+            max_tokens, self.range_ratio[1], RANGE_DRAWS, seed=self.seed, what="output"
+        )
 
     def protocol_for(self, level: LevelSpec, default: str = DEFAULT_PROTOCOL) -> str | None:
         """The trial protocol of a level: None for open loop (arrivals are its protocol); the
@@ -266,6 +300,7 @@ BOUNDED_ARGS: Mapping[str, Bound] = {
     "timeout_s": MAX_SECONDS,
     "turns": MAX_TURNS,
     "prefix_groups": MAX_PREFIX_GROUPS,
+    "max_concurrency": MAX_CONCURRENCY,
 }
 """Every marker argument with an upper bound (``docs/reference.md``, "Upper bounds")."""
 
@@ -324,6 +359,18 @@ def check_bounds(workload: Workload, *, allow_large: bool = False) -> None:
             value = getattr(level, name)
             if value is not None:
                 check_bound(name, value, BOUNDED_ARGS[name], allow_large=allow_large)
+        if workload.range_ratio is not None:
+            # the longest draw is what a request may ask for
+            for name, value, ratio in (
+                ("input_tokens", level.input_tokens, workload.range_ratio[0]),
+                ("max_tokens", level.max_tokens, workload.range_ratio[1]),
+            ):
+                if value is not None and ratio:
+                    top = length_bounds(value, ratio)[1]
+                    given = (
+                        f"{name}={value} with range_ratio={_ratio_shown(workload)} (up to {top})"
+                    )
+                    check_bound(name, top, MAX_CONTEXT_TOKENS, allow_large=allow_large, given=given)
     for name, bound in BOUNDED_ARGS.items():
         value = getattr(workload, name, None)
         if name not in ("concurrency", "rate", "max_tokens", "input_tokens") and value is not None:
@@ -381,6 +428,76 @@ def _percentile(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 100:
         raise MarkerError(f"{name}={value!r}: expected a number with 0 < x < 100")
     return float(value)
+
+
+RANGE_RATIO_FORM = "a number 0 <= r < 1, or {'input': r_in, 'output': r_out} with each 0 <= r < 1"
+
+
+def _ratio(name: str, value: Any) -> float:
+    """One ratio of vLLM's ``--random-range-ratio``: ``0 <= r < 1`` (its ``get_sampling_params``
+    refuses 1 and above: the range's low end would be 0 tokens)."""
+    number = _finite(value)
+    if number is None or not 0 <= number < 1:
+        raise MarkerError(
+            f"{name}={value!r}: expected {RANGE_RATIO_FORM} (each length is drawn from "
+            "[L * (1 - r), L * (1 + r)]; 0 keeps it fixed)"
+        )
+    return number
+
+
+def _range_ratio(name: str, value: Any) -> tuple[float, float]:
+    """``range_ratio=``: one ratio for input and output, or vLLM's dict of the two
+    (``{"input": ..., "output": ...}``, both keys required as vLLM requires them)."""
+    if isinstance(value, Mapping):
+        keys = set(value)
+        if keys != {"input", "output"}:
+            raise MarkerError(
+                f"{name}={dict(value)!r}: a dict needs exactly the keys 'input' and 'output' "
+                f"(got {sorted(map(str, keys))}); expected {RANGE_RATIO_FORM}"
+            )
+        return (
+            _ratio(f"{name}['input']", value["input"]),
+            _ratio(f"{name}['output']", value["output"]),
+        )
+    ratio = _ratio(name, value)
+    return ratio, ratio
+
+
+def _ratio_shown(workload: Workload) -> str:
+    """The workload's ``range_ratio`` as a marker would write it."""
+    shown = ratio_key(workload.range_ratio)
+    return repr(shown)
+
+
+def ratio_key(ratios: tuple[float, float] | None) -> float | dict[str, float] | None:
+    """``range_ratio`` as the baseline key and the JSON hold it: one number where input and
+    output share it, else vLLM's dict; None without a range."""
+    if ratios is None:
+        return None
+    if ratios[0] == ratios[1]:
+        return ratios[0]
+    return {"input": ratios[0], "output": ratios[1]}
+
+
+def ratio_fields(ratios: tuple[float, float]) -> dict[str, float]:
+    """``range_ratio`` as baseline key fields, which are scalars: ``range_ratio`` where input
+    and output share it, else ``range_ratio_input`` and ``range_ratio_output``."""
+    if ratios[0] == ratios[1]:
+        return {"range_ratio": ratios[0]}
+    return {"range_ratio_input": ratios[0], "range_ratio_output": ratios[1]}
+
+
+def _burstiness(name: str, value: Any) -> float:
+    """vLLM's ``--burstiness``: the gamma shape, any number > 0 (vLLM also takes inf for even
+    gaps; a marker value is finite, and a large shape is as even as anyone needs: 10000 has a
+    coefficient of variation of 1%)."""
+    number = _finite(value)
+    if number is None or not number > 0:
+        raise MarkerError(
+            f"{name}={value!r}: expected a finite number > 0 (the gamma shape of the gaps "
+            "between arrivals: 1 is Poisson, below 1 burstier, above 1 more even)"
+        )
+    return number
 
 
 def _sweep(name: str, value: Any, check: Callable[[str, Any], Any]) -> tuple[Any, ...]:
@@ -511,6 +628,9 @@ _OPTIONAL: dict[str, Callable[[str, Any], Any]] = {
     "num_prompts": _positive_int,
     "shared_prefix_tokens": _positive_int,
     "prefix_groups": _positive_int,
+    "range_ratio": _range_ratio,
+    "burstiness": _burstiness,
+    "max_concurrency": _positive_int,
 }
 
 ALLOWED_ARGS = (
@@ -604,6 +724,7 @@ def parse_throughput(
         )
     _check_turns(values, levels)
     _check_ramp(values, kwargs.get("rate"))
+    _check_arrivals_and_ranges(values, kwargs, levels)
     targets = Targets(
         min_tok_s=_floors(kwargs.get("min_tok_s"), levels),
         min_request_tok_s=values.pop("min_request_tok_s", None),
@@ -705,6 +826,55 @@ def _check_turns(values: dict[str, Any], levels: tuple[LevelSpec, ...]) -> None:
             "conversation per stream)"
         )
     values["protocol"] = WHOLE_REQUESTS
+
+
+def _check_arrivals_and_ranges(
+    values: dict[str, Any], given: Mapping[str, Any], levels: tuple[LevelSpec, ...]
+) -> None:
+    """``burstiness=`` and ``max_concurrency=`` shape open-loop arrivals; ``range_ratio=`` draws
+    each request's lengths (``docs/workloads.md``).
+
+    A closed loop has no arrivals to shape (its C streams send when they are free, and C is
+    already its concurrency cap).  A range needs lengths of the plugin's own making: a
+    dataset replays its entries' own lengths, and a conversation's turns keep the lengths its
+    first request had; the input part needs synthetic prompts (``input_tokens=``), which a
+    single ratio applies to where they are given and the dict form asks for explicitly.
+    """
+    closed = any(lv.concurrency is not None for lv in levels)
+    for name in ("burstiness", "max_concurrency"):
+        if name in values and closed:
+            what = (
+                "shapes the gaps between open-loop arrivals"
+                if name == "burstiness"
+                else "caps the requests in flight of an open loop (concurrency= is a closed "
+                "loop's cap already)"
+            )
+            raise MarkerError(f"{name}={given[name]!r} {what}: give rate= instead of concurrency=")
+    if values.get("burstiness") == 1.0:
+        del values["burstiness"]  # the default: a Poisson process, as before
+    if "range_ratio" not in values:
+        return
+    ratios = values["range_ratio"]
+    raw_ratio = given["range_ratio"]
+    if ratios == (0.0, 0.0):
+        del values["range_ratio"]  # every length fixed: the workload without a range
+        return
+    if values.get("dataset") is not None:
+        raise MarkerError(
+            "dataset= and range_ratio= are exclusive: a dataset's entries keep their own "
+            "input and output lengths"
+        )
+    if values.get("turns", 1) > 1:
+        raise MarkerError(
+            f"turns={values['turns']} and range_ratio= are exclusive: a conversation's turns "
+            "keep the lengths of its first request"
+        )
+    if isinstance(raw_ratio, Mapping) and ratios[0] and levels[0].input_tokens is None:
+        raise MarkerError(
+            f"range_ratio={dict(raw_ratio)!r} draws input lengths around input_tokens=, which "
+            "is not given (a prompt set's prompts keep their own lengths): give input_tokens=, "
+            "or an 'input' ratio of 0"
+        )
 
 
 def _check_ramp(values: dict[str, Any], rate: Any) -> None:

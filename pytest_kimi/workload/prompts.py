@@ -19,16 +19,23 @@ Synthetic prompts (``input_tokens``) are sized with the server's tokenizer where
 (``POST /tokenize``: SGLang, vLLM), once per run and per length, so every variant is within a
 few tokens of the asked count as the server counts it; elsewhere their length is an estimate
 (about 1.3 tokens per word), which reports say.
+
+Length ranges (``range_ratio=``, vLLM's ``--random-range-ratio``): :func:`draw_lengths` draws
+each body's input and output length from vLLM's range around the level's, seeded, and a ranged
+input level has one synthetic prompt per drawn length (:meth:`PromptSizer.synthetic` with
+``lengths``), each sized as a fixed length is.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import random
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from pytest_kimi.load.records import Api
 
@@ -74,6 +81,43 @@ PREFIX_SEPARATOR = "\n\n"
 """Between a shared prefix and the rest of a completions prompt (chat: a message boundary)."""
 
 
+RANGE_DRAWS = 128
+"""Lengths drawn per level under ``range_ratio=``: the level's bodies are this many (each with
+its own input and output length), cycled by its requests as a prompt set is.  Why a fixed
+number and not one draw per request: every trial, and every run of one seed, then sends the
+same lengths in the same order, so the baseline's trials and the rerun's compare like with
+like; 128 uniform draws put the mean within about ``0.05 * r * L`` of ``L`` (one sigma) and
+cost one tokenizer fit per input length, once a session."""
+
+
+def length_bounds(value: int, ratio: float) -> tuple[int, int]:
+    """The integers a ranged length is drawn from, as vLLM 0.32's ``get_sampling_params``
+    (``vllm/benchmarks/datasets/utils.py``) computes them: ``[floor(L * (1 - r)),
+    ceil(L * (1 + r))]``, both ends included, and at least 1.  (vLLM first subtracts the
+    tokenizer's special tokens from an input length; a synthetic prompt here is sized as the
+    server counts it, template included, so there is nothing to subtract.)"""
+    if not 0 <= ratio < 1:
+        raise ValueError(f"a range ratio is 0 <= r < 1, got {ratio!r}")
+    low = max(1, math.floor(value * (1 - ratio)))
+    high = max(low, math.ceil(value * (1 + ratio)))
+    return low, high
+
+
+def draw_lengths(
+    value: int, ratio: float, count: int = RANGE_DRAWS, *, seed: int = 0, what: str = "output"
+) -> tuple[int, ...]:
+    """``count`` lengths drawn uniformly from :func:`length_bounds` (each integer equally
+    likely, as vLLM's ``rng.integers(low, high + 1)``), the same for the same arguments in
+    every run and process: a string seed (``random`` hashes it with SHA-512, whatever
+    ``PYTHONHASHSEED`` says).  ``what`` (``input``/``output``) gives each its own stream.
+
+    The distribution is vLLM's, not its draws: vLLM draws with numpy's generator from its own
+    seed, and a prompt here has a different text anyway."""
+    low, high = length_bounds(value, ratio)
+    rng = random.Random(f"pytest-kimi range {what} seed={seed} L={value} r={ratio!r}")
+    return tuple(rng.randint(low, high) for _ in range(count))
+
+
 class WorkloadError(ValueError):
     """A prompt source that cannot be used; the message says which and why."""
 
@@ -87,6 +131,8 @@ class PromptSource:
     sizing: str | None = None
     """Synthetic prompts: how their length was set ("server tokenizer ..." or "estimate ...",
     shown in reports); None for given prompts."""
+    lengths: tuple[int, ...] | None = None
+    """A ranged level's drawn input length of each prompt (``range_ratio=``); None otherwise."""
 
 
 def lead(run_token: str, slot: str = UNIQUE_SLOT) -> str:
@@ -257,6 +303,10 @@ class PromptSizer:
     _sized: dict[tuple[str, str, str, int, int], tuple[tuple[int, ...], tuple[int, ...], str]] = (
         field(default_factory=dict)
     )
+    _sized_one: dict[tuple[str, str, str, int, int, int], tuple[int, int]] = field(
+        default_factory=dict
+    )
+    """One variant sized to one length (a ranged level's prompts): (words, tokens counted)."""
     memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     """Other sizings kept for the session, keyed by what and where they were sized: shared
     prefixes (:mod:`.prefix`), a dataset's token counts per hash (:mod:`.dataset`)."""
@@ -276,13 +326,23 @@ class PromptSizer:
         model: str,
         api: Api,
         lead_text: str,
+        lengths: Sequence[int] | None = None,
     ) -> tuple[tuple[str, ...], str]:
         """The variants' prompt texts (without the lead) and how they were sized.
 
         ``lead_text`` is what each request carries before the prompt; it is counted in with a
-        sample id in its slot, so lead + prompt comes out at ``tokens``.
+        sample id in its slot, so lead + prompt comes out at ``tokens``.  ``lengths``: a
+        ranged level's drawn lengths instead: one prompt per length (variant ``k % 16`` for
+        length ``k``), each fitted to its own count.
         """
         sample = lead_text.replace(UNIQUE_SLOT, SAMPLE_ID)
+        if lengths is not None:
+            return self._synthetic_lengths(
+                lengths,
+                self.tokenizer(base_url, headers, model, api),
+                sample,
+                (base_url, model, api),
+            )
         key = (base_url, model, api, tokens, len(sample))
         if key not in self._sized:
             self._sized[key] = self._size(
@@ -290,6 +350,51 @@ class PromptSizer:
             )
         words, counts, how = self._sized[key]
         return tuple(synthetic_words(n, v) for v, n in enumerate(words)), how
+
+    def _synthetic_lengths(
+        self, lengths: Sequence[int], tok: Tokenizer, sample: str, where: tuple[str, str, str]
+    ) -> tuple[tuple[str, ...], str]:
+        """One prompt per drawn length.  Each fit starts from the words per token the previous
+        one found (the synthetic text's count is close to linear in its words), so a length
+        costs one or two tokenizer calls; each is kept for the session."""
+        lead_estimate = LEAD_TOKENS_ESTIMATE if sample else 0
+        if not lengths:
+            return (), "no lengths"
+        if not tok.available():
+            estimated = tuple(
+                synthetic_words(
+                    max(1, round((n - lead_estimate) / TOKENS_PER_WORD)), k % SYNTHETIC_VARIANTS
+                )
+                for k, n in enumerate(lengths)
+            )
+            return estimated, (
+                f"estimate at {TOKENS_PER_WORD} tokens per word ({min(lengths)}-{max(lengths)} "
+                f"tokens drawn): {tok.unavailable}"
+            )
+        texts: list[str] = []
+        off = 0
+        words_per_token = 1 / TOKENS_PER_WORD
+        for k, n in enumerate(lengths):
+            v = k % SYNTHETIC_VARIANTS
+            key = (*where, n, len(sample), v)
+            if key not in self._sized_one:
+
+                def count(w: int, v: int = v) -> int:
+                    return tok.count(sample + synthetic_words(w, v))
+
+                start = max(1, round(n * words_per_token))
+                self._sized_one[key] = fit_words(n, count, start)
+            words, counted = self._sized_one[key]
+            if counted > 0:
+                # the next fit starts where this one's words per token put it
+                words_per_token = words / counted
+            off = max(off, abs(counted - n))
+            texts.append(synthetic_words(words, v))
+        how = (
+            f"server tokenizer ({tok.path}): {len(lengths)} drawn lengths {min(lengths)}-"
+            f"{max(lengths)} tokens, each within {off}"
+        )
+        return tuple(texts), how
 
     @staticmethod
     def _size(
@@ -344,18 +449,39 @@ def load_jsonl(path: Path) -> tuple[str, ...]:
     return tuple(prompts)
 
 
+class SizeFn(Protocol):
+    """Sizes synthetic prompts (:meth:`PromptSizer.synthetic` bound to an endpoint): the
+    variants of one length, or with ``lengths`` one prompt per drawn length."""
+
+    def __call__(
+        self, tokens: int, lengths: Sequence[int] | None = None
+    ) -> tuple[tuple[str, ...], str]: ...
+
+
 def resolve_prompts(
     prompts: str | Sequence[str] | None,
     input_tokens: int | None,
     rootdir: Path,
     *,
-    size: Callable[[int], tuple[tuple[str, ...], str]] | None = None,
+    size: SizeFn | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> PromptSource:
     """Turn the marker's ``prompts``/``input_tokens`` into concrete prompt texts.
 
     ``size``: sizes synthetic prompts (:meth:`PromptSizer.synthetic` bound to an endpoint);
-    without it their length is an estimate.
+    without it their length is an estimate.  ``lengths``: a ranged level's drawn input
+    lengths (:meth:`~pytest_kimi.workload.markers.Workload.input_lengths`): one synthetic
+    prompt per length, in order, instead of the variants of ``input_tokens``.
     """
+    if input_tokens is not None and lengths is not None:
+        if size is not None:
+            texts, how = size(input_tokens, lengths=lengths)
+        else:
+            texts = tuple(
+                synthetic_prompt(n, k % SYNTHETIC_VARIANTS) for k, n in enumerate(lengths)
+            )
+            how = f"estimate at {TOKENS_PER_WORD} tokens per word (no tokenizer asked)"
+        return PromptSource(texts, f"synthetic:{input_tokens}", how, tuple(lengths))
     if input_tokens is not None:
         if size is not None:
             texts, how = size(input_tokens)

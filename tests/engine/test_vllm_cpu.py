@@ -4,7 +4,8 @@ Each vLLM start costs about a minute on two cores, so the deploy-change story is
 in phases (record, regress against the record, same-run A/B) rather than three tests that
 would each launch the same servers again.  Each stream sends 4 requests per trial: with
 batching off the server runs one request at a time, and only then do all 8 streams ever have
-a request in flight together (a steady state to measure).
+a request in flight together (a steady state to measure).  The stationary test (the default protocol) cuts its streams
+instead, and is held to vLLM's counter trial by trial.
 
 Noise: on this shared 2-core machine the session-to-session spread of a level's median is
 about 5-15 % (docs/benchmarks.md has the measured figures), so these runs use a tolerance of
@@ -164,6 +165,56 @@ def test_the_shipped_dataset_replays_with_lengths_the_server_counted(
     # whole-request trials, keyed (protocol None) as every baseline before 0.2 was
     assert level["protocol"] is None and level["verdict"] == "no-baseline", level
     _assert_server_counts_agree(level)
+
+
+STATIONARY_SUITE = """
+from pytest_kimi import throughput
+
+@throughput(concurrency=[1, 8], max_tokens=1024, protocol="stationary", warmup=2)
+def test_box():
+    pass
+"""
+
+
+def _assert_each_trial_matches_the_counter(level: dict) -> None:
+    """Every stationary trial against vLLM's own counter over that trial's window.
+
+    A time box cuts its streams, so there is no exact total (vLLM may generate a token or two
+    per stream after the client's last read, before the abort lands): the counter may only
+    have risen by at least what the client received, and by at most a few steps of C streams
+    more.  The rate is the check that matters: each trial's counter slope over the span of
+    its own window between two counter samples, against the client's arrivals over that span,
+    within the bound the plugin derived from that trial's scrapes and stalls.  As many trials
+    as the level kept must be rated and agree (a window long enough for two samples), so no
+    kept figure escapes the check.
+    """
+    server = level["server"]
+    trials = server["trials"]
+    assert len(trials) >= len(level["trials_tok_s"]) > 0, level
+    c = level["concurrency"]
+    for t in trials:
+        assert t["exact"] is None, t  # cut streams: the rate check only
+        assert t["client_tokens"] <= t["tokens"] <= t["client_tokens"] + 8 * c, t
+    rated = [t for t in trials if t["deviation_pct"] is not None]
+    # a counter above the client is another client or a client behind: never; one below it
+    # (vLLM counts a step late) voids that trial, which another replaces
+    assert all(t["deviation_pct"] <= t["allowed_pct"] for t in rated), rated
+    agreed = [t for t in rated if abs(t["deviation_pct"]) <= t["allowed_pct"]]
+    assert len(agreed) >= len(level["trials_tok_s"]), trials
+
+
+def test_stationary_trials_match_the_server_counter(
+    pytester: pytest.Pytester, external_vllm
+) -> None:
+    """The default protocol on a real engine: time boxes that cut vLLM's streams (which
+    vLLM aborts), counted from each cut stream's running usage, each trial held to the
+    server's counter over its own window."""
+    test, _ = _measure_external(pytester, external_vllm.url, STATIONARY_SUITE)
+    levels = _levels(test)
+    for level in levels.values():
+        assert level["protocol"] == "stationary" and level["verdict"] == "no-baseline", level
+        _assert_each_trial_matches_the_counter(level)
+    assert levels[8]["tok_s"] > 2.5 * levels[1]["tok_s"], levels
 
 
 def test_deploy_change_story(engine_project: pytest.Pytester) -> None:
