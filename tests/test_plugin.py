@@ -14,7 +14,7 @@ from support.timing import SESSION_S, poll_until
 
 FAST = dict(speed=10.0)
 """EP8-shaped simulator 10x faster: C=1 gives ~650 tok/s.  A trial lasts what its window needs
-on the wall clock (``measure.metrics.WINDOW_MIN_S``) whatever the speed, and at 10 the
+on the wall clock (``measure.time_box.WINDOW_MIN_S``) whatever the speed, and at 10 the
 simulator and the client need a few percent of a core, where at 50 they kept one busy."""
 
 SECRET = "sk-test-5f1d9a0c-never-print-me"
@@ -448,9 +448,11 @@ def test_markdown_step_summary_and_html_reports(
     assert "## pytest-kimi throughput: FAILED" in text
     assert "### `test_markdown_step_summary_and_html_reports.py::test_sweep` **FAILED**" in text
     rows = [line for line in text.splitlines() if line.startswith("| C=4 |")]
-    # the level's row in the throughput table, then its row in the latency table
-    assert len(rows) == 2 and "**FAIL**" in rows[0] and "1e+07" in rows[0]
+    # the level's row in the throughput table, its row in the latency table, then in the
+    # peers' figures (p50/p90/p99 (mean) per latency, then req/s and input/total tok/s)
+    assert len(rows) == 3 and "**FAIL**" in rows[0] and "1e+07" in rows[0]
     assert "not compared" in rows[1]
+    assert rows[2].count("/") >= 8 and "(" in rows[2]
     assert summary.read_text().startswith("previous step\n") and text in summary.read_text()
     page = (html_dir / "index.html").read_text()
     svgs = sorted(html_dir.glob("*.svg"))

@@ -31,8 +31,6 @@ from pytest_kimi.workload.prompts import (
     resolve_prompts,
 )
 
-from conftest import SimMeasurement
-
 pytest_plugins = ["pytester"]
 
 
@@ -295,7 +293,7 @@ FAST = SimConfig(speed=20)
     ids=["stationary", "whole-requests", "open-loop"],
 )
 def test_every_request_gets_its_drawn_lengths(
-    sim_measure: Callable[..., SimMeasurement], load: dict[str, Any]
+    sim_measure: Callable[..., Any], load: dict[str, Any]
 ) -> None:
     """Through the whole pipeline: each request returned exactly its body's drawn max_tokens
     (the measurement's own ignore_eos check: a mismatch would void the trial), those lengths

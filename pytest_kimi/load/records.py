@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where positions are resolved, after a trial: the load
+    import numpy as np  # engine's import stays light (tests/test_imports.py)
 
 Api = Literal["chat", "completions"]
 """Which OpenAI API a request uses (``/v1/chat/completions`` or ``/v1/completions``): the one
@@ -178,6 +179,8 @@ class RequestRecord:
 
     def read_tokens(self) -> np.ndarray:
         """Tokens each token read brought (float64; see :meth:`read_positions`)."""
+        import numpy as np
+
         pos = self.read_positions()
         return np.diff(pos, prepend=0.0) if pos.size else pos
 
@@ -205,6 +208,8 @@ UNKNOWN_USAGE = 0xFFFFFFFF
 
 def _resolve_positions(rec: RequestRecord) -> tuple[np.ndarray, str]:
     """:meth:`RequestRecord.read_positions` and its source, computed."""
+    import numpy as np
+
     reads = len(rec.chunk_times)
     if not reads or not rec.chunk_events:
         return np.zeros(reads), "none"
@@ -255,6 +260,8 @@ def apportion_by_bytes(
     interval 8, C=4, 256 tokens).  None when the bytes tell nothing (no text beyond the
     envelopes: another framing than the sample's).
     """
+    import numpy as np
+
     text = np.maximum(read_bytes.astype(np.float64) - events * overhead, 0.0)
     per_token = float(text.sum()) / total
     if per_token <= 0.0:
