@@ -402,7 +402,8 @@ OPTIONS: dict[str, Option[Any]] = {
             "kimi_perf_protocol",
             "KIMI_PERF_PROTOCOL",
             "closed-loop trial protocol (default {default}): 'stationary' (streams back to back "
-            "with staggered starts, each trial a time box of 128 steps) or 'whole-requests' "
+            "with staggered starts, each trial a time box of an eighth of a request, 16 to 128 "
+            "steps) or 'whole-requests' "
             "(each trial waits for whole requests: the protocol before 0.2); a marker's "
             "protocol= overrides it",
             protocol_name,

@@ -38,7 +38,8 @@ pytest_plugins = ["pytester"]
 HANG = """
 from pytest_kimi import throughput
 
-@throughput(concurrency=2, max_tokens=64, trials=3, warmup=2)
+# 1024 tokens: a stationary box of 161 steps a stream, more than the 20 tokens a stream gets
+@throughput(concurrency=2, max_tokens=1024, trials=3, warmup=2)
 def test_hang():
     pass
 """

@@ -794,6 +794,13 @@ class ServerMetricsObserver:
     def metric(self) -> str:
         return self.scraper.names.generation if self.scraper.names else GENERATION_COUNTERS[0]
 
+    @property
+    def min_window_s(self) -> float:
+        """Wall seconds a steady-state window must last to hold the scrapes a rate needs
+        (:data:`MIN_WINDOW_SAMPLES`, one more for the phase of the first): a short stationary
+        box is lengthened to it while this check runs."""
+        return (MIN_WINDOW_SAMPLES + 1) * self.interval_s
+
     async def open(self) -> None:
         await self.scraper.open()
 

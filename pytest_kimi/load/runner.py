@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Protocol, Sequence
 import aiohttp
 
 from pytest_kimi.load.conversation import Conversation, Conversations
-from pytest_kimi.load.records import RequestRecord
+from pytest_kimi.load.records import UNKNOWN_USAGE, RequestRecord
 from pytest_kimi.load.openloop import OpenLoopPlan, check_wall_limit
 from pytest_kimi.load.request import Target, silence_timeout, stream_request
 from pytest_kimi.load.sse import running_usage
@@ -272,7 +272,10 @@ def _tokens_per_read(running: Sequence[RequestRecord], finished: Sequence[int]) 
     event), else from the finished streams, else 1."""
     tokens = reads = 0
     for rec in running[:8]:
-        told = running_usage(rec.last_read[-512:]) if rec.last_read else None
+        usage = rec.chunk_usage  # the parser's running usage per read, where the stream has it
+        told = usage[-1] if usage and usage[-1] != UNKNOWN_USAGE else None
+        if told is None and rec.last_read:
+            told = running_usage(rec.last_read[-512:])
         if told is not None:
             tokens += told
             reads += len(rec.chunk_times)

@@ -51,6 +51,7 @@ from pytest_kimi.load.runner import TrialRecords
 from pytest_kimi.workload.markers import LevelSpec
 from pytest_kimi.load.records import UNKNOWN_USAGE, RequestRecord
 from pytest_kimi.load.sse import running_usage, usage_below_events_message
+from pytest_kimi.measure.time_box import MAX_SETTLE_STEPS, SETTLE_MIN_S
 
 CLIENT_LAG_LIMIT_S = 0.02
 """Event-loop lag (p99) or send delay (p99) above this may mean the client set the pace.
@@ -208,27 +209,14 @@ def steady_window(records: Sequence[RequestRecord]) -> tuple[float, float] | Non
     return (start, end) if end > start else None
 
 
-SETTLE_STEPS = 32
-"""Steps a stationary window starts after the last stream's first token: C requests arriving
-at once put a client (and a server's prefill) behind for a few steps, and a window that
-started in that backlog would count tokens read late as if they came in it."""
-
-
-SETTLE_MIN_S = 0.1
-"""...and at least this long on the wall clock (a simulator at speed 20 takes 32 steps in
-50 ms, less than a busy client's hiccup)."""
-WINDOW_MIN_S = 0.5
-"""Wall seconds a stationary window lasts at least: the client's timestamps are good to a
-millisecond or so, which is nothing against EP8's 15-170 ms steps (128 steps take 2-22 s) but
-a few percent of a 0.2 s window of a simulator at speed 20."""
-
-
 def stationary_window(
-    records: Sequence[RequestRecord], cut_at: float
+    records: Sequence[RequestRecord], cut_at: float, settle_steps: int = MAX_SETTLE_STEPS
 ) -> tuple[float, float] | None:
     """[start, end) of a stationary trial (protocol ``stationary``).
 
-    Start: :data:`SETTLE_STEPS` steps after every stream has its first token.  End: the last
+    Start: ``settle_steps`` steps (the trial's :class:`~pytest_kimi.measure.time_box.TimeBox`),
+    and at least :data:`~pytest_kimi.measure.time_box.SETTLE_MIN_S`, after every stream has
+    its first token.  End: the last
     read of the stream cut earliest in its event cycle, i.e. the latest instant at which every
     stream still running at the cut has a read at or after it.  Inside, C streams are in
     flight all the time (a stream that ends sends its next request at once), so the window's
@@ -247,7 +235,7 @@ def stationary_window(
             first_by_worker[w] = rec.first_token
     if not first_by_worker:
         return None
-    start = max(first_by_worker.values()) + max(SETTLE_STEPS * step_gap(records), SETTLE_MIN_S)
+    start = max(first_by_worker.values()) + max(settle_steps * step_gap(records), SETTLE_MIN_S)
     if cut_last:
         end = min(cut_last)
     else:
@@ -548,8 +536,10 @@ def summarize_trial(
     *,
     client: ClientSignals,
     ignore_eos: bool,
+    settle_steps: int = MAX_SETTLE_STEPS,
 ) -> TrialResult:
-    """Figures and validity of one trial; never raises on bad data, it says what is wrong."""
+    """Figures and validity of one trial; never raises on bad data, it says what is wrong.
+    ``settle_steps``: a stationary trial's, from its time box."""
     records = tr.records
     max_tokens = level.max_tokens
     empty = [r for r in records if is_empty_ok_response(r)]
@@ -560,7 +550,7 @@ def summarize_trial(
     estimated = 0
     if tr.cut_at is not None:
         estimated = count_cut_tokens(records)
-        window = stationary_window(ok, tr.cut_at)
+        window = stationary_window(ok, tr.cut_at, settle_steps)
     else:
         window = open_loop_window(ok) if open_loop else steady_window(ok)
     window_s = window_tokens = 0.0

@@ -15,6 +15,9 @@ from statistics import median
 from time import perf_counter
 from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
+import numpy as np
+
+from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.request import Target
 from pytest_kimi.load.openloop import OpenLoopPlan, queue_waits
 from pytest_kimi.load.runner import TRIAL_ID_BITS, LiveTrial, TrialClient, TrialPlan, TrialRecords
@@ -28,15 +31,13 @@ from pytest_kimi.workload.markers import (
 )
 from pytest_kimi.workload.prompts import length_bounds
 from pytest_kimi.measure.metrics import (
-    SETTLE_MIN_S,
-    SETTLE_STEPS,
-    WINDOW_MIN_S,
     ClientSignals,
     TrialResult,
     summarize_trial,
 )
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, judge_level, not_run_level
 from pytest_kimi.measure.shapes import fill_up_note, turn_figures
+from pytest_kimi.measure.time_box import SETTLE_MIN_S, TimeBox, time_box
 from pytest_kimi.measure.windows import TrialWindow, trial_window, unix_offset
 from pytest_kimi.verdicts import Verdict
 
@@ -44,11 +45,6 @@ WARMUP_MAX_TOKENS = 16
 TTFT_ALLOWANCE_S = 0.1
 """Wall seconds allowed for the streams' first tokens before the settle period starts, in the
 trial's minimum duration."""
-WINDOW_STEPS = 128
-"""Steps per stream a stationary trial's window holds (its time box, in tokens: C x this).
-Enough that a trial's figure is precise to well under the session noise (a step's jitter
-averages over 128 steps, and the window holds whole steps), few enough that a trial at
-C=256 on EP8 costs ~22 s instead of a 2048-token request's ~350 s."""
 DEFAULT_TRIALS = 3
 MAX_REPLACED_TRIALS = 2
 """Per level: trials voided only by the moment (a client stall) that another trial replaces.
@@ -122,6 +118,9 @@ class Pace:
     """Requests in flight when these were seen: the batch the times are for."""
     prompt_tokens: float = 0.0
     """Mean prompt tokens of those requests (0: unknown)."""
+    tokens_per_read: float = 1.0
+    """Median tokens a read of a stream brought after its first (1 unless the server packs its
+    tokens: SGLang's ``--stream-interval``), for the next stationary trial's time box."""
 
     @classmethod
     def of(cls, tr: TrialRecords) -> Pace | None:
@@ -135,6 +134,7 @@ class Pace:
             ttft_s=max((t for r in ok if (t := r.ttft) is not None), default=0.0),
             streams=max(1, tr.concurrency),
             prompt_tokens=sum(prompts) / len(prompts) if prompts else 0.0,
+            tokens_per_read=_tokens_per_read(ok),
         )
 
     def request_s(self, level: LevelSpec, streams: float) -> float:
@@ -145,6 +145,12 @@ class Pace:
         if level.input_tokens and self.prompt_tokens:
             prompt = max(1.0, level.input_tokens / self.prompt_tokens)
         return scale * (level.max_tokens * self.token_s + self.ttft_s * prompt)
+
+
+def _tokens_per_read(records: Sequence[RequestRecord]) -> float:
+    """Median tokens per read after each stream's first (which SGLang sends alone)."""
+    reads = [rec.read_tokens()[1:] for rec in records if len(rec.chunk_times) > 1]
+    return float(median(np.concatenate(reads))) if reads else 1.0
 
 
 @dataclass(slots=True)
@@ -208,6 +214,10 @@ class MeasureSpec:
     policy: TrialPolicy = field(default_factory=FixedTrials)
     observer: TrialObserver | None = None
     """Checks each trial against another source (the server's counters); None: none."""
+    min_window_s: float = 0.0
+    """Wall seconds a stationary window lasts at least whatever its time box, for the
+    observer's sake: the server-counter check needs a few of its scrapes inside the window
+    (:attr:`~pytest_kimi.crosscheck.server_metrics.ServerMetricsObserver.min_window_s`)."""
     guard: TrialObserver | None = None
     """The contamination check every perf test carries
     (:class:`~pytest_kimi.crosscheck.contamination.ContaminationCheck`), beside ``observer``:
@@ -504,6 +514,19 @@ _PACE = "the server's pace so far"
 _TIMEOUT = "the request timeout"
 
 
+def stationary_box(level: LevelSpec, pace: Pace | None) -> TimeBox:
+    """The time box of a stationary trial of ``level`` (:mod:`pytest_kimi.measure.time_box`):
+    scaled to its requests' length, and long enough for a few of a stream's reads where the
+    server was seen to pack its tokens (the warm-up's or the last trial's pace)."""
+    return time_box(level.max_tokens, pace.tokens_per_read if pace is not None else 1.0)
+
+
+def box_min_s(box: TimeBox, min_window_s: float = 0.0) -> float:
+    """Wall seconds a stationary trial lasts at least: its streams' first tokens, the settle
+    period's floor and the window's (or ``min_window_s``, an observer's need, if longer)."""
+    return TTFT_ALLOWANCE_S + SETTLE_MIN_S + max(box.window_min_s, min_window_s)
+
+
 def trial_limit(spec: MeasureSpec, level: LevelSpec, previous_s: float | None = None) -> TrialLimit:
     """How long a trial of ``level`` should take (wall seconds), and so its limit: the level's
     trial before when it had one; else its plan at the pace seen so far (stationary: the time
@@ -521,12 +544,13 @@ def trial_limit(spec: MeasureSpec, level: LevelSpec, previous_s: float | None = 
     if level.concurrency is not None:
         c = level.concurrency
         if stationary:
-            min_s = SETTLE_MIN_S + WINDOW_MIN_S + TTFT_ALLOWANCE_S
+            box = stationary_box(level, pace)
+            min_s = box_min_s(box, spec.min_window_s)
             if pace is None:
                 return TrialLimit(min_s + w.timeout_s, _TIMEOUT, 1.0)
             # the time box's steps, priced as the tokens of one request of that length
-            box = replace(level, max_tokens=WINDOW_STEPS + SETTLE_STEPS + 1)
-            return TrialLimit(max(min_s, pace.request_s(box, c)), _PACE)
+            steps = replace(level, max_tokens=box.steps)
+            return TrialLimit(max(min_s, pace.request_s(steps, c)), _PACE)
         per_stream = w.timeout_s if pace is None else pace.request_s(level, c)
         ends = [math.ceil(requests / c) * per_stream] if requests is not None else []
         if duration_s is not None:
@@ -571,6 +595,7 @@ async def run_trial(
     max_failures = _max_failures(w, requests, _in_flight(level, spec.clock))
     limit = trial_limit(spec, level, previous_s)
     limit_s = limit.limit_s
+    box = stationary_box(level, spec.pace)  # before the trial: its pace is the trials' before
     if level.concurrency is not None and w.protocol_for(level, spec.protocol) == STATIONARY:
         c = level.concurrency
         first, first_max = spec.stationary_openers(level, offset)
@@ -583,8 +608,8 @@ async def run_trial(
             first_max_tokens=first_max,
             # the first step's tokens come before every stream is in, and the window starts
             # once the start-up backlog has settled
-            token_budget=c * (WINDOW_STEPS + SETTLE_STEPS + 1),
-            min_duration_s=SETTLE_MIN_S + WINDOW_MIN_S + TTFT_ALLOWANCE_S,
+            token_budget=box.token_budget(c),
+            min_duration_s=box_min_s(box, spec.min_window_s),
             wall_limit_s=limit_s,
             **spec.next_unique(),
         )
@@ -629,6 +654,7 @@ async def run_trial(
         tr,
         client=_signals(tr),
         ignore_eos=w.ignore_eos and lengths is None,
+        settle_steps=box.settle_steps,
     )
     if lengths is not None and w.ignore_eos:
         check_own_lengths(trial, _rotated(lengths, offset))

@@ -209,7 +209,9 @@ def conduct(
     prepared.spec.level_done = conditions.level_done
     flush_note = flush_cache(server)
     if conditions.server_metrics:
-        prepared.spec.observer = ServerMetricsObserver(endpoint.url, endpoint.headers())
+        observer = ServerMetricsObserver(endpoint.url, endpoint.headers())
+        prepared.spec.observer = observer
+        prepared.spec.min_window_s = observer.min_window_s
     job = plan.job()
     try:
         result = job.measure(measurer, prepared, settings, progress)

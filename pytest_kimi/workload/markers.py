@@ -31,7 +31,7 @@ PROTOCOLS = (STATIONARY, WHOLE_REQUESTS)
 
 * ``stationary``: C streams send back to back, each starting with a request of a staggered
   shorter length so the batch holds every decode position from the first steps; a trial is
-  a time box of about :data:`~pytest_kimi.measure.trials.WINDOW_STEPS` steps of that load,
+  a time box of :func:`~pytest_kimi.measure.time_box.time_box` steps of that load,
   cut when it is over (the streams in flight are cancelled), not when its requests end;
 * ``whole-requests``: every trial sends whole requests (one per stream by default) and waits
   for them; the window is when all C decode at once.  The protocol before 0.2, and what
