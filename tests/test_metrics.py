@@ -7,6 +7,7 @@ import random
 from array import array
 
 import pytest
+from support.records import stream_record
 
 from pytest_kimi.load.runner import TrialRecords
 from pytest_kimi.workload.markers import LevelSpec
@@ -21,31 +22,7 @@ from pytest_kimi.measure.metrics import (
 from pytest_kimi.load.records import RequestRecord
 
 
-def _rec(
-    worker: int,
-    start: float,
-    n: int,
-    step: float,
-    *,
-    per_event: int = 1,
-    index: int = 0,
-    tokens: int | None = None,
-) -> RequestRecord:
-    """A stream whose i-th read arrives at start + i*step, carrying ``per_event`` tokens each."""
-    events = n // per_event
-    rec = RequestRecord(
-        index=index,
-        worker=worker,
-        scheduled=start - 0.01,
-        sent=start - 0.01,
-        first_token=start,
-        status=200,
-        completion_tokens=tokens if tokens is not None else n,
-    )
-    rec.chunk_times = array("d", [start + i * step for i in range(events)])
-    rec.chunk_events = array("I", [1] * events)
-    rec.end = start + events * step
-    return rec
+_rec = stream_record
 
 
 def _trial(records: list[RequestRecord], level: LevelSpec, **signals: float) -> tuple:

@@ -29,26 +29,13 @@ from pytest_kimi.measure.results import LevelResult
 from pytest_kimi.measure.trials import MAX_REPLACED_TRIALS, MeasureSpec, measure_level
 from pytest_kimi.measure.windows import trial_window, unix_offset
 from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
+from support.records import stream_record
 from support.timing import SESSION_S
 
 LEVEL = LevelSpec(2, None, 101)
 
 
-def _rec(worker: int, start: float, n: int, step: float, *, index: int = 0) -> RequestRecord:
-    """A stream whose i-th read arrives at ``start + i * step`` with one token."""
-    rec = RequestRecord(
-        index=index,
-        worker=worker,
-        scheduled=start - 0.01,
-        sent=start - 0.01,
-        first_token=start,
-        status=200,
-        completion_tokens=n,
-    )
-    rec.chunk_times = array("d", [start + i * step for i in range(n)])
-    rec.chunk_events = array("I", [1] * n)
-    rec.end = start + n * step
-    return rec
+_rec = stream_record
 
 
 class StallingClient:

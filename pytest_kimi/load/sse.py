@@ -393,11 +393,14 @@ class StreamParser:
                 if i < 0 or not buf.startswith(_USAGE_KEY, i):
                     i = buf.rfind(_USAGE_KEY, 0, end)
                     self._back = end - i if i >= 0 else end + 1
-                j = i + _USAGE_KEY_LEN
-                try:  # zero-cost unless it raises: a sign, a fraction, null, 2**32 or more
-                    self._usage_append(int(buf[j : buf.find(self._term, j, j + 12)]))
-                except (ValueError, OverflowError):
-                    self._usage_append(self._usage_slow(buf, j) if i >= 0 else UNKNOWN_USAGE)
+                if i < 0:  # this read carries no usage (never parse bytes that are not it)
+                    self._usage_append(UNKNOWN_USAGE)
+                else:
+                    j = i + _USAGE_KEY_LEN
+                    try:  # zero-cost unless it raises: a sign, a fraction, null, 2**32 or more
+                        self._usage_append(int(buf[j : buf.find(self._term, j, j + 12)]))
+                    except (ValueError, OverflowError):
+                        self._usage_append(self._usage_slow(buf, j))
             else:
                 self._bytes_append(end - self._skip)
                 if self._sample_due and len(self._times) > 1:
