@@ -94,7 +94,12 @@ def test_ttft_doubled_at_equal_tok_s_is_a_regression(
     result, level = _rerun(pytester, recording, SIM + SLOW_PREFILL)
     result.assert_outcomes(failed=1)
     assert level["verdict"] == "regression"
-    assert level["change_pct"] > -5, "tok/s is (nearly) unchanged: the latency regressed"
+    # At C=1 each request now waits one slowed prefill (about 0.12 s in the simulator's clock
+    # on a 4 s request): tok/s drops by about 3%, a busy machine adds a few percent of trial
+    # noise (-5.1% seen in CI).  What the test needs is that the drop stays inside the gate's
+    # tolerance, so the latency, not tok/s, is what the verdict names.
+    tolerance_pct = 100 * float(GATE[1].split("=")[1])
+    assert level["change_pct"] > -tolerance_pct, "tok/s held: the latency regressed"
     figures = level["latency"]["figures"]
     assert figures["ttft_s_p50"]["verdict"] == "regression"
     assert figures["ttft_s_p95"]["change_pct"] > 50
