@@ -47,13 +47,16 @@ including the server supervisor, which loads it by path.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
 from typing import Any
 
 __all__ = [
     "REDACTED",
+    "is_secret_flag",
     "is_secret_name",
     "known_secrets",
     "register_secret",
@@ -270,6 +273,48 @@ def is_secret_name(name: str) -> bool:
     )
 
 
+_PARSER_DATA = "pytest_kimi.data"
+"""Where the engines' flag lists ship (``sglang_<version>_args.json``, SGLang's own parser)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _abbreviated_secret_flags() -> frozenset[str]:
+    """Every prefix SGLang's parser expands to a secret-named flag: ``api``, ``ap``,
+    ``api-k`` (``--api-key``), ``ad``, ``admin`` (``--admin-api-key``) ...
+
+    SGLang 0.5.23's ``argparse.ArgumentParser`` keeps ``allow_abbrev``: a prefix that
+    matches one flag alone is that flag, so ``--api sk-...`` starts a key-protected server
+    and ``/server_info``'s ``launch_command`` carries it in clear.  Read from the shipped
+    flag lists (file reads, not imports: this base module depends on nothing of the
+    package); none readable, no prefixes (the full names are still caught)."""
+    out: set[str] = set()
+    try:
+        entries = [
+            e
+            for e in resources.files(_PARSER_DATA).iterdir()
+            if e.name.startswith("sglang_") and e.name.endswith("_args.json")
+        ]
+        tables = [json.loads(e.read_text(encoding="utf-8")) for e in entries]
+    except (OSError, ValueError, ModuleNotFoundError):
+        return frozenset()
+    for table in tables:
+        if not table.get("allow_abbrev"):
+            continue
+        names = {str(row["name"]) for row in table.get("flags", ())}
+        for flag in (n for n in names if is_secret_name(n)):
+            for i in range(1, len(flag)):
+                prefix = flag[:i]
+                if prefix not in names and sum(n.startswith(prefix) for n in names) == 1:
+                    out.add(prefix)
+    return frozenset(out)
+
+
+def is_secret_flag(name: str) -> bool:
+    """Whether ``--name`` sets a secret: a secret name (:func:`is_secret_name`), or a prefix
+    an engine's parser expands to one (:func:`_abbreviated_secret_flags`)."""
+    return is_secret_name(name) or name in _abbreviated_secret_flags()
+
+
 # ---------------------------------------------------------------------------- literals
 
 _MIN_LITERAL = 4
@@ -378,7 +423,10 @@ _QUOTED_STRING = re.compile(r"(?P<q>['\"])(?P<s>[^'\"\n]*)(?P=q)")
 
 
 def _flag_sub(m: re.Match[str]) -> str:
-    if not is_secret_name(m.group("name")) or m.group("value") == REDACTED:
+    long_flag = m.group("flag").startswith("--")
+    name = m.group("name")
+    secret = is_secret_flag(name) if long_flag else is_secret_name(name)
+    if not secret or m.group("value") == REDACTED:
         return m.group(0)
     q = m.group("q") or ""
     return f"{m.group('flag')}{m.group('sep')}{q}{REDACTED}{q}"
@@ -512,7 +560,7 @@ def scrub_argv(words: Sequence[str], secrets: Iterable[str] = ()) -> list[str]:
             continue
         if word.startswith("-") and not word.startswith("---"):
             name, eq, _ = word.lstrip("-").partition("=")
-            if is_secret_name(name):
+            if is_secret_flag(name) if word.startswith("--") else is_secret_name(name):
                 if eq:
                     out.append(word.split("=", 1)[0] + "=" + REDACTED)
                 else:

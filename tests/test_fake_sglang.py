@@ -66,6 +66,7 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
         "kimi_k2",
         "--cuda-graph-max-bs-decode",
         "64",
+        "--enable-metrics",
         log=log,
     )
     try:
@@ -79,16 +80,102 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
         proc.wait(timeout=30)
 
 
+def _parse_only(*flags: str, tmp_path: Path) -> tuple[int, str]:
+    """Exit code and log of a launch: one the parser refuses exits 2; one it takes is
+    killed once it logged its arguments, so no server is left listening."""
+    log = tmp_path / "log"
+    proc = _launch(*flags, log=log)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and "server_args=" not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait(timeout=30)
+    return code, log.read_text(errors="replace")
+
+
 @pytest.mark.parametrize(
-    "flag", ["--cuda-graph-max-bs", "--disable-cuda-graph", "--enable-dp-attention"]
+    ("flag", "matches"),
+    [
+        ("--enable-metric", "--enable-metrics, --enable-metrics-for-all-schedulers"),
+        ("--cont", "--context-bucket, --context-length"),
+        ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"),
+    ],
 )
-def test_removed_spellings_are_rejected_like_0_5_23(flag: str, tmp_path: Path) -> None:
-    words = [flag] if flag.startswith("--disable") or flag.startswith("--enable") else [flag, "8"]
-    proc = _launch("--model-path", "/m", *words, log=tmp_path / "log")
-    assert proc.wait(timeout=60) == 2
-    # argparse's own words: "unrecognized arguments", or "ambiguous option" for a prefix of
-    # the per-phase flags (SGLang's parser allows abbreviations too)
-    assert "error: " in (tmp_path / "log").read_text()
+def test_ambiguous_prefixes_are_refused_like_0_5_23(
+    flag: str, matches: str, tmp_path: Path
+) -> None:
+    code, log = _parse_only("--model-path", "/m", flag, "8", tmp_path=tmp_path)
+    assert code == 2
+    assert f"error: ambiguous option: {flag} could match {matches}" in log
+
+
+@pytest.mark.parametrize("flag", ["--stream-interval 8", "--enable-cache-report", "--api k"])
+def test_flags_and_unambiguous_prefixes_the_real_parser_takes(flag: str, tmp_path: Path) -> None:
+    code, log = _parse_only("--model-path", "/m", *flag.split(), tmp_path=tmp_path)
+    assert "server_args=" in log, log
+    assert "error:" not in log
+
+
+def test_an_unknown_flag_is_refused(tmp_path: Path) -> None:
+    code, log = _parse_only("--model-path", "/m", "--no-such-flag", tmp_path=tmp_path)
+    assert code == 2 and "unrecognized arguments: --no-such-flag" in log
+
+
+@pytest.mark.parametrize(
+    ("flag", "warning"),
+    [
+        (
+            "--disable-cuda-graph",
+            "'--disable-cuda-graph' is deprecated and will be removed in a future release. "
+            "Use '--cuda-graph-backend-{decode,prefill}=disabled' instead.",
+        ),
+        (
+            "--enable-dp-attention",
+            "'--enable-dp-attention' is deprecated and will be removed in a future release. "
+            "Use '--attn-dp-size <dp-size>' instead.",
+        ),
+    ],
+)
+def test_deprecated_flags_are_accepted_with_sglangs_warning(
+    flag: str, warning: str, tmp_path: Path
+) -> None:
+    code, log = _parse_only("--model-path", "/m", flag, tmp_path=tmp_path)
+    assert warning in log and "server_args=" in log
+
+
+def test_the_flag_list_is_the_real_parsers() -> None:
+    from pytest_kimi.server.sglang_flags import raw_flags
+
+    sys.path.insert(0, str(FAKE))
+    try:
+        from sglang.launch_server import build_parser
+    finally:
+        sys.path.remove(str(FAKE))
+    longs = {o[2:] for a in build_parser()._actions for o in a.option_strings if o.startswith("--")}
+    assert longs - {"help"} == {row["name"] for row in raw_flags("0.5.23")}
+
+
+def test_metrics_answer_404_without_enable_metrics(tmp_path: Path) -> None:
+    from pytest_kimi.server.launcher import _free_port
+
+    port = _free_port()
+    log = tmp_path / "log"
+    proc = _launch("--model-path", "/m", "--port", str(port), log=log)
+    try:
+        deadline = time.monotonic() + 60
+        while "ready to roll" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        status, body = _get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 404 and json.loads(body) == {"detail": "Not Found"}
+        assert _get(f"http://127.0.0.1:{port}/health")[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_server_info_has_0_5_23_shape_with_the_key_in_clear(fake: tuple[str, Path]) -> None:
@@ -167,3 +254,46 @@ def test_generation_counter_rises_per_finished_request(fake: tuple[str, Path]) -
     before = counter()
     _stream(url, 40)
     assert counter() - before == 40
+
+
+def test_no_cache_hit_reads_as_zero_percent_not_as_no_reading(tmp_path: Path) -> None:
+    """SGLang shows ``sglang:cached_tokens_total`` only after the first cache hit: with
+    ``--disable-radix-cache`` the page never has it, and the probe reports 0%, while a page
+    without SGLang's counters at all still gives no reading."""
+    from pytest_kimi.crosscheck.prefix_cache import hit_rate, read_cache_counters
+    from pytest_kimi.server.launcher import _free_port
+
+    port = _free_port()
+    log = tmp_path / "log"
+    flags = ("--model-path", "/m", "--port", str(port), "--enable-metrics", "--disable-radix-cache")
+    proc = _launch(*flags, log=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while "ready to roll" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        before = read_cache_counters(_get(url + "/metrics")[1].decode())
+        body = json.dumps({"model": "/m", "prompt": "a shared prompt " * 20, "max_tokens": 4})
+        for _ in range(2):  # the same prompt twice: a hit, had the cache been on
+            req = urllib.request.Request(
+                url + "/v1/completions",
+                data=body.encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with _NO_PROXY.open(req, timeout=60) as resp:
+                resp.read()
+        page = _get(url + "/metrics")[1].decode()
+        after = read_cache_counters(page)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "sglang:cached_tokens_total" not in page and "vllm:" not in page
+    assert before is not None and after is not None and after.hits_absent
+    entry = hit_rate(before, after)
+    assert entry is not None and entry["hit_rate"] == 0.0 and entry["prompt_tokens"] > 0
+    assert entry["cached_metric_absent"] is True
+    assert (
+        read_cache_counters("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\n")
+        is None
+    )

@@ -275,3 +275,20 @@ def test_registered_literal_is_scrubbed_anywhere() -> None:
     odd = "plain-" + uuid.uuid4().hex
     register_secret(odd)
     assert scrub_text(f"error: server said {odd}!") == f"error: server said {REDACTED}!"
+
+
+@pytest.mark.parametrize("flag", ["--api", "--ap", "--api-k", "--admin", "--ad", "--admin-api"])
+def test_a_key_flag_sglangs_parser_would_expand_is_scrubbed(flag: str) -> None:
+    """SGLang 0.5.23's parser keeps argparse's allow_abbrev: each of these is its --api-key
+    or --admin-api-key, so launch_command and logs carry the key after it."""
+    key = "k3y-not-shaped-like-any-vendor"
+    line = f"launch_command: python -m sglang.launch_server {flag} {key} --port 30000"
+    assert key not in scrub_text(line) and "--port 30000" in scrub_text(line)
+    assert key not in scrub_text(f"{flag}={key}")
+    assert key not in scrub_argv([flag, key]) and key not in " ".join(scrub_argv([f"{flag}={key}"]))
+
+
+@pytest.mark.parametrize("flag", ["--a", "--port", "--tp", "--adm-x", "--apis"])
+def test_flags_that_are_no_key_are_kept(flag: str) -> None:
+    """Ambiguous (``--a``), other flags, and words that are no prefix keep their value."""
+    assert scrub_text(f"{flag} value123") == f"{flag} value123"

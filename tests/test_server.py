@@ -330,7 +330,7 @@ args:
   trust-remote-code: true
   enable-eplb: false
   chunked-prefill-size: null
-  cuda-graph-bs: [1, 2, 4]
+  cuda-graph-bs-decode: [1, 2, 4]
   json-model-override-args: {rope_scaling: {factor: 2}}
 """,
         )
@@ -346,7 +346,7 @@ args:
         "--mem-fraction-static",
         "0.88",
         "--trust-remote-code",
-        "--cuda-graph-bs",
+        "--cuda-graph-bs-decode",
         "1",
         "2",
         "4",
@@ -363,7 +363,7 @@ args:
         "mem_fraction_static": 0.88,
         "trust_remote_code": True,
         "enable_eplb": False,
-        "cuda_graph_bs": [1, 2, 4],
+        "cuda_graph_bs_decode": [1, 2, 4],
         "json_model_override_args": {"rope_scaling": {"factor": 2}},
     }
 
@@ -404,6 +404,9 @@ def test_example_profiles_load() -> None:
     assert tiny.env["VLLM_HOST_IP"] == "127.0.0.1", "vLLM's queues must stay on loopback"
     assert argv(tiny, port=1)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert server_args(no_batching) == {**server_args(tiny), "max_num_seqs": 1}
+    sglang_cpu = profiles.pop("sglang-cpu-tiny", None)  # tests/sglang's real CPU engine
+    if sglang_cpu is not None:
+        assert sglang_cpu.engine == "sglang" and sglang_cpu.args["device"] == "cpu"
     for p in profiles.values():
         assert p.args["model-path"] == "/root/models/Kimi-K2.6"
         assert p.args["tp-size"] == 8
@@ -412,7 +415,10 @@ def test_example_profiles_load() -> None:
         assert "--disable-cuda-graph" not in argv(p, "127.0.0.1", 1)
     assert profiles["ep8"].args["max-running-requests"] == 64
     assert profiles["ep8-tuned"].args["max-running-requests"] == 256
-    assert profiles["ep8-tuned"].args["num-continuous-decode-steps"] == 8
+    # the tuning is in flags SGLang 0.5.23 reads (num-continuous-decode-steps is never read)
+    assert profiles["ep8-tuned"].args["cuda-graph-max-bs-decode"] == 256
+    assert all("num-continuous-decode-steps" not in p.args for p in profiles.values())
+    assert all(p.args["enable-metrics"] is True for p in profiles.values())
     assert profiles["ep4"].args["ep-size"] == 4
     assert "ep-size" not in profiles["tp8-tuned"].args
     for name in ("ep8", "ep8-tuned", "ep4", "tp8-tuned", "ep8-eplb"):
@@ -493,8 +499,20 @@ def test_crash_at_start_reports_traceback_quickly(tmp_path: Path, servers: list[
     assert server.crashed() == 1
 
 
+def test_unknown_flag_fails_before_the_launch(tmp_path: Path) -> None:
+    """SGLang's own flag list is checked at load: no ten-minute start to learn of a typo."""
+    with pytest.raises(ProfileError) as info:
+        load_profile(fake_profile(tmp_path, args={"enable-eplbb": True}))
+    text = str(info.value)
+    assert "fake.yaml" in text and "'enable-eplbb' is not a flag of SGLang 0.5.23" in text
+    assert "did you mean 'enable-eplb'" in text
+
+
 def test_unknown_flag_fails_like_sglang(tmp_path: Path, servers: list[Any]) -> None:
-    profile = load_profile(fake_profile(tmp_path, args={"enable-turbo": True}))
+    """A profile for another release skips the check; the server then refuses the flag."""
+    path = fake_profile(tmp_path, args={"enable-turbo": True}, engine_version="0.0.1")
+    profile = load_profile(path)
+    assert any("not checked" in w for w in profile.flag_warnings)
     server = open_server(profile, tmp_path / "logs")
     servers.append(server)
     with pytest.raises(ServerStartError, match="exited with code 2") as info:
@@ -706,14 +724,14 @@ def test_profile_values_expand_environment_variables(
     path = write_profile(
         tmp_path,
         "args:\n  model-path: ${KIMI_TEST_MODELS}/kimi\n"
-        "  tokenizer: ${KIMI_TEST_UNSET:-/fallback}\n"
-        '  cuda-graph-bs: ["${KIMI_TEST_UNSET:-1}", 2]\n'
+        "  tokenizer-path: ${KIMI_TEST_UNSET:-/fallback}\n"
+        '  cuda-graph-bs-decode: ["${KIMI_TEST_UNSET:-1}", 2]\n'
         "env:\n  CACHE: ${KIMI_TEST_MODELS}/cache\n",
     )
     profile = load_profile(path)
     assert profile.args["model-path"] == "/data/models/kimi"
-    assert profile.args["tokenizer"] == "/fallback"
-    assert profile.args["cuda-graph-bs"] == ["1", 2]
+    assert profile.args["tokenizer-path"] == "/fallback"
+    assert profile.args["cuda-graph-bs-decode"] == ["1", 2]
     assert profile.env["CACHE"] == "/data/models/cache"
     bad = write_profile(tmp_path, "args:\n  model-path: ${KIMI_TEST_UNSET}/kimi\n", "bad")
     with pytest.raises(
@@ -910,3 +928,192 @@ def test_nice_session_is_a_no_op_without_autogroup(tmp_path: Path) -> None:
     on.write_text("1\n")
     note = nice_session(2**22 + 12345, 5, switch=str(on))  # no such process
     assert note is not None and note.startswith("cannot set the nice of the server's session")
+
+
+# ---------------------------------------------------------------------- SGLang 0.5.23's own ways
+
+
+def _open_stream(url: str, opened: threading.Event) -> None:
+    """A long stream, held open until the server goes away."""
+    body = json.dumps(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 100_000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with NO_PROXY.open(req, timeout=120) as resp:
+            for _ in resp:
+                opened.set()
+    except (OSError, ValueError):
+        pass
+    finally:
+        opened.set()
+
+
+def _scheduler_pids(server: ManagedServer) -> list[int]:
+    assert server.log_path is not None
+    return [int(p) for p in re.findall(r"scheduler child pid (\d+)", server.log_path.read_text())]
+
+
+def test_a_drain_held_by_an_open_stream_is_ended_by_the_escalation(
+    tmp_path: Path, servers: list[Any]
+) -> None:
+    """SGLang 0.5.23 drains without limit after SIGTERM: an open stream holds it.  The
+    staged stop (stop_grace_s, SIGTERM to the group, stop_timeout_s, SIGKILL) still ends it
+    and every scheduler of it."""
+    env = {"FAKE_SGLANG_STOP": "sglang", "FAKE_SGLANG_SCHEDULERS": "2", "FAKE_SGLANG_SPEED": "1"}
+    profile = load_profile(fake_profile(tmp_path, env=env, stop_grace_s=1, stop_timeout_s=1))
+    server = open_server(profile, tmp_path / "logs")
+    assert isinstance(server, ManagedServer)
+    servers.append(server)
+    server.launch()
+    assert server.url is not None and server.log_path is not None
+    children = _scheduler_pids(server)
+    assert len(children) == 2
+    opened = threading.Event()
+    threading.Thread(target=_open_stream, args=(server.url, opened), daemon=True).start()
+    assert opened.wait(DEADLINE_S)
+    t0 = time.monotonic()
+    code = server.stop()
+    took = time.monotonic() - t0
+    log = server.log_path.read_text()
+    assert "Gracefully exiting... Remaining number of requests 1" in log  # it did drain
+    assert code == -9 and "after SIGKILL" in log  # and only the SIGKILL ended it
+    assert took >= profile.stop_grace_s + profile.stop_timeout_s
+    assert server.pid is not None and not pid_alive(server.pid)
+    poll_until(lambda: not any(pid_alive(c) for c in children), "the schedulers gone")
+
+
+def test_a_stop_before_the_first_request_kills_outright(tmp_path: Path, servers: list[Any]) -> None:
+    """Until a request arrives SGLang has no SIGTERM handler: the stop is an exit -15, and
+    its schedulers, which follow their parent, are gone with it."""
+    env = {"FAKE_SGLANG_STOP": "sglang", "FAKE_SGLANG_SCHEDULERS": "1"}
+    profile = load_profile(fake_profile(tmp_path, env=env))
+    server = open_server(profile, tmp_path / "logs")
+    assert isinstance(server, ManagedServer)
+    servers.append(server)
+    server.launch()
+    (child,) = _scheduler_pids(server)
+    assert server.stop() == -15
+    assert server.log_path is not None and "after SIGKILL" not in server.log_path.read_text()
+    poll_until(lambda: not pid_alive(child), "the scheduler gone")
+
+
+def test_a_drain_with_nothing_in_flight_exits_on_its_own(
+    tmp_path: Path, servers: list[Any]
+) -> None:
+    profile = load_profile(
+        fake_profile(tmp_path, env={"FAKE_SGLANG_STOP": "sglang"}, stop_grace_s=30)
+    )
+    server = open_server(profile, tmp_path / "logs")
+    servers.append(server)
+    server.launch()
+    assert server.url is not None and chat(server.url) == 200  # SGLang's handler is now set
+    assert server.stop() == 0
+    assert server.log_path is not None and "after SIGKILL" not in server.log_path.read_text()
+
+
+def test_a_crash_reports_sigkill_and_the_traceback_above_the_tail(
+    tmp_path: Path, servers: list[Any]
+) -> None:
+    """A dying SGLang rank: its traceback, then the other ranks' output, then SIGKILL of the
+    whole tree: exit -9, and the traceback is quoted although it is not in the last lines."""
+    profile = load_profile(
+        fake_profile(tmp_path, "crash-like-sglang", env={"FAKE_SGLANG_CRASH_AFTER": "2"})
+    )
+    server = open_server(profile, tmp_path / "logs")
+    assert isinstance(server, ManagedServer)
+    servers.append(server)
+    server.launch()
+    assert server.url is not None
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        for _ in range(5):
+            chat(server.url)
+    poll_until(lambda: server.crashed() is not None, "the crash noticed")
+    assert server.crashed() == -9
+    assert "Traceback" not in server.log_tail(40)
+    excerpt = server.crash_excerpt(40)
+    assert "RuntimeError: simulated scheduler crash after 2 generation requests" in excerpt
+    assert excerpt.index("Traceback") < excerpt.index("--- last 40 log lines ---")
+    server.stop()
+
+
+def test_a_start_killed_by_a_signal_says_so(tmp_path: Path, servers: list[Any]) -> None:
+    from pytest_kimi.server.supervisor import describe_exit
+
+    assert describe_exit(-9) == "was killed by SIGKILL (exit code -9)"
+    assert describe_exit(1) == "exited with code 1"
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import os, signal\n"
+        "print('Traceback (most recent call last):\\n  File \"x\"\\nOSError: boom', flush=True)\n"
+        "for i in range(50):\n    print('[TP1] other rank', i, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    path = write_profile(tmp_path, f"command: {sys.executable} {script}\nargs: {{}}\n")
+    server = open_server(load_profile(path), tmp_path / "logs")
+    servers.append(server)
+    with pytest.raises(ServerStartError) as info:
+        server.launch()
+    text = str(info.value)
+    assert "was killed by SIGKILL (exit code -9) before it was ready" in text
+    assert "OSError: boom" in text and "--- last traceback in the log ---" in text
+
+
+def test_the_flush_sends_the_key_an_external_server_needs(
+    tmp_path: Path, servers: list[Any]
+) -> None:
+    """A key-protected server behind an external profile (no args:) is flushed with the key
+    the load client has; without it the note points at --api-key, not at profile args."""
+    from pytest_kimi.server.launcher import _free_port
+
+    port = _free_port()
+    managed = load_profile(
+        fake_profile(
+            tmp_path,
+            args={"port": port, "api-key": "sk-a-0123456789", "admin-api-key": "adm-0123456789"},
+        )
+    )
+    server = open_server(managed, tmp_path / "logs")
+    servers.append(server)
+    server.launch()
+    assert server.flush_cache() is True  # the profile's admin key
+    external = load_profile(write_profile(tmp_path, f"url: http://127.0.0.1:{port}\n", "ext"))
+    outside = open_server(external, tmp_path / "logs")
+    servers.append(outside)
+    outside.launch()
+    assert outside.flush_cache() is False
+    assert "--api-key or KIMI_API_KEY" in str(outside.flush_error)
+    assert "args:" in str(outside.flush_error) and "admin-api-key in" not in str(
+        outside.flush_error
+    )
+    assert outside.flush_cache(api_key="sk-a-0123456789") is False  # the API key is not enough
+    assert "was refused" in str(outside.flush_error)
+    assert outside.flush_cache(api_key="adm-0123456789") is True
+
+
+def test_sgl_force_shutdown_ends_the_drain_without_the_kill(
+    tmp_path: Path, servers: list[Any]
+) -> None:
+    """What the Kimi profiles set: with SGL_FORCE_SHUTDOWN=1 an open stream no longer holds
+    the stop until SIGKILL."""
+    env = {"FAKE_SGLANG_STOP": "sglang", "FAKE_SGLANG_SPEED": "1", "SGL_FORCE_SHUTDOWN": "1"}
+    profile = load_profile(fake_profile(tmp_path, env=env, stop_grace_s=30))
+    server = open_server(profile, tmp_path / "logs")
+    servers.append(server)
+    server.launch()
+    assert server.url is not None
+    opened = threading.Event()
+    threading.Thread(target=_open_stream, args=(server.url, opened), daemon=True).start()
+    assert opened.wait(DEADLINE_S)
+    assert server.stop() == 0
+    assert server.log_path is not None and "after SIGKILL" not in server.log_path.read_text()
+    for name in ("ep8", "ep8-tuned", "ep8-eplb", "ep4", "tp8-tuned"):
+        assert load_profile(SERVERS / f"{name}.yaml").env["SGL_FORCE_SHUTDOWN"] == "1", name

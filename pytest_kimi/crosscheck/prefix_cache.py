@@ -15,8 +15,13 @@ The counters (token counts, summed over their label sets):
 * SGLang 0.5 (``--enable-metrics``): ``sglang:prompt_tokens_total`` and
   ``sglang:cached_tokens_total`` (labelled by ``cache_source``: device, host, storage), both
   counted when a request finishes (``sglang/srt/observability/metrics_collector.py``,
-  ``observe_one_finished_request``).  The cached counter has no sample until the first hit
-  (a labelled counter), so a page that *declares* it (``# TYPE``) and shows none means zero.
+  ``observe_one_finished_request``).  The cached counter is incremented only for a request
+  that hit the cache, and SGLang's multiprocess Prometheus registry shows a metric only
+  once a process wrote a sample of it: until the first hit the page has no
+  ``sglang:cached_tokens_total`` at all, not even ``# TYPE``.  So a page with SGLang's
+  prompt-token counter and without the cached one has served 0 tokens from the cache: the
+  hit rate is 0% (the entry says ``cached_metric_absent``), which is the answer a run with
+  ``--disable-radix-cache`` exists to get.
 
 A server without either pair (no ``/metrics``, SGLang without ``--enable-metrics``) gets no
 hit rate: the level's JSON then has no ``prefix_cache_hit_rate`` key, never a made-up zero.
@@ -45,6 +50,9 @@ PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
     ("sglang:prompt_tokens_total", "sglang:cached_tokens_total"),
 )
 """(prompt tokens looked up, prompt tokens served from the cache), in the order looked for."""
+LAZY_HITS = frozenset({"sglang:cached_tokens_total"})
+"""Hit counters that do not exist until the first hit: their absence beside the queries
+counter means zero hits (SGLang); any other missing hit counter means no reading."""
 READ_TIMEOUT_S = 5.0
 NO_CACHE_HINT = (
     "the server exposes no /metrics, so no prefix-cache hit rate (SGLang: launch it with "
@@ -60,6 +68,8 @@ class CacheCounters:
     hits_metric: str
     queries: float
     hits: float
+    hits_absent: bool = False
+    """The hit counter was not on the page (a :data:`LAZY_HITS` one, read as 0)."""
 
 
 def _declared(text: str, name: str) -> bool:
@@ -75,11 +85,14 @@ def read_cache_counters(text: str) -> CacheCounters | None:
         if q is None:
             continue
         h = totals.get(hits)
+        absent = False
         if h is None:
             if not _declared(text, hits):
-                continue
+                if hits not in LAZY_HITS:
+                    continue
+                absent = True
             h = 0.0
-        return CacheCounters(queries, hits, q, h)
+        return CacheCounters(queries, hits, q, h, hits_absent=absent)
     return None
 
 
@@ -93,12 +106,16 @@ def hit_rate(before: CacheCounters | None, after: CacheCounters | None) -> dict[
     hits = after.hits - before.hits
     if queries <= 0 or hits < 0:
         return None
-    return {
+    entry: dict[str, Any] = {
         "hit_rate": round(hits / queries, 4),
         "prompt_tokens": round(queries),
         "cached_tokens": round(hits),
         "metrics": [after.hits_metric, after.queries_metric],
     }
+    if after.hits_absent:
+        # not a guess: SGLang creates this counter at the first cache hit
+        entry["cached_metric_absent"] = True
+    return entry
 
 
 class PrefixCacheProbe:

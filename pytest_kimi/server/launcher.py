@@ -43,7 +43,7 @@ from pytest_kimi.server import leftovers
 from pytest_kimi.server.procgroup import DEAD_LEADER_GRACE_S, nice_session
 from pytest_kimi.server.procgroup import group_members as _group_members  # noqa: F401 - tests/engine use it
 from pytest_kimi.server.profile import ServerProfile, argv, profile_secrets
-from pytest_kimi.server.supervisor import Supervised, SupervisedHandle
+from pytest_kimi.server.supervisor import Supervised, SupervisedHandle, describe_exit
 
 __all__ = [
     "ExternalServer",
@@ -401,10 +401,12 @@ class _ServerBase(SupervisedHandle):
         return self._started_at is not None
 
     def _tail_block(self) -> str:
-        tail = self._scrub(self.log_tail(TAIL_LINES))
-        if not tail:
+        excerpt = self._scrub(self.crash_excerpt(TAIL_LINES))
+        if not excerpt:
             return f"log: {self.log_path} (empty)"
-        return f"log: {self.log_path}\n--- last {TAIL_LINES} log lines ---\n{tail}"
+        if excerpt.startswith("--- "):  # the traceback sits above the tail: shown first
+            return f"log: {self.log_path}\n{excerpt}"
+        return f"log: {self.log_path}\n--- last {TAIL_LINES} log lines ---\n{excerpt}"
 
     def _append_log(self, text: str) -> None:
         if self.log_path is None:
@@ -564,7 +566,7 @@ class _ServerBase(SupervisedHandle):
             return data if isinstance(data, dict) else {}
         return {}
 
-    def flush_cache(self, timeout_s: float = 30.0) -> bool:
+    def flush_cache(self, timeout_s: float = 30.0, api_key: str | None = None) -> bool:
         """Drop the server's prefix cache so a measurement does not inherit cache hits.
 
         True when flushed.  False when the engine has no flush endpoint, or the server
@@ -573,8 +575,10 @@ class _ServerBase(SupervisedHandle):
         for it to become idle (``sglang/srt/entrypoints/http_server.py`` ``flush_cache``,
         ``sglang/srt/managers/scheduler_components/flush_wrapper.py``), so this asks it to
         wait ``timeout_s``.  The endpoint is ``ADMIN_OPTIONAL`` (``sglang/srt/utils/auth.py``):
-        it takes the admin key when the server has one, else the API key, so this sends the
-        profile's ``admin-api-key``, or its ``api-key``.
+        it takes the admin key when the server has one, else the API key.  So this sends the
+        profile's ``admin-api-key``, else its ``api-key``, else ``api_key`` (the key the
+        load client sends: ``--api-key``/``KIMI_API_KEY``, the only key an external profile,
+        which has no ``args:``, can have).
         """
         self.flush_error: str | None = None
         base = self._require_url()
@@ -589,7 +593,7 @@ class _ServerBase(SupervisedHandle):
                 for k in ("admin-api-key", "api-key")
                 if args.get(k) not in (None, False, True)
             ),
-            None,
+            api_key,
         )
         headers = {"Authorization": f"Bearer {key}"} if key else self._headers()
         url = f"{base}{path}?timeout={timeout_s:g}"
@@ -606,9 +610,8 @@ class _ServerBase(SupervisedHandle):
                 return True
             text = body.decode("utf-8", "replace").strip()[:200]
             if status in (401, 403):
-                self.flush_error = (
-                    f"{method} {path} answered HTTP {status}: it needs the admin "
-                    "key (admin-api-key in the server profile) or the API key"
+                self.flush_error = f"{method} {path} answered HTTP {status}: " + self._key_hint(
+                    sent=bool(key)
                 )
             elif status == 404:
                 self.flush_error = (
@@ -619,6 +622,21 @@ class _ServerBase(SupervisedHandle):
             return False
         self.flush_error = f"{path} accepts neither POST nor GET (HTTP 405)"
         return False
+
+    def _key_hint(self, sent: bool) -> str:
+        """What to fix after a 401 on the flush, in terms this profile type has: a managed
+        profile's ``args:`` can carry the keys, an external one has no ``args:``."""
+        what = "the key it was sent was refused" if sent else "it needs a key"
+        if self.profile.external:
+            return (
+                f"{what}; it takes the server's admin key (or its API key when it has no "
+                "admin key): give it with --api-key or KIMI_API_KEY (an external profile "
+                "has no args: to hold one)"
+            )
+        return (
+            f"{what}; it takes the admin key (admin-api-key in the profile's args:) or, "
+            "when the server has none, the API key (api-key in args:)"
+        )
 
     # -- context manager (``with``: SupervisedHandle) ------------------------------
 
@@ -771,6 +789,10 @@ class ManagedServer(_ServerBase):
             ]
         )
         assert self.log_path is not None
+        for warning in self.profile.flag_warnings:  # a deprecated flag: said, not fatal
+            self._append_log(f"# pytest-kimi: warning: {self._scrub(warning)}")
+            if progress is not None:
+                progress(f"warning: {self._scrub(warning)}")
         self._follower = _LogFollower(
             self.log_path, self.engine.ready_log_line, offset=self.log_path.stat().st_size
         )
@@ -814,8 +836,8 @@ class ManagedServer(_ServerBase):
             return None  # a requested stop is reported as "stopped" by the caller
         self.stop()  # its children may linger; clean up before reporting
         return ServerStartError(
-            f"{self._describe()}: the server process exited with code {code} before it "
-            f"was ready ({elapsed:.1f} s after start)\n"
+            f"{self._describe()}: the server process {describe_exit(code)} "
+            f"before it was ready ({elapsed:.1f} s after start)\n"
             f"command: {' '.join(scrub_argv(self.command, self.secrets()))}\n"
             f"{self._tail_block()}",
             reason="exited",

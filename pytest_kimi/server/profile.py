@@ -32,7 +32,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from pytest_kimi import yamlstrict
-from pytest_kimi.scrub import is_secret_name
+from pytest_kimi.scrub import is_secret_flag, is_secret_name
+from pytest_kimi.server import sglang_flags
 from pytest_kimi.server.engines import ENGINES, Engine, get_engine
 
 __all__ = [
@@ -60,7 +61,7 @@ in-flight requests, then asks its schedulers to release the GPUs and waits for t
 DEFAULT_STOP_TIMEOUT_S = 30.0
 """Stop, phase 2: after SIGTERM to the whole process group, how long until SIGKILL."""
 
-_MANAGED_KEYS = ("command", "args", "nice")
+_MANAGED_KEYS = ("command", "args", "nice", "engine_version")
 _EXTERNAL_KEYS = ("start", "stop", "url")
 ALLOWED_KEYS: tuple[str, ...] = (
     "name",
@@ -77,6 +78,7 @@ ALLOWED_KEYS: tuple[str, ...] = (
     "url",
     "health_path",
     "nice",
+    "engine_version",
 )
 
 _SCALARS = (str, int, float)
@@ -123,6 +125,13 @@ class ServerProfile:
     every cycle the client (a few percent of a core) does not use.  The launcher applies it to
     the server's whole session as well (its autogroup, :func:`procgroup.nice_session`): under
     autogroup scheduling a process's nice alone does not weigh against other sessions."""
+    engine_version: str | None = None
+    """SGLang: the release ``args`` are checked against (default
+    :data:`sglang_flags.DEFAULT_VERSION`, the parser the plugin ships); a release without
+    shipped data is not checked."""
+    flag_warnings: tuple[str, ...] = ()
+    """Findings about ``args`` that do not stop a launch (a deprecated flag), each naming
+    the profile and the flag; the launcher logs and reports them."""
 
     @property
     def external(self) -> bool:
@@ -251,7 +260,39 @@ def parse_profile(
         raise ProfileError(
             f"{source}: 'nice' must be an integer from 0 (default) to 19, got {nice!r}"
         )
-    return ServerProfile(**common, command=command, args=args, nice=nice)
+    engine_version = _opt_str(data, "engine_version", source)
+    warnings = _check_flags(engine_spec, command, args, source, engine_version)
+    return ServerProfile(
+        **common,
+        command=command,
+        args=args,
+        nice=nice,
+        engine_version=engine_version,
+        flag_warnings=warnings,
+    )
+
+
+def _check_flags(
+    engine: Engine, command: list[str], args: dict[str, Any], source: str, version: str | None
+) -> tuple[str, ...]:
+    """Hold an SGLang profile's flags to SGLang's own parser (:mod:`sglang_flags`) before
+    the launch: errors raise :class:`ProfileError`, warnings are returned.
+
+    Only a command that runs SGLang is checked (a ``command:`` running some other program
+    takes other flags), and only SGLang: vLLM's parser is not shipped.
+    """
+    if engine.kind != "sglang" or not any("sglang" in word for word in command):
+        return ()
+    check = sglang_flags.check_args(args, source, version or sglang_flags.DEFAULT_VERSION)
+    if check.skipped is not None:
+        return (check.skipped,)
+    if check.errors:
+        fix = (
+            "; a profile for another SGLang release says engine_version: (the check then "
+            "uses that release's flag list, or is skipped when none ships)"
+        )
+        raise ProfileError("\n".join(p.message for p in check.errors) + fix)
+    return tuple(p.message for p in check.warnings)
 
 
 # ---------------------------------------------------------------------- argv
@@ -314,7 +355,7 @@ def profile_secrets(profile: ServerProfile, environ: Mapping[str, str] = os.envi
     """
     out: set[str] = set()
     for key, value in profile.args.items():
-        if not is_secret_name(key):
+        if not is_secret_flag(key):  # "api" too: SGLang's parser expands it to api-key
             continue
         values = value if isinstance(value, (list, tuple)) else [value]
         out.update(v for v in values if isinstance(v, str) and v)

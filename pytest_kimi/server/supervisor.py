@@ -433,6 +433,59 @@ def read_tail(path: Path | None, n: int) -> str:
     return "\n".join(lines[-n:])
 
 
+_TRACEBACK = "Traceback (most recent call last)"
+TRACEBACK_SCAN_BYTES = 16 * 1024 * 1024
+"""How much of a log's end is searched for its last traceback: a multi-rank server's
+traceback can be thousands of lines above the end (the other ranks keep logging)."""
+
+
+def last_traceback(path: Path | None, max_lines: int = 80) -> str:
+    """The last Python traceback in a log: its ``Traceback`` line, the indented frames, and
+    the exception line that ends it ("" when the log has none).
+
+    Why: when one rank of an 8-GPU server dies, the other ranks' output fills the lines after
+    its traceback, so the last lines of the log (what an error message quotes) miss the
+    one thing that says what went wrong.
+    """
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - TRACEBACK_SCAN_BYTES))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    at = text.rfind(_TRACEBACK)
+    if at < 0:
+        return ""
+    lines = text[text.rfind("\n", 0, at) + 1 :].split("\n")
+    block = [lines[0]]
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        block.append(line)
+        if not line[:1].isspace():  # the exception line closes the traceback
+            break
+    if len(block) > max_lines:
+        block = block[:1] + ["  ..."] + block[-(max_lines - 2) :]
+    return "\n".join(block)
+
+
+def describe_exit(code: int) -> str:
+    """``exited with code 1``, or ``was killed by SIGKILL (exit code -9)`` for a negative
+    status: a server that died of a signal (SGLang kills its own tree with SIGKILL when a
+    scheduler dies, the OOM killer does too) is not one that exited with an error."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (exit code {code})"
+    return f"exited with code {code}"
+
+
 class SupervisedHandle:
     """What a handle on a supervised child (a managed server, the simulator) offers the same
     way: its log's tail for error messages, and ``with`` that starts it and always stops it.
@@ -452,6 +505,15 @@ class SupervisedHandle:
     def log_tail(self, n: int = 40) -> str:
         """The last ``n`` non-empty lines of the child's log."""
         return read_tail(self.log_path, n)
+
+    def crash_excerpt(self, n: int = 40) -> str:
+        """What a crash report quotes: the log's last traceback (:func:`last_traceback`),
+        when the last ``n`` lines do not already hold it, then those lines."""
+        tail = read_tail(self.log_path, n)
+        block = last_traceback(self.log_path)
+        if not block or block.split("\n", 1)[0] in tail and block.rsplit("\n", 1)[-1] in tail:
+            return tail
+        return f"--- last traceback in the log ---\n{block}\n--- last {n} log lines ---\n{tail}"
 
     def __enter__(self: _H) -> _H:
         return self._enter()

@@ -1,14 +1,16 @@
 """Fake ``python -m sglang.launch_server``: SGLang's flags and log lines, the simulator's API.
 
-Mirrors SGLang 0.5.23 (the newest release when this was written; checked against its wheel):
-the flags the example profiles and tests use, spelt as 0.5.23 spells them (argparse rejects
-the removed ``--cuda-graph-max-bs``, ambiguous among the per-phase flags as in the real
-launcher; it also rejects ``--disable-cuda-graph``, which the real launcher would take
-silently as an abbreviation of ``--disable-cuda-graph-padding``: a profile must not use it);
-``/server_info`` with every argument (``api_key`` included, in clear), ``launch_command``
-(argv joined by spaces, ``--api-key VALUE`` verbatim), ``startup_time``, ``internal_states``;
-the deprecation warning logged on every ``/get_server_info``; generation tokens counted per
-finished request in ``/metrics``; reasoning deltas with ``--reasoning-parser``.
+Mirrors SGLang 0.5.23 (checked against its wheel): its own argument parser, rebuilt from the
+flag list that parser produced (``pytest_kimi/data/sglang_0_5_23_args.json``, written by
+``tests/fake_sglang/dump_args.py``): every flag, abbreviations resolved or refused as
+argparse does there (``--api`` is ``--api-key``; ``--enable-metric`` and ``--cont`` are
+ambiguous, exit 2), deprecated flags (``--disable-cuda-graph``, ``--enable-dp-attention``)
+accepted with SGLang's own warning; ``/metrics`` only with ``--enable-metrics`` (404
+otherwise); ``/server_info`` with every argument (``api_key`` included, in clear),
+``launch_command`` (argv joined by spaces, ``--api-key VALUE`` verbatim), ``startup_time``,
+``internal_states``; the deprecation warning logged on every ``/get_server_info``;
+generation tokens counted per finished request in ``/metrics``; reasoning deltas with
+``--reasoning-parser``; the admin key on ``/flush_cache`` with ``--admin-api-key``.
 
 Behaviour is chosen by environment variables, so one launcher profile can be pointed at
 every failure a real deployment has shown:
@@ -19,6 +21,9 @@ every failure a real deployment has shown:
     experts (the TP2 EP4 failure seen on real hardware), exit code 1.
     ``crash-mid-sweep``: serve, then exit 1 once ``FAKE_SGLANG_CRASH_AFTER`` (default 3)
     generation requests arrived; readiness probes via ``/health_generate`` count too.
+    ``crash-like-sglang``: serve, then die as a multi-rank SGLang does after
+    ``FAKE_SGLANG_CRASH_AFTER`` generation requests: a scheduler's traceback, 60 lines of
+    the other ranks' output after it, then SIGKILL to itself (exit code -9).
     ``never-ready``: print weight-loading progress forever, never listen.
     ``ignore-sigterm``: ignore SIGTERM and spawn a child that ignores it as well (its pid
     is logged as ``scheduler child pid N``), to prove the launcher kills the whole group.
@@ -26,6 +31,14 @@ every failure a real deployment has shown:
     Number of scheduler child processes to fork (default 0), each logged as ``scheduler
     child pid N``; unlike SGLang's they do not die with the main process, so only a stop of
     the whole process group ends them.
+``FAKE_SGLANG_STOP``
+    ``at-once`` (default): SIGTERM stops the server at once.  ``sglang``: SGLang 0.5.23's
+    stop (``sglang/srt/managers/tokenizer_manager.py``): until the first request there is no
+    SIGTERM handler, so SIGTERM kills the process outright (exit -15) and the scheduler
+    children, which watch their parent, exit with it; after it, SIGTERM starts a drain that
+    waits for every running or queued request without limit (a second SIGTERM changes
+    nothing), then exits 0.  An open stream so holds the server until SIGKILL, unless
+    ``SGL_FORCE_SHUTDOWN=1`` (as in SGLang) ends the wait at once.
 ``FAKE_SGLANG_STARTUP_S``
     Seconds of simulated loading before the server listens (default 0.5).
 ``FAKE_SGLANG_SPEED`` / ``FAKE_SGLANG_SLOWDOWN``
@@ -39,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -48,50 +62,74 @@ from typing import Any
 
 READY_LINE = "The server is fired up and ready to roll!"
 NUM_EXPERTS = 384
-MODES = ("ok", "crash-at-start", "crash-mid-sweep", "never-ready", "ignore-sigterm")
+MODES = (
+    "ok",
+    "crash-at-start",
+    "crash-mid-sweep",
+    "crash-like-sglang",
+    "never-ready",
+    "ignore-sigterm",
+)
+
+
+class _Deprecated(argparse.Action):
+    """SGLang 0.5.23's ``Deprecated*Action``: accept, log SGLang's own warning (yellow, as
+    ``print_deprecated_warning`` logs it through the root logger before logging is set up),
+    store the value (``sglang/srt/arg_groups/argparse_actions.py``)."""
+
+    def __init__(self, option_strings: list[str], dest: str, warning: str = "", **kw: Any) -> None:
+        self.warning = warning
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        print(f"\033[1;33m{self.warning}\033[0m", file=sys.stderr, flush=True)
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+def _type(name: str | None) -> Any:
+    """The few converters of SGLang's parser that matter for a fake; the rest stay strings."""
+    if name in ("int", "human_readable_int"):
+        return int
+    if name == "float":
+        return float
+    if name in ("loads", "json_list_type"):
+        return json.loads
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The SGLang flags the example profiles and the tests use; anything else is an error
-    (exit 2), as with the real launcher, so a typo in a profile fails the same way."""
-    p = argparse.ArgumentParser(prog="python -m sglang.launch_server")
-    # sglang/srt/arg_groups/fields/{model,parallel,serving,exec_,memory,schedule}.py
-    p.add_argument("--model-path", "--model", required=True)
-    p.add_argument("--served-model-name")
-    p.add_argument("--tokenizer-path")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--ep-size", "--expert-parallel-size", "--ep", type=int, default=1)
-    p.add_argument("--dp-size", "--data-parallel-size", type=int, default=1)
-    p.add_argument("--mem-fraction-static", type=float)
-    p.add_argument("--context-length", type=int)
-    p.add_argument("--max-running-requests", type=int)
-    p.add_argument("--max-total-tokens", type=int)
-    p.add_argument("--chunked-prefill-size", type=int)
-    p.add_argument("--num-continuous-decode-steps", type=int, default=1)
-    p.add_argument("--attention-backend")
-    p.add_argument("--moe-a2a-backend")
-    p.add_argument("--kv-cache-dtype", default="auto")
-    # 0.5.23 splits CUDA-graph settings per phase; --cuda-graph-max-bs, --cuda-graph-bs,
-    # --disable-cuda-graph and --enable-dp-attention have no command-line spelling any more
-    # (sglang/srt/arg_groups/fields/exec_.py: no_cli=True).
-    p.add_argument("--cuda-graph-max-bs-decode", type=int)
-    p.add_argument("--cuda-graph-max-bs-prefill", type=int)
-    p.add_argument("--cuda-graph-bs-decode", type=int, nargs="+")
-    p.add_argument("--cuda-graph-bs-prefill", type=int, nargs="+")
-    p.add_argument("--disable-decode-cuda-graph", action="store_true")
-    p.add_argument("--disable-prefill-cuda-graph", action="store_true")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--enable-eplb", action="store_true")
-    p.add_argument("--disable-radix-cache", action="store_true")
-    p.add_argument("--enable-metrics", action="store_true")
-    p.add_argument("--reasoning-parser")
-    p.add_argument("--random-seed", type=int)
-    p.add_argument("--api-key")
-    p.add_argument("--admin-api-key")
-    p.add_argument("--json-model-override-args")
-    p.add_argument("--log-level", default="info")
+    """SGLang 0.5.23's own parser, rebuilt from the flag list it produced
+    (``pytest_kimi/data/sglang_0_5_23_args.json``, ``tests/fake_sglang/dump_args.py``): the
+    same 559 long options, argparse's ``allow_abbrev`` on as in the real one (so
+    ``--enable-metric`` and ``--cont`` are ambiguous and exit 2, ``--api`` is taken as
+    ``--api-key``), deprecated flags accepted with SGLang's warning, dead ones accepted and
+    ignored.  Each option string is its own action: Python 3.11's argparse counts option
+    strings, not actions, when it judges a prefix ambiguous, so this matches the real one."""
+    from pytest_kimi.server.sglang_flags import DEFAULT_VERSION, raw_flags
+
+    p = argparse.ArgumentParser(prog="sglang serve")
+    for row in raw_flags(DEFAULT_VERSION):
+        flag = "--" + row["name"]
+        kw: dict[str, Any] = {"dest": row["dest"]}
+        if row["warning"]:
+            kw.update(
+                action=_Deprecated,
+                warning=row["warning"],
+                nargs=0 if not row["takes_value"] else None,
+            )
+            kw["default"] = row["default"]
+        elif not row["takes_value"]:
+            kw.update(action="store_true", default=bool(row["default"]))
+        else:
+            convert = _type(row["type"])
+            if convert is not None:
+                kw["type"] = convert
+            if row["nargs"] is not None:
+                kw["nargs"] = row["nargs"]
+            if row["choices"]:
+                kw["choices"] = [convert(c) if convert is int else c for c in row["choices"]]
+            kw["default"] = row["default"]
+        p.add_argument(flag, **kw)
     return p
 
 
@@ -160,9 +198,11 @@ def sim_profile(
         model=ns.served_model_name or ns.model_path,
         server_args=server_info_of(ns, argv if argv is not None else sys.argv[1:], startup_s),
         api_key=ns.api_key,
+        admin_api_key=ns.admin_api_key,
     )
     if ns.max_running_requests:
         kwargs["max_running_requests"] = ns.max_running_requests
+    kwargs["disable_radix_cache"] = ns.disable_radix_cache
     # SGLang counts generated tokens per finished request
     # (sglang/srt/managers/tokenizer_manager.py -> observe_one_finished_request in
     # sglang/srt/observability/metrics_collector.py); with a reasoning parser it streams the
@@ -175,14 +215,125 @@ def sim_profile(
     return SimConfig(**kwargs)
 
 
+_PROBES = ("/health", "/metrics")
+"""Requests that do not start SGLang's tokenizer-manager loop (its SIGTERM handler)."""
+
+
+def _sglang_page(text: str) -> str:
+    """The simulator's ``/metrics`` as SGLang 0.5.23 shows it: no ``vllm:*`` families, and
+    no ``sglang:cached_tokens_total`` before the first cache hit (its multiprocess registry
+    lists a labelled counter only once a sample was written: ``metrics_collector.py``
+    increments it only for ``cached_tokens > 0``)."""
+    families: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        name = line.split()[2] if line.startswith("# ") and len(line.split()) > 2 else line
+        name = name.split("{", 1)[0].split(" ", 1)[0]
+        families.setdefault(name, []).append(line)
+    out: list[str] = []
+    for name, lines in families.items():
+        if name.startswith("vllm:"):
+            continue
+        samples = [ln for ln in lines if not ln.startswith("#")]
+        if name == "sglang:cached_tokens_total" and all(
+            float(ln.rsplit(" ", 1)[1]) == 0 for ln in samples
+        ):
+            continue
+        out += lines
+    return "\n".join(out) + "\n"
+
+
+def _crash_like_sglang(after: int) -> None:
+    """How a real multi-rank SGLang dies: a scheduler's traceback, the other ranks' lines
+    after it, then the main process kills its own tree with SIGKILL (``kill_process_tree``
+    in ``sglang/srt/utils/common.py`` after the SIGQUIT a dead child sends): exit -9."""
+    log("Scheduler hit an exception: Traceback (most recent call last):", "TP3")
+    print(
+        '  File "sglang/srt/managers/scheduler.py", line 3100, in run_scheduler_process\n'
+        "    scheduler.event_loop_normal()\n"
+        f"RuntimeError: simulated scheduler crash after {after} generation requests\n",
+        file=sys.stderr,
+        flush=True,
+    )
+    for i in range(60):  # the other ranks keep logging: the traceback is not the last lines
+        log(
+            f"Decode batch, #running-req: {i % 8}, #token: {i * 64}, gen throughput (token/s): 0.00",
+            f"TP{i % 3}",
+        )
+    log("SIGQUIT received. It usually means one child failed.")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 async def serve(ns: argparse.Namespace, mode: str, started: float) -> None:
-    from pytest_kimi.sim import start_server
+    """The simulator behind SGLang's HTTP surface, with what the fake adds in front of it:
+    ``/metrics`` only with ``--enable-metrics`` (else 404, as SGLang mounts its Prometheus
+    app only then: ``sglang/srt/entrypoints/http_server.py``), SGLang's stop behaviour when
+    ``FAKE_SGLANG_STOP=sglang``, and the ``crash-like-sglang`` mode."""
+    from aiohttp import web
+
+    from pytest_kimi.sim.app import ENGINE_KEY, SimServer, create_app
 
     profile = sim_profile(ns, mode, sys.argv[1:], time.monotonic() - started)
-    server = await start_server(profile, port=ns.port, host="127.0.0.1")
+    app = create_app(profile)
+    engine = app[ENGINE_KEY]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    signals = [signal.SIGINT] if mode == "ignore-sigterm" else [signal.SIGTERM, signal.SIGINT]
+    sglang_stop = os.environ.get("FAKE_SGLANG_STOP", "at-once") == "sglang"
+    seen = {"requests": 0, "generation": 0}
+    crash_after = int(os.environ.get("FAKE_SGLANG_CRASH_AFTER", "3"))
+
+    def drain_then_stop() -> None:
+        log("SIGTERM received. Draining requests and shutting down...")
+
+        async def drain() -> None:
+            # sigterm_watchdog: no limit on the wait (a second SIGTERM changes nothing) unless
+            # SGL_FORCE_SHUTDOWN is true: then it stops waiting for the requests at once
+            force = os.environ.get("SGL_FORCE_SHUTDOWN", "false").lower() in ("true", "1")
+            while (engine.num_running or engine.num_waiting) and not force:
+                log(
+                    "Gracefully exiting... Remaining number of requests "
+                    f"{engine.num_running + engine.num_waiting}."
+                )
+                await asyncio.sleep(0.5)
+            stop.set()
+
+        loop.create_task(drain())
+
+    @web.middleware
+    async def sglang_front(request: web.Request, handler: Any) -> Any:
+        if request.path == "/metrics" and not ns.enable_metrics:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        if not request.path.startswith(_PROBES):
+            seen["requests"] += 1
+            if sglang_stop and seen["requests"] == 1:
+                loop.add_signal_handler(signal.SIGTERM, drain_then_stop)
+            if request.path.startswith(
+                ("/v1/chat", "/v1/completions", "/generate", "/health_generate")
+            ):
+                seen["generation"] += 1
+                if mode == "crash-like-sglang" and seen["generation"] > crash_after:
+                    _crash_like_sglang(crash_after)
+        response = await handler(request)
+        if request.path == "/metrics" and response.status == 200:
+            return web.Response(
+                text=_sglang_page(response.text or ""),
+                headers={"Content-Type": response.content_type},
+            )
+        return response
+
+    app.middlewares.insert(0, sglang_front)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", ns.port, reuse_address=True)
+    await site.start()
+    server = SimServer(runner=runner, engine=engine, profile=profile, port=runner.addresses[0][1])
+    if mode == "ignore-sigterm":
+        signals = [signal.SIGINT]
+    elif sglang_stop:
+        # Until the first request SGLang has no SIGTERM handler: the default action kills it.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signals = [signal.SIGINT]
+    else:
+        signals = [signal.SIGTERM, signal.SIGINT]
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     log(f"Uvicorn running on http://127.0.0.1:{server.port} (Press CTRL+C to quit)")
@@ -193,9 +344,30 @@ async def serve(ns: argparse.Namespace, mode: str, started: float) -> None:
         await server.close()
 
 
+_SCHEDULER = (
+    "import os, sys, time\n"
+    "parent = os.getppid()\n"
+    "while True:\n"
+    "    time.sleep(0.1)\n"
+    "    if {follow} and os.getppid() != parent: sys.exit(0)\n"
+)
+
+
+def _scheduler(follow_parent: bool) -> subprocess.Popen[bytes]:
+    """A scheduler child.  ``follow_parent``: it exits once its parent is gone, as SGLang's
+    schedulers do (their parent-death watchdog); otherwise only a stop of the whole process
+    group ends it."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _SCHEDULER.format(follow=follow_parent)], stdin=subprocess.DEVNULL
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.model_path is None:
+        parser.error("the following arguments are required: --model-path")
     mode = os.environ.get("FAKE_SGLANG_MODE", "ok")
     if mode not in MODES:
         print(
@@ -208,16 +380,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if mode == "ignore-sigterm":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the child below
-        child = subprocess.Popen(
-            [sys.executable, "-c", "import time\nwhile True: time.sleep(60)"],
-            stdin=subprocess.DEVNULL,
-        )
+        child = _scheduler(follow_parent=False)
         log(f"scheduler child pid {child.pid}")
+    follow = os.environ.get("FAKE_SGLANG_STOP", "at-once") == "sglang"
     for _ in range(int(os.environ.get("FAKE_SGLANG_SCHEDULERS", "0"))):
-        child = subprocess.Popen(
-            [sys.executable, "-c", "import time\nwhile True: time.sleep(60)"],
-            stdin=subprocess.DEVNULL,
-        )
+        child = _scheduler(follow_parent=follow)
         log(f"scheduler child pid {child.pid}")
 
     log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in server_args_of(ns).items())})")
@@ -243,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     log("Load weight end. type=KimiK2ForCausalLM, dtype=torch.bfloat16, avail mem=60.11 GB", "TP0")
     time.sleep(step)
     log("Memory pool end. avail mem=12.40 GB", "TP0")
-    if not ns.disable_decode_cuda_graph:
+    if not (ns.disable_decode_cuda_graph or ns.disable_cuda_graph):
         log("Capture cuda graph begin. This can take up to several minutes.", "TP0")
         time.sleep(step)
         log("Capture cuda graph end. Time elapsed: 0.08 s.", "TP0")
