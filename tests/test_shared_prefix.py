@@ -175,9 +175,19 @@ def test_cache_counters_of_either_engine() -> None:
     entry = hit_rate(sglang, later)
     assert entry is not None and entry["hit_rate"] == 0.8 and entry["prompt_tokens"] == 1000
     assert entry["metrics"] == ["sglang:cached_tokens_total", "sglang:prompt_tokens_total"]
-    # an SGLang without the counter (not even declared), or no counters at all: no rate
-    older = "\n".join(SGLANG_PAGE.splitlines()[:4]) + "\n"
-    assert read_cache_counters(older) is None
+    # SGLang's multiprocess registry shows the cached counter only once a hit wrote a sample:
+    # a page with its prompt counter and no cached one at all has served 0 from the cache
+    undeclared = "\n".join(SGLANG_PAGE.splitlines()[:4]) + "\n"
+    assert read_cache_counters(undeclared) == CacheCounters(
+        "sglang:prompt_tokens_total", "sglang:cached_tokens_total", 1000.0, 0.0, hits_absent=True
+    )
+    zero = hit_rate(
+        read_cache_counters(undeclared), read_cache_counters(undeclared.replace("900.0", "1900.0"))
+    )
+    assert zero is not None and zero["hit_rate"] == 0.0 and zero["cached_metric_absent"] is True
+    # vLLM's hit counter is created with its queries counter: one without the other is no reading
+    assert read_cache_counters(VLLM_PAGE.replace("vllm:prefix_cache_hits_total", "x_total")) is None
+    # no counters at all: no rate
     assert read_cache_counters("# nothing\nsome_other_total 3\n") is None
     assert hit_rate(vllm, None) is None and hit_rate(vllm, vllm) is None  # nothing counted
 
