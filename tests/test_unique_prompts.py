@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestServer
 
 from pytest_kimi.endpoint.discovery import EndpointInfo
 from pytest_kimi.load import LoadClient, OpenLoopPlan, ShardedClient, Target, TrialPlan
-from pytest_kimi.load.runner import WARMUP_IDS, split_at_slot, unique_id
+from pytest_kimi.load.runner import UNIQUE_ID_WIDTH, WARMUP_IDS, split_at_slot, unique_id
 from pytest_kimi.workload.markers import parse_throughput
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.workload.prompts import UNIQUE_SLOT, PromptSource, WorkloadError, encode_bodies
@@ -71,12 +71,12 @@ def _bodies(n: int = 3) -> list[bytes]:
 
 
 def _ids(seen: list[str]) -> list[str]:
-    return [content[:12] for content in seen]
+    return [content[:UNIQUE_ID_WIDTH] for content in seen]
 
 
 def test_unique_id_is_a_fixed_width_bijection() -> None:
     ids = {unique_id(n) for n in range(100_000)}
-    assert len(ids) == 100_000 and {len(i) for i in ids} == {12}
+    assert len(ids) == 100_000 and {len(i) for i in ids} == {UNIQUE_ID_WIDTH}
     # neighbours differ from the first digit: nothing for a prefix cache to share
     assert all(unique_id(n)[:1] != unique_id(n + 1)[:1] for n in range(1000))
 
@@ -124,7 +124,7 @@ async def test_closed_loop_fills_one_id_per_request(server: tuple[str, list[str]
     assert sorted(ids[3:]) == sorted(unique_id(base + g).decode() for g in range(20))
     assert sorted(ids[:3]) == sorted(unique_id(base + WARMUP_IDS + g).decode() for g in range(3))
     # the rest of each body is what was encoded: prompt k for request g % 3
-    assert {s[12:] for s in seen} == {f"-run12345 prompt {k}" for k in range(3)}
+    assert {s[UNIQUE_ID_WIDTH:] for s in seen} == {f"-run12345 prompt {k}" for k in range(3)}
 
 
 @pytest.mark.asyncio

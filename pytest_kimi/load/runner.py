@@ -49,11 +49,19 @@ LAG_INTERVAL_S = 0.005
 """Sleep of the lag monitor: 200 wake-ups/s costs well under 1% of a core yet resolves the
 few-millisecond stalls that show a saturated client."""
 
-UNIQUE_ID_WIDTH = 12
-"""Bytes of a request's unique id: 12 hex digits, 48 bits."""
-_ID_MASK = (1 << 48) - 1
+UNIQUE_ID_WIDTH = 15
+"""Bytes of a request's unique id: 15 decimal digits (``10**15 > 2**48`` request numbers).
+
+Why decimal, not hex: the id is part of the prompt, so its token count is part of
+``input_tokens``.  Every major tokenizer splits a run of digits the same way whatever the
+digits are (Llama 2, Qwen, Gemma: one token per digit; Llama 3, DeepSeek V3, Kimi K2's tiktoken:
+groups of three), so every request's prompt has the count the sizing measured on a sample id.
+Hex mixes letters and digits, whose splits depend on the digits: on SGLang 0.5.23 with a
+byte-level BPE, 64-token prompts came out at 57-64 tokens."""
+_ID_MODULUS = 10**UNIQUE_ID_WIDTH
 _ID_MULT = 0x9E3779B97F4B
-"""Odd, so ``n * _ID_MULT mod 2**48`` is a bijection: distinct numbers, distinct ids."""
+"""Coprime to 10 (odd, not a multiple of 5), so ``n * _ID_MULT mod 10**15`` is a bijection:
+distinct numbers, distinct ids."""
 TRIAL_ID_BITS = 28
 """A trial's request numbers are ``base + g`` with ``base = serial << TRIAL_ID_BITS``: room for
 2**27 requests and as many warm-up requests per trial, and 2**20 trials per measurement."""
@@ -62,13 +70,13 @@ WARMUP_IDS = 1 << (TRIAL_ID_BITS - 1)
 
 
 def unique_id(n: int) -> bytes:
-    """The 12 hex digits that make request number ``n`` unique (``n < 2**48``).
+    """The 15 decimal digits that make request number ``n`` unique (``n < 2**48``).
 
     Scrambled (a multiplication modulo 2**48), not counted: consecutive requests then differ
     from the first digit on, so a prefix cache that shares even a token or two of a prompt's
     start finds nothing to share.
     """
-    return b"%012x" % ((n * _ID_MULT) & _ID_MASK)
+    return b"%015d" % (n * _ID_MULT % _ID_MODULUS)
 
 
 def split_at_slot(bodies: Sequence[bytes], slot: bytes) -> list[tuple[bytes, bytes]]:

@@ -256,7 +256,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if warning is not None:
                 item.warn(pytest.PytestConfigWarning(warning))
         item.add_marker(pytest.mark.perf)
-        item.add_marker(pytest.mark.xdist_group(PERF_GROUP))
+        if config.pluginmanager.hasplugin("xdist"):  # xdist registers the marker
+            item.add_marker(pytest.mark.xdist_group(PERF_GROUP))
         if endpoint is None:
             item.add_marker(pytest.mark.skip(reason=NO_ENDPOINT_REASON))
     if problems:

@@ -5,7 +5,7 @@ writes bytes.  Prompts come from a built-in set, an explicit list, a JSONL file,
 synthetically to a target length.
 
 Cache policy: by default every request's prompt is unique within a run.  The user content
-starts with a short lead, ``<12 hex digits>-<run token> ``: the encoded body holds a
+starts with a short lead, ``<15 decimal digits>-<run token> ``: the encoded body holds a
 placeholder (:data:`UNIQUE_SLOT`) where the load runner writes each request's own scrambled
 number (a bytes join per request, see :func:`pytest_kimi.load.runner.unique_id`), and the run
 token (random per measurement) separates runs against a long-lived server.  A server's prefix
@@ -66,15 +66,16 @@ TOKENS_PER_WORD = 1.3
 """The estimate where the server cannot count: BPE vocabularies average about 1.3 tokens per
 English word."""
 
-UNIQUE_SLOT = "@@@@@@@@@@@@"
-"""Where a request's unique id goes (12 characters, the width of
+UNIQUE_SLOT = "@" * 15
+"""Where a request's unique id goes (15 characters, the width of
 :func:`pytest_kimi.load.runner.unique_id`): JSON-encoded as is, and never produced by a word
 list, so the runner finds it once per body."""
-SAMPLE_ID = "9e3779b97f4b"
-"""A representative unique id: what the tokenizer counts in place of the slot."""
-LEAD_TOKENS_ESTIMATE = 10
-"""The lead ``<12 hex>-<8 hex> `` in tokens where no tokenizer counts it (hex digits split
-into short tokens)."""
+SAMPLE_ID = "173961102589771"
+"""A representative unique id: what the tokenizer counts in place of the slot (any 15 digits
+count alike, see :data:`pytest_kimi.load.runner.UNIQUE_ID_WIDTH`)."""
+LEAD_TOKENS_ESTIMATE = 12
+"""The lead ``<15 digits>-<8 hex> `` in tokens where no tokenizer counts it (5 to 15 for
+the digits, by how the tokenizer groups them, and a few for the rest)."""
 SIZE_TOLERANCE = 3
 """A sized prompt this many tokens from the asked count or closer counts as exact."""
 PREFIX_SEPARATOR = "\n\n"

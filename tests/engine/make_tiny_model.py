@@ -71,7 +71,13 @@ def build_tokenizer(out: Path) -> int:
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # digits one by one, as Llama 2, Qwen and Gemma split them (Llama 3 and Kimi's tiktoken:
+    # groups of three): a number's token count is then its length, whatever its digits, which
+    # is what lets the plugin's decimal request ids keep every prompt at its sized length
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(

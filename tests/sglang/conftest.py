@@ -27,6 +27,13 @@ import make_tiny_model  # noqa: E402  (tests/engine, put on the path above)
 
 from support.busy_machine import ENGINE_SESSION_ATTEMPTS  # noqa: E402
 
+# pytester's inline runs put sys.modules back after each run, so a module first imported inside
+# one is imported afresh by the next; SQLAlchemy does not survive that in one process (storing
+# the run's history then fails with "'InternalTraversal' object is not callable"), so the
+# history's modules are imported here, once, before any inline run
+import alembic.command  # noqa: E402,F401
+import pytest_kimi.history.store  # noqa: E402,F401
+
 SGLANG_VERSION = "0.5.23"
 SKIP_REASON = (
     f"real SGLang {SGLANG_VERSION} (CPU engine) is not installed in this environment; "

@@ -7,7 +7,8 @@ of them on the real server, through the plugin (a pytester session with ``--endp
 * ``/server_info`` of a server started with ``--api-key`` and ``--admin-api-key`` holds both
   keys in clear; none reaches the terminal, the JSON report, a baseline or any file the
   session wrote; the provenance is the same for two starts on different ports;
-* ``/tokenize`` sizes ``input_tokens`` prompts: the server's ``prompt_tokens`` equal them;
+* ``/tokenize`` sizes ``input_tokens`` prompts: the server's ``prompt_tokens`` are what the
+  sizing counted, within its tolerance of the asked length;
 * the prefix-cache counters behind the hit rate exist under their real names;
 * the server's TTFT and ITL histograms (their ``_sum``/``_count`` rise over the run is the
   server's exact mean) beside the client's means.
@@ -37,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pytest_kimi.workload.prompts import SIZE_TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]
 SKIP_REASON = (
@@ -274,14 +277,24 @@ def test_provenance_is_the_same_for_two_starts(
 
 
 def test_tokenize_sizes_input_tokens_prompts(pytester: pytest.Pytester, keyed: RealServer) -> None:
-    """``input_tokens=64``: the plugin sizes each prompt with the server's ``/tokenize``, so
-    the ``prompt_tokens`` SGLang reports for every request are exactly 64."""
+    """``input_tokens=64``: the plugin sizes each prompt variant with the server's
+    ``/tokenize`` (lead with a sample id, then words, chat template included) to within
+    ``SIZE_TOLERANCE`` of 64, and the ``prompt_tokens`` SGLang reports for every request lie
+    in the range the sizing counted: each request's own id counts as the sample's did.
+
+    (With hex ids they did not: 57-64 and 58-66 tokens on this server, where the sizing said
+    64; decimal ids and a tokenizer that splits digits, as real ones do, fixed that.)"""
     result, report = _run(pytester, keyed)
     result.assert_outcomes(passed=1)
     for level in _levels(report).values():
         assert level["input_tokens"] == 64, level
-        assert "server tokenizer" in (level["input_tokens_sizing"] or ""), level
-        assert level["prompt_tokens"]["min"] == level["prompt_tokens"]["max"] == 64, level
+        sizing = level["input_tokens_sizing"] or ""
+        counted = re.search(r"server tokenizer .*: (\d+)-(\d+) tokens per variant", sizing)
+        assert counted, sizing
+        low, high = int(counted[1]), int(counted[2])
+        assert 64 - SIZE_TOLERANCE <= low <= high <= 64 + SIZE_TOLERANCE, sizing
+        served = level["prompt_tokens"]
+        assert low <= served["min"] <= served["max"] <= high, (sizing, served)
 
 
 def _counter(text: str, name: str, **labels: str) -> float | None:
