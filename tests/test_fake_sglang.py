@@ -293,7 +293,9 @@ def test_no_cache_hit_reads_as_zero_percent_not_as_no_reading(tmp_path: Path) ->
     entry = hit_rate(before, after)
     assert entry is not None and entry["hit_rate"] == 0.0 and entry["prompt_tokens"] > 0
     assert entry["cached_metric_absent"] is True
-    assert (
-        read_cache_counters("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\n")
-        is None
-    )
+    # a fresh SGLang page (gauges, no request finished: neither counter written) is 0 and 0,
+    # as `before` above was read; a page of no SGLang without the pair is no reading
+    fresh = read_cache_counters("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\n")
+    assert fresh is not None and (fresh.queries, fresh.hits) == (0.0, 0.0)
+    assert before.queries == 0.0 and before.hits_absent
+    assert read_cache_counters("# TYPE other_running gauge\nother_running 0\n") is None

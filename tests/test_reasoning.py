@@ -201,7 +201,10 @@ def test_sim_streams_reasoning_like_sglang_and_honours_per_request_fields() -> N
         and rec.content_tokens == 12
     )
     rec = parse_blocks([(0.0, got["off"])])
-    assert b"reasoning_tokens" not in got["off"] and rec.reasoning_tokens == 0
+    # 0.5.23's usage always has reasoning_tokens (0 here), never completion_tokens_details
+    assert b'"reasoning_tokens":0,"completion_tokens_details":null' in got["off"]
+    assert b'"reasoning_tokens":0,"completion_tokens_details":{' not in got["off"]
+    assert rec.reasoning_tokens == 0 and rec.content_tokens == 12
     rec = parse_blocks([(0.0, got["short"])])
     assert (rec.reasoning_tokens, rec.content_tokens, rec.first_content) == (3, 0, None)
     rec = parse_blocks([(0.0, got["packed"])])

@@ -335,6 +335,50 @@ async def test_scraper_reads_counters_with_timestamps() -> None:
         await runner.cleanup()
 
 
+FRESH_SGLANG = (
+    "# TYPE sglang:num_running_reqs gauge\n"
+    'sglang:num_running_reqs{model_name="m"} 0.0\n'
+    "# TYPE sglang:num_queue_reqs gauge\n"
+    'sglang:num_queue_reqs{model_name="m"} 0.0\n'
+)
+"""What SGLang 0.5.23 serves before its first request finished: gauges, none of the
+per-request counters (tests/data/sglang-0.5.23/metrics.json, ``fresh``)."""
+
+
+@pytest.mark.asyncio
+async def test_a_fresh_sglang_reads_zero_until_its_counters_appear() -> None:
+    """The counters are written first when a request finishes: before that they read 0 (a
+    fresh managed server is not "a server without counters"); once seen, gone is an error."""
+    pages = [FRESH_SGLANG, SGLANG, FRESH_SGLANG]
+    app = web.Application()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=pages.pop(0) if len(pages) > 1 else pages[0])
+
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    scraper = MetricsScraper(f"http://127.0.0.1:{runner.addresses[0][1]}")
+    try:
+        names = await scraper.open()
+        assert names.all == (
+            "sglang:generation_tokens_total",
+            "sglang:prompt_tokens_total",
+            "sglang:num_requests_total",
+        )
+        first = await scraper.scrape()
+        assert (first.generation, first.prompt, first.requests) == (8.0, 7.0, 1.0)
+        with pytest.raises(ServerMetricsError, match="no longer shows"):
+            await scraper.scrape()
+    finally:
+        await scraper.close()
+        await runner.cleanup()
+    fresh = MetricsScraper("http://127.0.0.1:1")
+    fresh.names = names
+    assert fresh._value(parse_metrics(FRESH_SGLANG), names.generation) == 0.0
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     "routes, expected",

@@ -256,28 +256,38 @@ async def test_chat_stream_format(fast_sim: SimServer, http: aiohttp.ClientSessi
     assert len(chunks) == n + 3
     ids = {c["id"] for c in chunks}
     assert len(ids) == 1
+    # as 0.5.23 encodes them (sse_utils.py, tests/data/sglang-0.5.23/streams.json): the
+    # delta's reasoning_content always, no tool_calls, no usage key where there is none
     assert role["choices"][0]["delta"] == {
         "role": "assistant",
         "content": "",
         "reasoning_content": None,
-        "tool_calls": None,
     }
+    assert "usage" not in role
     for c in tokens:
         assert c["object"] == "chat.completion.chunk" and c["model"] == "kimi-k2.6-sim"
-        assert isinstance(c["created"], int) and c["usage"] is None
+        assert isinstance(c["created"], int) and "usage" not in c
         (choice,) = c["choices"]
         assert choice["index"] == 0 and choice["finish_reason"] is None
         assert choice["logprobs"] is None and choice["matched_stop"] is None
         delta = choice["delta"]
         assert "role" not in delta
         assert delta["content"] and delta["reasoning_content"] is None
-        assert delta["tool_calls"] is None
+        assert "tool_calls" not in delta
     text = "".join(c["choices"][0]["delta"]["content"] for c in tokens)
     for special in ("é", "日本", "🚀", '"', "\\", "\n"):
         assert special in text
-    assert finish["choices"][0]["finish_reason"] == "length"
+    assert finish["choices"][0]["finish_reason"] == "length" and "usage" not in finish
+    assert finish["choices"][0]["delta"] == {"reasoning_content": None}
     assert usage["choices"] == []
-    assert usage["usage"] == {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}
+    assert usage["usage"] == {
+        "prompt_tokens": 3,
+        "total_tokens": n + 3,
+        "completion_tokens": n,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
+    }
 
 
 @pytest.mark.asyncio
@@ -289,10 +299,12 @@ async def test_completions_stream_and_non_stream(
         payloads = await read_sse(resp)
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
-    assert len(chunks) == 6  # 5 tokens + finish; no usage chunk when not asked
+    # 5 tokens, the finish on the last one's chunk as 0.5.23's serving_completions.py puts
+    # it; no usage chunk when not asked
+    assert len(chunks) == 5
     assert all(c["object"] == "text_completion" for c in chunks)
-    assert all(c["choices"][0]["text"] for c in chunks[:5])
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(c["choices"][0]["text"] for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 4 + ["length"]
     streamed = "".join(c["choices"][0]["text"] for c in chunks)
 
     body.update(stream=False)
@@ -486,7 +498,7 @@ async def test_no_usage_and_client_abort(http: aiohttp.ClientSession) -> None:
     async with await start_server(SimConfig(speed=50.0, no_usage=True)) as sim:
         async with http.post(sim.url + CHAT, json=chat_body(3)) as resp:
             chunks = [json.loads(p) for p in (await read_sse(resp))[:-1]]
-        assert all(c["usage"] is None for c in chunks) and len(chunks) == 5  # role, 3, finish
+        assert all("usage" not in c for c in chunks) and len(chunks) == 5  # role, 3, finish
         async with http.post(sim.url + CHAT, json=chat_body(3, stream=False)) as resp:
             assert (await resp.json())["usage"] is None
         # a client that hangs up releases its batch slot

@@ -131,8 +131,16 @@ async def test_the_simulator_streams_as_sglang_does(
     if kind == "chat":
         role, events = events[0], events[1:]
         assert role["choices"][0]["delta"]["role"] == "assistant"
-        assert role["choices"][0]["delta"]["content"] == "" and role["usage"] is None
-    *tokens, finish, usage = events
+        assert role["choices"][0]["delta"]["content"] == "" and "usage" not in role
+    if kind == "chat":
+        *tokens, finish, usage = events
+        assert "usage" not in finish and finish["choices"][0]["finish_reason"] == "length"
+    else:  # completions: the finish rides on the last token's chunk (serving_completions.py)
+        *tokens, usage = events
+        finish = tokens[-1]
+        assert finish["usage"]["completion_tokens"] == n
+        assert finish["choices"][0]["finish_reason"] == "length"
+        assert [e["choices"][0]["finish_reason"] for e in tokens[:-1]] == [None] * 3
     texts = [_text(e) for e in tokens]
     assert all(texts)
     first = VOCAB.index(texts[0])  # the response starts at the vocabulary's offset
@@ -144,7 +152,6 @@ async def test_the_simulator_streams_as_sglang_does(
     running = [e["usage"]["completion_tokens"] for e in tokens]
     assert running == list(np.cumsum(counts))
     assert {e["usage"]["prompt_tokens"] for e in tokens} == {usage["usage"]["prompt_tokens"]}
-    assert finish["usage"] is None and finish["choices"][0]["finish_reason"] == "length"
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == n
 
 
@@ -158,12 +165,12 @@ async def test_running_usage_does_not_need_include_usage(http: aiohttp.ClientSes
         assert [e["usage"]["completion_tokens"] for e in events[1:-1]] == [1, 5, 9]
         assert events[-1]["choices"][0]["finish_reason"] == "length"
         plain = await _events(http, sim.url, "chat", 9, None)
-        assert all(e["usage"] is None for e in plain) and len(plain) == len(events)
+        assert all("usage" not in e for e in plain) and len(plain) == len(events)
     async with await start_server(SimConfig(speed=20.0, no_usage=True)) as sim:
         events = await _events(
             http, sim.url, "chat", 3, {"include_usage": True, "continuous_usage_stats": True}
         )
-        assert all(e["usage"] is None for e in events)
+        assert all("usage" not in e for e in events)
 
 
 def test_merged_events_are_the_same_however_the_writes_fall() -> None:
@@ -210,24 +217,25 @@ def _sglang_blocks(
             )
         at += c
         blocks.append(data)
-    blocks[-1] += enc.finish("length") + enc.usage(11, at) + b"data: [DONE]\n\n"
+    blocks[-1] = enc.finish("length", blocks[-1]) + enc.usage(11, at) + b"data: [DONE]\n\n"
     return [(1.0 + 0.01 * i, b) for i, b in enumerate(blocks)]
 
 
 def _event(enc: _Encoder, text: str, kind: str, prompt: int | None, upto: int) -> bytes:
     head = enc._head + b'"choices":[{"index":0,'
     body = json.dumps(text, ensure_ascii=False).encode()
-    if kind == "chat":
+    if kind == "chat":  # 0.5.23's chat chunk: no usage key where there is none
         ev = (
             head
-            + b'"delta":{"content":'
+            + b'"delta":{"reasoning_content":null,"content":'
             + body
-            + b',"reasoning_content":null,"tool_calls":null},"logprobs":null,'
-            b'"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
+            + b'},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
         )
-    else:
-        ev = head + b'"text":' + body + b',"logprobs":null,"finish_reason":null,'
-        ev += b'"matched_stop":null}],"usage":null}\n\n'
+        if prompt is None:
+            return ev
+        return ev[: -len(b"}\n\n")] + b"," + enc.running_usage(prompt, upto)
+    ev = head + b'"text":' + body + b',"logprobs":null,"finish_reason":null,'
+    ev += b'"matched_stop":null}],"usage":null}\n\n'
     if prompt is None:
         return ev
     return ev[: -len(b'"usage":null}\n\n')] + enc.running_usage(prompt, upto)

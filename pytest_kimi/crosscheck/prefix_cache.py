@@ -21,7 +21,9 @@ The counters (token counts, summed over their label sets):
   ``sglang:cached_tokens_total`` at all, not even ``# TYPE``.  So a page with SGLang's
   prompt-token counter and without the cached one has served 0 tokens from the cache: the
   hit rate is 0% (the entry says ``cached_metric_absent``), which is the answer a run with
-  ``--disable-radix-cache`` exists to get.
+  ``--disable-radix-cache`` exists to get.  A fresh server (no request finished
+  yet) has neither counter, only its gauges: a page with ``sglang:`` samples and no
+  prompt-token counter reads as 0 and 0.
 
 A server without either pair (no ``/metrics``, SGLang without ``--enable-metrics``) gets no
 hit rate: the level's JSON then has no ``prefix_cache_hit_rate`` key, never a made-up zero.
@@ -93,6 +95,10 @@ def read_cache_counters(text: str) -> CacheCounters | None:
                 absent = True
             h = 0.0
         return CacheCounters(queries, hits, q, h, hits_absent=absent)
+    if re.search(r"^sglang:", text, re.M):
+        # SGLang before its first finished request writes neither (both come with it)
+        queries, hits = PREFIX_CACHE_COUNTERS[-1]
+        return CacheCounters(queries, hits, 0.0, 0.0, hits_absent=True)
     return None
 
 

@@ -48,6 +48,13 @@ GENERATION_COUNTERS = ("vllm:generation_tokens_total", "sglang:generation_tokens
 PROMPT_COUNTERS = {"vllm:": "vllm:prompt_tokens_total", "sglang:": "sglang:prompt_tokens_total"}
 REQUEST_COUNTERS = {"vllm:": "vllm:request_success_total", "sglang:": "sglang:num_requests_total"}
 """Read and reported when present (not checked: servers differ in what they count as a request)."""
+LAZY_COUNTERS = frozenset(
+    {"sglang:generation_tokens_total", PROMPT_COUNTERS["sglang:"], REQUEST_COUNTERS["sglang:"]}
+)
+"""Counters SGLang 0.5.23 writes first when a request finishes (``observe_one_finished_request``
+in ``metrics_collector.py``; its multiprocess registry lists a counter only once a sample was
+written): a fresh server's page has its gauges but none of these.  Until first seen they read
+as 0; one that was seen and is gone is an error."""
 
 RATE_TOLERANCE = 0.02
 """Largest relative difference allowed between the server's and the client's steady-state
@@ -234,6 +241,13 @@ class CounterNames:
                     prompt if prompt in metrics.totals else None,
                     requests if requests in metrics.totals else None,
                 )
+        if any(n.startswith("sglang:") for n in metrics.totals):
+            # SGLang before its first finished request: the counters come with it
+            return cls(
+                "sglang:generation_tokens_total",
+                PROMPT_COUNTERS["sglang:"],
+                REQUEST_COUNTERS["sglang:"],
+            )
         wanted = " or ".join(GENERATION_COUNTERS)
         if not metrics.totals:
             head = " ".join(text.split())[:80]
@@ -367,6 +381,8 @@ class MetricsScraper:
         self.page = MetricsPage(base_url, headers, timeout_s, NO_METRICS_HINT)
         self.url = self.page.url
         self.names: CounterNames | None = None
+        self._seen: set[str] = set()
+        """Counters some scrape showed: a :data:`LAZY_COUNTERS` one is 0 only before that."""
 
     async def open(self) -> CounterNames:
         """Open the session and find the counters: raises :class:`ServerMetricsError` when the
@@ -388,7 +404,7 @@ class MetricsScraper:
         text = await self.page.get()
         got = perf_counter()
         metrics = parse_metrics(text, self.names.all)
-        value = metrics.get(self.names.generation)
+        value = self._value(metrics, self.names.generation)
         if value is None:
             raise ServerMetricsError(f"{self.url} no longer shows {self.names.generation}")
         if not math.isfinite(value):
@@ -397,9 +413,18 @@ class MetricsScraper:
             t=(sent + got) / 2,
             half_rtt_s=(got - sent) / 2,
             generation=value,
-            prompt=metrics.get(self.names.prompt) if self.names.prompt else None,
-            requests=metrics.get(self.names.requests) if self.names.requests else None,
+            prompt=self._value(metrics, self.names.prompt) if self.names.prompt else None,
+            requests=self._value(metrics, self.names.requests) if self.names.requests else None,
         )
+
+    def _value(self, metrics: MetricTotals, name: str) -> float | None:
+        """A counter's total; 0 for a :data:`LAZY_COUNTERS` one not written yet."""
+        value = metrics.get(name)
+        if value is not None:
+            self._seen.add(name)
+        elif name in LAZY_COUNTERS and name not in self._seen:
+            return 0.0
+        return value
 
 
 async def settle_before(scraper: MetricsScraper) -> Scrape:

@@ -149,7 +149,7 @@ PROVENANCE_SERVER_INFO: tuple[str, ...] = (
 are named (fnmatch patterns over a top-level field, or a ``launch_command`` flag in
 server_info's spelling).  Chosen for the provenance diff: each is something whose change can
 move throughput (a tuning knob such as ``enable_eplb``, ``max_running_requests``,
-``chunked_prefill_size``, ``tp_size``, ``ep_size``, ``cuda_graph_max_bs``,
+``chunked_prefill_size``, ``tp_size``, ``ep_size``, ``cuda_graph_max_bs_decode``,
 ``stream_interval``) or says what was measured (engine, version, model).  A kept field's
 whole value is kept (``sim``, ``speculative`` mappings), less its volatile entries, and
 scrubbed.  Add a field here when a diff must name it; until then its changes show only as a

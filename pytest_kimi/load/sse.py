@@ -192,6 +192,16 @@ def is_error_object(obj: dict[str, Any]) -> bool:
     return obj.get("error") is not None or obj.get("object") == "error"
 
 
+_OPEN_FINISH_VALUES = re.compile(rb'"(finish_reason|matched_stop)":\s*("[^"\\]*"|-?\d+)')
+
+
+def _finish_envelope_extra(payload: bytes) -> int:
+    """Bytes by which a token event that finishes is longer than an ordinary one, whose
+    ``finish_reason`` and ``matched_stop`` are ``null``: their values' lengths less 4 each
+    (``"length"``: 4 more; a stop token id such as ``163586``: 2 more)."""
+    return sum(max(0, len(m[2]) - 4) for m in _OPEN_FINISH_VALUES.finditer(payload))
+
+
 class _Patterns:
     """Byte patterns for one JSON style (compact ``"k":"v"`` or spaced ``"k": "v"``)."""
 
@@ -622,6 +632,11 @@ class StreamParser:
                 return tokens
             if not tok:
                 self._skip += len(raw) + 2  # no text: none of its bytes are a token's
+            else:
+                # a token event that carries the finish (SGLang's and vLLM's completions):
+                # its envelope is longer than an ordinary one's by the finish's values (0
+                # for any other: the decoded path is the first event and the last few)
+                self._skip += _finish_envelope_extra(payload)
             tokens += tok
         return tokens
 

@@ -84,15 +84,18 @@ _VOCAB_JSON: tuple[bytes, ...] = tuple(
 )
 _DONE = b"data: [DONE]\n\n"
 _MALFORMED = b'data: {"object":"chat.completion.chunk","choices":[{"delta":{"content":"trunc\n\n'
-_CHAT_TAIL = (
-    b',"reasoning_content":null,"tool_calls":null},"logprobs":null,'
-    b'"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
-)
+_CHAT_CONTENT = b'"delta":{"reasoning_content":null,"content":'
+_CHAT_TAIL = b'},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
+"""A chat chunk as SGLang 0.5.23 encodes it (``build_sse_content`` in
+``sglang/srt/entrypoints/openai/sse_utils.py``, msgspec structs): the delta's
+``reasoning_content`` always, first, then ``role`` and ``content`` where set; no ``tool_calls``;
+no ``usage`` key unless there is usage (``omit_defaults``)."""
 _TEXT_TAIL = b',"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
-_REASONING_TAIL = b'},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
+"""A completions chunk: pydantic's ``model_dump_json`` of ``CompletionStreamResponse``
+(``serving_completions.py``), so ``"usage":null`` where there is none."""
+_REASONING_TAIL = _CHAT_TAIL
 """Closes a reasoning chunk, whose delta is ``{"reasoning_content":"..."}`` alone as in SGLang
-0.5.23 (``StreamDelta`` in ``sglang/srt/entrypoints/openai/sse_utils.py`` omits a None
-``content``)."""
+0.5.23 (``StreamDelta`` omits a None ``content``)."""
 _KEEPALIVE = b": keep-alive\n\n"
 KEEPALIVE_INTERVAL_S = 0.1
 """Wall seconds between the comments of a ``keepalive_after_tokens`` stream: far inside any
@@ -339,7 +342,7 @@ class _Encoder:
         ).encode("utf-8")
         head = self._head + b'"choices":[{"index":0,'
         if kind == "chat":
-            self.events = [head + b'"delta":{"content":' + enc + _CHAT_TAIL for enc in _VOCAB_JSON]
+            self.events = [head + _CHAT_CONTENT + enc + _CHAT_TAIL for enc in _VOCAB_JSON]
         else:
             self.events = [head + b'"text":' + enc + _TEXT_TAIL for enc in _VOCAB_JSON]
         self.thinking = thinking if kind == "chat" else 0
@@ -352,7 +355,11 @@ class _Encoder:
         as SGLang 0.5.23's does (``_generate_chat_stream`` in ``serving_chat.py``: the first
         output yields ``build_sse_content(role="assistant", content="")``, then the tokens)."""
         if kind == "chat":
-            self.role_event = head + b'"delta":{"role":"assistant","content":""' + _CHAT_TAIL
+            self.role_event = (
+                head
+                + b'"delta":{"reasoning_content":null,"role":"assistant","content":""'
+                + _CHAT_TAIL
+            )
         if self.split:
             # SGLang with a reasoning parser: one chunk per step with reasoning text, then
             # content chunks (serving_chat.py, 0.5.23)
@@ -381,9 +388,9 @@ class _Encoder:
         else:
             parts = [ev[(off + i) % v] for i in range(start, stop)]
         if running is not None:
-            cut = -len(_NULL_USAGE_END)
             parts = [
-                e[:cut] + self.running_usage(running, start + j + 1) for j, e in enumerate(parts)
+                _usage_tail(e, self.running_usage(running, start + j + 1))
+                for j, e in enumerate(parts)
             ]
         return role + b"".join(parts)
 
@@ -431,7 +438,7 @@ class _Encoder:
             ).encode("utf-8")
             head = self._head + b'"choices":[{"index":0,'
             if self.kind == "chat":
-                event = head + b'"delta":{"content":' + text + _CHAT_TAIL
+                event = head + _CHAT_CONTENT + text + _CHAT_TAIL
             else:
                 event = head + b'"text":' + text + _TEXT_TAIL
             out.append(_usage_tail(event, usage))
@@ -458,24 +465,44 @@ class _Encoder:
             )
         )
 
-    def finish(self, reason: str) -> bytes:
-        matched = str(EOS_TOKEN_ID) if reason == "stop" else "null"
+    def finish(self, reason: str, data: bytes = b"") -> bytes:
+        """The end of a stream's tokens, ``data`` being its last events.
+
+        Chat (``_generate_chat_stream``): a chunk of its own after the last token, its delta
+        ``{"reasoning_content":null}``, no usage.  Completions (``serving_completions.py``):
+        the finish rides on the last token's chunk (its ``finish_reason`` and
+        ``matched_stop`` set), so ``data`` comes back with them in place; a chunk of its own
+        only where ``data`` holds no token event."""
+        matched = b"%d" % EOS_TOKEN_ID if reason == "stop" else b"null"
+        done = b'"finish_reason":"%s","matched_stop":%s' % (reason.encode(), matched)
         if self.kind == "chat":
-            choice = (
-                f'{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{reason}",'
-                f'"matched_stop":{matched}}}'
+            return data + (
+                self._head + b'"choices":[{"index":0,"delta":{"reasoning_content":null},'
+                b'"logprobs":null,' + done + b"}]}\n\n"
             )
-        else:
-            choice = (
-                f'{{"index":0,"text":"","logprobs":null,"finish_reason":"{reason}",'
-                f'"matched_stop":{matched}}}'
-            )
-        return self._head + f'"choices":[{choice}],"usage":null}}\n\n'.encode()
+        at = data.rfind(_OPEN_FINISH)
+        if at >= 0:
+            return data[:at] + done + data[at + len(_OPEN_FINISH) :]
+        return data + (
+            self._head
+            + b'"choices":[{"index":0,"text":"","logprobs":null,'
+            + done
+            + b'}],"usage":null}\n\n'
+        )
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        body = {
-            **_usage(prompt_tokens, completion_tokens),
-            **self.reasoning_usage(completion_tokens),
+        """The usage-only chunk after the finish.  Chat: ``model_dump_json()`` of the stream
+        response, every ``UsageInfo`` key in its order, nulls included (as
+        :meth:`running_usage`); completions: ``model_dump_json(exclude_none=True)``."""
+        if self.kind == "chat":
+            return (
+                self._head + b'"choices":[],' + self.running_usage(prompt_tokens, completion_tokens)
+            )
+        body: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "reasoning_tokens": 0,
         }
         usage = json.dumps(body, separators=(",", ":"))
         return self._head + f'"choices":[],"usage":{usage}}}\n\n'.encode()
@@ -592,9 +619,10 @@ async def _write_events(
             _drop_connection(request)
             return
         if seq.state is SeqState.FINISHED and sent >= seq.target:
-            # SGLang's chat stream: a finish chunk without usage, then the usage-only chunk
-            # when include_usage asked for it (serving_chat.py, _generate_chat_stream)
-            tail = [data, enc.finish(seq.finish_reason)]
+            # SGLang's chat stream: a finish chunk without usage (completions: the finish on
+            # the last token's chunk), then the usage-only chunk when include_usage asked
+            # for it (serving_chat.py, _generate_chat_stream; serving_completions.py)
+            tail = [enc.finish(seq.finish_reason, data)]
             if params.include_usage and not profile.no_usage:
                 tail.append(enc.usage(params.prompt_tokens, sent))
             tail.append(_DONE)
@@ -616,11 +644,18 @@ async def _keep_alive(request: web.Request, resp: web.StreamResponse) -> None:
 
 
 _NULL_USAGE_END = b'"usage":null}\n\n'
+_NO_USAGE_END = b"}\n\n"
+_OPEN_FINISH = b'"finish_reason":null,"matched_stop":null'
 
 
 def _usage_tail(event: bytes, usage: bytes | None) -> bytes:
-    """``event`` (a pre-encoded chunk ending ``"usage":null}``) with ``usage`` in its place."""
-    return event if usage is None else event[: -len(_NULL_USAGE_END)] + usage
+    """``event`` (a pre-encoded chunk ending ``"usage":null}`` as completions chunks do, or
+    without a usage key as chat chunks) with ``usage`` (``"usage":{...}}``) in its place."""
+    if usage is None:
+        return event
+    if event.endswith(_NULL_USAGE_END):
+        return event[: -len(_NULL_USAGE_END)] + usage
+    return event[: -len(_NO_USAGE_END)] + b"," + usage
 
 
 async def _complete(
@@ -795,7 +830,7 @@ def server_info(profile: SimConfig, port: int | None) -> dict[str, Any]:
         "dtype": "bfloat16",
         "kv_cache_dtype": "auto",
         "mem_fraction_static": 0.85,
-        "cuda_graph_max_bs": 256,
+        "cuda_graph_max_bs_decode": 256,
         "disable_radix_cache": profile.disable_radix_cache,
         "speculative_algorithm": None,
         "reasoning_parser": "kimi_k2" if profile.reasoning_tokens else None,

@@ -56,6 +56,11 @@ STREAM_REQUEST: dict[str, Any] = {
     "stream": True,
     "stream_options": {"include_usage": True, "continuous_usage_stats": True},
 }
+COMPLETIONS_STREAM_REQUEST: dict[str, Any] = {
+    **{k: v for k, v in STREAM_REQUEST.items() if k != "messages"},
+    "prompt": "Say something about the sea.",
+}
+"""The same stream through ``/v1/completions`` (the plugin's ``api="completions"``)."""
 TOKENIZE_REQUESTS: dict[str, dict[str, Any]] = {
     "prompt": {"prompt": "Hello world, hello sea.", "add_special_tokens": False},
     "prompt_special": {"prompt": "Hello world, hello sea."},
@@ -138,10 +143,27 @@ def normalise_event(data: str, model: str) -> Any:
     return json.loads(json.dumps(event).replace(json.dumps(model)[1:-1], "<model>"))
 
 
-def record_stream(url: str, model: str) -> dict[str, Any]:
-    body = {**STREAM_REQUEST, "model": model}
+def key_order(event: Any) -> list[list[str]]:
+    """The keys of an event as sent, top level, the first choice's, its delta's and the
+    usage's (the samples are written with sorted keys; a byte-level parser cares for order)."""
+    if not isinstance(event, dict):
+        return []
+    choice = (event.get("choices") or [{}])[0]
+    return [
+        list(event),
+        list(choice),
+        list(choice.get("delta") or {}),
+        list(event.get("usage") or {}),
+    ]
+
+
+def record_stream(url: str, model: str, api: str = "chat") -> dict[str, Any]:
+    """One stream of :data:`STREAM_REQUEST` (``api="chat"``) or
+    :data:`COMPLETIONS_STREAM_REQUEST` (``"completions"``), normalised."""
+    chat = api == "chat"
+    body = {**(STREAM_REQUEST if chat else COMPLETIONS_STREAM_REQUEST), "model": model}
     req = urllib.request.Request(
-        url + "/v1/chat/completions",
+        url + ("/v1/chat/completions" if chat else "/v1/completions"),
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
@@ -161,6 +183,7 @@ def record_stream(url: str, model: str) -> dict[str, Any]:
         "content_type": content_type,
         "framing": "data: <json>\\n\\n" if text.endswith("\n\n") else "other",
         "events": events,
+        "key_orders": [key_order(e) for e in events],
     }
 
 
@@ -273,12 +296,24 @@ def main(argv: list[str] | None = None) -> int:
     streams: dict[str, Any] = {}
     for interval in STREAM_INTERVALS:
         log = logs / f"server-stream-interval-{interval}.log"
-        url, proc = launch(args.python, model, interval, log)
+        for attempt in range(3):
+            url, proc = launch(args.python, model, interval, log)
+            try:
+                wait_ready(url, proc, log, args.ready_timeout)
+                break
+            except SystemExit:
+                stop(proc)
+                # a free port can be taken by the time the server binds it (SGLang picks
+                # its own internal ports too): another port, twice; anything else is fatal
+                if attempt == 2 or "address already in use" not in log.read_text():
+                    raise
         try:
-            wait_ready(url, proc, log, args.ready_timeout)
             if not server:
                 record_server(url, model, server)
             streams[f"stream_interval_{interval}"] = record_stream(url, model)
+            streams[f"completions_stream_interval_{interval}"] = record_stream(
+                url, model, "completions"
+            )
         finally:
             stop(proc)
     meta = {

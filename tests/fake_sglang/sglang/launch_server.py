@@ -180,6 +180,10 @@ def server_info_of(ns: argparse.Namespace, argv: list[str], startup_s: float) ->
             }
         ],
         "kv_events": None,
+        # fields 0.5.23 resolves without a flag (``no_cli=True`` in sglang/srt/arg_groups/
+        # fields/spec.py and parallel.py): in /server_info, not in the parser's flag list
+        "speculative_boundary_reduction": "rs+rsv",
+        "enable_cp_tp_group_sharing": False,
         "version": "0.5.23",
         "frontend": "python",
     }
@@ -203,6 +207,9 @@ def sim_profile(
     if ns.max_running_requests:
         kwargs["max_running_requests"] = ns.max_running_requests
     kwargs["disable_radix_cache"] = ns.disable_radix_cache
+    # streamed as 0.5.23 streams with --stream-interval (the simulator's framing, which the
+    # recorded samples hold: tests/test_fakes_match_sglang.py)
+    kwargs["stream_interval"] = ns.stream_interval or 1
     # SGLang counts generated tokens per finished request
     # (sglang/srt/managers/tokenizer_manager.py -> observe_one_finished_request in
     # sglang/srt/observability/metrics_collector.py); with a reasoning parser it streams the
@@ -219,24 +226,39 @@ _PROBES = ("/health", "/metrics")
 """Requests that do not start SGLang's tokenizer-manager loop (its SIGTERM handler)."""
 
 
+_PER_REQUEST_COUNTERS = (
+    "sglang:prompt_tokens_total",
+    "sglang:generation_tokens_total",
+    "sglang:num_requests_total",
+)
+
+
 def _sglang_page(text: str) -> str:
     """The simulator's ``/metrics`` as SGLang 0.5.23 shows it: no ``vllm:*`` families, and
     no ``sglang:cached_tokens_total`` before the first cache hit (its multiprocess registry
     lists a labelled counter only once a sample was written: ``metrics_collector.py``
-    increments it only for ``cached_tokens > 0``)."""
+    increments it only for ``cached_tokens > 0``), and none of the per-request counters before
+    the first request finished: ``observe_one_finished_request`` writes their first samples,
+    so a fresh real server's page lacks ``prompt_tokens_total``, ``generation_tokens_total``
+    and ``num_requests_total`` (``tests/data/sglang-0.5.23/metrics.json``, ``fresh``)."""
     families: dict[str, list[str]] = {}
     for line in text.splitlines():
         name = line.split()[2] if line.startswith("# ") and len(line.split()) > 2 else line
         name = name.split("{", 1)[0].split(" ", 1)[0]
         families.setdefault(name, []).append(line)
+
+    def all_zero(name: str) -> bool:
+        samples = [ln for ln in families.get(name, []) if not ln.startswith("#")]
+        return all(float(ln.rsplit(" ", 1)[1]) == 0 for ln in samples)
+
+    unfinished = all_zero("sglang:num_requests_total")
     out: list[str] = []
     for name, lines in families.items():
         if name.startswith("vllm:"):
             continue
-        samples = [ln for ln in lines if not ln.startswith("#")]
-        if name == "sglang:cached_tokens_total" and all(
-            float(ln.rsplit(" ", 1)[1]) == 0 for ln in samples
-        ):
+        if name == "sglang:cached_tokens_total" and all_zero(name):
+            continue
+        if unfinished and name in _PER_REQUEST_COUNTERS:
             continue
         out += lines
     return "\n".join(out) + "\n"
