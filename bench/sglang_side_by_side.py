@@ -77,6 +77,13 @@ class Row:
     tpot_ms: float
     client_tokens: int
     server_tokens: float
+    ttft_mean_ms: float = float("nan")
+    tpot_mean_ms: float = float("nan")
+    server_ttft_mean_ms: float = float("nan")
+    """The server's own mean over the run: its TTFT histogram's ``_sum``/``_count`` rise
+    (warm-up requests included: 2 of the plugin's 14 at C=1, 1 of bench_serving's 5)."""
+    server_tpot_mean_ms: float = float("nan")
+    """Likewise from ``sglang:request_time_per_output_token_seconds``."""
     note: str = ""
 
 
@@ -88,6 +95,38 @@ def generation_tokens(url: str) -> float:
         float(m.group(1))
         for m in re.finditer(r"^sglang:generation_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M)
     )
+
+
+HISTOGRAMS = {
+    "ttft": "sglang:time_to_first_token_seconds",
+    "tpot": "sglang:request_time_per_output_token_seconds",
+}
+
+
+def histogram_sums(url: str) -> dict[str, tuple[float, float]]:
+    """``(sum, count)`` of each of :data:`HISTOGRAMS`, summed over label sets (absent: 0)."""
+    with _NO_PROXY.open(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for key, name in HISTOGRAMS.items():
+        parts = []
+        for suffix in ("_sum", "_count"):
+            pattern = rf"^{re.escape(name + suffix)}(?:\{{[^}}]*\}})? (\S+)$"
+            parts.append(sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M)))
+        out[key] = (parts[0], parts[1])
+    return out
+
+
+def server_means(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """The server's mean of each histogram over a run, in ms (nan without observations)."""
+    means = {}
+    for key in HISTOGRAMS:
+        count = after[key][1] - before[key][1]
+        total = after[key][0] - before[key][0]
+        means[key] = total / count * 1e3 if count > 0 else float("nan")
+    return means
 
 
 def settled_tokens(url: str, quiet_s: float = 0.5) -> float:
@@ -119,8 +158,10 @@ def run_plugin(
     )
     spec = build_spec(info, "bench/sglang_side_by_side.py::plugin", workload, targets, rootdir=ROOT)
     before = settled_tokens(info.url)
+    hist = histogram_sums(info.url)
     result = session.measure(spec)
     after = settled_tokens(info.url)
+    server = server_means(hist, histogram_sums(info.url))
     (level,) = result.levels
     whole = [sum(r.completion_tokens for r in t.records) / t.wall_s for t in level.trials]
     client = sum(r.completion_tokens for t in level.trials for r in t.records)
@@ -139,6 +180,10 @@ def run_plugin(
         ms(peer.tpot_s.p50),
         client,
         after - before,
+        ms(peer.ttft_s.mean),
+        ms(peer.tpot_s.mean),
+        server["ttft"],
+        server["tpot"],
         f"steady-state {steady:.1f} tok/s; {len(level.trials)} trials; warm-up 2 x 16 tokens"
         if steady is not None
         else "no steady-state figure",
@@ -159,6 +204,7 @@ def run_bench_serving(
         "--disable-tqdm", "--output-file", str(result),
     ]  # fmt: skip
     before = settled_tokens(url)
+    hist = histogram_sums(url)
     proc = subprocess.run(
         [python, "-m", "sglang.benchmark.serving", *args],
         capture_output=True,
@@ -166,6 +212,7 @@ def run_bench_serving(
         env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
     )
     after = settled_tokens(url)
+    server = server_means(hist, histogram_sums(url))
     (out / f"{result.stem}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not result.exists():
         raise SystemExit(f"bench_serving failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -179,7 +226,11 @@ def run_bench_serving(
         d["median_tpot_ms"],
         int(d["total_output_tokens"]),
         after - before,
-        f"{d['completed']} requests; warm-up 1 x {max_tokens} tokens",
+        d["mean_ttft_ms"],
+        d["mean_tpot_ms"],
+        server["ttft"],
+        server["tpot"],
+        f"{d['completed']} requests; warm-up 1 request (its tokens: counter rise less client tokens)",
     )
     return row, printed.group(0).rstrip() if printed else proc.stdout[-2000:]
 
@@ -288,18 +339,22 @@ def main(argv: list[str] | None = None) -> int:
             stop(proc)
     print(
         "\n| C | run | client | output tok/s | TTFT p50 ms | ITL p50 ms | TPOT p50 ms | "
-        "client tokens | counter rise | note |\n|--:|--:|---|--:|--:|--:|--:|--:|--:|---|"
+        "TTFT mean ms: client / server | TPOT mean ms: client / server | client tokens | "
+        "counter rise | note |\n|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"
     )
     for c, i, ours, theirs in rows:
         for r in (ours, theirs):
             print(
                 f"| {c} | {i} | {r.client} | {r.tok_s:.1f} | {r.ttft_ms:.2f} | {r.itl_ms:.2f} | "
-                f"{r.tpot_ms:.2f} | {r.client_tokens} | {r.server_tokens:.0f} | {r.note} |"
+                f"{r.tpot_ms:.2f} | {r.ttft_mean_ms:.2f} / {r.server_ttft_mean_ms:.2f} "
+                f"({pct(r.ttft_mean_ms, r.server_ttft_mean_ms)}) | {r.tpot_mean_ms:.2f} / "
+                f"{r.server_tpot_mean_ms:.2f} ({pct(r.tpot_mean_ms, r.server_tpot_mean_ms)}) | "
+                f"{r.client_tokens} | {r.server_tokens:.0f} | {r.note} |"
             )
         print(
             f"| {c} | {i} | difference | {pct(ours.tok_s, theirs.tok_s)} | "
             f"{pct(ours.ttft_ms, theirs.ttft_ms)} | {pct(ours.itl_ms, theirs.itl_ms)} | "
-            f"{pct(ours.tpot_ms, theirs.tpot_ms)} | | | pytest-kimi vs bench_serving |"
+            f"{pct(ours.tpot_ms, theirs.tpot_ms)} | | | | | pytest-kimi vs bench_serving |"
         )
     return 0
 
