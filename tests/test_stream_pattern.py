@@ -464,8 +464,14 @@ def test_tok_s_matches_the_engines_count_for_every_stream_interval(
         late_s = truth["edge_lag_s"] + max(trial.client.stall_at(t) for t in trial.window)
         moved = late_s >= 0.5 * step_s
         if protocol == "whole-requests" and not moved:
-            assert trial.window_tokens == pytest.approx(truth["tokens"], abs=1e-6), (
-                "the engine's steps' own tokens"
+            # the engine's steps' own tokens, up to one step at an edge: the lag monitor
+            # samples every LAG_INTERVAL_S and cannot see a shorter delay of the edge read,
+            # which can still put it in the next step's burst (seen once in CI under load:
+            # 1015 against 1016); the rate check below holds the figure to 0.1% either way
+            assert abs(trial.window_tokens - truth["tokens"]) <= 4, (
+                "the engine's steps' own tokens",
+                trial.window_tokens,
+                truth["tokens"],
             )
         if protocol == "stationary":
             # a stationary window's ends are anywhere in a step: the engine's tokens between
