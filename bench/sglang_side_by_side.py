@@ -36,8 +36,6 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,14 +52,10 @@ sys.path.insert(0, str(ROOT))
 from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 from pytest_kimi.workload.markers import parse_throughput  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tests" / "sglang"))
+import cpu_server  # noqa: E402  (the real server's flags and start, shared with tests/sglang)
+
 SHAREGPT = ROOT / "pytest_kimi" / "data" / "sharegpt_small.json"
-LAUNCH_FLAGS = (
-    "--device cpu --dtype float32 --attention-backend torch_native --sampling-backend pytorch "
-    "--grammar-backend none --disable-overlap-schedule --skip-server-warmup --enable-metrics "
-    "--max-total-tokens 8192 --max-running-requests 8 --context-length 2048 "
-    "--mem-fraction-static 0.1"
-).split()
-"""The CPU profile's flags (issue 24)."""
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -235,54 +229,6 @@ def run_bench_serving(
     return row, printed.group(0).rstrip() if printed else proc.stdout[-2000:]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def launch(python: str, model: str, log: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    """SGLang's CPU server in its own process group (:func:`stop` kills the group)."""
-    port = free_port()
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    proc = subprocess.Popen(
-        [python, "-m", "sglang.launch_server", "--model-path", model, *LAUNCH_FLAGS,
-         "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdin=subprocess.DEVNULL, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"SGLang exited {proc.returncode}; its log: {log}")
-        try:
-            with _NO_PROXY.open(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return url, proc
-        except OSError:
-            pass
-        time.sleep(0.5)
-    stop(proc)
-    raise SystemExit(f"SGLang was not healthy after 300 s; its log: {log}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
-    except ProcessLookupError:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 def pct(ours: float, theirs: float) -> str:
     return "--" if not theirs or theirs != theirs else f"{(ours - theirs) / theirs * 100:+.1f}%"
 
@@ -311,7 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     url = args.url
     if url is None:
         print(f"# launching SGLang from {args.sglang_python} (log in {out})", flush=True)
-        url, proc = launch(args.sglang_python, model, out / "server.log")
+        log = out / "server.log"
+        url, _, proc = cpu_server.launch(args.sglang_python, model, log)
+        try:
+            cpu_server.wait_ready(url, proc, log)
+        except cpu_server.NotReady as exc:
+            cpu_server.stop(proc)
+            raise SystemExit(str(exc)) from None
     session = Measurer()
     rows: list[tuple[int, int, Row, Row]] = []
     try:
@@ -336,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         session.close()
         if proc is not None:
-            stop(proc)
+            cpu_server.stop(proc)
     print(
         "\n| C | run | client | output tok/s | TTFT p50 ms | ITL p50 ms | TPOT p50 ms | "
         "TTFT mean ms: client / server | TPOT mean ms: client / server | client tokens | "

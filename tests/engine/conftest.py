@@ -10,14 +10,12 @@ locally (``make_tiny_model.py``) once per session and named to the server profil
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-import make_tiny_model
-from support.busy_machine import ENGINE_SESSION_ATTEMPTS
+from support.real_engine_suite import mark_suite, session_attempts, tiny_model  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -33,35 +31,11 @@ def vllm_installed() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    installed = vllm_installed()
-    for item in items:
-        if HERE not in Path(str(item.path)).resolve().parents:
-            continue
-        item.add_marker(pytest.mark.engine)
-        if not installed:
-            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
-
-
-@pytest.fixture
-def session_attempts() -> int:
-    """More attempts than the simulator's sessions get: see :data:`ENGINE_SESSION_ATTEMPTS`."""
-    return ENGINE_SESSION_ATTEMPTS
+    mark_suite(items, HERE, "engine", vllm_installed(), SKIP_REASON)
 
 
 @pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    """The tiny Llama, built (or taken from the user cache) under ``.kimi/models``."""
-    configured = os.environ.get("KIMI_TINY_MODEL")
-    if configured and (Path(configured) / "config.json").exists():
-        return Path(configured)
-    dest = REPO / ".kimi" / "models" / "tiny-llama"
-    make_tiny_model.make(dest, make_tiny_model.default_cache_dir())
-    os.environ["KIMI_TINY_MODEL"] = str(dest.resolve())
-    return dest
-
-
-@pytest.fixture(scope="session")
-def profiles(tiny_model: Path) -> dict[str, Path]:
+def profiles(tiny_model: Path) -> dict[str, Path]:  # noqa: F811 (the fixture)
     """The repository's vLLM profiles (they read ``KIMI_TINY_MODEL``)."""
     return {
         name: REPO / "servers" / f"{name}.yaml"

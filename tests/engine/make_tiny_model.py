@@ -161,6 +161,19 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pytest-kimi" / "models"
 
 
+def ensure(repo: Path) -> Path:
+    """The tiny model the engine and SGLang tests serve: ``KIMI_TINY_MODEL`` where it names
+    one, else made (or taken from the cache) at ``repo/.kimi/models/tiny-llama``, and
+    ``KIMI_TINY_MODEL`` set to it, which the server profiles read."""
+    configured = os.environ.get("KIMI_TINY_MODEL")
+    if configured and (Path(configured) / "config.json").exists():
+        return Path(configured)
+    dest = repo / ".kimi" / "models" / "tiny-llama"
+    make(dest, default_cache_dir())
+    os.environ["KIMI_TINY_MODEL"] = str(dest.resolve())
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path, help="where the model directory (a link) goes")

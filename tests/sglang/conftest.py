@@ -12,20 +12,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(REPO / "tests" / "engine"))
 
-import make_tiny_model  # noqa: E402  (tests/engine, put on the path above)
-
-from support.busy_machine import ENGINE_SESSION_ATTEMPTS  # noqa: E402
+from support.real_engine_suite import mark_suite, session_attempts, tiny_model  # noqa: E402,F401
 
 # pytester's inline runs put sys.modules back after each run, so a module first imported inside
 # one is imported afresh by the next; SQLAlchemy does not survive that in one process (storing
@@ -63,35 +58,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    installed = sglang_installed()
-    for item in items:
-        if HERE not in Path(str(item.path)).resolve().parents:
-            continue
-        item.add_marker(pytest.mark.sglang)
-        if not installed:
-            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
-
-
-@pytest.fixture
-def session_attempts() -> int:
-    """As tests/engine: a real engine shares the client's two cores (ENGINE_SESSION_ATTEMPTS)."""
-    return ENGINE_SESSION_ATTEMPTS
+    mark_suite(items, HERE, "sglang", sglang_installed(), SKIP_REASON)
 
 
 @pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    """The tiny Llama, built (or taken from the user cache) under ``.kimi/models``."""
-    configured = os.environ.get("KIMI_TINY_MODEL")
-    if configured and (Path(configured) / "config.json").exists():
-        return Path(configured)
-    dest = REPO / ".kimi" / "models" / "tiny-llama"
-    make_tiny_model.make(dest, make_tiny_model.default_cache_dir())
-    os.environ["KIMI_TINY_MODEL"] = str(dest.resolve())
-    return dest
-
-
-@pytest.fixture(scope="session")
-def sglang_profile(tiny_model: Path) -> Path:
+def sglang_profile(tiny_model: Path) -> Path:  # noqa: F811 (the fixture)
     """The repository's SGLang CPU profile (it reads ``KIMI_TINY_MODEL``)."""
     return PROFILE
 

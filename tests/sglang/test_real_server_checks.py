@@ -26,7 +26,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from typing import Any
 
 import pytest
 
+import cpu_server
 from pytest_kimi.workload.prompts import SIZE_TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,14 +46,6 @@ SKIP_REASON = (
     "SGLang 0.5.23 is not installed in this environment; `tox -e sglang` creates one and runs "
     "these tests (or set KIMI_SGLANG_PYTHON to the python of such an env)"
 )
-LAUNCH_FLAGS = (
-    "--device cpu --dtype float32 --attention-backend torch_native --sampling-backend pytorch "
-    "--grammar-backend none --disable-overlap-schedule --skip-server-warmup --enable-metrics "
-    "--max-total-tokens 8192 --max-running-requests 8 --context-length 2048 "
-    "--mem-fraction-static 0.1"
-).split()
-"""The CPU profile's flags (issue 24; ``servers/sglang-cpu-tiny.yaml`` says what each does)."""
-READY_TIMEOUT_S = 300.0
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -98,45 +90,19 @@ class RealServer:
         return body.decode()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_sglang(model: Path, log: Path, *extra: str) -> RealServer:
-    """Launch, wait for ``/health``, return; the caller must :func:`stop_sglang` it."""
+    """Launch (``cpu_server``: the recorder's flags), wait for ``/health``, return; the caller
+    must :func:`stop_sglang` it."""
     python = sglang_python()
     assert python is not None
-    port = _free_port()
-    argv = [python, "-m", "sglang.launch_server", "--model-path", str(model), *LAUNCH_FLAGS]
-    argv += ["--host", "127.0.0.1", "--port", str(port), *extra]
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.Popen(
-        argv,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = RealServer(f"http://127.0.0.1:{port}", port, proc, log)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            stop_sglang(server)
-            pytest.fail(
-                f"SGLang exited {proc.returncode} while starting:\n{log.read_text()[-4000:]}"
-            )
-        try:
-            if server.get("/health")[0] == 200:
-                return server
-        except OSError:
-            pass
-        time.sleep(0.5)
-    stop_sglang(server)
-    pytest.fail(f"SGLang not healthy after {READY_TIMEOUT_S:g} s:\n{log.read_text()[-4000:]}")
+    url, port, proc = cpu_server.launch(python, model, log, *extra)
+    server = RealServer(url, port, proc, log)
+    try:
+        cpu_server.wait_ready(url, proc, log)
+    except cpu_server.NotReady as exc:
+        stop_sglang(server)
+        pytest.fail(str(exc))
+    return server
 
 
 def stop_sglang(server: RealServer) -> None:
@@ -167,17 +133,9 @@ def stop_sglang(server: RealServer) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_model_path() -> Path:
-    """The tiny Llama (``tests/engine/make_tiny_model.py``), made once and cached."""
-    configured = os.environ.get("KIMI_TINY_MODEL")
-    if configured and (Path(configured) / "config.json").exists():
-        return Path(configured).resolve()
-    sys.path.insert(0, str(REPO / "tests" / "engine"))
-    import make_tiny_model
-
-    dest = REPO / ".kimi" / "models" / "tiny-llama"
-    make_tiny_model.make(dest, make_tiny_model.default_cache_dir())
-    return dest.resolve()
+def tiny_model_path(tiny_model: Path) -> Path:
+    """The tiny Llama (conftest's ``tiny_model``), as an absolute path."""
+    return tiny_model.resolve()
 
 
 @pytest.fixture(scope="module")
@@ -441,7 +399,7 @@ def _profile(max_running_requests: int, model: Path) -> dict[str, Any]:
         data: dict[str, Any] = yaml.safe_load(shipped.read_text())
     else:
         args: dict[str, Any] = {}
-        words = list(LAUNCH_FLAGS)
+        words = list(cpu_server.LAUNCH_FLAGS)
         while words:
             flag = words.pop(0)[2:]
             args[flag] = words.pop(0) if words and not words[0].startswith("--") else True
@@ -450,7 +408,7 @@ def _profile(max_running_requests: int, model: Path) -> dict[str, Any]:
             "args": args,
             "env": {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
             "nice": 10,
-            "startup_timeout_s": READY_TIMEOUT_S,
+            "startup_timeout_s": cpu_server.READY_TIMEOUT_S,
             "stop_grace_s": 10,
             "stop_timeout_s": 10,
         }

@@ -25,9 +25,6 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,16 +34,15 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "sglang"))  # tests/sglang/cpu_server.py
+
+import cpu_server  # noqa: E402  (how the real server is started, shared with tests/sglang)
+
 SGLANG_VERSION = "0.5.23"
 MAX_TOKENS = 20
 """Tokens per recorded stream: with ``--stream-interval 8`` events end at 1, 9, 17, 20."""
 STREAM_INTERVALS = (1, 8)
-LAUNCH_FLAGS = (
-    "--device cpu --dtype float32 --attention-backend torch_native --sampling-backend pytorch "
-    "--grammar-backend none --disable-overlap-schedule --skip-server-warmup --enable-metrics "
-    "--max-total-tokens 8192 --max-running-requests 8 --context-length 2048 "
-    "--mem-fraction-static 0.1"
-).split()
+LAUNCH_FLAGS = cpu_server.LAUNCH_FLAGS
 """The flags of the CPU profile (issue 24), the ones the samples were recorded with."""
 STREAM_REQUEST: dict[str, Any] = {
     "messages": [{"role": "user", "content": "Say something about the sea."}],
@@ -68,12 +64,6 @@ TOKENIZE_REQUESTS: dict[str, dict[str, Any]] = {
     "messages": {"messages": [{"role": "user", "content": "Hello world, hello sea."}]},
 }
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http(url: str, body: Any = None, timeout: float = 60.0) -> tuple[int, bytes]:
@@ -187,53 +177,6 @@ def record_stream(url: str, model: str, api: str = "chat") -> dict[str, Any]:
     }
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited {proc.returncode}; its log:\n{log.read_text()}")
-        try:
-            if http(url + "/health", timeout=2)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"the server was not healthy after {timeout:g} s; its log: {log}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server's group, SIGKILL it after 30 s, and reap."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
-    except ProcessLookupError:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def launch(python: str, model: str, interval: int, log: Path) -> tuple[str, Any]:
-    port = free_port()
-    argv = [python, "-m", "sglang.launch_server", "--model-path", model, *LAUNCH_FLAGS]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--stream-interval", str(interval)]
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    proc = subprocess.Popen(
-        argv,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    return f"http://127.0.0.1:{port}", proc
-
-
 def record_server(url: str, model: str, out: dict[str, Any]) -> None:
     """Everything but the streams, from a server that served nothing yet, then after two
     identical prompts (the second a prefix-cache hit)."""
@@ -297,16 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     for interval in STREAM_INTERVALS:
         log = logs / f"server-stream-interval-{interval}.log"
         for attempt in range(3):
-            url, proc = launch(args.python, model, interval, log)
+            url, _, proc = cpu_server.launch(
+                args.python, model, log, "--stream-interval", str(interval)
+            )
             try:
-                wait_ready(url, proc, log, args.ready_timeout)
+                cpu_server.wait_ready(url, proc, log, args.ready_timeout)
                 break
-            except SystemExit:
-                stop(proc)
+            except cpu_server.NotReady:
+                cpu_server.stop(proc)
                 # a free port can be taken by the time the server binds it (SGLang picks
                 # its own internal ports too): another port, twice; anything else is fatal
                 if attempt == 2 or "address already in use" not in log.read_text():
-                    raise
+                    raise SystemExit(str(sys.exc_info()[1])) from None
         try:
             if not server:
                 record_server(url, model, server)
@@ -315,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 url, model, "completions"
             )
         finally:
-            stop(proc)
+            cpu_server.stop(proc)
     meta = {
         "sglang": SGLANG_VERSION,
         "launch_flags": LAUNCH_FLAGS,
