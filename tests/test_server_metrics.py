@@ -9,7 +9,7 @@ import threading
 from array import array
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -302,6 +302,18 @@ def test_reports_show_server_columns_only_when_present() -> None:
 # ------------------------------------------------------------------------- scraper, real HTTP
 
 
+async def _serve_metrics(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> web.AppRunner:
+    """A loopback server whose ``GET /metrics`` is ``handler`` (pages that change, or are big)."""
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner
+
+
 async def _serve(routes: dict[str, tuple[int, str]]) -> web.AppRunner:
     app = web.Application()
     for path, (status, body) in routes.items():
@@ -350,15 +362,11 @@ async def test_a_fresh_sglang_reads_zero_until_its_counters_appear() -> None:
     """The counters are written first when a request finishes: before that they read 0 (a
     fresh managed server is not "a server without counters"); once seen, gone is an error."""
     pages = [FRESH_SGLANG, SGLANG, FRESH_SGLANG]
-    app = web.Application()
 
     async def handler(request: web.Request) -> web.Response:
         return web.Response(text=pages.pop(0) if len(pages) > 1 else pages[0])
 
-    app.router.add_get("/metrics", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    runner = await _serve_metrics(handler)
     scraper = MetricsScraper(f"http://127.0.0.1:{runner.addresses[0][1]}")
     try:
         names = await scraper.open()
@@ -451,12 +459,7 @@ async def _serve_big(total: int, *, announce: bool) -> web.AppRunner:
             pass  # the reader gave up: what the cap is for
         return resp
 
-    app = web.Application()
-    app.router.add_get("/metrics", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner
+    return await _serve_metrics(handler)
 
 
 @pytest.mark.asyncio
@@ -488,11 +491,7 @@ async def test_a_page_within_the_cap_is_read_whole() -> None:
     async def handler(request: web.Request) -> web.Response:
         return web.Response(text=SGLANG + "# " + "x" * 2**20 + "\n")  # a long comment line
 
-    app = web.Application()
-    app.router.add_get("/metrics", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    runner = await _serve_metrics(handler)
     scraper = MetricsScraper(f"http://127.0.0.1:{runner.addresses[0][1]}")
     try:
         await scraper.open()
