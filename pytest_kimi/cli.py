@@ -252,8 +252,11 @@ def compare_reports(
                     row["reasons"].append(note)
                 if row["verdict"] == Verdict.REGRESSION:
                     result.regressions.append(f"{nodeid} {_label(row, test)}")
-        regressed = any(r["verdict"] == Verdict.REGRESSION for r in levels) or (
-            shift is not None and shift["verdict"] == Verdict.REGRESSION.value
+                elif row["verdict"] == Verdict.INCONCLUSIVE:  # beyond the tolerance: not green
+                    result.regressions.append(f"{nodeid} {_label(row, test)} (inconclusive)")
+        judged = (Verdict.REGRESSION.value, Verdict.INCONCLUSIVE.value)
+        regressed = any(r["verdict"] in judged for r in levels) or (
+            shift is not None and shift["verdict"] in judged
         )
         out = {
             k: v
@@ -434,10 +437,7 @@ def cmd_baselines(ns: argparse.Namespace) -> int:
         # Read file by file (not iter_all) so one corrupt file does not hide the others.
         for path in store.paths():
             try:
-                try:
-                    text = path.read_text(encoding="utf-8")
-                except UnicodeDecodeError as exc:
-                    raise BaselineError(path, f"not UTF-8 text ({exc.reason})") from None
+                text = store.read_text(path)  # a regular file under the root, bounded
                 baseline = loads(text, source=path)
                 if baseline.profile != store.profile:
                     raise BaselineError(

@@ -92,6 +92,7 @@ class KimiOptions:
     """Fresh server starts per run (``--perf-sessions``): every perf test runs in each, and the
     scatter between them measures the session noise.  Only for deployments the plugin starts."""
     perf_require_baseline: bool = False
+    perf_require_measurement: bool = False
     perf_strict: bool = False
     perf_server_metrics: bool = False
     perf_allow_large: bool = False
@@ -504,10 +505,21 @@ OPTIONS: dict[str, Option[Any]] = {
             switch=True,
         ),
         Option(
+            "--perf-require-measurement",
+            "kimi_perf_require_measurement",
+            "KIMI_PERF_REQUIRE_MEASUREMENT",
+            "fail the run when nothing was measured: a perf test without an endpoint fails "
+            "instead of skipping, and a session that measured no perf test fails (a CI job "
+            "whose endpoint secret went missing is not green)",
+            boolean,
+            switch=True,
+        ),
+        Option(
             "--perf-strict",
             "kimi_perf_strict",
             "KIMI_PERF_STRICT",
-            "fail inconclusive and underpowered levels too",
+            "fail underpowered levels too (inconclusive ones, whose estimate lies beyond the "
+            "tolerance, always fail)",
             boolean,
             switch=True,
         ),

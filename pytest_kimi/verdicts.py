@@ -20,7 +20,8 @@ Verdicts of a level, strongest first:
   the baseline (:mod:`pytest_kimi.gate.stats`) of a level that passed its targets;
 - ``no-baseline``: the level passed its targets and there is nothing to compare with;
 - ``inconclusive``: the estimate lies beyond the tolerance, but the drop is not significant
-  at the trial cap (a warning; ``--perf-strict`` fails it);
+  at the trial cap: it fails the test (a drop beyond the tolerance is never a green job) and
+  is not recorded without ``--update-baselines=force``;
 - ``pass``: no significant drop beyond the tolerance, the estimate within it, and a drop of
   the detectable size would have been caught.
 
@@ -68,16 +69,20 @@ class Verdict(str, Enum):
     def fails(self, *, strict: bool = False, require_baseline: bool = False) -> bool:
         """Does a level with this verdict fail its test?
 
-        ``fail``, ``invalid``, ``error`` and ``regression`` always do; ``no-baseline`` only with
-        ``--perf-require-baseline`` (a suite that must never run unguarded); ``inconclusive``
-        and ``underpowered`` only with ``--perf-strict`` (by default the noise is the
-        measurement's fault, not the server's, so the run is warned, not failed).
+        ``fail``, ``invalid``, ``error``, ``regression`` and ``inconclusive`` always do;
+        ``no-baseline`` only with ``--perf-require-baseline`` (a suite that must never run
+        unguarded); ``underpowered`` only with ``--perf-strict`` (within the tolerance, but the
+        run could not have seen a drop of the detectable size: the measurement's weakness, not
+        the server's).  ``inconclusive`` fails by default because its estimate lies *beyond*
+        the tolerance: a green job beside a measured drop of 9% would say more than the data
+        do, whether or not the drop reached significance (a 10% slower sweep on a fresh
+        install was such a green job).
         """
         if self in _ALWAYS_FAILING:
             return True
         if self is Verdict.NO_BASELINE:
             return require_baseline
-        if self in (Verdict.INCONCLUSIVE, Verdict.UNDERPOWERED):
+        if self is Verdict.UNDERPOWERED:
             return strict
         return False
 
@@ -91,8 +96,9 @@ class Verdict(str, Enum):
     @property
     def warning(self) -> bool:
         """Passes by default but fails with ``--perf-strict`` / ``--perf-require-baseline``:
-        reports mark it so a reader sees the gate could not vouch for the level."""
-        return self in (Verdict.INCONCLUSIVE, Verdict.UNDERPOWERED, Verdict.NO_BASELINE)
+        reports mark it so a reader sees the gate could not vouch for the level.  Not
+        ``inconclusive``: its estimate lies beyond the tolerance, so it fails (:meth:`fails`)."""
+        return self in (Verdict.UNDERPOWERED, Verdict.NO_BASELINE)
 
     @property
     def recordable(self) -> bool:
@@ -136,9 +142,11 @@ class Verdict(str, Enum):
         return self is Verdict.ERROR
 
 
-_ALWAYS_FAILING = frozenset({Verdict.FAIL, Verdict.INVALID, Verdict.ERROR, Verdict.REGRESSION})
+_ALWAYS_FAILING = frozenset(
+    {Verdict.FAIL, Verdict.INVALID, Verdict.ERROR, Verdict.REGRESSION, Verdict.INCONCLUSIVE}
+)
 _UNTRUSTWORTHY = frozenset({Verdict.ERROR, Verdict.INVALID, Verdict.NOT_RUN})
-_NOT_RECORDABLE = _UNTRUSTWORTHY | {Verdict.FAIL, Verdict.REGRESSION}
+_NOT_RECORDABLE = _UNTRUSTWORTHY | {Verdict.FAIL, Verdict.REGRESSION, Verdict.INCONCLUSIVE}
 """What ``--update-baselines`` refuses without ``force``: untrustworthy samples, and the
 verdicts that failed the run on sound ones."""
 _HEADLINES = {
@@ -147,7 +155,7 @@ _HEADLINES = {
     Verdict.ERROR: "requests failed",
     Verdict.INVALID: "measurement invalid",
     Verdict.NO_BASELINE: "no baseline (--perf-require-baseline)",
-    Verdict.INCONCLUSIVE: "inconclusive (--perf-strict)",
+    Verdict.INCONCLUSIVE: "inconclusive: the estimate lies beyond the tolerance",
     Verdict.UNDERPOWERED: "underpowered (--perf-strict)",
 }
 
@@ -164,7 +172,7 @@ _MEANINGS = {
     Verdict.NOT_RUN: "skipped because an earlier level of the test errored",
     Verdict.INCONCLUSIVE: "the estimate lies beyond the tolerance but the drop is not "
     "significant, even after every trial --perf-max-trials allows: the gate cannot vouch for "
-    "the level either way (--perf-strict fails it)",
+    "the level either way, so it fails the test (a drop beyond the tolerance is never green)",
     Verdict.UNDERPOWERED: "too noisy: this run could not have caught a drop of the detectable "
     "size (--perf-detectable-drop)",
     Verdict.NO_BASELINE: "nothing recorded to compare with (record with --update-baselines)",

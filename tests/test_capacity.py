@@ -271,8 +271,15 @@ def record(
 def test_the_gate_flags_a_drop_beyond_tolerance_and_noise_only() -> None:
     base = record(40, 44, 41.5)
     kw: dict[str, Any] = dict(tolerance=0.05, alpha=0.05, session_sigma=0.03)
-    assert compare_capacity(record(40, 44, 41.0), base, **kw).verdict is Verdict.PASS
-    assert compare_capacity(record(36, 39, 37.6), base, **kw).verdict is Verdict.PASS  # -9%
+    # within the tolerance: pass only where the comparison could have caught a 15% drop; 3%
+    # session noise over a slope of 0.5 is a 6% capacity noise, too much to vouch
+    same = compare_capacity(record(40, 44, 41.0), base, **kw)
+    assert same.verdict is Verdict.UNDERPOWERED and same.min_detectable_drop > 0.15
+    quiet = compare_capacity(record(40, 44, 41.0), base, **{**kw, "session_sigma": 0.005})
+    assert quiet.verdict is Verdict.PASS and quiet.min_detectable_drop <= 0.15
+    # -9%: beyond the tolerance, not significant: never the word pass
+    nine = compare_capacity(record(36, 39, 37.6), base, **kw)
+    assert nine.verdict is Verdict.INCONCLUSIVE and nine.ratio < 0.95 and nine.p_regression > 0.05
     drop = compare_capacity(record(28, 30, 29.0), base, **kw)
     assert drop.verdict is Verdict.REGRESSION and drop.ratio == pytest.approx(29 / 41.5)
     assert drop.ci90[0] < drop.ratio < drop.ci90[1] and drop.p_regression < 0.05
@@ -281,7 +288,7 @@ def test_the_gate_flags_a_drop_beyond_tolerance_and_noise_only() -> None:
     flat = compare_capacity(
         record(28, 30, 29.0, slope=0.05), record(40, 44, 41.5, slope=0.05), **kw
     )
-    assert flat.verdict is Verdict.PASS and flat.se > 0.5
+    assert flat.verdict is Verdict.INCONCLUSIVE and flat.se > 0.5
     assert compare_capacity(record(28, 30, 29.0), base, **{**kw, "session_sigma": 0}).se < drop.se
 
 
@@ -289,13 +296,15 @@ def test_bounds_are_compared_only_in_the_direction_they_speak_for() -> None:
     kw: dict[str, Any] = dict(tolerance=0.05, alpha=0.05, session_sigma=0.03)
     base = record(40, 44, 41.5)
     at_least = record(16, None)  # the top of a smaller range held: 16 or more
-    assert compare_capacity(at_least, base, **kw).verdict is Verdict.PASS
+    # it may not have dropped, but "16 or more" cannot vouch that it did not: not pass
+    assert compare_capacity(at_least, base, **kw).verdict is Verdict.UNDERPOWERED
     below = record(None, 8)  # the bottom broke: below 8
     assert compare_capacity(below, base, **kw).verdict is Verdict.REGRESSION
     assert compare_capacity(base, record(None, 8), **kw).verdict is Verdict.IMPROVED
     # a baseline known only to be at least 512 against 41.5 now: that is a drop
     assert compare_capacity(base, record(512, None), **kw).verdict is Verdict.REGRESSION
-    assert compare_capacity(record(512, None), record(256, None), **kw).verdict is Verdict.PASS
+    # two lower bounds: the baseline may have been far above 512, so nothing vouches for pass
+    assert compare_capacity(record(512, None), record(256, None), **kw).verdict is not Verdict.PASS
 
 
 def test_min_capacity_and_a_broken_bottom_fail() -> None:
@@ -644,3 +653,46 @@ def test_the_readme_example_collects(pytester: pytest.Pytester) -> None:
     )
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*::test_interactive_capacity"])
+
+
+def test_force_never_records_a_figure_the_run_judged_untrustworthy(tmp_path: Path) -> None:
+    """``--update-baselines=force`` approves a trade-off (a regression), never a measurement
+    the run voided: an ``invalid`` level (the client stalled) or an ``error`` one is left
+    out, and the summary names it with its verdict and reason (issue 34)."""
+    level = {"concurrency": 1, "label": "C=1", "reasons": []}
+    test = {
+        "nodeid": "test_suite.py::test_sweep",
+        "outcome": "failed",
+        "workload": {"api": "chat", "max_tokens": 64},
+        "session_id": "s1",
+        "baseline_profile": "sim",
+        "levels": [
+            {**level, "verdict": "regression", "trials_tok_s": [90.0, 91.0, 89.0]},
+            {
+                **level,
+                "concurrency": 8,
+                "label": "C=8",
+                "verdict": "invalid",
+                "trials_tok_s": [40.0, 300.0, 41.0],
+                "reasons": ["the load client stalled for 2.1 s"],
+            },
+        ],
+    }
+    written, refused = update_baselines(tmp_path, "sim", "force", [test], {}, tmp_path)
+    assert len(written) == 1 and "C=1" in written[0] and "C=8" not in written[0]
+    assert len(refused) == 1
+    assert "C=8 invalid" in refused[0] and "client stalled" in refused[0]
+    (path,) = tmp_path.rglob("*.yaml")
+    text = path.read_text()
+    assert "300.0" not in text and "90.0" in text
+    # a forced test whose every level is untrustworthy records nothing
+    test["levels"][0]["verdict"] = "error"
+    _, refused = update_baselines(tmp_path / "b", "sim", "force", [test], {}, tmp_path)
+    assert any("no level gave a throughput figure" in r for r in refused)
+    # a capacity the search could not finish is not recorded with force either
+    _, refused = update_baselines(
+        tmp_path / "c", "sim", "force", [_report_test(verdict="invalid")], {}, tmp_path
+    )
+    assert (
+        refused and "capacity invalid" in refused[0] and not list((tmp_path / "c").rglob("*.yaml"))
+    )

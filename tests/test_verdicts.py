@@ -11,7 +11,7 @@ import pytest
 from pytest_kimi.gate import stats
 from pytest_kimi.verdicts import Verdict
 
-ALWAYS_FAILING = {"fail", "invalid", "error", "regression"}
+ALWAYS_FAILING = {"fail", "invalid", "error", "regression", "inconclusive"}
 UNTRUSTWORTHY = {"error", "invalid", "not-run"}
 
 
@@ -53,7 +53,7 @@ def test_of_reads_report_strings_and_refuses_others() -> None:
 def test_fails(strict: bool, require_baseline: bool) -> None:
     expected = set(ALWAYS_FAILING)
     if strict:
-        expected |= {"inconclusive", "underpowered"}
+        expected |= {"underpowered"}
     if require_baseline:
         expected.add("no-baseline")
     got = {v.value for v in Verdict if v.fails(strict=strict, require_baseline=require_baseline)}
@@ -75,7 +75,7 @@ def test_never_failing() -> None:
 
 def test_warning_is_what_only_a_flag_makes_fail() -> None:
     warnings = {v.value for v in Verdict if v.warning}
-    assert warnings == {"inconclusive", "underpowered", "no-baseline"}
+    assert warnings == {"underpowered", "no-baseline"}
     assert warnings == set(Verdict.failing(strict=True, require_baseline=True) - Verdict.failing())
 
 
@@ -83,8 +83,13 @@ def test_comparable_excludes_untrustworthy_samples_and_recordable_failed_runs() 
     assert {v.value for v in Verdict if not v.comparable} == UNTRUSTWORTHY
     # a level that missed its floor or regressed measured sound samples: comparable, but
     # --update-baselines refuses it without force (the rejected figure would be the target)
-    assert {v.value for v in Verdict if not v.recordable} == UNTRUSTWORTHY | {"fail", "regression"}
-    for v in ("improved", "pass", "no-baseline", "underpowered", "inconclusive", "held", "broke"):
+    # nor an estimate beyond the tolerance (inconclusive): it failed the run too
+    assert {v.value for v in Verdict if not v.recordable} == UNTRUSTWORTHY | {
+        "fail",
+        "regression",
+        "inconclusive",
+    }
+    for v in ("improved", "pass", "no-baseline", "underpowered", "held", "broke"):
         assert Verdict(v).recordable, v
     assert Verdict.FAIL.comparable and Verdict.REGRESSION.comparable
 
@@ -95,7 +100,7 @@ def test_headlines() -> None:
     assert Verdict.ERROR.headline == "requests failed"
     assert Verdict.INVALID.headline == "measurement invalid"
     assert Verdict.NO_BASELINE.headline == "no baseline (--perf-require-baseline)"
-    assert Verdict.INCONCLUSIVE.headline == "inconclusive (--perf-strict)"
+    assert Verdict.INCONCLUSIVE.headline == "inconclusive: the estimate lies beyond the tolerance"
     assert Verdict.UNDERPOWERED.headline == "underpowered (--perf-strict)"
     # every verdict that can fail a test names why; the others are named as themselves
     for v in Verdict:

@@ -33,7 +33,10 @@ def update_baselines(
     rootdir: Path,
 ) -> tuple[list[str], list[str]]:
     """Write the baselines of the tests that ran; refuse what must not become a target unless
-    forced (:func:`refusal`).  With ``force`` a corrupt baseline file is replaced too.
+    forced (:func:`refusal`).  With ``force`` a corrupt baseline file is replaced too, but a
+    level whose figure the run itself judged untrustworthy (``invalid``, ``error``,
+    ``not-run``) is never recorded: force approves a trade-off, not a broken measurement.
+    Each level left out is named, with its verdict and reason, in the refusals.
 
     Returns the summary lines (old -> new per level, git commands) and the refusals.
     """
@@ -45,8 +48,25 @@ def update_baselines(
         if why is not None:
             refused.append(why)
             continue
+        untrusted = [
+            f"{lv.get('label', '?')} {lv.get('verdict')}{_reason(lv.get('reasons'))}"
+            for lv in test.get("levels") or []
+            if not _trustworthy(lv.get("verdict"))
+        ]
+        if untrusted:
+            refused.append(
+                f"{test['nodeid']}: level(s) not recorded even with force: "
+                f"{'; '.join(untrusted)}: the run judged the figure untrustworthy"
+            )
         capacity = None
-        if isinstance(test.get("capacity"), dict):
+        cap = test.get("capacity")
+        if isinstance(cap, dict) and not _trustworthy(cap.get("verdict")):
+            refused.append(
+                f"{test['nodeid']}: not recorded even with force: capacity {cap.get('verdict')}"
+                f"{_reason(cap.get('reasons'))}: the search could not be trusted"
+            )
+            continue
+        if isinstance(cap, dict):
             # a @capacity test records its capacity, not the levels its search happened to pick
             try:
                 capacity = capacity_record(test["capacity"])
@@ -67,7 +87,7 @@ def update_baselines(
                 trials_itl_s=latency_record(lv, "itl_s")[1],
             )
             for lv in test["levels"]
-            if lv.get("trials_tok_s") and capacity is None
+            if lv.get("trials_tok_s") and capacity is None and _trustworthy(lv.get("verdict"))
         ]
         if not levels and capacity is None:
             refused.append(f"{test['nodeid']}: not recorded: no level gave a throughput figure")
@@ -121,8 +141,8 @@ def refusal(test: dict[str, Any]) -> str | None:
     if isinstance(capacity, dict) and not _recordable(capacity.get("verdict")):
         bad.append(f"capacity {capacity.get('verdict')}{_reason(capacity.get('reasons'))}")
     shift = test.get("shift")
-    if isinstance(shift, dict) and shift.get("verdict") == Verdict.REGRESSION.value:
-        bad.append(f"all levels regression{_reason([shift.get('text')])}")
+    if isinstance(shift, dict) and not _recordable(shift.get("verdict")):
+        bad.append(f"all levels {shift.get('verdict')}{_reason([shift.get('text')])}")
     if test.get("outcome") == "interrupted":
         bad.append("interrupted: only some levels finished")
     if not bad:
@@ -132,6 +152,13 @@ def refusal(test: dict[str, Any]) -> str | None:
         "could not be measured, must not become the target; fix the run, or record it anyway "
         "with --update-baselines=force (an approved trade-off: say so in the pull request)"
     )
+
+
+def _trustworthy(verdict: Any) -> bool:
+    """Is a level's figure sound enough to record at all (with ``force`` too)?  A verdict this
+    plugin does not know is not; one it knows is unless the run voided it."""
+    known = Verdict.of(verdict)
+    return known is not None and known.comparable
 
 
 def _recordable(verdict: Any) -> bool:

@@ -47,7 +47,8 @@ from pytest_kimi.baseline import (
     WorkloadKey,
 )
 from pytest_kimi.baseline.model import round_load
-from pytest_kimi.gate.policy import GateSettings
+from pytest_kimi.gate.policy import UNVOUCHED_NOTE, GateSettings, unvouched
+from pytest_kimi.gate.stats import DEFAULT_DETECTABLE_DROP, DEFAULT_POWER
 from pytest_kimi.measure.capacity_latency import JITTER_RATIO, NAMES
 from pytest_kimi.measure.capacity_search import CapacityEstimate
 from pytest_kimi.measure.results import spec_key
@@ -106,6 +107,8 @@ class CapacityComparison:
     se: float
     df: float
     """Welch-Satterthwaite degrees of freedom of ``se`` (inf when the session term is all)."""
+    min_detectable_drop: float = math.nan
+    """The drop this comparison would have flagged with the gate's power."""
 
 
 def compare_capacity(
@@ -115,8 +118,13 @@ def compare_capacity(
     tolerance: float,
     alpha: float,
     session_sigma: float,
+    detectable_drop: float = DEFAULT_DETECTABLE_DROP,
+    power: float = DEFAULT_POWER,
 ) -> CapacityComparison:
-    """The gate's verdict on a capacity (module docstring)."""
+    """The gate's verdict on a capacity (module docstring), by the levels' rules: ``pass``
+    only with the estimate inside the tolerance and the power to have caught a drop of
+    ``detectable_drop``; an estimate beyond the tolerance that is not significant is
+    ``inconclusive`` (a capacity 16% below its baseline read ``pass`` before)."""
     from scipy import stats
 
     cur, base = side_of(current), side_of(baseline)
@@ -134,7 +142,14 @@ def compare_capacity(
     q = float(t.ppf(0.95))
     can_drop = cur.kind != "at_least" and base.kind != "at_most"
     can_rise = cur.kind != "at_most" and base.kind != "at_least"
+    mdd = -math.expm1(math.log1p(-tolerance) - (float(t.ppf(1 - alpha)) + float(t.ppf(power))) * se)
     verdict = Verdict.PASS
+    if mdd > detectable_drop:
+        verdict = Verdict.UNDERPOWERED
+    if d < math.log1p(-tolerance):
+        # beyond the tolerance: a drop not significant says so; a bound that cannot speak for
+        # a drop ("at least 16" against 41.5) cannot vouch for one either
+        verdict = Verdict.INCONCLUSIVE if can_drop else Verdict.UNDERPOWERED
     if can_rise and p_imp <= alpha:
         verdict = Verdict.IMPROVED
     if can_drop and p_reg <= alpha:
@@ -147,6 +162,7 @@ def compare_capacity(
         p_improved=p_imp if can_rise else 1.0,
         se=se,
         df=df,
+        min_detectable_drop=mdd,
     )
 
 
@@ -286,8 +302,11 @@ def judge_capacity(
             tolerance=settings.tolerance,
             alpha=settings.alpha,
             session_sigma=settings.session_sigma,
+            detectable_drop=settings.detectable_drop,
         )
-        compared = cmp.verdict
+        compared = unvouched(cmp.verdict, settings)
+        if compared is not cmp.verdict:
+            reasons.append(UNVOUCHED_NOTE.format(sigma=settings.session_sigma))
         fields.update(
             baseline=round_load(baseline.value) if baseline.value is not None else None,
             baseline_low=baseline.low,
@@ -305,6 +324,19 @@ def judge_capacity(
             reasons.append(
                 f"regression {change}, p={cmp.p_regression:.3g} vs baseline capacity "
                 f"{baseline.text()} (tolerance {settings.tolerance:.0%})"
+            )
+        elif compared is Verdict.INCONCLUSIVE:
+            reasons.append(
+                f"inconclusive {change}, p={cmp.p_regression:.3g} vs baseline capacity "
+                f"{baseline.text()}: the estimate lies beyond the tolerance "
+                f"-{settings.tolerance:.0%} without a significant drop; the gate cannot say pass "
+                "(measure the session noise: kimi-perf calibrate, or rerun)"
+            )
+        elif compared is Verdict.UNDERPOWERED:
+            reasons.append(
+                f"underpowered {change} vs baseline capacity {baseline.text()}: this comparison "
+                f"could have missed a drop of {cmp.min_detectable_drop:.0%} (it must catch "
+                f"{settings.detectable_drop:.0%} to say pass)"
             )
         elif compared is Verdict.IMPROVED:
             reasons.append(

@@ -58,6 +58,12 @@ class GateSettings:
     sigma_source: str = "the default"
     """Where ``session_sigma`` came from (:mod:`pytest_kimi.run.noise_source`): every report
     says it beside the figure."""
+    sigma_vouched: bool = True
+    """Was ``session_sigma`` measured (the history, a calibration) or given by the user?  An
+    *assumed* default cannot vouch for ``pass``: whether a 10% drop shows as -4% or -14% in
+    one run depends on the true noise between sessions, which nothing has measured, so such
+    a level says ``underpowered`` (:func:`unvouched`).  Pytest-free callers that pass their
+    own figure keep True."""
 
     def for_test(self, targets: Targets) -> GateSettings:
         """These settings with the marker's ``tolerance=`` and ``alpha=`` where it gives them
@@ -232,11 +238,18 @@ def apply_gate(
         level.comparison, note = compared_level(
             cmp, base, tolerance=tol, alpha=alp, changes=changes
         )
-        level.verdict = merge_verdicts(level.verdict, cmp.verdict)
+        verdict = unvouched(cmp.verdict, settings)
+        level.verdict = merge_verdicts(level.verdict, verdict)
         if note:
             level.reasons.append(note)
+        if verdict is not cmp.verdict:
+            level.reasons.append(UNVOUCHED_NOTE.format(sigma=settings.session_sigma))
     if family.shift is not None:
-        result.shift = shift_record(family.shift, tol, changes)
+        shift = family.shift
+        vouched = unvouched(shift.verdict, settings)
+        if vouched is not shift.verdict:
+            shift = replace(shift, verdict=vouched)
+        result.shift = shift_record(shift, tol, changes)
     return changes
 
 
@@ -303,8 +316,8 @@ def compared_level(
         Verdict.INCONCLUSIVE: f"inconclusive {change}: the estimate lies beyond the tolerance "
         f"-{tolerance * 100:g}% but the drop is not significant ({p_text}, alpha {alpha:g}) "
         f"after {cmp.n_current} trials: "
-        "rerun, lower the noise (a measured --perf-session-sigma), or raise --perf-max-trials; "
-        "--perf-strict fails it",
+        "a drop beyond the tolerance fails the test; measure the session noise (kimi-perf "
+        "calibrate, --perf-sessions 5) or judge the change paired (two --server-profile)",
         Verdict.IMPROVED: f"improved {change}: update the baseline (--update-baselines) so the slack "
         "cannot hide a later regression",
         Verdict.UNDERPOWERED: f"underpowered: a drop of {cmp.min_detectable_drop * 100:.1f}% "
@@ -313,6 +326,22 @@ def compared_level(
         "or --perf-detectable-drop)",
     }.get(cmp.verdict)
     return fields, note
+
+
+UNVOUCHED_NOTE = (
+    "not pass: the session noise {sigma:g} is assumed, not measured, so no single run can "
+    "vouch that nothing beyond the tolerance happened; measure it once (kimi-perf calibrate, "
+    "--perf-sessions 5, or the history) or judge a deploy change in a paired run "
+    "(two --server-profile)"
+)
+
+
+def unvouched(verdict: Verdict, settings: GateSettings) -> Verdict:
+    """``pass`` becomes ``underpowered`` where the session noise was only assumed
+    (:attr:`GateSettings.sigma_vouched`); every other verdict stands."""
+    if verdict is Verdict.PASS and not settings.sigma_vouched:
+        return Verdict.UNDERPOWERED
+    return verdict
 
 
 def merge_verdicts(absolute: str, compared: Verdict) -> str:

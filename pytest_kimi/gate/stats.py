@@ -614,10 +614,13 @@ class ShiftComparison:
     p_regression: float
     p_improved: float
     verdict: Verdict
-    """``regression``, ``improved`` or ``pass`` (the shift has no power rule of its own)."""
+    """By the levels' rules (:func:`_verdicts`): ``regression``, ``improved``,
+    ``inconclusive`` (the common estimate beyond the tolerance, not significant),
+    ``underpowered`` (the shift could not have caught ``detectable_drop``) or ``pass``."""
     levels: int
     se_log: float
     df: float
+    min_detectable_drop: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -627,6 +630,7 @@ class ShiftComparison:
             "p_improved": _round_p(self.p_improved),
             "verdict": self.verdict.value,
             "levels": self.levels,
+            "min_detectable_drop_pct": _pct_round(1.0 + self.min_detectable_drop),
         }
 
 
@@ -783,19 +787,28 @@ def compare_family(
                 else float(_st().norm.ppf(0.5 + CI_LEVEL / 2.0))
             )
             p_r, p_i = min(1.0, sh.p_regression / w_min), min(1.0, sh.p_improved / w_min)
+            sh_df = np.array([sh.df if math.isfinite(sh.df) else 1e9])
+            sh_mdd = float(_mdd(np.array([sh.se]), sh_df, tolerance, alpha * w_min, power)[0])
             shift = ShiftComparison(
                 ratio=math.exp(sh.d),
                 ci90=(math.exp(sh.d - q * sh.se), math.exp(sh.d + q * sh.se)),
                 p_regression=p_r,
                 p_improved=p_i,
-                verdict=Verdict.REGRESSION
-                if p_r <= alpha
-                else Verdict.IMPROVED
-                if p_i <= alpha
-                else Verdict.PASS,
+                verdict=Verdict(
+                    _verdicts(
+                        np.array([p_r]),
+                        np.array([p_i]),
+                        np.array([sh_mdd]),
+                        detectable_drop,
+                        alpha,
+                        ratio=np.array([math.exp(sh.d)]),
+                        tolerance=tolerance,
+                    )[0]
+                ),
                 levels=len(family_idx),
                 se_log=sh.se,
                 df=sh.df,
+                min_detectable_drop=sh_mdd,
             )
 
     out: list[LevelComparison] = []

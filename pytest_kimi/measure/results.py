@@ -279,11 +279,17 @@ class ThroughputResult:
         failing = Verdict.failing() if failing is None else failing
         return [lv for lv in self.levels if lv.verdict in failing]
 
-    def shift_failure(self) -> str | None:
-        """The failure a significant common shift of the levels makes (None without one)."""
-        if self.shift is None or self.shift.get("verdict") != Verdict.REGRESSION.value:
+    def shift_failure(self, failing: frozenset[str] | None = None) -> str | None:
+        """The failure the common shift of the levels makes (None without one): a
+        significant drop, an estimate beyond the tolerance (``inconclusive``), or, where
+        ``failing`` holds it (``--perf-strict``), a shift that could not vouch."""
+        failing = Verdict.failing() if failing is None else failing
+        verdict = None if self.shift is None else self.shift.get("verdict")
+        if verdict not in failing:
             return None
-        return "regression beyond noise across the levels"
+        if verdict == Verdict.REGRESSION.value:
+            return "regression beyond noise across the levels"
+        return f"{verdict} across the levels ({self.shift.get('text') if self.shift else ''})"
 
     def to_dict(self) -> dict[str, Any]:
         """The test's object in ``--perf-json`` (docs/json-report.md): fields left unset are

@@ -199,8 +199,8 @@ def render_html(
         + "\n"
         + "\n".join(sections)
         + f'\n<h2>Verdicts</h2><dl class="legend">{legend}</dl>'
-        '<p class="meta">no-baseline fails with --perf-require-baseline; inconclusive and '
-        "underpowered fail with --perf-strict.</p>"
+        '<p class="meta">no-baseline fails with --perf-require-baseline; underpowered fails '
+        "with --perf-strict; inconclusive (an estimate beyond the tolerance) always fails.</p>"
     )
     return page(f"{title}: {status}", body)
 

@@ -37,19 +37,30 @@ class SigmaChoice:
     sigma: float
     source: str
     measured: bool = False
+    user_given: bool = False
+
+    @property
+    def vouched(self) -> bool:
+        """Measured, or the user's own word: may the gate say ``pass`` with it
+        (:attr:`pytest_kimi.gate.policy.GateSettings.sigma_vouched`)?"""
+        return self.measured or self.user_given
 
 
 def choose_session_sigma(opts: KimiOptions, profile: str, baseline_root: Path) -> SigmaChoice:
     """The session noise for this session's gate (module docstring)."""
     where = opts.source("perf_session_sigma")
     if where != "default":
-        return SigmaChoice(opts.perf_session_sigma, f"--perf-session-sigma ({where})")
+        return SigmaChoice(
+            opts.perf_session_sigma, f"--perf-session-sigma ({where})", user_given=True
+        )
     default = f"the default {stats.DEFAULT_SESSION_SIGMA:g}"
     if opts.perf_history is None:
         return SigmaChoice(
             opts.perf_session_sigma, f"{default}: nothing measured (--perf-history off)"
         )
-    if opts.update_baselines is not None or not _has_baselines(baseline_root, profile):
+    # an --update-baselines run compares with the baselines it replaces: it judges with the
+    # same noise as the gating run before it (it said "the default: no baseline" before)
+    if not _has_baselines(baseline_root, profile):
         return SigmaChoice(opts.perf_session_sigma, f"{default}: no baseline to compare with")
     try:
         estimate = _history_estimate(opts.perf_history, profile)
