@@ -307,3 +307,27 @@ def test_every_latency_key_is_documented_in_the_json_schema() -> None:
     assert not set(section) - documented
     for figure in section["figures"].values():
         assert not set(figure) - documented
+
+
+def test_a_regression_reason_shows_the_figures_its_change_comes_from() -> None:
+    """Issue 34: "TTFT p95 0.1125 vs 0.1463 +24.8%" read as a rise beside a value that fell:
+    the pooled figures and the per-trial ones can disagree, so the reason gives both, and the
+    change is exactly the per-trial geometric means' ratio."""
+    from pytest_kimi.gate.latency_gate import regression_reason
+    from pytest_kimi.measure.latency import LatencyFigure
+
+    fig = LatencyFigure(
+        "ttft_s",
+        "p95",
+        0.1125,
+        trials=(0.15, 0.16, 0.14),
+        baseline=0.1463,
+        baseline_trials=(0.12, 0.121, 0.119),
+        change_pct=round(
+            (math.exp(sum(map(math.log, (0.15, 0.16, 0.14))) / 3) / 0.12 - 1) * 100, 2
+        ),
+        ci90=(20.0, 30.0),
+    )
+    text = regression_reason(fig, 0.25, 0.01)
+    assert "0.1125 s vs baseline 0.1463 s" in text
+    assert "per trial (geometric means) 0.1498 s vs 0.12 s: +24.8%" in text

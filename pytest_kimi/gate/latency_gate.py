@@ -145,9 +145,18 @@ def regression_reason(fig: LatencyFigure, tolerance: float, p_adjusted: float) -
     lo, hi = fig.ci90 or (None, None)
     ci = f"90% CI {_pct(lo)} .. {_pct(hi)}"
     change = "?" if fig.change_pct is None else f"{fig.change_pct:+.1f}%"
+    # the change is the per-trial figures' (geometric means), which the pooled figures shown
+    # first need not agree with (a p95 over all requests fell while the trials' p95s rose):
+    # both pairs are said, so the percentage can be reconciled with the figures it came from
+    per_trial = (
+        f"{_s(_geomean(fig.trials))} vs {_s(_geomean(fig.baseline_trials))}"
+        if fig.trials and fig.baseline_trials
+        else "?"
+    )
     return (
-        f"latency regression: {fig.label} {_s(fig.value)} vs baseline {_s(fig.baseline)} "
-        f"({change} per trial, {ci}), slower beyond the latency tolerance "
+        f"latency regression: {fig.label} {_s(fig.value)} vs baseline {_s(fig.baseline)}; "
+        f"per trial (geometric means) {per_trial}: {change}, {ci}, slower beyond the latency "
+        "tolerance "
         f"+{tolerance * 100:g}% (p={p_adjusted:.3g}, adjusted for the test's latency figures)"
     )
 
@@ -174,6 +183,12 @@ def _latency_pct(rate_ratio: float) -> float | None:
     if not (math.isfinite(rate_ratio) and rate_ratio > 0):
         return None
     return round((1.0 / rate_ratio - 1.0) * 100, 2)
+
+
+def _geomean(values: Sequence[float] | None) -> float | None:
+    if not values or any(not (math.isfinite(v) and v > 0) for v in values):
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def _median(values: Sequence[float]) -> float | None:
