@@ -24,6 +24,10 @@ because a deny-list of names cannot win that race, by *shape*:
   userinfo in URLs (``https://user:pass@host``), ``Bearer``/``Basic`` credentials, and
   well-known key prefixes (``sk-``, ``ghp_``, ``github_pat_``, ``xoxb-``, ``AKIA...``,
   ``hf_``, ``glpat-``, ``AIza``...);
+* inside base64: a run of 20 or more base64 characters (either alphabet, two layers deep) is
+  decoded, and redacted whole when what it decodes to holds anything the rules above redact
+  (a base64-wrapped ``sk-...`` in an allow-listed ``revision`` reached baselines and the
+  history before);
 * literal values known to be secret: the API key the plugin itself sends, a profile's
   ``api-key`` argument, env values of a profile marked secret (:func:`register_secret`).
 
@@ -40,12 +44,19 @@ credential noun (``key``/``keys`` unless configuration such as ``cache_key``, ``
 ``pat``, ``pem``, ``sig``...), or it is ``tokens`` qualified as credentials (``tokens``,
 ``access_tokens``, ``hf_tokens``), never ``max_total_tokens``.
 
+Value rules in text keep ordinary words: after a secret name, a flag or ``Bearer``, a value
+that is a closed-class word or a word for a value's state (``not``, ``is``, ``missing``,
+``required``, ``expired``: :data:`_ORDINARY_WORDS`) is prose about a secret, not one
+(``passwd: not valid JSON`` was turned into ``passwd: <redacted> valid JSON``).
+
 No pytest, no third-party imports, no imports from the package: this file runs at every edge,
 including the server supervisor, which loads it by path.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import json
 import re
@@ -410,9 +421,12 @@ _FLAG_VALUE = re.compile(
     r"(?P<flag>(?<![\w-])--?(?P<name>" + _FLAG_WORD + r"))(?P<sep>=|[ \t]+)" + _VALUE
 )
 _PAIR_HEAD = re.compile(
-    r"(?P<name>(?<![\w-])[A-Za-z_][A-Za-z0-9_-]*)(?P<nq>['\"]?)(?P<sep>\s*=\s*|(?<=['\"]):\s*|:[ \t]+)"
+    r"(?P<name>(?<![\w.-])[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*)(?P<nq>['\"]?)"
+    r"(?P<sep>\s*=\s*|(?<=['\"]):\s*|:[ \t]+)"
 )
-"""The ``NAME=`` / ``"name": `` / ``name: `` head of a pair; its value is :data:`_PAIR_VALUE`."""
+"""The ``NAME=`` / ``"name": `` / ``name: `` head of a pair; its value is :data:`_PAIR_VALUE`.
+A dotted name is one name (``api.key.value: ...``, ``db.password=...``): its last part alone
+(``value``) would say nothing."""
 _PAIR_VALUE = re.compile(_VALUE)
 _QUOTED_CONTAINER = re.compile(
     r"(?P<head>(?P<nq>['\"])(?P<name>[^'\"\n]{1,80})(?P=nq)\s*[:=]\s*)"
@@ -422,11 +436,94 @@ _QUOTED_CONTAINER = re.compile(
 _QUOTED_STRING = re.compile(r"(?P<q>['\"])(?P<s>[^'\"\n]*)(?P=q)")
 
 
+_B64_RUN = re.compile(r"[A-Za-z0-9+/_-]{%d,}={0,2}" % 20)
+"""A run of base64 (standard or URL-safe) long enough to hide a key: 20 characters decode to
+15 bytes, the shortest key shape above (``xoxb-`` and ten more)."""
+_B64_MAX_LAYERS = 2
+"""Base64 inside base64 is opened once more; deeper is not looked into."""
+_HEX_ONLY = re.compile(r"[0-9a-fA-F]+")
+_PRINTABLE_SHARE = 0.6
+"""Decoded bytes of which a smaller share is printable ASCII are binary (a digest, an id, an
+identifier that only looks like base64: random bytes are about 40% printable), not text that
+could hold a key: not scrubbed further.  Below 1 so that a few bytes of garbage before the
+encoding's true start (letters the run picked up) do not hide a key."""
+_PRINTABLE_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+
+
+def _b64_texts(run: str) -> list[str]:
+    """The text ``run`` decodes to, from each of the four places its first block may start
+    (a run can begin with letters that are no part of the encoding: ``xc2st...``); only
+    decodings that read as text (:data:`_PRINTABLE_SHARE`)."""
+    body = run.rstrip("=").replace("-", "+").replace("_", "/")
+    if _HEX_ONLY.fullmatch(body):
+        return []  # a hex digest or id: base64 of text is never all hex digits
+    out: list[str] = []
+    for skip in range(4):
+        chunk = body[skip:]
+        chunk = chunk[: len(chunk) - len(chunk) % 4]
+        if len(chunk) < 16:
+            break
+        try:
+            raw = base64.b64decode(chunk, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        unprintable = len(raw.translate(None, _PRINTABLE_BYTES))
+        if unprintable <= (1 - _PRINTABLE_SHARE) * len(raw):
+            out.append(raw.decode("utf-8", errors="replace"))
+    return out
+
+
+def _b64_sub(m: re.Match[str], literals: tuple[str, ...], depth: int) -> str:
+    """A base64 run, redacted whole when what it decodes to holds anything this module
+    redacts (a key by its shape, a secret-named pair, a registered literal, more base64):
+    ``revision: c2stcHJvai0...`` is an ``sk-proj-...`` key to anyone who decodes it."""
+    run = m.group(0)
+    for text in _b64_texts(run):
+        if _scrub_text(text, literals, depth + 1) != text:
+            return REDACTED
+    return run
+
+
+_ORDINARY_WORDS = frozenset(
+    """
+    a an the this that these those it its there here
+    no not none null nil nothing never without
+    is are was were be been being has have had does do did done
+    must should may might can cannot could will would shall
+    of in on at to for from by with as or and but if then else when while than via per
+    only also too still yet already now again just
+    set unset empty blank missing required optional given provided supplied needed expected
+    unknown invalid valid wrong incorrect bad expired rejected denied accepted refused
+    changed updated reset configured found disabled enabled omitted hidden masked redacted
+    see use using please same different too short long ok
+    """.split()
+)
+"""Words that say something *about* a secret in prose or a message (``passwd: not valid
+JSON``, ``--api-key is required``, ``api_key: missing``, ``Token expired``), never one
+themselves: closed-class English words and the words messages use for a value's state.
+A value that is one of them (any case) is kept; a name-based rule that met one redacted an
+ordinary word.  Open-class words are not here: ``password: hunter`` stays redacted."""
+_BEARER_NOUNS = frozenset({"token", "tokens", "auth", "authentication", "credentials", "header"})
+"""After ``Bearer``/``Basic``/``Token``: the words that name the scheme's value in prose
+(``Bearer token missing``, ``Basic auth failed``)."""
+
+
+def _ordinary(value: str) -> bool:
+    return value.lower() in _ORDINARY_WORDS
+
+
+def _bearer_sub(m: re.Match[str]) -> str:
+    value = m.group("value")
+    if _ordinary(value) or value.lower() in _BEARER_NOUNS:
+        return m.group(0)
+    return f"{m.group('word')}{REDACTED}"
+
+
 def _flag_sub(m: re.Match[str]) -> str:
     long_flag = m.group("flag").startswith("--")
     name = m.group("name")
     secret = is_secret_flag(name) if long_flag else is_secret_name(name)
-    if not secret or m.group("value") == REDACTED:
+    if not secret or m.group("value") == REDACTED or _ordinary(m.group("value")):
         return m.group(0)
     q = m.group("q") or ""
     return f"{m.group('flag')}{m.group('sep')}{q}{REDACTED}{q}"
@@ -438,6 +535,7 @@ def _pair_value_kept(value: str) -> bool:
         or value.startswith("<")
         or value in ("Bearer", "Basic", "Token")
         or value[:1] in "[{"
+        or _ordinary(value)
     )
 
 
@@ -528,11 +626,18 @@ def scrub_text(text: str, secrets: Iterable[str] = ()) -> str:
     """
     if not text:
         return text
-    literals = sorted(
-        {s for s in (*known_secrets(), *secrets) if s and len(s) >= _MIN_LITERAL},
-        key=len,
-        reverse=True,
+    literals = tuple(
+        sorted(
+            {s for s in (*known_secrets(), *secrets) if s and len(s) >= _MIN_LITERAL},
+            key=len,
+            reverse=True,
+        )
     )
+    return _scrub_text(text, literals, 0)
+
+
+def _scrub_text(text: str, literals: tuple[str, ...], depth: int) -> str:
+    """:func:`scrub_text` with its literals ready; ``depth``: base64 layers already opened."""
     for value in literals:
         if value in text:
             text = text.replace(value, REDACTED)
@@ -541,11 +646,14 @@ def scrub_text(text: str, secrets: Iterable[str] = ()) -> str:
     text = _JWT.sub(REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     text = _URL.sub(_url_sub, text)
-    text = _BEARER.sub(lambda m: f"{m.group('word')}{REDACTED}", text)
+    text = _BEARER.sub(_bearer_sub, text)
     text = _FLAG_VALUE.sub(_flag_sub, text)
     text = _QUOTED_CONTAINER.sub(_container_sub, text)
     text = _sub_pairs(text)
-    return _KEY_SHAPES.sub(REDACTED, text)
+    text = _KEY_SHAPES.sub(REDACTED, text)
+    if depth < _B64_MAX_LAYERS:
+        text = _B64_RUN.sub(lambda m: _b64_sub(m, literals, depth), text)
+    return text
 
 
 def scrub_argv(words: Sequence[str], secrets: Iterable[str] = ()) -> list[str]:

@@ -158,15 +158,16 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load(text: str) -> Any:
+def load(text: str, *, max_chars: int | None = MAX_CHARS) -> Any:
     """Parse one YAML document like ``yaml.safe_load``, refusing duplicate keys, anchors and
-    aliases, and more than :data:`MAX_CHARS` of text or :data:`MAX_NODES` nodes.
+    aliases, and more than ``max_chars`` (:data:`MAX_CHARS`; None: no bound, for
+    ``--perf-allow-large``) of text or :data:`MAX_NODES` nodes.
 
     Raises :class:`yaml.YAMLError` (:class:`DuplicateKeyError` for a repeated key,
     :class:`AliasError`, :class:`NodeLimitError`, :class:`TooLargeError`), or ``ValueError``
     for a scalar PyYAML cannot construct (an impossible date).
     """
-    if len(text) > MAX_CHARS:
+    if max_chars is not None and len(text) > max_chars:
         raise TooLargeError(len(text))
     return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
 

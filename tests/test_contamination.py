@@ -123,13 +123,14 @@ def test_shared():
 
 
 def test_a_second_client_is_named_in_the_levels_reasons(
-    pytester: pytest.Pytester, sim_url: str, tmp_path: Path
+    pytester: pytest.Pytester, sim_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two clients on one server: before the check the level passed on a figure the other
     client's requests shared (two such runs each read a false regression); now it is invalid,
     and says why, without --perf-server-metrics."""
     pytester.makepyfile(test_shared=SHARED)
     out = tmp_path / "perf.json"
+    monkeypatch.setenv("COLUMNS", "250")  # content, not layout: one line per reason
     result = pytester.runpytest(f"--endpoint={sim_url}", f"--perf-json={out}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(

@@ -324,8 +324,11 @@ def test_replay(throughput_result):
 """
 
 
-def test_a_dataset_replay_reports_its_sample_and_lengths(pytester: pytest.Pytester) -> None:
+def test_a_dataset_replay_reports_its_sample_and_lengths(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytester.makepyfile(test_perf=PERF_TEST)
+    monkeypatch.setenv("COLUMNS", "250")  # content, not layout: the dataset's note on one line
     run = pytester.runpytest_subprocess(
         "-p",
         "no:cacheprovider",

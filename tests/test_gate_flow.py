@@ -41,7 +41,10 @@ def _suite(pytester: pytest.Pytester, max_tokens: int = 64, targets: str = "") -
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(*args, timeout=SESSION_S)
+    # content, not layout: a wide COLUMNS keeps each message of the summary on one line
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "2000")
+        return pytester.runpytest_subprocess(*args, timeout=SESSION_S)
 
 
 class Recording(NamedTuple):

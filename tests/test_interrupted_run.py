@@ -63,6 +63,7 @@ def _session(where: Path, *, under: list[str] | None = None) -> subprocess.Popen
             **os.environ,
             "PYTEST_ADDOPTS": INNER_ADDOPTS,
             "GITHUB_STEP_SUMMARY": str(where / "step-summary.md"),
+            "COLUMNS": "250",  # content, not layout: the headline on one line
         },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -50,6 +50,7 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "perf_max_trials": 10,
     "perf_sessions": 1,
     "perf_require_baseline": False,
+    "perf_require_measurement": False,
     "perf_strict": False,
     "perf_server_metrics": False,
     "perf_allow_large": False,

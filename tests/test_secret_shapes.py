@@ -417,3 +417,158 @@ def test_prose_that_says_token_is_no_pair() -> None:
     assert scrub_text(prose) == prose
     assert REDACTED in scrub_text("token: abcdefghijklmnopqrstuvwxyz")
     assert REDACTED in scrub_text("password: hunter")
+
+
+# ------------------------------------------------------------ base64-wrapped secrets
+
+
+def _wrapped(text: str, how: str, lead: str) -> str:
+    """``text`` base64-encoded the ways a value carries it: standard or URL-safe alphabet,
+    padded or not, twice over, or behind letters that are no part of the encoding."""
+    raw = text.encode()
+    if how == "std":
+        out = base64.b64encode(raw).decode()
+    elif how == "std-nopad":
+        out = base64.b64encode(raw).decode().rstrip("=")
+    elif how == "url":
+        out = _b64url(raw)
+    else:  # twice
+        out = base64.b64encode(base64.b64encode(raw)).decode()
+    return lead + out
+
+
+@SETTINGS
+@given(
+    st.sampled_from(SHAPES),
+    markers,
+    env_names,
+    st.sampled_from(["std", "std-nopad", "url", "twice"]),
+    st.sampled_from(["", "x", "ab", "v1a"]),
+    filler,
+    filler,
+)
+def test_no_secret_shape_survives_base64_wrapped(
+    kind: str, marker: str, env_name: str, how: str, lead: str, before: str, after: str
+) -> None:
+    """A key base64-encoded (``revision: c2stcHJvai0...``) is a key to anyone who decodes
+    it: the run is redacted whole when what it decodes to holds anything redacted, in free
+    text and in a field the allow-list keeps."""
+    plain = f"deployed {_shape(kind, marker, env_name)} by ci"
+    wrapped = _wrapped(plain, how, lead)
+    out = scrub_text(f"{before} {wrapped} {after}")
+    assert wrapped not in out and REDACTED in out, (kind, how, out)
+    assert scrub_text(out) == out, "idempotent"
+    info = {"revision": wrapped, "tp_size": 8}
+    for cleaned in (scrub(info), clean_server_info(info)):
+        assert cleaned["revision"] == REDACTED, (kind, how, cleaned)
+        assert cleaned["tp_size"] == 8
+
+
+@SETTINGS
+@given(st.binary(min_size=15, max_size=200), st.sampled_from(["std", "url"]))
+def test_base64_of_what_holds_no_secret_is_kept(data: bytes, how: str) -> None:
+    """Digests, ids, tokenizer blobs: base64 whose decoding holds nothing the scrubber
+    redacts comes through unchanged."""
+    encoded = base64.b64encode(data).decode() if how == "std" else _b64url(data)
+    text = f"revision {encoded} done"
+    decoded = data.decode("utf-8", "replace")
+    if scrub_text(decoded) == decoded:  # (random bytes that spell a key shape: no claim)
+        assert scrub_text(text) == text
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "a3f9c2e1d4b5a6978877665544332211aabbccdd",  # a git commit
+        "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        "moonshotai/Kimi-K2-Instruct-0905",
+        "internationalization_and_localization_settings",
+        base64.b64encode(b"main branch of the model repository, tagged v2").decode(),
+    ],
+)
+def test_ordinary_revisions_are_kept(value: str) -> None:
+    assert scrub_text(value) == value
+    assert clean_server_info({"revision": value})["revision"] == value
+
+
+# ------------------------------------------------------------ ordinary words are not secrets
+
+ORDINARY = (
+    "not",
+    "is",
+    "none",
+    "missing",
+    "required",
+    "invalid",
+    "empty",
+    "unset",
+    "set",
+    "given",
+    "expired",
+    "the",
+    "was",
+    "must",
+    "cannot",
+)
+"""Words that say something about a secret, never one (a sample of the scrubber's list)."""
+PROSE = st.lists(
+    st.sampled_from(
+        ["valid", "json", "for", "this", "server", "port", "after", "retry", "found", "in", "the"]
+        + list(ORDINARY)
+    ),
+    max_size=6,
+).map(" ".join)
+
+
+@SETTINGS
+@given(
+    secret_names(),
+    st.sampled_from(ORDINARY),
+    st.sampled_from([str.lower, str.upper, str.title]),
+    st.sampled_from(["{n}: {w}", "{n}={w}", "{n} = {w}", '"{n}": "{w}"', "--{n} {w}", "--{n}={w}"]),
+    PROSE,
+    markers,
+)
+def test_ordinary_words_after_a_secret_name_are_never_redacted(
+    name: str, word: str, case: Any, form: str, rest: str, marker: str
+) -> None:
+    """``passwd: not valid JSON`` is a message about a password, not one: the scrubber turned
+    it into ``passwd: <redacted> valid JSON``.  The same frame with a real value still hides
+    it, so the rule is about the word, not the frame."""
+    text = form.format(n=name, w=case(word)) + (" " + rest if rest else "")
+    assert scrub_text(text) == text, text
+    secret = form.format(n=name, w=marker.lower() + "x9") + (" " + rest if rest else "")
+    assert marker.lower() not in scrub_text(secret), secret
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "passwd: not valid JSON",
+        "PASSWORD: NOT SET",
+        "--api-key is required for this server",
+        "api_key: missing",
+        "the password: was rejected",
+        "credentials: invalid for user perf",
+        "Token expired after 3 s",
+        "Basic auth failed",
+        "Bearer token missing",
+        "Authorization: Bearer required",
+    ],
+)
+def test_messages_about_secrets_are_kept_whole(text: str) -> None:
+    assert scrub_text(text) == text
+
+
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        ("password: hunter", "hunter"),
+        ("passwd: dragon valid", "dragon"),
+        ("--api-key opensesame", "opensesame"),
+        ("Bearer abcdefgh", "abcdefgh"),
+    ],
+)
+def test_open_words_stay_secret(text: str, secret: str) -> None:
+    """Only the closed list is kept: a dictionary word is a common password."""
+    assert secret not in scrub_text(text)

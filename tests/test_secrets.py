@@ -292,3 +292,64 @@ def test_a_key_flag_sglangs_parser_would_expand_is_scrubbed(flag: str) -> None:
 def test_flags_that_are_no_key_are_kept(flag: str) -> None:
     """Ambiguous (``--a``), other flags, and words that are no prefix keep their value."""
     assert scrub_text(f"{flag} value123") == f"{flag} value123"
+
+
+# ------------------------------------------------------------ a key wrapped in base64
+
+WRAPPED_KEY = "sk-proj-" + "Wr4pp3dK3yB64x" + "q" * 12
+
+
+def test_a_base64_wrapped_key_in_a_kept_field_reaches_no_sink(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """``revision`` is allow-listed (it says which weights ran), so only the scrubber stands
+    between its value and the baseline; a tester's server put a base64-wrapped ``sk-`` key
+    there, and it reached the baseline, the JSON report and the history.  Neither the key nor
+    its encoding may reach any of them now, while an honest ``revision`` beside it is kept."""
+    import base64
+
+    from pytest_kimi.sim import SimConfig
+    from pytest_kimi.sim.process import SimProcess
+
+    wrapped = base64.b64encode(WRAPPED_KEY.encode()).decode()
+    config = SimConfig(
+        speed=20.0,
+        model="kimi-b64",
+        server_args={"revision": wrapped, "tokenizer_revision": "a3f9c2e1d4b5", "tp_size": 8},
+    )
+    sim = SimProcess(config, log_dir=tmp_path / "sim-logs").start()  # outside pytester.path
+    try:
+        pytester.makepyfile(test_suite=SUITE)
+        history = pytester.path / "hist" / "history.db"
+        run = pytester.runpytest_subprocess(
+            "-m",
+            "perf",
+            f"--endpoint={sim.url}",
+            *RECORD,
+            *_every_output(pytester),
+            f"--perf-history=sqlite:///{history}",
+            timeout=300,
+        )
+    finally:
+        sim.stop()
+    run.assert_outcomes(passed=1)
+    texts = _all_text(pytester.path)
+    written = {p.relative_to(pytester.path).as_posix() for p in texts}
+    assert "out/perf.json" in written and "hist/history.db" in written, sorted(written)
+    terminal = "\n".join(run.outlines + run.errlines)
+    # the key, its encoding, and any long piece of the encoding
+    pieces = [WRAPPED_KEY, wrapped, wrapped[:24], wrapped[-24:]]
+    assert not _leaks({**texts, Path("<terminal>"): terminal}, *pieces)
+    baseline = next(p for p in texts if p.suffix == ".yaml" and "baselines" in p.parts)
+    info = yaml.safe_load(texts[baseline])["provenance"]["server_info"]
+    assert info["revision"] == REDACTED and info["tp_size"] == 8, info
+    report = json.loads(texts[pytester.path / "out" / "perf.json"])
+    assert report["endpoint"]["server_info"]["revision"] == REDACTED
+
+
+def test_the_message_a_tester_saw_garbled_is_kept() -> None:
+    """``passwd: not valid JSON`` became ``passwd: <redacted> valid JSON``: a message about a
+    value, scrubbed as if it were one (the properties are in test_secret_shapes.py)."""
+    assert scrub_text("passwd: not valid JSON") == "passwd: not valid JSON"
+    assert scrub({"reason": "api_key: missing"}) == {"reason": "api_key: missing"}
+    assert scrub_text(f"passwd: {API_KEY} valid") == f"passwd: {REDACTED} valid"

@@ -594,9 +594,10 @@ def test_shared():
 
 
 def test_a_second_client_makes_the_level_invalid(
-    pytester: pytest.Pytester, sim_url: str, tmp_path: Path
+    pytester: pytest.Pytester, sim_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makepyfile(test_shared=DISAGREE)
+    monkeypatch.setenv("COLUMNS", "250")  # content, not layout: one line per reason
     out = tmp_path / "perf.json"
     result = pytester.runpytest(
         f"--endpoint={sim_url}", "--perf-server-metrics", f"--perf-json={out}"

@@ -336,7 +336,10 @@ def test_plain():
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=SESSION_S)
+    # content, not layout: a wide COLUMNS keeps each line of the summary whole
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "2000")
+        return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=SESSION_S)
 
 
 def test_each_session_is_a_fresh_simulator_and_the_noise_is_measured(

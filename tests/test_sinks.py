@@ -59,9 +59,12 @@ def _session(
 ) -> tuple[int | pytest.ExitCode, str]:
     """The suite's session in a subprocess: its exit status and all it printed."""
     pytester.makepyfile(test_sinks_suite=SUITE.format(blocked=blocked))
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--endpoint=sim:speed=10", *args, timeout=SESSION_S
-    )
+    # content, not layout: a wide COLUMNS keeps each line of the summary whole
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "2000")
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "--endpoint=sim:speed=10", *args, timeout=SESSION_S
+        )
     return result.ret, result.stdout.str() + result.stderr.str()
 
 

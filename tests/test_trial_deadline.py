@@ -47,9 +47,10 @@ def test_hang():
 
 @pytest.mark.parametrize("protocol", ["stationary", "whole-requests"])
 def test_a_stream_of_keepalives_ends_at_the_trials_limit(
-    pytester: pytest.Pytester, tmp_path: Path, protocol: str
+    pytester: pytest.Pytester, tmp_path: Path, protocol: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makepyfile(test_hang=HANG)
+    monkeypatch.setenv("COLUMNS", "250")  # content, not layout: one line per reason
     out = tmp_path / "perf.json"
     result = pytester.runpytest_subprocess(
         # every stream turns to keep-alive comments after 20 tokens (the warm-up's 16 pass)

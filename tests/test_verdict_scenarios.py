@@ -5,7 +5,11 @@ its word says.
   ``pass`` at every level under Holm (p = 0.099); no level is ``pass`` now, and with the
   deployment's measured noise every level is a ``regression``, and so is the common shift.
 * A level whose estimate lies beyond the tolerance without a significant drop is never
-  ``pass``: ``inconclusive`` (a warning), which ``--perf-strict`` fails.
+  ``pass``: ``inconclusive``, which fails the test (issue 34: a drop beyond the tolerance is
+  never a green job), and so does a common shift beyond it.
+* On a fresh install (the session noise assumed, nothing measured) no level says ``pass``:
+  the CI recipe's ``--perf-strict`` then fails every run until the noise is measured, and
+  ``--perf-require-measurement`` fails a job that measured nothing.
 * The session noise is measured from the history once it holds five sessions of an unchanged
   build (one ``--perf-sessions 5`` run), and every report says which value and where from.
 
@@ -43,9 +47,12 @@ LOOSE_LATENCY = "--perf-latency-tolerance=9"
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", LOOSE_LATENCY, *args, timeout=SESSION_S
-    )
+    # content, not layout: a wide COLUMNS keeps each line of the summary whole
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "2000")
+        return pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", LOOSE_LATENCY, *args, timeout=SESSION_S
+        )
 
 
 def _levels(path: Path) -> list[dict]:
@@ -65,7 +72,7 @@ def test_a_sweep_ten_percent_slower_regresses_at_every_level(pytester: pytest.Py
     out = pytester.path / "r.json"
     res = _run(pytester, "--endpoint=sim:speed=10", f"--perf-json={out}")
     levels = _levels(out)
-    assert res.ret == (1 if "regression" in {lv["verdict"] for lv in levels} else 0)
+    assert res.ret == 1, res.stdout.str()[-3000:]  # red whichever of the two each level says
     assert {lv["verdict"] for lv in levels} <= {"regression", "inconclusive"}, levels
     for lv in levels:
         assert -12.0 < lv["change_pct"] < -8.0
@@ -93,22 +100,20 @@ def test_an_estimate_beyond_the_tolerance_is_inconclusive_not_pass(
     pytester: pytest.Pytester,
 ) -> None:
     """-7% against a 5% tolerance, with the default 3% session noise: not significant, and
-    not within the tolerance either.  The trials run to the cap, the level warns, and
-    --perf-strict fails it."""
+    not within the tolerance either.  The trials run to the cap and the level fails the test
+    (it warned, and the job was green, before issue 34)."""
     pytester.makepyfile(test_suite=ONE)
     rec = _run(pytester, "--endpoint=sim:speed=10,slowdown=0.93", "--update-baselines")
     assert rec.ret == 0, rec.stdout.str()[-3000:]
     out = pytester.path / "r.json"
     res = _run(pytester, "--endpoint=sim:speed=10", f"--perf-json={out}")
-    assert res.ret == 0, res.stdout.str()[-3000:]
+    assert res.ret == 1, res.stdout.str()[-3000:]
     (level,) = _levels(out)
     assert level["verdict"] == "inconclusive", level
     assert level["change_pct"] < -5.0
     assert len(level["trials_tok_s"]) == 10  # undecided: every trial the cap allows
-    assert any("inconclusive" in r and "--perf-strict" in r for r in level["reasons"])
-    strict = _run(pytester, "--endpoint=sim:speed=10", "--perf-strict")
-    assert strict.ret == 1
-    strict.stdout.fnmatch_lines(["*inconclusive (--perf-strict)*"])
+    assert any("inconclusive" in r and "fails the test" in r for r in level["reasons"])
+    res.stdout.fnmatch_lines(["*inconclusive: the estimate lies beyond the tolerance*"])
 
 
 def test_session_noise_is_measured_from_the_history(pytester: pytest.Pytester) -> None:
@@ -131,3 +136,62 @@ def test_session_noise_is_measured_from_the_history(pytester: pytest.Pytester) -
     # the user's own figure wins, and says so
     mine = _run(pytester, *common, "--perf-session-sigma=0.02")
     mine.stdout.fnmatch_lines(["gate: *session noise 0.02 from --perf-session-sigma (*"])
+
+
+SWEEP3 = """
+from pytest_kimi import throughput
+
+@throughput(concurrency=[1, 8, 64], max_tokens=128)
+def test_sweep():
+    pass
+"""
+
+
+def test_a_ten_percent_slower_sweep_on_a_fresh_install_is_red(pytester: pytest.Pytester) -> None:
+    """The reproduction of issue 34: baselines recorded on a fresh install (no history, the
+    noise assumed), the rerun 10% slower.  Red with the defaults and with the README's CI
+    recipe; no ``pass`` word anywhere (levels, common shift) beside an estimate beyond the
+    tolerance.  The same recipe on an unchanged rerun is red too, and says why: the noise is
+    assumed, so the gate cannot vouch for ``pass`` until it is measured."""
+    pytester.makepyfile(test_suite=SWEEP3)
+    sim = "--endpoint=sim:speed=10"
+    rec = _run(pytester, sim, "--update-baselines")
+    assert rec.ret == 0, rec.stdout.str()[-3000:]
+    out = pytester.path / "r.json"
+    slow = _run(pytester, f"{sim},slowdown=1.10", f"--perf-json={out}")
+    assert slow.ret == 1, slow.stdout.str()[-3000:]
+    test = json.loads(out.read_text())["tests"][0]
+    words = [lv["verdict"] for lv in test["levels"]] + [test["shift"]["verdict"]]
+    assert "pass" not in words and set(words) <= {"regression", "inconclusive"}, words
+    assert test["shift"]["change_pct"] < -5.0
+    recipe = ("--perf-strict", "--perf-require-baseline", "--perf-require-measurement")
+    assert _run(pytester, f"{sim},slowdown=1.10", *recipe).ret == 1
+    same = _run(pytester, sim, *recipe, f"--perf-json={out}")
+    assert same.ret == 1, same.stdout.str()[-3000:]
+    test = json.loads(out.read_text())["tests"][0]
+    assert "pass" not in [lv["verdict"] for lv in test["levels"]]
+    assert json.loads(out.read_text())["gate"]["session_sigma_measured"] is False
+    same.stdout.fnmatch_lines(["*the session noise 0.03 is assumed, not measured*"])
+    # the user's own measured figure vouches: the unchanged rerun is green under the recipe
+    mine = _run(pytester, sim, *recipe, "--perf-session-sigma=0.01")
+    assert mine.ret == 0, mine.stdout.str()[-3000:]
+
+
+def test_a_job_that_measured_nothing_fails_under_the_ci_recipe(pytester: pytest.Pytester) -> None:
+    """No endpoint (a CI job whose endpoint secret went missing): skipped and green by default,
+    a failure with one clear line under ``--perf-require-measurement``; so is a selection
+    that leaves no perf test to measure."""
+    pytester.makepyfile(test_suite=ONE)
+    plain = _run(pytester, "--perf-require-baseline", "--perf-strict")
+    assert plain.ret == 0
+    plain.assert_outcomes(skipped=1)
+    required = _run(
+        pytester, "--perf-require-baseline", "--perf-strict", "--perf-require-measurement"
+    )
+    assert required.ret == 1
+    required.assert_outcomes(errors=1)  # the endpoint fixture fails: one line that says why
+    required.stdout.fnmatch_lines(["*no endpoint given*"])
+    assert "(--perf-require-measurement)" in required.stdout.str()
+    nothing = _run(pytester, "--endpoint=sim", "--perf-require-measurement", "-k", "no_such_test")
+    assert nothing.ret == 1
+    nothing.stdout.fnmatch_lines(["*nothing was measured*"])

@@ -3,9 +3,12 @@
 Why files in git rather than a database: a throughput target is a claim about the serving stack,
 and changing it should go through the same review as a code change.  This module is the file
 system side of that: it walks ``<root>/<profile>`` (:meth:`BaselineStore.paths`, the one walk
-of a baseline directory), checks that a file sits where its test says it belongs, refuses to
-overwrite a target by accident, and writes atomically (:func:`pytest_kimi.files.write_atomic`),
-so a reader or a crash never sees half a file.  The format is
+of a baseline directory), reads a file only when it is a bounded regular file that stays under
+the root (:meth:`BaselineStore.read_text`: a baseline comes with a pull request, and a committed
+symlink to ``/dev/zero`` or to a secret must neither switch the gate off nor print the secret),
+checks that a file sits where its test says it belongs, refuses to overwrite a target by
+accident, and writes atomically (:func:`pytest_kimi.files.write_atomic`), so a reader or a
+crash never sees half a file.  The format is
 :mod:`pytest_kimi.baseline.yaml_io`, the merge rule :mod:`pytest_kimi.baseline.merge`.
 
 This module must not import pytest: the plugin, CLI helpers and offline scripts share it.
@@ -28,10 +31,13 @@ from pytest_kimi.baseline.model import (
 )
 from pytest_kimi.baseline.paths import DEFAULT_PROFILE, baseline_relpath, check_profile
 from pytest_kimi.baseline.review import UpdateSummary, replaced_summary, summarize_update
-from pytest_kimi.baseline.yaml_io import dumps, loads
-from pytest_kimi.files import write_atomic
+from pytest_kimi.baseline.yaml_io import MAX_BASELINE_BYTES, dumps, loads
+from pytest_kimi.files import FileRefusedError, read_regular_text, write_atomic
+from pytest_kimi.workload.markers import ALLOW_LARGE_HINT
 
 __all__ = ["BaselineLookup", "BaselineStore", "profile_names"]
+
+_REGULAR_ONLY = "a baseline must be a regular file under the baseline directory"
 
 
 @dataclass(frozen=True)
@@ -52,10 +58,15 @@ class BaselineLookup:
 class BaselineStore:
     """Baselines of one profile under ``root`` (usually ``<rootdir>/baselines``)."""
 
-    def __init__(self, root: Path, profile: str = DEFAULT_PROFILE) -> None:
+    def __init__(
+        self, root: Path, profile: str = DEFAULT_PROFILE, *, allow_large: bool = False
+    ) -> None:
+        """``allow_large`` (``--perf-allow-large``) lifts the size bound on a file read
+        (:data:`~pytest_kimi.baseline.yaml_io.MAX_BASELINE_BYTES`), never the type checks."""
         check_profile(profile)
         self.root = Path(root)
         self.profile = profile
+        self.allow_large = allow_large
 
     @property
     def directory(self) -> Path:
@@ -64,14 +75,34 @@ class BaselineStore:
     def path_for(self, nodeid: str) -> Path:
         return self.directory / baseline_relpath(nodeid)
 
-    def _read(self, path: Path) -> TestBaseline:
+    def read_text(self, path: Path) -> str:
+        """A baseline file's text, read only if it is a regular file (symlinks followed) that
+        stays under :attr:`root` and within the size bound; :class:`BaselineError` naming the
+        path, its type and size otherwise (never a byte of its content), or when it is not
+        UTF-8.  ``FileNotFoundError`` when nothing is there."""
         try:
-            text = path.read_text(encoding="utf-8")
+            return read_regular_text(
+                path,
+                what="baseline",
+                limit=None if self.allow_large else MAX_BASELINE_BYTES,
+                within=self.root,
+                lift=ALLOW_LARGE_HINT,
+            )
+        except FileRefusedError as exc:
+            fix = f"; {_REGULAR_ONLY}" if exc.kind != "too-large" else ""
+            raise BaselineError(path, exc.problem + fix) from None
         except UnicodeDecodeError as exc:
             raise BaselineError(
                 path, f"not UTF-8 text ({exc.reason} at byte {exc.start})"
             ) from None
-        baseline = loads(text, source=path)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:  # permissions, say
+            raise BaselineError(path, f"cannot be read: {exc.strerror or exc}") from None
+
+    def _read(self, path: Path) -> TestBaseline:
+        text = self.read_text(path)
+        baseline = loads(text, source=path, allow_large=self.allow_large)
         if baseline.profile != self.profile:
             raise BaselineError(
                 path, f"profile is {baseline.profile!r} but the file is in profile {self.profile!r}"
@@ -86,7 +117,7 @@ class BaselineStore:
     def load(self, nodeid: str) -> TestBaseline | None:
         """The test's baseline, None when it has none; :class:`BaselineError` when unusable."""
         path = self.path_for(nodeid)
-        if not path.is_file():
+        if not os.path.lexists(path):  # anything there (a link to a device too) is read
             return None
         baseline = self._read(path)
         if baseline.test != nodeid:  # only reachable through a sanitisation hash collision
@@ -147,13 +178,15 @@ class BaselineStore:
         """Every baseline file of the profile, in path order (none when the directory is missing).
 
         The one walk of ``<root>/<profile>``: hidden files (our temp files, editor swap files)
-        are not baselines.  Yields paths, not baselines, so a caller that lists files can report
-        a corrupt one and go on.
+        are not baselines, nor are directories.  Anything else named ``*.yaml`` is yielded, a
+        symlink to a device or out of the root too, so that reading it reports it rather than
+        skipping it without a word.  Yields paths, not baselines, so a caller that lists files
+        can report a corrupt one and go on.
         """
         if not self.directory.is_dir():
             return
         for path in sorted(self.directory.rglob("*.yaml")):
-            if path.name.startswith(".") or not path.is_file():
+            if path.name.startswith(".") or (path.is_dir() and not path.is_symlink()):
                 continue
             yield path
 

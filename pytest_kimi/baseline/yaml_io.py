@@ -9,7 +9,10 @@ Everything here optimises for a readable ``git diff`` of a file a human reviews:
 
 Reading is strict, because the file may have been edited by hand: duplicate keys
 (:mod:`pytest_kimi.yamlstrict`), unknown keys, a wrong schema or a ``tok_s`` that is not the
-median of its trials all raise :class:`BaselineError` naming the file and the field.  No
+median of its trials all raise :class:`BaselineError` naming the file and the field.  An error
+says what a wrong value *is* (``a string of 23 characters``: :func:`pytest_kimi.files.described`),
+never the value, numbers apart: the "baseline" may be a committed symlink to a secret, which
+parses as one YAML string, and the error reaches the terminal, ``--perf-json`` and JUnit.  No
 pytest, no file system: :mod:`pytest_kimi.baseline.store` does the I/O.
 """
 
@@ -32,11 +35,16 @@ from pytest_kimi.baseline.model import (
 )
 from pytest_kimi.baseline.provenance import Provenance
 from pytest_kimi.baseline.values import is_number, utc_timestamp
+from pytest_kimi.files import described, key_shown
 
-__all__ = ["SCHEMA_VERSION", "dumps", "loads"]
+__all__ = ["MAX_BASELINE_BYTES", "SCHEMA_VERSION", "dumps", "loads"]
 
 SCHEMA_VERSION = 1
 """Bumped only for changes an older reader would misinterpret; readers refuse other versions."""
+
+MAX_BASELINE_BYTES = yamlstrict.MAX_CHARS
+"""The largest baseline file read (1 MiB, the YAML loader's own bound): a 50-level baseline with
+its trials and a full SGLang ``server_info`` is about 30 kB.  ``--perf-allow-large`` lifts it."""
 
 _HEADER = (
     "# pytest-kimi throughput baseline; written by the plugin, reviewed as a diff.\n"
@@ -204,12 +212,13 @@ _PROVENANCE_KEYS = (
 )
 
 
-def _parse_yaml(text: str) -> Any:
+def _parse_yaml(text: str, max_chars: int | None) -> Any:
     try:
-        return yamlstrict.load(text)
+        return yamlstrict.load(text, max_chars=max_chars)
     except yamlstrict.DuplicateKeyError as exc:  # a hand edit must not keep the last one silently
         raise _Invalid(
-            f"duplicate key {exc.key!r} at line {exc.line} (first at line {exc.first_line})"
+            f"duplicate key {key_shown(exc.key)} at line {exc.line} (first at line "
+            f"{exc.first_line})"
         ) from None
     except (yamlstrict.AliasError, yamlstrict.NodeLimitError) as exc:  # an alias bomb, say
         raise _Invalid(f"line {exc.line}: {exc.problem} (or delete the file)") from None
@@ -232,12 +241,18 @@ def _yaml_error_text(exc: yaml.YAMLError) -> str:
 
 def _require_mapping(value: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise _Invalid(f"{what} must be a mapping, got {type(value).__name__} {value!r}")
+        raise _Invalid(f"{what} must be a mapping, got {described(value)}")
     return value
 
 
+def _shown(value: Any) -> str:
+    """A wrong value as an error shows it: a number as it is (what a reviewer compares), any
+    other value only as what it is (:func:`~pytest_kimi.files.described`)."""
+    return repr(value) if is_number(value) else described(value)
+
+
 def _reject_unknown(mapping: Mapping[str, Any], allowed: Sequence[str], what: str) -> None:
-    unknown = [str(k) for k in mapping if k not in allowed]
+    unknown = [key_shown(k, quote=False) for k in mapping if k not in allowed]
     if unknown:
         raise _Invalid(
             f"{what} has unknown key(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})"
@@ -249,7 +264,7 @@ def _optional_str(mapping: Mapping[str, Any], key: str, what: str) -> str | None
     if isinstance(value, _dt.datetime) and key == "recorded_at":  # unquoted timestamp, hand-written
         return utc_timestamp(value if value.tzinfo else value.replace(tzinfo=_dt.timezone.utc))
     if value is not None and not isinstance(value, str):
-        raise _Invalid(f"{what}.{key} must be a string (quote it in YAML), got {value!r}")
+        raise _Invalid(f"{what}.{key} must be a string (quote it in YAML), got {described(value)}")
     return value
 
 
@@ -271,7 +286,9 @@ def _parse_level(index: int, raw: Any) -> LevelBaseline:
         raise _Invalid(f"{what} has no 'trials_tok_s'")
     trials = entry["trials_tok_s"]
     if not isinstance(trials, list):
-        raise _Invalid(f"{what}: trials_tok_s must be a list of positive numbers, got {trials!r}")
+        raise _Invalid(
+            f"{what}: trials_tok_s must be a list of positive numbers, got {described(trials)}"
+        )
     request_tok_s: Any = entry.get("request_tok_s")  # None or not a mapping: LevelBaseline says
     ttft_s: Any = entry.get("ttft_s")
     itl_s: Any = entry.get("itl_s")
@@ -294,7 +311,8 @@ def _parse_level(index: int, raw: Any) -> LevelBaseline:
         stated = entry["tok_s"]
         if not is_number(stated) or stated != level.tok_s:
             raise _Invalid(
-                f"{what}: tok_s {stated!r} is not the median of trials_tok_s ({level.tok_s}); "
+                f"{what}: tok_s {_shown(stated)} is not the median of trials_tok_s "
+                f"({level.tok_s}); "
                 f"it is derived from the trials: fix or delete it"
             )
     return level
@@ -306,7 +324,9 @@ def _parse_provenance(raw: Any) -> Provenance:
     _reject_unknown(prov, _PROVENANCE_KEYS, what)
     session_ids = prov.get("session_ids") or []
     if not isinstance(session_ids, list) or not all(isinstance(s, str) for s in session_ids):
-        raise _Invalid(f"provenance.session_ids must be a list of strings, got {session_ids!r}")
+        raise _Invalid(
+            f"provenance.session_ids must be a list of strings, got {described(session_ids)}"
+        )
     server_info = prov.get("server_info") or {}
     _require_mapping(server_info, "provenance.server_info")
     try:
@@ -331,13 +351,14 @@ def _from_data(data: Any) -> TestBaseline:
         raise _Invalid(f"missing 'schema' (this pytest-kimi reads schema: {SCHEMA_VERSION})")
     if top["schema"] != SCHEMA_VERSION or isinstance(top["schema"], bool):
         raise _Invalid(
-            f"unsupported schema {top['schema']!r}; this pytest-kimi reads schema {SCHEMA_VERSION} "
+            f"unsupported schema {_shown(top['schema'])}; this pytest-kimi reads schema "
+            f"{SCHEMA_VERSION} "
             f"(upgrade pytest-kimi, or re-record the baseline)"
         )
     _reject_unknown(top, _TOP_KEYS, "the document")
     for key in ("test", "profile"):
         if not isinstance(top.get(key), str) or not top[key]:
-            raise _Invalid(f"'{key}' must be a non-empty string, got {top.get(key)!r}")
+            raise _Invalid(f"'{key}' must be a non-empty string, got {described(top.get(key))}")
     if "provenance" not in top:
         raise _Invalid("missing 'provenance'")
     provenance = _parse_provenance(top["provenance"])
@@ -345,7 +366,7 @@ def _from_data(data: Any) -> TestBaseline:
     raw_levels = top.get("levels")
     # a @capacity test's file may hold its capacity alone (files before it always had levels)
     if not isinstance(raw_levels, list) or not (raw_levels or capacity is not None):
-        raise _Invalid(f"'levels' must be a non-empty list, got {raw_levels!r}")
+        raise _Invalid(f"'levels' must be a non-empty list, got {described(raw_levels)}")
     levels = [_parse_level(i, raw) for i, raw in enumerate(raw_levels)]
     first: dict[WorkloadKey, int] = {}
     for i, level in enumerate(levels):
@@ -379,7 +400,7 @@ def _parse_capacity(raw: Any) -> CapacityBaseline:
         raise _Invalid(f"{what}.workload: {exc}") from None
     for name in ("held", "broke"):
         if not isinstance(entry.get(name, []), list):
-            raise _Invalid(f"{what}.{name} must be a list of loads, got {entry[name]!r}")
+            raise _Invalid(f"{what}.{name} must be a list of loads, got {described(entry[name])}")
     try:
         capacity = CapacityBaseline(
             workload=workload,
@@ -396,16 +417,18 @@ def _parse_capacity(raw: Any) -> CapacityBaseline:
         raise _Invalid(f"{what}: {exc}") from None
     if "value" in entry and entry["value"] != capacity.value:
         raise _Invalid(
-            f"{what}: value {entry['value']!r} is not low ({capacity.value!r}); the capacity is "
+            f"{what}: value {_shown(entry['value'])} is not low ({capacity.value!r}); the "
+            "capacity is "
             "the highest load that held: fix or delete it"
         )
     return capacity
 
 
-def loads(text: str, *, source: Path | str = "<string>") -> TestBaseline:
+def loads(text: str, *, source: Path | str = "<string>", allow_large: bool = False) -> TestBaseline:
     """Parse file text (``yaml.safe_load`` only); problems raise :class:`BaselineError`
-    naming ``source``."""
+    naming ``source`` (and what a wrong value is, never the value).  ``allow_large``
+    (``--perf-allow-large``) lifts the loader's size bound, never its node bound."""
     try:
-        return _from_data(_parse_yaml(text))
+        return _from_data(_parse_yaml(text, None if allow_large else yamlstrict.MAX_CHARS))
     except _Invalid as exc:
         raise BaselineError(source, str(exc)) from None

@@ -40,6 +40,7 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from pytest_kimi.endpoint.bounded import BodyTooLarge, read_body_capped
 from pytest_kimi.measure.metrics import TrialResult
 from pytest_kimi.load.records import RequestRecord
 
@@ -103,22 +104,17 @@ async def read_capped(
 ) -> str:
     """The response's body as text (UTF-8, the exposition format's encoding; bad bytes
     replaced), read in blocks and given up on as soon as it passes ``limit`` bytes: a size the
-    server announces is refused before a byte is read, one it does not is counted as it comes."""
-    too_big = MetricsTooLarge(
-        f"{url} sent more than {limit / 2**20:g} MB, the cap on a metrics page "
-        f"(METRICS_MAX_BYTES; SGLang's and vLLM's are well under 1 MB): it was not read -- is "
-        "something other than the server's Prometheus endpoint answering there?"
-    )
-    if resp.content_length is not None and resp.content_length > limit:
-        raise too_big
-    blocks: list[bytes] = []
-    size = 0
-    async for block in resp.content.iter_chunked(2**16):
-        size += len(block)
-        if size > limit:
-            raise too_big
-        blocks.append(block)
-    return b"".join(blocks).decode("utf-8", errors="replace")
+    server announces is refused before a byte is read, one it does not is counted as it comes
+    (:func:`pytest_kimi.endpoint.bounded.read_body_capped`, which discovery reads with too)."""
+    try:
+        body = await read_body_capped(resp, limit)
+    except BodyTooLarge:
+        raise MetricsTooLarge(
+            f"{url} sent more than {limit / 2**20:g} MB, the cap on a metrics page "
+            f"(METRICS_MAX_BYTES; SGLang's and vLLM's are well under 1 MB): it was not read -- "
+            "is something other than the server's Prometheus endpoint answering there?"
+        ) from None
+    return body.decode("utf-8", errors="replace")
 
 
 # ------------------------------------------------------------------------------------ parsing

@@ -7,14 +7,21 @@ so each says what was tried, what came back, and what to do.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import aiohttp
 
+from pytest_kimi.endpoint.bounded import (
+    DISCOVERY_MAX_BYTES,
+    BodyTooLarge,
+    NotJSON,
+    loads_bounded,
+    read_body_capped,
+)
 from pytest_kimi.endpoint.serverinfo import clean_server_info
+from pytest_kimi.printable import printable
 
 
 class EndpointError(RuntimeError):
@@ -86,13 +93,32 @@ def redact_url(raw: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+ERROR_BODY_BYTES = 4096
+"""Of an error answer (a non-200 status) only this much is read: its head is all a message
+quotes, however long the page."""
+INFO_TIMEOUT_S = 10.0
+"""Limit on each optional server-info GET (``/server_info``, ``/get_server_info``,
+``/version``): a server that trickles one of them costs the run seconds, not the discovery
+timeout three times over, and its silence is not reported as ``/v1/models``'s."""
+
+
 async def _get_json(
-    session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    timeout: aiohttp.ClientTimeout | None = None,
 ) -> tuple[int, Any]:
+    """(status, parsed JSON) for a 200, (status, the error page's head) otherwise.
+
+    Bounded both ways (:mod:`pytest_kimi.endpoint.bounded`): the body is read up to
+    :data:`DISCOVERY_MAX_BYTES` and its JSON checked for depth before parsing.  Raises
+    :class:`EndpointError` naming the URL and the check that failed: a redirect, a body past
+    the cap, "not JSON" with its reason (never the body itself)."""
     # Redirects are not followed: the server that answers at their target is not the one
     # named (a 307 to another port would have the plugin measure that one), and a generation
     # request would not follow them either (pytest_kimi.load.request).
-    async with session.get(url, headers=headers, allow_redirects=False) as resp:
+    kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+    async with session.get(url, headers=headers, allow_redirects=False, **kwargs) as resp:
         if 300 <= resp.status < 400:
             location = resp.headers.get("Location")
             target = redact_url(urljoin(url, location))[:200] if location else "(no Location)"
@@ -101,16 +127,39 @@ async def _get_json(
                 "followed (the server there would be measured instead); point --endpoint at "
                 "the final URL"
             )
-        text = await resp.text(errors="replace")
         if resp.status != 200:
-            return resp.status, text[:200]
+            head = await read_body_capped(resp, ERROR_BODY_BYTES, truncate=True)
+            return resp.status, head.decode("utf-8", errors="replace")[:200]
         try:
-            return resp.status, json.loads(text)
-        except json.JSONDecodeError:
+            body = await read_body_capped(resp, DISCOVERY_MAX_BYTES)
+        except BodyTooLarge as exc:
             raise EndpointError(
-                f"{url} answered 200 but not JSON ({text[:80]!r}): is this an OpenAI-compatible "
-                "server (SGLang, vLLM)? check the port"
+                f"{url} answered 200 but {exc} (DISCOVERY_MAX_BYTES; a model list or server "
+                "info is a few kB): it was not read -- is something other than an "
+                "OpenAI-compatible server (SGLang, vLLM) answering there? check the port"
             ) from None
+    try:
+        return 200, loads_bounded(body)
+    except NotJSON as exc:
+        raise EndpointError(
+            f"{url} answered 200 but not JSON ({exc.reason}): is this an OpenAI-compatible "
+            "server (SGLang, vLLM)? check the port"
+        ) from None
+
+
+async def _optional_json(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+) -> dict[str, Any] | None:
+    """A server-info answer that is a JSON object, or None for anything else (a 404, an
+    error, a body past the cap, not JSON, no answer within :data:`INFO_TIMEOUT_S`): server
+    info is provenance, and a server without it is still measured."""
+    try:
+        status, body = await _get_json(
+            session, url, headers, aiohttp.ClientTimeout(total=INFO_TIMEOUT_S)
+        )
+    except (EndpointError, aiohttp.ClientError, asyncio.TimeoutError):
+        return None
+    return body if status == 200 and isinstance(body, dict) else None
 
 
 async def discover(
@@ -121,42 +170,40 @@ async def discover(
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            status, body = await _get_json(session, f"{base_url}/v1/models", headers)
+            try:
+                status, body = await _get_json(session, f"{base_url}/v1/models", headers)
+            except asyncio.TimeoutError:
+                raise EndpointError(
+                    f"{base_url} did not answer /v1/models within {timeout_s:g} s: is it still "
+                    "starting?"
+                ) from None
             if status == 401 or status == 403:
                 raise EndpointError(
                     f"{base_url}/v1/models answered {status}: the server wants an API key; pass "
                     "--api-key or set KIMI_API_KEY"
                 )
             if status != 200:
-                raise EndpointError(f"{base_url}/v1/models answered HTTP {status}: {body}")
+                raise EndpointError(
+                    f"{base_url}/v1/models answered HTTP {status}: {printable(body, 500)}"
+                )
             models = _model_ids(body, base_url)
             server_info: dict[str, Any] = {}
             # /server_info first: SGLang 0.5.23 keeps /get_server_info only as a deprecated
             # alias that logs a warning on every call (sglang/srt/entrypoints/http_server.py).
             for path in ("/server_info", "/get_server_info"):
-                try:
-                    st, info = await _get_json(session, base_url + path, headers)
-                except EndpointError:
-                    continue
-                if st == 200 and isinstance(info, dict):
+                info = await _optional_json(session, base_url + path, headers)
+                if info:
                     server_info = info
                     break
             if not server_info:
                 # vLLM reports no launch arguments outside its dev mode, but its version.
-                try:
-                    st, info = await _get_json(session, base_url + "/version", headers)
-                except EndpointError:
-                    st, info = 0, None
-                if st == 200 and isinstance(info, dict) and isinstance(info.get("version"), str):
+                info = await _optional_json(session, base_url + "/version", headers)
+                if info is not None and isinstance(info.get("version"), str):
                     server_info = {"version": info["version"]}
     except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
         raise EndpointError(
             f"cannot connect to {base_url} ({exc.__class__.__name__}: {exc.strerror or exc}): "
             "is the server up and listening on that host and port?"
-        ) from None
-    except asyncio.TimeoutError:
-        raise EndpointError(
-            f"{base_url} did not answer /v1/models within {timeout_s:g} s: is it still starting?"
         ) from None
     except aiohttp.ClientError as exc:
         raise EndpointError(f"{base_url}: {exc.__class__.__name__}: {exc}") from None

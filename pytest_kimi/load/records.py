@@ -66,6 +66,11 @@ class RequestRecord:
     """True when the server sent no ``usage`` and the token count is the number of events."""
     status: int = 0
     """HTTP status; 0 when no response arrived (connection refused, timeout before headers)."""
+    body_bytes: int = 0
+    """Bytes of the response body the client read (decompressed), read off the body's reader
+    once the stream ends, never per read: what a flood of events that carry no token costs the
+    client, against the token events it brought (:data:`~pytest_kimi.measure.metrics.
+    FLOOD_BYTES_PER_EVENT`)."""
     error: str | None = None
     """First error seen for this request (HTTP error body, error event, timeout, disconnect)."""
     finish_reason: str | None = None
@@ -80,7 +85,8 @@ class RequestRecord:
     ``first_token`` unless the stream opened with reasoning; None when no content came."""
     usage_error: str | None = None
     """Why the server's ``usage`` was not believed (its ``completion_tokens`` negative,
-    fractional, not a number, or below the token events streamed), naming the value; the
+    fractional, not a number, below the token events streamed, a running count that fell, or a
+    cut stream's above its ``max_tokens``), naming the value; the
     token count is then the events' (``tokens_approx``).  Not an error of the request (its
     stream was fine) but of the server's accounting, so it voids the trial instead
     (:func:`pytest_kimi.measure.metrics.summarize_trial`)."""

@@ -366,6 +366,9 @@ async def stream_request(
                 finally:
                     if watchdog is not None:
                         watchdog.cancel()
+                    # once a stream, also when the time box cancels it: the body's size
+                    # against its token events tells a flood (metrics.FLOOD_BYTES_PER_EVENT)
+                    rec.body_bytes = getattr(content, "total_bytes", 0)
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         where = "" if connected else f" (connecting to / waiting for headers from {target.url})"
         rec.error = f"stalled: no data for {_fmt_s(timeout_s)}s{where}"

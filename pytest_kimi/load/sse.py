@@ -59,7 +59,9 @@ Event semantics (shared with the JSON-decoding reference used in the tests):
   is kept as a list of parts and joined only when a read can complete it, so a huge line costs
   linear time.  A ``usage.completion_tokens`` that is no count (negative, fractional, a string,
   a bool) or below the token events streamed is not believed: the record counts its events and
-  says why in ``usage_error`` (the trial is invalid, :mod:`pytest_kimi.measure.metrics`).
+  says why in ``usage_error`` (the trial is invalid, :mod:`pytest_kimi.measure.metrics`).  So is
+  a running usage that falls from one read to a later one, which the trial checks once the
+  stream is over (:func:`pytest_kimi.measure.metrics.running_usage_fall`), never per read.
 * Events carrying several choices (``n > 1`` packed into one chunk) would break the counting;
   they are detected on the first event (always decoded) or any later decoded one, and the
   stream is decoded event by event from then on.  (vLLM/OpenAI send one choice per chunk even
@@ -148,6 +150,20 @@ def past_max_tokens_message(events: int, max_tokens: int) -> str:
 def usage_below_events_message(completion_tokens: int, events: int) -> str:
     return (
         f"usage.completion_tokens={completion_tokens} is below the {events} token events streamed"
+    )
+
+
+def usage_fell_message(before: int, after: int) -> str:
+    return (
+        f"usage.completion_tokens went down within the stream, from {before} to {after} (a "
+        "running count of the tokens so far never falls)"
+    )
+
+
+def usage_above_max_tokens_message(completion_tokens: int, max_tokens: int) -> str:
+    return (
+        f"usage.completion_tokens={completion_tokens} is above the request's "
+        f"max_tokens={max_tokens}"
     )
 
 

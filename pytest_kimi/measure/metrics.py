@@ -47,10 +47,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from pytest_kimi.load.runner import TrialRecords
+from pytest_kimi.load.runner import LAG_INTERVAL_S, TrialRecords
 from pytest_kimi.workload.markers import LevelSpec
 from pytest_kimi.load.records import UNKNOWN_USAGE, RequestRecord
-from pytest_kimi.load.sse import running_usage, usage_below_events_message
+from pytest_kimi.load.sse import (
+    running_usage,
+    usage_above_max_tokens_message,
+    usage_below_events_message,
+    usage_fell_message,
+)
 from pytest_kimi.measure.time_box import MAX_SETTLE_STEPS, SETTLE_MIN_S
 
 CLIENT_LAG_LIMIT_S = 0.02
@@ -86,8 +91,24 @@ that buffers (or compresses: gzip emits when its window fills or the body ends) 
 whole answer on at once, so every token seems to arrive together and no inter-token latency
 exists to measure (the tester's gzip proxy passed at 11,495 tok/s with no ITL)."""
 BUFFERED_SHARE = 0.5
-"""More than this share of a trial's finished requests buffered voids the trial: one request
-lumped by a hiccup of the machine is no pattern; most of them is the server's path."""
+"""More than this share of a trial's requests that streamed :data:`BUFFERED_MIN_EVENTS` token
+events or more (finished, or cut by the time box) buffered voids the trial: one request lumped
+by a hiccup of the machine is no pattern; most of them is the server's path.  Only those that
+could show it count: at C=1 a stationary trial has one finished stream and one the time box
+cut before its lump arrived, and that one is no evidence either way."""
+BUFFERED_STALL_MIN_S = LAG_INTERVAL_S
+"""A client stall shorter than this before a lumped read does not excuse it: the lag monitor
+sleeps this long at a time and wakes a millisecond or so late on an idle machine (the timer's
+resolution), so a lag below it is the monitor's own jitter, not a held-up loop.  The tester's
+gzip proxy answered a C=1 request in 0.7 ms, and the monitor's ordinary 0.5 ms passed for a
+stall of "half the request": the trial recorded 42709.9 tok/s."""
+FLOOD_BYTES_PER_EVENT = 16 * 1024
+"""Body bytes per token event above which the server floods the stream.  A token chunk is a
+few hundred bytes and a request's role, finish and usage chunks under two kilobytes in all, so
+an honest stream of one token event sends under 2 KB for it and a long one a few hundred bytes
+an event; 16 KB an event is a stream of events that carry no token (empty deltas, comments),
+which the client parses like tokens: its CPU then goes to the flood, and more load workers
+would not make the figure the server's."""
 
 
 @dataclass(slots=True)
@@ -123,6 +144,24 @@ class ClientSignals:
         values = np.frombuffer(self.lag_values, dtype=np.float64)
         inside = values[(times > start) & (times <= end)]
         return float(inside.max()) if inside.size else self.loop_lag_max_s
+
+    def stall_before(self, instant: float, slack_s: float = 0.01) -> float:
+        """How long the loop had been held up when it stamped ``instant``: of each stall that
+        covers it (:meth:`stall_at`), the part before the instant only.
+
+        A read that lands while the loop is held is stamped once it runs again; the work the
+        read itself brings (parsing a lump of events) holds the loop *after* the stamp, and
+        that part is the read's consequence, not what made it late.
+        """
+        if not self.lag_times:
+            return self.loop_lag_max_s
+        times = np.frombuffer(self.lag_times, dtype=np.float64)
+        values = np.frombuffer(self.lag_values, dtype=np.float64)
+        covering = (times - values - slack_s <= instant) & (instant <= times + slack_s)
+        if not covering.any():
+            return 0.0
+        ends, lags = times[covering], values[covering]
+        return float(np.clip(np.minimum(instant, ends) - (ends - lags), 0.0, None).max())
 
     def stall_at(self, instant: float, slack_s: float = 0.01) -> float:
         """The stall that covers ``instant`` (0 when the loop ran then).
@@ -271,7 +310,35 @@ def tokens_between(records: Iterable[RequestRecord], start: float, end: float) -
     return total
 
 
-def count_cut_tokens(records: Sequence[RequestRecord]) -> int:
+def running_usage_fall(rec: RequestRecord) -> str | None:
+    """Why the stream's running usage cannot be true, or None: a count of the tokens so far
+    (``continuous_usage_stats``) that goes *down* from one read to a later one.
+
+    No server's accounting falls, so such a stream's usage tells nothing, and a stream the
+    time box cuts is counted by its last running usage alone: counting down, a stream cut
+    early claimed most of its request (the tester's run recorded 296.2 tok/s against a true
+    ~185).  Checked after the trial, once a stream (numpy over its reads).
+    """
+    if len(rec.chunk_usage) < 2:
+        return None
+    told = np.frombuffer(rec.chunk_usage, dtype=np.uint32)
+    known = told[told != UNKNOWN_USAGE].astype(np.int64)
+    falls = np.flatnonzero(np.diff(known) < 0)
+    if not falls.size:
+        return None
+    i = int(falls[0])
+    return usage_fell_message(int(known[i]), int(known[i + 1]))
+
+
+def check_running_usage(records: Iterable[RequestRecord]) -> None:
+    """Refuse every stream's running usage that falls (:func:`running_usage_fall`), finished
+    or cut: ``usage_error`` says so, which voids the trial (:func:`usage_reasons`)."""
+    for rec in records:
+        if rec.usage_error is None:
+            rec.usage_error = running_usage_fall(rec)
+
+
+def count_cut_tokens(records: Sequence[RequestRecord], max_tokens: int = 0) -> int:
     """Give the streams a time box cut their token counts; returns how many were estimated.
 
     A cut stream never got its final ``usage``.  Trials ask for ``continuous_usage_stats``
@@ -279,7 +346,10 @@ def count_cut_tokens(records: Sequence[RequestRecord]) -> int:
     many tokens it had (:attr:`RequestRecord.chunk_usage`): exact.  A server that ignores the option
     leaves an estimate: the stream's events times the tokens per event of the trial's
     finished streams (events may carry several tokens, ``stream_interval``), counted and
-    reported by the caller.
+    reported by the caller.  A running usage that cannot be true is not believed (the
+    stream is estimated, and ``usage_error`` says why): one below the events streamed, one
+    above the request's ``max_tokens`` (its record's own, else ``max_tokens``; 0: unknown),
+    one that fell on the way (:func:`running_usage_fall`).
     """
     # a mean is what is meant here: a stream without running usage is given the events of
     # the finished ones' pattern, whose first and last events fall where they may
@@ -289,16 +359,24 @@ def count_cut_tokens(records: Sequence[RequestRecord]) -> int:
     for rec in records:
         if not rec.cut or not rec.chunk_events:
             continue
+        if rec.usage_error is None:
+            rec.usage_error = running_usage_fall(rec)
         told: int | None = None
         if rec.chunk_usage and rec.chunk_usage[-1] != UNKNOWN_USAGE:
             told = rec.chunk_usage[-1]  # the parser read it off the last read already
         else:
             told = running_usage(rec.last_read)
         rec.last_read = b""
-        if told is not None and told < rec.events:
+        limit = rec.max_tokens or max_tokens
+        if rec.usage_error is not None:
+            told = None  # a usage that fell (or was refused on the way) tells nothing
+        elif told is not None and told < rec.events:
             # fewer tokens than events streamed cannot be true (each event carries one or
             # more): not believed, and said (the trial is invalid), like a final usage's
             rec.usage_error = usage_below_events_message(told, rec.events)
+            told = None
+        elif told is not None and limit and told > limit:
+            rec.usage_error = usage_above_max_tokens_message(told, limit)
             told = None
         if told is not None:
             rec.completion_tokens = told
@@ -494,24 +572,196 @@ def completed_rate(
 def buffered_requests(
     records: Sequence[RequestRecord], client: ClientSignals
 ) -> list[RequestRecord]:
-    """The finished requests whose many token events arrived in one or two reads (see
-    :data:`BUFFERED_MAX_READS`).
+    """The requests, finished or cut by the time box, whose many token events arrived in one
+    or two reads (see :data:`BUFFERED_MAX_READS`).
 
-    A read that came right after the client's own event loop was held up (its stall covers the
-    first read, :meth:`ClientSignals.stall_at`) for half the request's time or more is the
-    client's doing, not the server's, and does not count.
+    A lump that came right after the client's own event loop had been held up (the part of a
+    stall before one of its reads, :meth:`ClientSignals.stall_before`) for half the request's
+    time or more is the client's doing, not the server's, and does not count; a hold-up under
+    :data:`BUFFERED_STALL_MIN_S` is the lag monitor's own jitter and excuses nothing.
     """
     out = []
     for r in records:
         reads = len(r.chunk_times)
-        if not r.ok or r.cut or reads == 0 or reads > BUFFERED_MAX_READS:
+        if not r.ok or reads == 0 or reads > BUFFERED_MAX_READS:
             continue
         if r.events < BUFFERED_MIN_EVENTS or r.first_token is None:
             continue
-        if client.stall_at(r.first_token) >= 0.5 * (r.first_token - r.sent):
+        held = max(client.stall_before(t) for t in r.chunk_times)
+        if held >= BUFFERED_STALL_MIN_S and held >= 0.5 * (r.chunk_times[-1] - r.sent):
             continue
         out.append(r)
     return out
+
+
+def buffered_reason(records: Sequence[RequestRecord], client: ClientSignals) -> str | None:
+    """The invalid reason of a trial whose streams were buffered, or None.
+
+    Of the successful requests that streamed :data:`BUFFERED_MIN_EVENTS` token events or more
+    (finished or cut: only those can show it), more than :data:`BUFFERED_SHARE` lumped.
+    """
+    could = [r for r in records if r.ok and r.events >= BUFFERED_MIN_EVENTS]
+    lumped = buffered_requests(could, client)
+    if not could or len(lumped) <= BUFFERED_SHARE * len(could):
+        return None
+    lo, hi = min(r.events for r in lumped), max(r.events for r in lumped)
+    return (
+        "buffered: inter-token latency cannot be measured; turn off compression or proxy "
+        f"buffering ({len(lumped)} of {len(could)} requests brought their "
+        f"{lo if lo == hi else f'{lo}-{hi}'} token events in at most {BUFFERED_MAX_READS} "
+        "reads)"
+    )
+
+
+def flood_reason(records: Sequence[RequestRecord]) -> str | None:
+    """The invalid reason of a trial whose server flooded its streams, or None: the successful
+    streams' bodies hold more than :data:`FLOOD_BYTES_PER_EVENT` bytes per token event."""
+    ok = [r for r in records if r.ok]
+    body = sum(r.body_bytes for r in ok)
+    events = sum(r.events for r in ok)
+    if body <= FLOOD_BYTES_PER_EVENT * max(events, 1):
+        return None
+    return (
+        f"event flood: the server sent {body / max(events, 1):,.0f} bytes of stream per token "
+        f"event ({body / 2**20:.1f} MB for {events} token events over {len(ok)} request(s)), "
+        "where a token chunk is a few hundred bytes: events that carry no token flooded the "
+        "streams, and the client's time went to parsing them; fix the server (or the proxy in "
+        "front of it)"
+    )
+
+
+def streams_per_process(tr: TrialRecords) -> int:
+    """The most streams one client process ran in the trial (a sharded client's busiest
+    share; else the trial's concurrency, or an open loop's peak in flight)."""
+    return max((sh.concurrency for sh in tr.shards), default=tr.concurrency)
+
+
+def one_stream_flood(records: Sequence[RequestRecord]) -> str:
+    """What a lone stream that saturated its client process delivered, for its reason."""
+    ok = [r for r in records if r.ok and r.chunk_times]
+    span = sum(max(r.chunk_times[-1] - r.sent, 1e-9) for r in ok)
+    events = sum(r.events for r in ok)
+    body = sum(r.body_bytes for r in ok)
+    if not span or not events:
+        return "the server flooded its stream faster than one client process parses it"
+    return (
+        f"the server flooded its stream faster than one client process parses it "
+        f"({events / span:,.0f} token events/s, {body / span / 2**20:.1f} MB/s on one stream)"
+    )
+
+
+STALLED_BODY_MIN_S = 1.0
+"""A stream the trial's wall-clock limit cut had stalled when no token had come for this long
+(and for many of its own gaps, :func:`stalled_streams`): a decode step is milliseconds to a
+few hundred of them."""
+STALLED_BODY_GAPS = 10.0
+
+
+def stalled_streams(
+    records: Sequence[RequestRecord], cut_at: float
+) -> tuple[list[float], list[float], list[float]]:
+    """Of the streams cut at ``cut_at`` (the wall-clock limit), how long each had waited: those
+    with no response headers yet (since their send), those with headers but no token (since
+    their send), and those with tokens but none since :data:`STALLED_BODY_MIN_S` and
+    :data:`STALLED_BODY_GAPS` of their own gaps (since their last token).  Streams still
+    streaming are in none."""
+    headers: list[float] = []
+    no_token: list[float] = []
+    silent: list[float] = []
+    for r in records:
+        if not r.cut:
+            continue
+        if r.status == 0:
+            headers.append(cut_at - r.sent)
+        elif not r.chunk_times:
+            no_token.append(cut_at - r.sent)
+        else:
+            times = np.frombuffer(r.chunk_times, dtype=np.float64)
+            gap = float(np.median(np.diff(times))) if times.size > 1 else 0.0
+            quiet = cut_at - float(times[-1])
+            if quiet >= max(STALLED_BODY_MIN_S, STALLED_BODY_GAPS * gap):
+                silent.append(quiet)
+    return headers, no_token, silent
+
+
+def stall_causes(records: Sequence[RequestRecord], cut_at: float) -> list[str]:
+    """What the streams a wall-clock limit cut were stuck on, each named (empty: they were
+    streaming): for the reasons of the trial (:func:`no_window_cause`, and the limit's own)."""
+    headers, no_token, silent = stalled_streams(records, cut_at)
+    out = []
+    if headers:
+        out.append(
+            f"the server was slow to answer headers: {len(headers)} request(s) had no response "
+            f"headers {min(headers):.1f} s or more after they were sent"
+        )
+    if no_token:
+        out.append(
+            f"the body stalled: {len(no_token)} stream(s) had their response headers but no "
+            f"token {min(no_token):.1f} s or more after they were sent"
+        )
+    if silent:
+        out.append(
+            f"the body stalled: {len(silent)} stream(s) had brought no token for "
+            f"{min(silent):.1f} s or more"
+        )
+    return out
+
+
+def no_window_cause(
+    ok: Sequence[RequestRecord],
+    tr: TrialRecords,
+    concurrency: int,
+    open_loop: bool,
+    settle_steps: int = MAX_SETTLE_STEPS,
+) -> str:
+    """Why a trial with successful requests has no steady-state window, as it happened.
+
+    Before, one sentence per protocol guessed: a stationary trial's was "the server runs fewer
+    than C at once", which a C=1 trial whose one stream stalled (or whose lumps filled the
+    token budget at once) printed too.
+    """
+    if open_loop:
+        return "the first request ended after the last arrival (give more requests per trial)"
+    started = {r.worker: r.first_token for r in ok if r.first_token is not None}
+    if tr.over_limit_s is not None and tr.cut_at is not None:
+        causes = stall_causes(ok, tr.cut_at)
+        return "the trial's wall-clock limit cut it before its streams made a window" + (
+            f": {'; '.join(causes)}" if causes else ""
+        )
+    if tr.cut_at is not None:
+        waiting = concurrency - len(started)
+        if waiting > 0 and concurrency > 1 and started:
+            return (
+                f"the trial was cut while {waiting} of {concurrency} streams had no token yet, "
+                "though the others were streaming: the server runs fewer than C at once (see "
+                "its max-running-requests)"
+            )
+        if waiting > 0:
+            return f"the trial was cut before any of its {concurrency} stream(s) had a token"
+        last = max(started.values())
+        settle = max(settle_steps * step_gap(ok), SETTLE_MIN_S)
+        return (
+            f"the token budget filled {tr.cut_at - last:.3f} s after the last stream's first "
+            f"token, before its settle period ({settle:.3f} s) was over: the tokens came "
+            "faster than the streams' steps (in lumps?)"
+        )
+    if concurrency == 1 or len(started) < 2:
+        return (
+            "each stream's tokens came at one instant, with no span between its first and "
+            "last token to time"
+        )
+    return (
+        "a worker finished before all had their first token; the server may run "
+        "fewer than C at once: give each stream several requests (requests_per_stream=4)"
+    )
+
+
+def slow_headers_message(waited_s: float) -> str:
+    return (
+        f"the server was slow to answer headers: no response headers {waited_s:.1f} s after "
+        "the request was sent, when the trial reached its wall-clock limit (it had not begun "
+        "its response)"
+    )
 
 
 def usage_reasons(records: Sequence[RequestRecord]) -> str | None:
@@ -542,14 +792,26 @@ def summarize_trial(
     ``settle_steps``: a stationary trial's, from its time box."""
     records = tr.records
     max_tokens = level.max_tokens
+    if tr.over_limit_s is not None and tr.cut_at is not None:
+        for r in records:
+            if r.cut and r.status == 0 and r.error is None and r.sent:
+                # no response at all: a request that failed, not one the limit interrupted
+                r.error = slow_headers_message(tr.cut_at - r.sent)
     empty = [r for r in records if is_empty_ok_response(r)]
-    failed = [r for r in records if not r.ok and not r.cut and not is_empty_ok_response(r)]
+    failed = [
+        r
+        for r in records
+        if not r.ok and (not r.cut or r.error is not None) and not is_empty_ok_response(r)
+    ]
     ok = [r for r in records if r.ok]
     invalid: list[str] = []
     open_loop = level.concurrency is None
     estimated = 0
+    check_running_usage(records)
     if tr.cut_at is not None:
-        estimated = count_cut_tokens(records)
+        estimated = count_cut_tokens(records, max_tokens)
+        # a refused running usage is said with the usage reasons, not as one that was missing
+        estimated -= sum(1 for r in records if r.cut and r.chunk_events and r.usage_error)
         window = stationary_window(ok, tr.cut_at, settle_steps)
     else:
         window = open_loop_window(ok) if open_loop else steady_window(ok)
@@ -559,15 +821,7 @@ def summarize_trial(
         if ok:
             invalid.append(
                 "no steady-state window: "
-                + (
-                    "the first request ended after the last arrival (give more requests per trial)"
-                    if open_loop
-                    else "the trial was cut before every stream had its first token: the "
-                    "server runs fewer than C at once (see its max-running-requests)"
-                    if tr.cut_at is not None
-                    else "a worker finished before all had their first token; the server may run "
-                    "fewer than C at once: give each stream several requests (requests_per_stream=4)"
-                )
+                + no_window_cause(ok, tr, level.concurrency or 1, open_loop, settle_steps)
             )
     else:
         window_s = window[1] - window[0]
@@ -606,13 +860,29 @@ def summarize_trial(
     transient: list[str] = []
     busy = client.cpu_share > CLIENT_BUSY_CPU
     late_sends = delay > CLIENT_LAG_LIMIT_S
+    flood = flood_reason(records)
+    if flood is not None:
+        invalid.append(flood)
     if client.cpu_share > CLIENT_CPU_LIMIT or (busy and (late_sends or lag > lag_limit)):
-        invalid.append(
-            f"load client saturated (event-loop lag p99 {lag * 1e3:.1f} ms vs limit "
-            f"{lag_limit * 1e3:.1f} ms, send delay p99 {delay * 1e3:.1f} ms, "
-            f"CPU {client.cpu_share:.0%} of a core): the figure would be the client's limit; "
-            "shard the client with --perf-workers"
+        figures = (
+            f"event-loop lag p99 {lag * 1e3:.1f} ms vs limit {lag_limit * 1e3:.1f} ms, send "
+            f"delay p99 {delay * 1e3:.1f} ms, CPU {client.cpu_share:.0%} of a core"
         )
+        if flood is not None:
+            # the flood is the cause, said above: more client processes would parse more of it
+            notes.append(f"note: the load client was saturated by the event flood ({figures})")
+        elif streams_per_process(tr) <= 1:
+            # one stream a process: more processes cannot split it
+            invalid.append(
+                f"load client saturated by one stream ({figures}): {one_stream_flood(ok)}, "
+                "faster than a model decodes; more --perf-workers cannot split one stream: "
+                "fix the server (or the proxy in front of it)"
+            )
+        else:
+            invalid.append(
+                f"load client saturated ({figures}): the figure would be the client's limit; "
+                "shard the client with --perf-workers"
+            )
     elif late_sends:
         # Sends late while the client was mostly idle: it waited for a CPU (descheduled), it
         # did not run out of one.  The server still had fewer requests than asked, so the
@@ -641,17 +911,15 @@ def summarize_trial(
             notes.append(
                 f"note: {text}; tok/s is off by at most {bound:.2%}, latencies by the stall"
             )
-    finished = [r for r in ok if not r.cut]
-    lumped = buffered_requests(finished, client)
+    # a client saturated by several streams a process reads each late, in lumps of its own
+    # making; one stream a process has nothing else to be late for
     saturated = any(msg.startswith("load client saturated") for msg in invalid)
-    if finished and len(lumped) > BUFFERED_SHARE * len(finished) and not saturated:
-        lo, hi = min(r.events for r in lumped), max(r.events for r in lumped)
-        invalid.append(
-            "buffered: inter-token latency cannot be measured; turn off compression or proxy "
-            f"buffering ({len(lumped)} of {len(finished)} requests brought their "
-            f"{lo if lo == hi else f'{lo}-{hi}'} token events in at most {BUFFERED_MAX_READS} "
-            "reads)"
-        )
+    crowded = saturated and streams_per_process(tr) > 1
+    buffered = None if crowded else buffered_reason(ok, client)
+    if buffered is not None:
+        # first: a lumped stream is why its window is short or missing, and the first reason
+        # is the one a refused baseline names
+        invalid.insert(0, buffered)
     errors: list[str] = []
     for r in failed:
         if r.error and r.error not in errors:

@@ -33,6 +33,7 @@ from pytest_kimi.workload.prompts import length_bounds
 from pytest_kimi.measure.metrics import (
     ClientSignals,
     TrialResult,
+    stall_causes,
     summarize_trial,
 )
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, judge_level, not_run_level
@@ -126,6 +127,12 @@ class Pace:
     def of(cls, tr: TrialRecords) -> Pace | None:
         ok = [r for r in tr.records if r.ok and not r.cut]
         rates = [rate for r in ok if (rate := r.decode_tok_s)]
+        if not rates:
+            # streams whose tokens came in one read (a buffering proxy) have no decode rate;
+            # their whole time a token prices a request no faster than it went, so the next
+            # trial's limit follows it instead of the request timeout (600 s by default)
+            rates = [r.completion_tokens / (r.end - r.sent) for r in ok if r.end > r.sent]
+            rates = [x for x in rates if x > 0]
         if not rates:
             return None
         prompts = [r.prompt_tokens for r in ok if r.prompt_tokens > 0]
@@ -487,7 +494,8 @@ class TrialLimit:
     expected_s: float
     """How long the trial should take, wall seconds."""
     source: str
-    """What says so: the level's trial before, the server's pace so far, the request timeout."""
+    """What says so: the level's fastest trial before, the server's pace so far, the request
+    timeout."""
     factor: float = TRIAL_LIMIT_FACTOR
     """1 where the expectation is the request timeout: a bound already, not an estimate."""
 
@@ -496,17 +504,25 @@ class TrialLimit:
         return self.factor * self.expected_s + TRIAL_LIMIT_SLACK_S
 
     def reason(self, tr: TrialRecords) -> str | None:
-        """Why a trial cut at this limit is void (None: it was not cut there)."""
+        """Why a trial cut at this limit is void (None: it was not cut there), with what its
+        streams were stuck on where the records show it (:func:`stall_causes`): no headers,
+        headers but no token, tokens that stopped; else the guess that fits what remains."""
         if tr.over_limit_s is None:
             return None
         cut = sum(1 for r in tr.records if r.cut)
         scaled = f"{self.factor:g}x " if self.factor != 1 else ""
+        causes = stall_causes(tr.records, tr.cut_at) if tr.cut_at is not None else []
+        why = (
+            "; ".join(causes)
+            if causes
+            else "its streams were still streaming: a stream that sends bytes but no tokens, "
+            "or a usage that never fills the stationary budget?"
+        )
         return (
             f"{OVER_LIMIT} of {tr.over_limit_s:.1f} s ({scaled}the {self.expected_s:.1f} s "
             f"expected from {self.source}, plus {TRIAL_LIMIT_SLACK_S:g} s): its {cut} "
             "stream(s) in flight were cut; the server did not finish the trial's work in time "
-            "(a stream that sends bytes but no tokens, or a usage that never fills the "
-            "stationary budget?)"
+            f"({why})"
         )
 
 
@@ -529,12 +545,14 @@ def box_min_s(box: TimeBox, min_window_s: float = 0.0) -> float:
 
 def trial_limit(spec: MeasureSpec, level: LevelSpec, previous_s: float | None = None) -> TrialLimit:
     """How long a trial of ``level`` should take (wall seconds), and so its limit: the level's
-    trial before when it had one; else its plan at the pace seen so far (stationary: the time
-    box's steps and the first tokens; whole requests: a stream's requests one after the other;
-    open loop: the arrivals and the last one's request); else the request timeout."""
+    fastest trial before when it had one (every trial of a level, the adaptive policy's
+    top-ups too, is held to the same bound); else its plan at the pace seen so far
+    (stationary: the time box's steps and the first tokens; whole requests: a stream's requests
+    one after the other; open loop: the arrivals and the last one's request); else the request
+    timeout."""
     w = spec.workload
     if previous_s is not None:
-        return TrialLimit(previous_s, "the level's trial before")
+        return TrialLimit(previous_s, "the level's fastest trial before")
     stationary = (
         level.concurrency is not None and w.protocol_for(level, spec.protocol) == STATIONARY
     )
@@ -586,8 +604,8 @@ async def run_trial(
     live: LiveTrial | None = None,
     previous_s: float | None = None,
 ) -> TrialResult:
-    """One trial of ``level``; ``previous_s``: the wall length of the level's trial before
-    (it sizes this one's wall-clock limit, :func:`trial_limit`)."""
+    """One trial of ``level``; ``previous_s``: the wall length of the level's fastest trial
+    before (it sizes this one's wall-clock limit, :func:`trial_limit`)."""
     w = spec.workload
     requests = w.requests_for(level)
     duration_s = w.duration_s / spec.clock if w.duration_s is not None else None
@@ -815,7 +833,10 @@ async def _measure_level(
         clock_pair = unix_offset()  # at the trial, for its window's start_unix
         for watcher in watchers:
             await watcher.after_trial(trial)
-        previous_s = trial.wall_s
+        # the level's fastest trial so far sizes the next one's limit: from the last trial
+        # alone, each trial could take up to 4x its predecessor unnoticed, and a top-up of
+        # the adaptive policy (ten trials and more) would let the limit grow without bound
+        previous_s = trial.wall_s if previous_s is None else min(previous_s, trial.wall_s)
         offset += trial.requests_ok + trial.requests_failed
         keep = not (_replaceable(trial) and len(replaced) < MAX_REPLACED_TRIALS)
         # every trial measured has a window record, a replaced one too (kept=False)

@@ -36,6 +36,7 @@ from pytest_kimi.plugin.hooks import (
     pytest_report_header,
     pytest_runtest_call,
     pytest_runtest_makereport,
+    pytest_sessionfinish,
     pytest_unconfigure,
 )
 from pytest_kimi.plugin.state import KIMI_OPTIONS, kimi_options
@@ -60,6 +61,7 @@ __all__ = [
     "pytest_report_header",
     "pytest_runtest_call",
     "pytest_runtest_makereport",
+    "pytest_sessionfinish",
     "pytest_unconfigure",
     "throughput_result",
 ]

@@ -127,6 +127,8 @@ def kimi_endpoint(
     afresh for each ``--perf-sessions`` session, with the spec's seed plus the session index)."""
     opts = kimi_options(pytestconfig)
     if opts.endpoint is None and kimi_server is None:
+        if opts.perf_require_measurement:
+            pytest.fail(f"{NO_ENDPOINT_REASON} (--perf-require-measurement)", pytrace=False)
         pytest.skip(NO_ENDPOINT_REASON)
     label = session_label(pytestconfig, kimi_perf_session)
     problem = None
@@ -212,6 +214,7 @@ def _kimi_measure(
         latency_tolerance=opts.perf_latency_tolerance,
         replace_corrupt=gate.update == "force",
         level_done=_requests_of(config, nodeid, name, kimi_perf_session),
+        allow_large=opts.perf_allow_large,
     )
     problem: str | None = None
     endpoint = request.getfixturevalue("kimi_endpoint")  # the lock is the endpoint's

@@ -20,6 +20,7 @@ from pytest_kimi.plugin.nodeids import baseline_id
 from pytest_kimi.plugin.options import add_options, options_from_config
 from pytest_kimi.plugin.ordering import SessionOrder
 from pytest_kimi.plugin.reporter import REPORTER_NAME, PerfReporter
+from pytest_kimi.plugin.rootdir import check_rootdir
 from pytest_kimi.plugin.state import (
     DEPLOYMENTS,
     GATE,
@@ -51,6 +52,7 @@ from pytest_kimi.run.plan import PERF_MARKERS, PlanError, plan_test
 from pytest_kimi.measure.results import session_id
 from pytest_kimi.run.setup import (
     NO_ENDPOINT_REASON,
+    NOTHING_MEASURED,
     SetupError,
     check_server_starts,
     load_deployments,
@@ -113,6 +115,8 @@ def pytest_configure(config: pytest.Config) -> None:
         # pytest configures plugins before it prints --help: a bad KIMI_* variable or ini
         # value must not take every project's help away (the next real run reports it)
         return
+    if not is_worker(config):  # before any path is taken from a rootdir pytest moved
+        check_rootdir(config)
     opts = config.stash[KIMI_OPTIONS] = options_from_config(config)
     register_secret(opts.api_key)
     for secret in url_secrets(opts.perf_history):  # a history URL's password
@@ -188,6 +192,26 @@ def _install_interrupts(config: pytest.Config) -> None:
         config.stash[INTERRUPTS] = interrupts
 
 
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> Generator[None, Any, Any]:
+    """``--perf-require-measurement``: a session that recorded no perf test (none selected,
+    none reached an endpoint) fails with one line instead of ending green or with pytest's
+    "no tests" code alone."""
+    result = yield
+    config = session.config
+    if (
+        not is_worker(config)
+        and kimi_options(config).perf_require_measurement
+        and not config.stash[STATE].tests
+        and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+    ):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(NOTHING_MEASURED, red=True)
+    return result
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     interrupts = config.stash.get(INTERRUPTS, None)
     if interrupts is not None:
@@ -258,8 +282,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.perf)
         if config.pluginmanager.hasplugin("xdist"):  # xdist registers the marker
             item.add_marker(pytest.mark.xdist_group(PERF_GROUP))
-        if endpoint is None:
+        if endpoint is None and not kimi_options(config).perf_require_measurement:
             item.add_marker(pytest.mark.skip(reason=NO_ENDPOINT_REASON))
+        # with --perf-require-measurement the endpoint fixture fails the test with the reason
     if problems:
         kind = "@capacity" if all(": @capacity " in p for p in problems) else "@throughput"
         raise pytest.UsageError(f"malformed {kind} marker:\n  " + "\n  ".join(problems))
@@ -272,7 +297,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         verdicts = item.config.stash[GATE].settings.failing_verdicts()
         failing = result.failing_levels(verdicts)
         capacity = capacity_failure(result.capacity, verdicts)  # a @capacity test's own verdict
-        shift = result.shift_failure()  # the levels as a whole, when none is significant alone
+        shift = result.shift_failure(verdicts)  # the levels as a whole, when none is significant alone
         if failing or capacity or shift:
             kinds = ", ".join(
                 dict.fromkeys(

@@ -4,6 +4,7 @@ xdist workers send), prints the summary, and hands the run to :func:`finish_run`
 from __future__ import annotations
 
 import signal
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,21 @@ from pytest_kimi.plugin.state import (
     kimi_options,
 )
 from pytest_kimi.report.record import TestRecord
-from pytest_kimi.report.terminal import format_session_noise, format_test
+from pytest_kimi.printable import printable
+from pytest_kimi.report.terminal import (
+    fit_lines,
+    format_session_noise,
+    format_test,
+    summary_width,
+)
 from pytest_kimi.run.finish import RunSummary, finish_run
-from pytest_kimi.scrub import scrub_text
+from pytest_kimi.scrub import scrub, scrub_text
 
 REPORTER_NAME = "kimi-perf-reporter"
+
+HEADER_LIMIT = 200
+"""Characters of the endpoint's URL and model id the summary's header shows: both come from
+the server or its operator, and a model id is a short name, never a page."""
 
 
 class PerfReporter:
@@ -45,54 +56,83 @@ class PerfReporter:
                 self.state.endpoint = endpoint
         self.state.tests.append(data)
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """A perf test's failure, as pytest prints it (the longrepr, the short summary's
+        line, captured output), made printable: its message quotes a server (a model id, an
+        HTTP error body from discovery) and pytest would print it raw."""
+        report = yield
+        if uses_kimi(item):
+            printable_longrepr(report)
+        return report
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = getattr(report, REPORT_ATTR, None)
         if data is not None:
             self.collect(data)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """The summary: every line scrubbed like the JSON (a model id's userinfo or
+        ``token=``), printable (a server's ESC, CR or BS is shown escaped, never acted on) and
+        within the terminal's width (:func:`~pytest_kimi.report.terminal.summary_width`)."""
         if not self.state.tests:
             return
+        width = summary_width(bool(getattr(terminalreporter, "isatty", False)))
+
+        def write(text: str, **markup: bool) -> None:
+            # a text of several lines (a baseline update lists its levels under its path)
+            # keeps them, each fitted; one that is not indented is, so that no line a server's
+            # text starts can pass for one of the summary's own
+            first, *rest = scrub_text(text).split("\n")
+            lines = [first, *(line if line.startswith(" ") else "  " + line for line in rest)]
+            for line in fit_lines(lines, width):
+                terminalreporter.write_line(line, **markup)
+
         terminalreporter.section("pytest-kimi throughput")
         if self.summary is not None and self.summary.interrupted is not None:
             # the headline, as in every report: a stopped run never reads as a finished one
-            terminalreporter.write_line(f"INTERRUPTED: {self.summary.interrupted}", red=True)
+            write(f"INTERRUPTED: {self.summary.interrupted}", red=True)
         if self.state.endpoint:
             ep = self.state.endpoint
-            terminalreporter.write_line(f"endpoint {ep['url']}  model {ep['model']}")
-        settings = self.config.stash[GATE].settings
-        terminalreporter.write_line(
-            scrub_text(
-                f"gate: tolerance {settings.tolerance * 100:g}%, alpha {settings.alpha:g}, "
-                f"session noise {settings.session_sigma:g} from {settings.sigma_source}"
+            url, model = (
+                printable(scrub_text(str(ep.get(k))), HEADER_LIMIT) for k in ("url", "model")
             )
+            write(f"endpoint {url}  model {model}")
+        settings = self.config.stash[GATE].settings
+        write(
+            f"gate: tolerance {settings.tolerance * 100:g}%, alpha {settings.alpha:g}, "
+            f"session noise {settings.session_sigma:g} from {settings.sigma_source}"
         )
         for test in self.state.tests:
-            for line in format_test(test):
-                terminalreporter.write_line(scrub_text(line))
+            # scrubbed whole before it is laid out: a secret wrapped over two lines would
+            # escape a scrub of each line
+            for line in format_test(scrub(test), width):
+                write(line)
         summary = self.summary
         if summary is None:
             return
         if summary.session_noise is not None:
             terminalreporter.section("pytest-kimi session noise")
-            for line in format_session_noise(summary.session_noise):
-                terminalreporter.write_line(scrub_text(line))
+            for line in format_session_noise(scrub(summary.session_noise), width):
+                write(line)
         if summary.updates or summary.refused:
             terminalreporter.section("pytest-kimi baselines")
             for text in summary.updates:
-                terminalreporter.write_line(text)
+                write(text)
             for text in summary.refused:
-                terminalreporter.write_line(text, red=True)
+                write(text, red=True)
             if summary.updates:
-                terminalreporter.write_line(
+                write(
                     "Review the YAML diff and commit it in a pull request: its approval is the "
                     "approval of the new baseline."
                 )
         for text in summary.problems:
-            terminalreporter.write_line(text, red=True)
+            write(text, red=True)
         if summary.history is not None:
             text, failed = summary.history
-            terminalreporter.write_line(text, yellow=failed)
+            write(text, yellow=failed)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -101,6 +141,11 @@ class PerfReporter:
         baselines, the history row and the reports would never be written."""
         if is_worker(self.config):
             return  # the controller writes, from the reports the workers sent
+        interrupts = self.config.stash.get(INTERRUPTS, None)
+        if interrupts is not None:
+            # the tests are over: a signal from now on must not cut the reports, a server's
+            # graceful stop or the summary short (a traceback, rc 130 under a PASSED report)
+            interrupts.finishing()
         try:
             names = [d.name for d in self.config.stash[DEPLOYMENTS]]
             interrupted = interruption(self.config, session, self.state.tests)
@@ -121,6 +166,70 @@ class PerfReporter:
         failed = self.summary.refused or self.summary.problems
         if failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if interrupts is not None:
+            interrupts.settle(int(session.exitstatus))
+
+
+KIMI_FIXTURES = frozenset({"throughput_result", "capacity_result"})
+"""The plugin's fixtures not named ``kimi_*``."""
+
+
+def uses_kimi(item: pytest.Item) -> bool:
+    """Whether ``item`` is a perf test or uses one of the plugin's fixtures (whose failures
+    may quote what a server sent)."""
+    if item.get_closest_marker("throughput") or item.get_closest_marker("capacity"):
+        return True
+    names = getattr(item, "fixturenames", ())
+    return any(name.startswith("kimi_") or name in KIMI_FIXTURES for name in names)
+
+
+def printable_longrepr(report: pytest.TestReport) -> None:
+    """Every text of ``report``'s failure made printable in place (newlines kept): the
+    message and its first line the short summary shows, each traceback line, the captured
+    sections.  pytest's representation classes are walked by their attributes; one this does
+    not know is replaced by its printable text (its colours lost, never its words)."""
+    longrepr = report.longrepr
+    if longrepr is None:
+        return
+    if isinstance(longrepr, str):
+        report.longrepr = printable(longrepr, None, lines=True)
+        return
+    if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
+        report.longrepr = (*longrepr[:-1], printable(longrepr[-1], None, lines=True))
+        return
+    try:
+        _printable_repr(longrepr)
+    except (AttributeError, TypeError, ValueError):
+        report.longrepr = printable(str(longrepr), None, lines=True)
+
+
+def _printable_repr(longrepr: Any) -> None:
+    """:func:`printable_longrepr` for pytest's ``ExceptionChainRepr`` / ``ReprExceptionInfo``
+    (or anything with their attributes)."""
+
+    def clean(text: Any) -> Any:
+        return printable(text, None, lines=True) if isinstance(text, str) else text
+
+    chain = getattr(longrepr, "chain", None) or [(longrepr.reprtraceback, longrepr.reprcrash, None)]
+    for traceback, crash, _ in chain:
+        if crash is not None:
+            crash.message = clean(crash.message)
+        for entry in getattr(traceback, "reprentries", None) or []:
+            entry.lines = [clean(line) for line in entry.lines]
+            location = getattr(entry, "reprfileloc", None)
+            if location is not None:
+                location.message = clean(location.message)
+            local_vars = getattr(entry, "reprlocals", None)
+            if local_vars is not None:
+                local_vars.lines = [clean(line) for line in local_vars.lines]
+            args = getattr(entry, "reprfuncargs", None)
+            if args is not None:
+                args.args = [(name, clean(value)) for name, value in args.args]
+        if isinstance(getattr(traceback, "extraline", None), str):
+            traceback.extraline = clean(traceback.extraline)
+    longrepr.sections = [
+        (clean(title), clean(content), sep) for title, content, sep in longrepr.sections
+    ]
 
 
 def interruption(

@@ -2,7 +2,8 @@
 
 A fixture's setup is captured (fd capture would swallow a server's launch progress or a
 measurement's live lines), so each write suspends capture around it, as pytest's live logging
-does.  Every text is scrubbed of secrets before it is shown.
+does.  Every text is scrubbed of secrets and made printable (a server's string quoted in a
+notice cannot move the cursor or forge a line) before it is shown, one line per line it meant.
 """
 
 from __future__ import annotations
@@ -13,8 +14,18 @@ from typing import Any
 
 import pytest
 
+from pytest_kimi.printable import printable
 from pytest_kimi.report.progress import ProgressPrinter
 from pytest_kimi.scrub import scrub_text
+
+
+def shown(text: str) -> str:
+    """``text`` as the terminal gets it: scrubbed, every control character but the newline
+    escaped (a CR, an ESC or a BS never acts), and the lines after its first indented, so that
+    a server's text in a notice (a log line) can never start a line of its own that reads as
+    the plugin's, such as ``[kimi] C=1: 99999.0 tok/s``."""
+    first, *rest = printable(scrub_text(text), None, lines=True).replace("\t", "    ").split("\n")
+    return "\n".join([first, *("  " + line for line in rest)])
 
 
 def _uncaptured(config: pytest.Config, write: Callable[[Any], None]) -> bool:
@@ -32,7 +43,7 @@ def say(config: pytest.Config, text: str, **markup: bool) -> bool:
 
     def write(reporter: Any) -> None:
         reporter.ensure_newline()
-        reporter.write_line(scrub_text(text), **markup)
+        reporter.write_line(shown(text), **markup)
 
     return _uncaptured(config, write)
 
@@ -47,7 +58,7 @@ def progress_printer(config: pytest.Config, label: str) -> ProgressPrinter | Non
         say(config, text)
 
     def rewrite(text: str) -> None:
-        _uncaptured(config, lambda r: r.rewrite(scrub_text(text), erase=True))
+        _uncaptured(config, lambda r: r.rewrite(printable(scrub_text(text), None), erase=True))
 
     line(f"[kimi] measuring {label}")
     return ProgressPrinter(line, rewrite if reporter.isatty else None, prefix="[kimi] ")

@@ -9,6 +9,13 @@ GitHub renders Markdown tables and also raw HTML, which is why every cell goes t
 :func:`cell` (a ``|`` would split the row; a ``<`` could open a tag and swallow text such as
 ``<absent>``), and why the failing verdicts are marked with bold capitals instead of colour or
 emoji: the marker survives plain-text logs, e-mail notifications and screen readers.
+
+Every string a server supplied (a model id, an HTTP error body quoted in a reason) reaches this
+file's helpers, so each of them also makes its text printable
+(:func:`~pytest_kimi.printable.printable`: control characters escaped, length capped), and
+:func:`render_markdown` sweeps its whole document once more: a raw ESC in ``--perf-markdown``
+or a step summary would act on whoever prints the file with ``cat``, and no renderer's path
+may bypass it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from pytest_kimi.printable import printable
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.report.capacity_cells import capacity_markdown
 from pytest_kimi.report.latency_cells import latency_markdown
@@ -48,9 +56,9 @@ MAX_ERRORS_SHOWN = 5
 a few, the JSON report keeps them all."""
 
 LEGEND = (
-    "Verdicts that fail a run: **FAIL**, **INVALID**, **ERROR**, **REGRESSION**; "
-    "also *no-baseline* with `--perf-require-baseline`, and *inconclusive* / *underpowered* "
-    "with `--perf-strict`. Change is current vs baseline median with its 90% confidence "
+    "Verdicts that fail a run: **FAIL**, **INVALID**, **ERROR**, **REGRESSION**, "
+    "**INCONCLUSIVE** (an estimate beyond the tolerance); also *no-baseline* with "
+    "`--perf-require-baseline`, and *underpowered* with `--perf-strict`. Change is current vs baseline median with its 90% confidence "
     "interval; p is the Holm-adjusted p-value of the regression test."
 )
 
@@ -58,24 +66,38 @@ LEGEND = (
 # ------------------------------------------------------------------------------------ escaping
 
 
+CELL_LIMIT = 500
+"""Characters of one table cell or code span kept: any figure, label or model id fits."""
+
+TEXT_LIMIT = 2000
+"""Characters of one paragraph or list item kept: a reason fits, a server's error page not."""
+
+ERROR_LIMIT = 5000
+"""Characters of a test's error block kept (its lines kept too)."""
+
+
 def cell(text: str) -> str:
-    """One Markdown table cell: pipes escaped, no line breaks, no HTML tags."""
-    return (
+    """One Markdown table cell: pipes escaped, no line breaks, no HTML tags, printable."""
+    return printable(
         text.replace("\\", "\\\\")
         .replace("|", "\\|")
         .replace("<", "&lt;")
         .replace("\r", " ")
-        .replace("\n", " ")
+        .replace("\n", " "),
+        CELL_LIMIT,
     )
 
 
 def text(value: str) -> str:
-    """Free Markdown text (list items, paragraphs): only ``<`` can do harm there."""
-    return value.replace("<", "&lt;").replace("\r", " ").replace("\n", " ")
+    """Free Markdown text (list items, paragraphs): only ``<`` can do harm there, and the
+    control characters (escaped, as everywhere)."""
+    return printable(value.replace("<", "&lt;").replace("\r", " ").replace("\n", " "), TEXT_LIMIT)
 
 
 def code(value: str) -> str:
-    """An inline code span that survives backticks inside ``value`` (CommonMark rule)."""
+    """An inline code span that survives backticks inside ``value`` (CommonMark rule);
+    printable."""
+    value = printable(value, CELL_LIMIT)
     fence = "`"
     while fence in value:
         fence += "`"
@@ -320,7 +342,7 @@ def render_markdown(
             "",
             "Levels: "
             + ", ".join(
-                f"{n} {marker(v, failing)}"
+                f"{n} {text(marker(v, failing))}"
                 for v, n in sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0]))
             ),
         ]
@@ -332,12 +354,14 @@ def render_markdown(
     if isinstance(noise, Mapping):
         out += ["", *render_session_noise(noise)]
     out += ["", "---", "", LEGEND, ""]
-    return "\n".join(out)
+    # the last guard: whatever a helper above missed, no control character but the newline
+    # and the tab reaches the file
+    return printable("\n".join(out), None, lines=True)
 
 
 def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
     outcome = str(test.get("outcome", "?"))
-    shown = f"**{outcome.upper()}**" if outcome in ("failed", "error") else outcome
+    shown = f"**{outcome.upper()}**" if outcome in ("failed", "error") else text(outcome)
     where = f" on {code(str(test['profile']))}" if test.get("profile") else ""
     where += text(session_text(test))
     lines = [f"### {code(str(test.get('nodeid', '?')))}{where} {shown}"]
@@ -375,24 +399,26 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
     lines += latency_markdown(test, cell, text)  # TTFT/ITL vs target and baseline
     lines += peer_markdown(test, cell, text)  # the figures vLLM/GuideLLM report
     if test.get("error"):
-        lines += ["", "```text", str(test["error"]).replace("```", "'''"), "```"]
+        error = printable(str(test["error"]), ERROR_LIMIT, lines=True)
+        lines += ["", "```text", error.replace("```", "'''"), "```"]
     notes: list[str] = []
     for lv in levels:
+        label = text(level_label(lv, test))  # a deployment's name is in it
+        verdict = text(marker(str(lv.get("verdict", "?")), failing))
         for reason in lv.get("reasons") or []:
-            notes.append(
-                f"- {level_label(lv, test)} {marker(str(lv.get('verdict', '?')), failing)}: {text(str(reason))}"
-            )
+            notes.append(f"- {label} {verdict}: {text(str(reason))}")
         errors = list(lv.get("errors") or [])
         for error in errors[:MAX_ERRORS_SHOWN]:
-            notes.append(f"- {level_label(lv, test)} error: {text(str(error))}")
+            notes.append(f"- {label} error: {text(str(error))}")
         if len(errors) > MAX_ERRORS_SHOWN:
             notes.append(
-                f"- {level_label(lv, test)}: {len(errors) - MAX_ERRORS_SHOWN} more errors in the JSON report"
+                f"- {label}: {len(errors) - MAX_ERRORS_SHOWN} more errors in the JSON report"
             )
     shift = test.get("shift")
     if isinstance(shift, Mapping) and shift.get("text"):
         notes.append(
-            f"- all levels {marker(str(shift.get('verdict', '?')), failing)}: {text(str(shift['text']))}"
+            f"- all levels {text(marker(str(shift.get('verdict', '?')), failing))}: "
+            f"{text(str(shift['text']))}"
         )
     notes += [f"- {text(line)}" for line in shape_lines(levels)]
     notes += [f"- {text(line)}" for line in dataset_lines(test)]

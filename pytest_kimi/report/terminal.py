@@ -1,13 +1,30 @@
-"""The per-level table: in the terminal summary and in a failed test's message."""
+"""The per-level table: in the terminal summary and in a failed test's message.
+
+Two guards hold for every line :func:`format_test` and :func:`format_session_noise` return,
+whatever the report dict holds:
+
+* **printable**: each line goes through :func:`~pytest_kimi.printable.printable`, so a model id,
+  an HTTP error body or a reason quoting either cannot clear the screen, set the window title or
+  overwrite a line with a CR (a hostile server forged ``[kimi] C=1: 99999.0 tok/s`` that way);
+* **within the width**: a CI log that wraps a 150-column table turns it into noise, so a table
+  that does not fit first loses its columns that say nothing (all ``-``), then is stacked in
+  blocks (the level's label repeated, the gate's columns in the first), and any other line
+  longer than the width is wrapped at its spaces, continued under its own indent.  The width is
+  :func:`summary_width`: ``COLUMNS``, else the terminal's, else (a CI log) 100.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+import textwrap
 from typing import Any, Callable, Mapping, Sequence
 
 from pytest_kimi.crosscheck.contamination import NOTE_STARTS as CONTAMINATION_NOTES
+from pytest_kimi.printable import DEFAULT_LIMIT, printable
 from pytest_kimi.report.capacity_cells import capacity_lines
 from pytest_kimi.report.latency_cells import latency_lines
-from pytest_kimi.report.peer_cells import peer_lines
+from pytest_kimi.report.peer_cells import MIN_WIDTH, peer_lines, terminal_width
 
 from pytest_kimi.report.workload_cells import RATES_HEADER, has_rates, rates_cell, shape_lines
 from pytest_kimi.report.dataset_cells import (
@@ -183,23 +200,170 @@ def columns_for(levels: Sequence[dict[str, Any]]) -> list[Column]:
     return [*columns[:at], *SERVER_COLUMNS, *columns[at:]]
 
 
+NON_TTY_WIDTH = 100
+"""The summary's width where neither ``COLUMNS`` nor a terminal says one: a CI log's viewer
+shows this much without wrapping (pytest's own separators assume 80 there)."""
+
+LINE_LIMIT = 4 * DEFAULT_LIMIT
+"""Characters of one summary line kept (escapes counted): a refusal naming every level's
+reason fits, a server's error page quoted whole is cut rather than wrapped over screenfuls."""
+
+CELL_LIMIT = 60
+"""Characters of one table cell kept: a label or a server's string cannot widen the table
+past any terminal."""
+
+CONTINUATION = "    "
+"""What a wrapped line's continuations are indented by, beyond the line's own indent."""
+
+ALWAYS_SHOWN = ("level", "tok/s", "verdict")
+"""Columns kept even when every cell is ``-``: what a level is, measured, and judged."""
+
+COLUMN_RANK: dict[str, int] = {
+    name: rank
+    for rank, name in enumerate(
+        [
+            "level",
+            "tok/s",
+            "verdict",
+            "server tok/s",
+            "server tokens",
+            RATES_HEADER,
+            "target",
+            "baseline",
+            "change (90% CI)",
+            "p",
+            "ok/failed",
+            "TTFT p50/p95 s",
+            "ITL p50 ms",
+            "req tok/s p50",
+            "prompt tok",
+            CACHE_HEADER,
+            "reason/content tok",
+            "TTFC p50/p95 s",
+            "trials",
+            "server s",
+        ]
+    )
+}
+"""Which columns go into a table's first block when it must be stacked: the gate's (the figure,
+its verdict, the server's own count of it where asked for, an open loop's offered and completed
+rates, what it was judged against) before the latencies and the details."""
+
+
+def summary_width(isatty: bool | None = None) -> int:
+    """The width the terminal summary keeps to: ``COLUMNS`` (as pytest reads it: under
+    :data:`~pytest_kimi.report.peer_cells.MIN_WIDTH` is a broken report, 80), else the
+    terminal's when there is one (``isatty``: default, whether stdout is one), else
+    :data:`NON_TTY_WIDTH`."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit():
+        return int(columns) if int(columns) >= MIN_WIDTH else 80
+    if sys.stdout.isatty() if isatty is None else isatty:
+        return terminal_width()
+    return NON_TTY_WIDTH
+
+
+def fit_line(line: str, width: int) -> list[str]:
+    """``line`` as lines of at most ``width`` columns: wrapped at spaces (a word longer than
+    the width, such as a path, is split), continuations indented :data:`CONTINUATION` beyond
+    the line's own indent.  A shell command to copy (a line whose text starts with ``$ ``, such
+    as the ``git add`` an update prints) is left whole: wrapped, its paste would run half of it
+    or break its quoting."""
+    if len(line) <= width or line.lstrip(" ").startswith("$ "):
+        return [line]
+    body = line.lstrip(" ")
+    indent = line[: len(line) - len(body)]
+    if len(indent) + len(CONTINUATION) >= width // 2:
+        indent = ""  # a deep indent would leave no room for the text
+    return textwrap.wrap(
+        body,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent + CONTINUATION,
+        break_on_hyphens=False,
+        drop_whitespace=True,
+    ) or [line[:width]]
+
+
+def fit_lines(lines: Sequence[str], width: int) -> list[str]:
+    """Every line made printable (:func:`~pytest_kimi.printable.printable`) and fitted to
+    ``width`` (:func:`fit_line`): the last step before a line reaches the terminal."""
+    return [part for line in lines for part in fit_line(printable(line, LINE_LIMIT), width)]
+
+
+def _span(widths: Sequence[int]) -> int:
+    return sum(widths) + 2 * (len(widths) - 1)
+
+
+COLUMN_GROUPS: dict[str, str] = {
+    "reason/content tok": "TTFT p50/p95 s",
+    "TTFC p50/p95 s": "TTFT p50/p95 s",
+    "server tokens": "server tok/s",
+}
+"""Columns read together, kept in one block when a table is stacked: the wait for the answer
+beside the wait for any token, the server's token count beside its rate."""
+
+
+def _blocks(header: list[str], cells: list[list[str]], width: int) -> list[list[int]]:
+    """The column indexes of each block of a table within ``width``: all of them when they
+    fit; else without the all-``-`` columns; else stacked, the label in every block, the
+    others packed by :data:`COLUMN_RANK` with their :data:`COLUMN_GROUPS` (each block in the
+    table's own order; a group wider than ``width`` alone still gets a block)."""
+    widths = [max(len(h), *(len(c) for c in col)) for h, col in zip(header, cells)]
+    every = list(range(len(header)))
+    if _span(widths) <= width:
+        return [every]
+    kept = [
+        i for i in every if i == 0 or header[i] in ALWAYS_SHOWN or any(c != "-" for c in cells[i])
+    ]
+    if _span([widths[i] for i in kept]) <= width:
+        return [kept]
+    groups: dict[str, list[int]] = {}
+    for i in kept[1:]:
+        groups.setdefault(COLUMN_GROUPS.get(header[i], header[i]), []).append(i)
+    rest = sorted(
+        groups.values(), key=lambda g: (COLUMN_RANK.get(header[g[0]], len(COLUMN_RANK)), g[0])
+    )
+    blocks: list[list[int]] = []
+    while rest:
+        block = [0]
+        for group in rest:
+            if len(block) == 1 or _span([widths[j] for j in (*block, *group)]) <= width:
+                block += group
+        rest = [g for g in rest if g[0] not in block]
+        blocks.append(sorted(block))
+    return blocks
+
+
 def format_table(
-    levels: Sequence[dict[str, Any]], columns: Sequence[Column] | None = None
+    levels: Sequence[dict[str, Any]],
+    columns: Sequence[Column] | None = None,
+    width: int | None = None,
 ) -> list[str]:
-    """Aligned rows, numbers right-aligned, then one line per reason of a non-passing level."""
+    """Aligned rows, numbers right-aligned, then one line per reason of a non-passing level.
+
+    ``width``: the columns the lines may take (None: no limit): a table wider is narrowed and
+    then stacked in blocks (:func:`_blocks`), and the reasons are wrapped.  Every cell is made
+    printable, so a label or a server's string cannot move the columns or the cursor."""
     columns = columns_for(levels) if columns is None else columns
     header = [name for name, _ in columns]
-    rows = [[fn(lv) for _, fn in columns] for lv in levels]
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    cells = [[printable(fn(lv), CELL_LIMIT) for lv in levels] for _, fn in columns]
+    blocks = (
+        [list(range(len(header)))] if width is None or not header else _blocks(header, cells, width)
+    )
+    lines: list[str] = []
+    for block in blocks:
+        widths = [max(len(header[i]), *(len(c) for c in cells[i])) for i in block]
+        lines.append("  ".join(header[i].rjust(w) for i, w in zip(block, widths)))
+        lines += [
+            "  ".join(cells[i][row].rjust(w) for i, w in zip(block, widths))
+            for row in range(len(levels))
+        ]
     for lv in levels:
+        label = lv.get("label") or f"C={lv['concurrency']}"
         for reason in lv.get("reasons", []):
-            lines.append(
-                f"  {lv.get('label') or 'C=' + str(lv['concurrency'])} {lv.get('verdict')}: {reason}"
-            )
+            line = f"  {label} {lv.get('verdict')}: {reason}"
+            lines += [printable(line, LINE_LIMIT)] if width is None else fit_lines([line], width)
     return lines
 
 
@@ -237,8 +401,9 @@ def session_text(test: Mapping[str, Any]) -> str:
 
 
 def format_test(test: dict[str, Any], width: int | None = None) -> list[str]:
-    """A test's lines in the terminal summary (and a failed test's message); ``width``: the
-    terminal's (default: as pytest takes it), which the peer figures' table keeps to."""
+    """A test's lines in the terminal summary (and a failed test's message), every one
+    printable and at most ``width`` columns (default: :func:`summary_width`)."""
+    width = summary_width() if width is None else width
     w = test.get("workload", {})
     where = (f" on {test['profile']}" if test.get("profile") else "") + session_text(test)
     title = (
@@ -246,7 +411,7 @@ def format_test(test: dict[str, Any], width: int | None = None) -> list[str]:
         f"{_lengths(test.get('levels', []))} api={w.get('api')}"
     )
     if test.get("levels"):
-        lines = [title, *("  " + line for line in format_table(test["levels"]))]
+        lines = [title, *("  " + line for line in format_table(test["levels"], width=width - 2))]
     else:
         lines = [title, "  no levels measured"]
     lines += ["  " + line for line in capacity_lines(test)]  # a @capacity test's search
@@ -256,7 +421,11 @@ def format_test(test: dict[str, Any], width: int | None = None) -> list[str]:
     if isinstance(shift, Mapping) and shift.get("text"):
         lines.append("  " + str(shift["text"]))
     if test.get("error"):
-        lines += ["  " + line for line in str(test["error"]).splitlines()[:10]]
+        # split at newlines only: a CR (or any other break splitlines knows) the error's
+        # server text carries is escaped on its line, never a line of its own; the lines after
+        # the first indented under it, so none can pass for a line of the summary's own
+        first, *rest = str(test["error"]).split("\n")[:10]
+        lines += ["  " + first, *("    " + line for line in rest)]
     price = price_text(test)
     if price:
         lines.append("  " + price)
@@ -268,7 +437,7 @@ def format_test(test: dict[str, Any], width: int | None = None) -> list[str]:
     if changes:
         against = f"vs {test['compared_with']}" if test.get("compared_with") else "since baseline"
         lines.append(f"  changed {against}: " + "; ".join(changes))
-    return lines
+    return fit_lines(lines, width)
 
 
 def _estimate_text(estimate: Mapping[str, Any]) -> str:
@@ -286,9 +455,10 @@ def _server_text(server: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def format_session_noise(section: Mapping[str, Any]) -> list[str]:
+def format_session_noise(section: Mapping[str, Any], width: int | None = None) -> list[str]:
     """``--perf-sessions``: the session noise per level and deployment, pooled, and the
-    ``--perf-session-sigma`` it recommends (the ``session_noise`` section of the JSON)."""
+    ``--perf-session-sigma`` it recommends (the ``session_noise`` section of the JSON); every
+    line printable and at most ``width`` columns (default: :func:`summary_width`)."""
     confidence = section.get("confidence", 0.9)
     lines = [
         "session_sigma: sd of log(tok/s) between two fresh server starts (what "
@@ -324,4 +494,4 @@ def format_session_noise(section: Mapping[str, Any]) -> list[str]:
     if advice is not None:
         lines.append(f"recommended: {advice['text']}")
     lines += [f"  note: {note}" for note in section.get("notes") or []]
-    return lines
+    return fit_lines(lines, summary_width() if width is None else width)

@@ -138,6 +138,8 @@ class Conditions:
     update at the end can replace it (without force it fails the test before any load)."""
     level_done: Callable[[LevelResult], None] | None = None
     """Called with each level once it is final (``--perf-requests``: ``MeasureSpec.level_done``)."""
+    allow_large: bool = False
+    """``--perf-allow-large``: lifts the size bounds on dataset and prompts files."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +299,7 @@ def prepare(
             trials=conditions.trials,
             sizer=measurer.prompt_sizer,
             protocol=conditions.protocol,
+            allow_large=conditions.allow_large,
         )
         if comparison.is_candidate:
             baseline = (comparison.references or {}).get(nodeid)

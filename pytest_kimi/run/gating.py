@@ -30,6 +30,8 @@ class GateContext:
     profile_explicit: bool
     update: str | None
     """None, 'yes' or 'force' (--update-baselines)."""
+    allow_large: bool = False
+    """--perf-allow-large: lifts the size bound on a baseline file read (never its type checks)."""
 
     @classmethod
     def from_options(cls, opts: KimiOptions) -> GateContext:
@@ -38,7 +40,10 @@ class GateContext:
         profile = opts.default_profile()
         choice = choose_session_sigma(opts, profile, opts.baseline_dir)
         settings = replace(
-            opts.gate_settings(), session_sigma=choice.sigma, sigma_source=choice.source
+            opts.gate_settings(),
+            session_sigma=choice.sigma,
+            sigma_source=choice.source,
+            sigma_vouched=choice.vouched,
         )
         return cls(
             settings,
@@ -46,6 +51,7 @@ class GateContext:
             profile,
             opts.baseline_profile is not None,
             opts.update_baselines,
+            allow_large=opts.perf_allow_large,
         )
 
     def report_fields(self) -> dict[str, object]:
@@ -56,6 +62,7 @@ class GateContext:
             "alpha": s.alpha,
             "session_sigma": s.session_sigma,
             "session_sigma_source": s.sigma_source,
+            "session_sigma_measured": s.sigma_vouched,
             "detectable_drop": s.detectable_drop,
             "max_trials": s.max_trials,
             "strict": s.strict,
@@ -64,7 +71,7 @@ class GateContext:
     def store(self, deployment: str | None = None) -> BaselineStore:
         """The baseline store of a deployment (by its name), or of the session's profile."""
         name = deployment if deployment is not None and not self.profile_explicit else self.profile
-        return BaselineStore(self.root, name)
+        return BaselineStore(self.root, name, allow_large=self.allow_large)
 
 
 def _unreachable(floor: float, detectable: str, settings: str, fix: str) -> str:

@@ -122,6 +122,7 @@ def build_spec(
     sizer: PromptSizer | None = None,
     unique_prompts: bool = True,
     protocol: str = DEFAULT_PROTOCOL,
+    allow_large: bool = False,
 ) -> MeasureSpec:
     """Resolve prompts and pre-encode bodies: all the work that must not happen under the clock.
 
@@ -148,7 +149,7 @@ def build_spec(
             lengths=lengths,  # range_ratio=: one prompt per drawn input length
         )
 
-    sample = _dataset(endpoint, workload, rootdir, sizer)
+    sample = _dataset(endpoint, workload, rootdir, sizer, allow_large)
     if sample is not None:
         workload = replace(workload, num_prompts=len(sample.entries))
         _check_sample_size(workload, sample)
@@ -164,6 +165,7 @@ def build_spec(
                 rootdir,
                 size=size,
                 lengths=workload.input_lengths(input_tokens),
+                allow_large=allow_large,  # --perf-allow-large: a prompts file's size bounds
             )
         bodies[input_tokens] = encode_bodies(
             source,
@@ -209,7 +211,11 @@ def build_spec(
 
 
 def _dataset(
-    endpoint: EndpointInfo, workload: Workload, rootdir: Path, sizer: PromptSizer
+    endpoint: EndpointInfo,
+    workload: Workload,
+    rootdir: Path,
+    sizer: PromptSizer,
+    allow_large: bool = False,
 ) -> DatasetSample | None:
     """The marker's ``dataset=``, sampled and with its output lengths counted by the server's
     tokenizer (once per dataset and endpoint for the session: ``sizer.memo``)."""
@@ -229,6 +235,7 @@ def _dataset(
         tokenizer=tokenizer,
         memo=sizer.memo,
         endpoint_key=(endpoint.url, endpoint.model),
+        allow_large=allow_large,
     )
 
 
@@ -347,6 +354,7 @@ class KimiLoad:
             trials=self._trials,
             sizer=self._session.prompt_sizer,
             protocol=self._protocol,
+            allow_large=self._allow_large,
         )
 
     async def sweep(self, **kwargs: Any) -> ThroughputResult:

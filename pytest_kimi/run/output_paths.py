@@ -12,20 +12,41 @@ made (the reports create it when they write, as pytest's ``--junitxml`` does).
 What this cannot see (a disk that fills during the run) still costs one error line at the end
 (:func:`pytest_kimi.run.finish.write_reports`).  No pytest here: the plugin passes pytest's
 ``--junitxml`` in with the plugin's own options.
+
+Where the outputs go at all: relative report, baseline and history paths are taken from the
+rootdir, and pytest picks the rootdir (and the ini file) from the command line's test paths
+*before* it loads plugins.  At that moment ``--server-profile`` is an unknown option, so in
+``--server-profile ../other/servers/ep8.yaml`` the value is one more "test path": the rootdir
+became the common ancestor's project (``../other``), whose ini file was read, and the reports,
+baselines and history were written into that other checkout.  ``--server-profile=PATH`` (one
+word) is skipped there, as every word starting with ``-`` is.  :func:`separate_values` finds the
+plugin's options given the other way; the plugin (``pytest_kimi/plugin/rootdir.py``) asks
+pytest what the rootdir would be without them and, when that differs, stops the session with
+:func:`moved_rootdir_message` before anything is read or written.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from pytest_kimi.options import KimiOptions
+from pytest_kimi.options import OPTIONS, KimiOptions
 
-__all__ = ["OutputPath", "OutputPathError", "Target", "check_output_paths", "report_paths"]
+__all__ = [
+    "OutputPath",
+    "OutputPathError",
+    "SeparateValue",
+    "Target",
+    "check_output_paths",
+    "moved_rootdir_message",
+    "report_paths",
+    "separate_values",
+    "value_flags",
+]
 
 
 class OutputPathError(ValueError):
@@ -137,4 +158,65 @@ def _unwritable(directory: Path) -> str | None:
     return (
         f"cannot be written: no permission to create files in {directory} (or its filesystem "
         "is read-only); give a path in a directory you can write"
+    )
+
+
+# ------------------------------------------------------------------- the rootdir pytest chose
+
+
+@dataclass(frozen=True, slots=True)
+class SeparateValue:
+    """One of the plugin's options given as two words (``--server-profile PATH``)."""
+
+    flag: str
+    value: str
+
+
+def value_flags() -> tuple[str, ...]:
+    """The plugin's options that take a value as the next word: every option but the bare
+    switches, and ``--update-baselines``, whose value is optional (``=force``)."""
+    return tuple(
+        opt.flag for opt in OPTIONS.values() if not opt.switch and opt.dest != "update_baselines"
+    )
+
+
+def separate_values(words: Sequence[str], flags: Iterable[str]) -> list[SeparateValue]:
+    """Each of ``flags`` given with its value as the next word, in order; ``--`` ends the
+    options (what follows is test paths).  ``--flag=value`` is one word and not listed: pytest
+    never takes it for a test path."""
+    wanted = frozenset(flags)
+    found: list[SeparateValue] = []
+    i = 0
+    while i < len(words) - 1:
+        word = words[i]
+        if word == "--":
+            break
+        if word in wanted:
+            found.append(SeparateValue(word, words[i + 1]))
+            i += 2
+            continue
+        i += 1
+    return found
+
+
+def moved_rootdir_message(
+    values: Sequence[SeparateValue],
+    chosen: tuple[Path, Path | None],
+    meant: tuple[Path, Path | None],
+) -> str:
+    """Why the session stops when ``values`` moved pytest's rootdir (and ini file) from
+    ``meant`` to ``chosen``, and how to run it."""
+    given = ", ".join(f"{v.flag} {v.value}" for v in values)
+    one_word = " ".join(f"{v.flag}={v.value}" for v in values)
+
+    def where(place: tuple[Path, Path | None]) -> str:
+        root, ini = place
+        return f"{root} (ini file {ini})" if ini is not None else f"{root} (no ini file)"
+
+    return (
+        f"{given}: pytest took this value for a test path and chose the rootdir "
+        f"{where(chosen)} instead of {where(meant)}; reports, baselines and history would be "
+        "read and written there (pytest picks the rootdir before it knows the plugin's options, "
+        f"so a value given as a separate word counts as a test path).  Write {one_word} (one "
+        "word)"
     )

@@ -27,6 +27,12 @@ from pytest_kimi.server import (
     load_profile,
 )
 
+NOTHING_MEASURED = (
+    "pytest-kimi: nothing was measured and --perf-require-measurement is set: no perf test "
+    "ran against an endpoint (none selected, none given one, or every one skipped); a job "
+    "that measured nothing is not green"
+)
+
 NO_ENDPOINT_REASON = (
     "no endpoint given: pass --endpoint=URL (an OpenAI-compatible server, e.g. "
     "http://127.0.0.1:30000), --endpoint=sim (the built-in simulator) or --server-profile=PATH "
@@ -46,7 +52,7 @@ def load_deployments(opts: KimiOptions) -> list[ServerProfile]:
     profiles = []
     for path in opts.server_profile:
         try:
-            profiles.append(load_profile(path))
+            profiles.append(load_profile(path, allow_large=opts.perf_allow_large))
         except ProfileError as exc:
             raise SetupError(f"{source}: {exc}") from None
     for profile in profiles:

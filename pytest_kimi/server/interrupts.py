@@ -11,6 +11,15 @@ container stop all send SIGTERM.  So while :class:`Interrupts` is installed:
 * a **second** one kills every supervised server group at once (SIGKILL through its
   supervisor), waits a few seconds for them to be gone, and exits with 128 + the signal.
 
+Once the tests are over (:meth:`Interrupts.finishing`, called as the reports are about to be
+written), a signal stops nothing any more: the results are what they are, the reports say so,
+and a KeyboardInterrupt raised in the middle of writing them, of stopping a managed server or of
+printing the terminal summary only cost a report, a graceful stop or a 40-frame traceback with
+exit status 130 under reports that said PASSED.  So a first signal then is noted in one line and
+the run ends as it was going to, with the exit status its reports agree with; a second still
+stops at once, exiting with that same status once the reports are written
+(:meth:`Interrupts.settle`), with 128 + the signal before.
+
 "Second" means a second *decision* to stop, not a second delivery: signals that arrive within
 :data:`TOGETHER_S` of the first are one.  GNU ``timeout`` (without ``--foreground``) sends its
 signal to pytest and then to pytest's whole process group, so pytest gets it twice within
@@ -62,6 +71,11 @@ class Interrupts:
         self.first: int | None = None
         self._first_at = 0.0
         self.together_s = TOGETHER_S
+        self.late = False
+        """The tests are over (:meth:`finishing`): a first signal is noted, not raised."""
+        self.exit_code: int | None = None
+        """The exit status the written reports agree with (:meth:`settle`): what a hard stop
+        exits with from then on."""
         self._previous: dict[int, Any] = {}
 
     def install(self) -> bool:
@@ -87,6 +101,19 @@ class Interrupts:
                 signal.signal(sig, previous)
         self._previous.clear()
 
+    def finishing(self) -> None:
+        """The tests are over and the reports are about to be written: from now on a first
+        signal is noted in one line instead of raising KeyboardInterrupt (which could only cut
+        the reports, a server's graceful stop or the summary short, with a traceback); a
+        second one still stops at once."""
+        self.late = True
+
+    def settle(self, exit_code: int) -> None:
+        """The reports are written and say what ``exit_code`` says: a hard stop from now on
+        exits with it, so the exit status never contradicts the reports."""
+        self.late = True
+        self.exit_code = exit_code
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         if self.count and now - self._first_at < self.together_s:
@@ -100,6 +127,13 @@ class Interrupts:
             self._first_at = now
             self.first = signum
             self.count = 1
+            if self.late:
+                self._say(
+                    f"pytest-kimi: {_name(signum)} after the tests ended: finishing the reports "
+                    "and the summary, the exit status is the reports'; send it again to stop "
+                    "at once"
+                )
+                return
             if signum == signal.SIGTERM:
                 self._say(
                     "pytest-kimi: SIGTERM: stopping like Ctrl-C (measurements stop, "
@@ -111,9 +145,12 @@ class Interrupts:
         self.hard_stop(signum)
 
     def hard_stop(self, signum: int) -> None:
-        """SIGKILL every supervised server of this process, then exit."""
+        """SIGKILL every supervised server of this process, then exit: with the status the
+        written reports agree with (:meth:`settle`), else 128 + ``signum``."""
+        code = self.exit_code if self.exit_code is not None else 128 + signum
+        agreed = "" if self.exit_code is None else f" with the reports' exit status {code}"
         self._say(
-            f"pytest-kimi: {signal.Signals(signum).name} again: killing the servers and exiting now"
+            f"pytest-kimi: {_name(signum)} again: killing the servers and exiting now{agreed}"
         )
         try:
             supervisor.kill_all(self.kill_wait_s)
@@ -122,13 +159,20 @@ class Interrupts:
                 sys.stdout.flush()
             except (OSError, ValueError):
                 pass
-            os._exit(128 + signum)
+            os._exit(code)
 
     def _say(self, text: str) -> None:
         try:
             self.say(text)
         except Exception:  # noqa: BLE001 - a notice must never stop the stop
             _to_stderr(text)
+
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _to_stderr(text: str) -> None:

@@ -34,13 +34,26 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pytest_kimi.endpoint.bounded import (
+    DISCOVERY_MAX_BYTES,
+    BodyTooLarge,
+    NotJSON,
+    loads_bounded,
+    read_stream_capped,
+)
 from pytest_kimi.scrub import is_secret_name, known_secrets, scrub_argv, scrub_text
 from pytest_kimi.server import leftovers
-from pytest_kimi.server.procgroup import DEAD_LEADER_GRACE_S, nice_session
+from pytest_kimi.server.procgroup import (
+    DEAD_LEADER_GRACE_S,
+    describe_pids,
+    nice_session,
+    port_listeners,
+)
 from pytest_kimi.server.procgroup import group_members as _group_members  # noqa: F401 - tests/engine use it
 from pytest_kimi.server.profile import ServerProfile, argv, profile_secrets
 from pytest_kimi.server.supervisor import Supervised, SupervisedHandle, describe_exit
@@ -51,6 +64,7 @@ __all__ = [
     "ProgressFn",
     "Server",
     "ServerError",
+    "ServerProcessWarning",
     "ServerStartError",
     "open_server",
 ]
@@ -67,12 +81,25 @@ PROBE_TIMEOUT_S = 5.0
 detection."""
 TAIL_LINES = 40
 """Log lines quoted in start errors: enough for a Python traceback with its context."""
+ERROR_BODY_BYTES = 4096
+"""Of an HTTP error answer only its head is read (what a message quotes)."""
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 # Loopback traffic must never be routed through an http_proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 _S = TypeVar("_S", bound="_ServerBase")
+
+
+class ResponseTooLarge(OSError):
+    """An answer past :data:`DISCOVERY_MAX_BYTES`: not read to its end (the server
+    answered, so it is up; what it sent is no use)."""
+
+
+class ServerProcessWarning(UserWarning):
+    """A server's stop found processes beyond its process group: ones that had left it
+    (stopped with it, named so that the profile can be fixed), ones SIGKILL cannot end yet,
+    or a stranger still holding the server's port.  Shown in pytest's warnings summary."""
 
 
 class ServerError(RuntimeError):
@@ -116,7 +143,11 @@ def _http(
     headers: dict[str, str] | None = None,
     json_body: Any = None,
 ) -> tuple[int, bytes]:
-    """(status, body); HTTP error statuses are returned, connection failures raise OSError."""
+    """(status, body); HTTP error statuses are returned, connection failures raise OSError.
+
+    The body is read up to :data:`DISCOVERY_MAX_BYTES` (:class:`ResponseTooLarge` past it), an
+    error page's up to :data:`ERROR_BODY_BYTES` (its head, for a message): a server that
+    streams without end cannot hold a probe thread or its memory."""
     headers = dict(headers or {})
     data: bytes | None = b"" if method == "POST" else None
     if json_body is not None:
@@ -125,10 +156,13 @@ def _http(
     req = urllib.request.Request(url, method=method, headers=headers, data=data)
     try:
         with _OPENER.open(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
+            try:
+                return resp.status, read_stream_capped(resp, DISCOVERY_MAX_BYTES)
+            except BodyTooLarge as exc:
+                raise ResponseTooLarge(f"{url} answered {resp.status} but {exc}") from None
     except urllib.error.HTTPError as exc:
         try:
-            body = exc.read()
+            body = exc.read(ERROR_BODY_BYTES)
         except OSError:
             body = b""
         return exc.code, body
@@ -180,7 +214,9 @@ class _Probe:
         )
         if status != 200:
             return False, f"health OK but /v1/models answered HTTP {status}"
-        models = [m.get("id") for m in json.loads(body).get("data") or [] if isinstance(m, dict)]
+        listing = loads_bounded(body)
+        data = listing.get("data") if isinstance(listing, dict) else None
+        models = [m.get("id") for m in data or [] if isinstance(m, dict)]
         if not models or not isinstance(models[0], str):
             return False, "health OK but /v1/models lists no model yet"
         status, body = _http(
@@ -408,6 +444,49 @@ class _ServerBase(SupervisedHandle):
             return f"log: {self.log_path}\n{excerpt}"
         return f"log: {self.log_path}\n--- last {TAIL_LINES} log lines ---\n{excerpt}"
 
+    def _after_stop(self, group: Supervised, port: int | None) -> list[str]:
+        """Warn (the log, and a :class:`ServerProcessWarning`) about what the stop found
+        outside the server's process group, naming each pid; the messages.
+
+        The supervisor is a subreaper (``procgroup.become_subreaper``), so what left the
+        group (a ``setsid`` helper, a daemonised server) was still found and stopped: said,
+        because the profile's command should not detach it.  Processes SIGKILL did not end,
+        and a process still listening on the server's own ``port`` after the stop (started
+        outside the tree: a service manager's), are what is left running: said with the
+        command that ends them."""
+        messages: list[str] = []
+        if group.strays:
+            names = ", ".join(str(s.get("name") or s["pid"]) for s in group.strays)
+            fix = (
+                "give the profile a stop: command that stops what start: leaves running"
+                if self.profile.external
+                else "a profile's command should keep its processes in its group"
+            )
+            messages.append(
+                f"{self._describe()}: processes {names} had left the server's process group "
+                f"(started with setsid, or daemonised) and were stopped with it; {fix}"
+            )
+        if group.survivors:
+            pids = " ".join(map(str, group.survivors))
+            messages.append(
+                f"{self._describe()}: processes {describe_pids(group.survivors)} of the "
+                f"server still run after SIGKILL (stuck in the kernel or a driver?); check "
+                f"them with `ps -o pid,stat,wchan,cmd -p {pids}`"
+            )
+        holders = port_listeners(port) if port else None
+        if holders:
+            pids = " ".join(map(str, holders))
+            messages.append(
+                f"{self._describe()}: port {port} is still held by {describe_pids(holders)} "
+                "after the server was stopped: a process the plugin did not start or could "
+                f"not see (a service manager's?); stop it with `kill {pids}`"
+            )
+        for message in messages:
+            text = self._scrub(message)
+            self._append_log(f"# pytest-kimi: warning: {text}")
+            warnings.warn(ServerProcessWarning(text), stacklevel=3)
+        return messages
+
     def _append_log(self, text: str) -> None:
         if self.log_path is None:
             return
@@ -553,6 +632,8 @@ class _ServerBase(SupervisedHandle):
         for path in self.engine.info_paths:
             try:
                 status, body = _http("GET", base + path, timeout=timeout_s, headers=self._headers())
+            except ResponseTooLarge:
+                return {}  # provenance only: an answer past the cap is no server info
             except OSError as exc:
                 raise ServerError(f"{self._describe()}: GET {base}{path} failed: {exc}") from None
             if status in (404, 405):
@@ -560,8 +641,8 @@ class _ServerBase(SupervisedHandle):
             if status != 200:
                 return {}
             try:
-                data = json.loads(body)
-            except ValueError:
+                data = loads_bounded(body)
+            except NotJSON:
                 return {}
             return data if isinstance(data, dict) else {}
         return {}
@@ -860,6 +941,7 @@ class ManagedServer(_ServerBase):
             group.terminate()
         how = " after SIGKILL" if group.killed else ""
         self._append_log(f"# pytest-kimi: stopped (exit code {group.exit_code()}){how}")
+        self._after_stop(group, self.port)
 
     def alive(self) -> bool:
         """Whether the server process is still running."""
@@ -965,9 +1047,12 @@ class ExternalServer(_ServerBase):
             if self.profile.stop:
                 self._run_stop_command(self.profile.stop)
         finally:
-            # Even after a Ctrl-C during stop:, nothing start: left in its group survives.
+            # Even after a Ctrl-C during stop:, nothing start: left in its group survives,
+            # nor what it detached from the group (a daemonised server: the supervisor is
+            # its subreaper, so it outlives start: there and is stopped here).
             if self._group is not None and not self._group.reaped:
                 self._group.terminate(0.0, self.profile.stop_timeout_s)
+                self._after_stop(self._group, None)
 
     def _run_stop_command(self, command: str) -> None:
         self._append_log(f"# pytest-kimi: running stop command: {self._scrub(command)}")
@@ -994,6 +1079,8 @@ class ExternalServer(_ServerBase):
         it is cheap and does not queue behind a running benchmark)."""
         try:
             status, _ = _http("GET", f"{self.url}/v1/models", timeout=2.0)
+        except ResponseTooLarge:
+            return True  # it answered
         except OSError:
             return False
         return status < 500

@@ -10,7 +10,10 @@ server is started, :func:`clear` looks at every record:
 * the process is gone, or the pid now belongs to another program (its start time differs):
   the record is stale and removed;
 * the server still runs and the run that started it is gone: it is stopped the graceful way
-  (leader SIGTERM, grace, group SIGTERM, grace, SIGKILL) with a message saying so;
+  (leader SIGTERM, grace, group SIGTERM, grace, SIGKILL) with a message saying so, and so
+  is every process the record lists as having left the group (``strays``: a ``setsid``
+  helper, a daemonised server; the supervisor, their subreaper, keeps that list current),
+  each only while its pid still names the process recorded (its start time);
 * the server still runs and the run that started it **is still running** (another pytest in
   the same checkout), or the identity cannot be checked (no ``/proc``): nothing is touched,
   and :class:`LeftoverServer` refuses the new start, naming the pid and how to stop it.
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,6 +66,36 @@ def _same_process(pid: int | None, starttime: Any) -> bool | None:
     return now == starttime
 
 
+def _live_strays(rec: dict[str, Any]) -> list[int]:
+    """The recorded strays (processes that had left the server's group; the supervisor
+    keeps them in the record) that are still the processes recorded: pid and start time
+    both match, so a reused pid is never touched."""
+    out: list[int] = []
+    for entry in rec.get("strays") or ():
+        if not isinstance(entry, dict):
+            continue
+        pid, started = entry.get("pid"), entry.get("starttime")
+        if isinstance(pid, int) and isinstance(started, int) and _same_process(pid, started):
+            out.append(pid)
+    return out
+
+
+def _stop_strays(pids: list[int], grace_s: float) -> list[int]:
+    """SIGTERM, up to ``grace_s``, SIGKILL; the pids still alive after a last short wait."""
+    for pid in pids:
+        procgroup.signal_pid(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(procgroup.pid_alive(p) for p in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if procgroup.pid_alive(pid):
+            procgroup.signal_pid(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(procgroup.pid_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if procgroup.pid_alive(p)]
+
+
 def describe(rec: dict[str, Any]) -> str:
     parts = [
         f"server {rec.get('name', '?')!r} (pid {rec['pid']}, process group "
@@ -89,8 +124,11 @@ def live_records(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
     for path in paths:
         rec = _load(path)
         if rec is None or _same_process(rec["pid"], rec.get("starttime")) is False:
-            # unreadable, or its process is gone; its group may still hold members
-            if rec is not None and procgroup.group_members(int(rec.get("pgid", rec["pid"]))):
+            # unreadable, or its process is gone; its group may still hold members, and
+            # what left the group may still run
+            if rec is not None and (
+                procgroup.group_members(int(rec.get("pgid", rec["pid"]))) or _live_strays(rec)
+            ):
                 out.append((path, rec))
                 continue
             try:
@@ -170,11 +208,17 @@ def clear(
             leader_gone=leader_gone,
         )
         stopper.run()
-        left = procgroup.group_members(pgid)
+        strays = _live_strays(rec)
+        if strays:
+            say(
+                f"stopping what the leftover server had detached from its process group: "
+                f"{procgroup.describe_pids(strays)}"
+            )
+        left = (procgroup.group_members(pgid) or []) + _stop_strays(strays, group_grace)
         if left:
             raise LeftoverServer(
                 f"{describe(rec)} could not be stopped: processes {left} of "
-                f"its group survive SIGKILL (stuck in the driver?)"
+                f"its tree survive SIGKILL (stuck in the driver?)"
             )
         say(f"stopped the leftover server (pid {pid})")
         try:

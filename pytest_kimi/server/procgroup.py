@@ -17,17 +17,23 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 __all__ = [
     "DEAD_LEADER_GRACE_S",
     "StagedStop",
+    "become_subreaper",
+    "descendants",
+    "describe_pids",
     "exit_status",
     "group_members",
     "nice_session",
     "pid_alive",
+    "port_listeners",
     "process_starttime",
+    "process_table",
     "signal_group",
     "signal_pid",
 ]
@@ -47,6 +53,139 @@ def _stat_fields(pid: int) -> list[bytes] | None:
         return None
     # "pid (comm) state ppid pgrp ..."; comm may contain spaces and parentheses.
     return stat[stat.rfind(b")") + 2 :].split()
+
+
+PR_SET_CHILD_SUBREAPER = 36
+"""``prctl`` option (Linux 3.4+, ``<linux/prctl.h>``)."""
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux); whether it is.
+
+    Why: a server's tree can leave its process group, and so the reach of ``killpg``: a
+    helper started with ``setsid``, a server that daemonises (fork, ``setsid``, fork, the
+    parent exits).  Without this such a process re-parents to PID 1 and outlives the run,
+    holding the GPUs and the port, and nothing names it any more.  With it, every orphan of
+    the tree re-parents to this process instead, so :func:`descendants` still finds it and
+    the stop ends it.  Not inherited across ``fork``: only the supervisor holds it.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def process_table() -> dict[int, tuple[int, int, bytes]] | None:
+    """``{pid: (ppid, pgrp, state)}`` of every process (one read of ``/proc``), None where
+    there is no ``/proc``.  What :func:`descendants` walks: one scan, whatever the tree."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    table: dict[int, tuple[int, int, bytes]] = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        rest = _stat_fields(int(name))
+        if rest and len(rest) >= 3:
+            try:
+                table[int(name)] = (int(rest[1]), int(rest[2]), rest[0])
+            except ValueError:
+                continue
+    return table
+
+
+def descendants(
+    root: int, table: dict[int, tuple[int, int, bytes]] | None = None
+) -> list[int] | None:
+    """Live (non-zombie) descendants of ``root``, at any depth; None without ``/proc``."""
+    if table is None:
+        table = process_table()
+        if table is None:
+            return None
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _pgrp, _state) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out: list[int] = []
+    todo = list(children.get(root, ()))
+    seen = {root}
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        if table[pid][2] not in (b"Z", b"X"):
+            out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return sorted(out)
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            raw = f.read(64).strip()
+    except OSError:
+        return "?"
+    # the program names itself: shown escaped, never as control characters
+    return "".join(c if c.isprintable() else "?" for c in raw.decode("utf-8", "replace"))
+
+
+def describe_pids(pids: Iterable[int]) -> str:
+    """``1234 (sleep), 1240 (python3)``: pids with their program names, for a warning."""
+    return ", ".join(f"{pid} ({_comm(pid)})" for pid in pids)
+
+
+def port_listeners(port: int) -> list[int] | None:
+    """Processes with a TCP socket listening on ``port`` (any address, IPv4 or IPv6) whose
+    descriptors this process may read (its own user's); None where there is no ``/proc``.
+
+    The last sweep after a stop: what still holds the server's port was started outside
+    the tree the stop could see (through a service manager, or before a subreaper existed).
+    """
+    inodes: set[bytes] = set()
+    found_table = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, "rb") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        found_table = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != b"0A":  # 0A: LISTEN
+                continue
+            try:
+                if int(fields[1].rsplit(b":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+            except (IndexError, ValueError):
+                continue
+    if not found_table:
+        return None
+    if not inodes:
+        return []
+    wanted = {b"socket:[" + inode + b"]" for inode in inodes}
+    out: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{name}/fd/{fd}").encode() in wanted:
+                    out.append(int(name))
+                    break
+            except OSError:
+                continue
+    return sorted(out)
 
 
 def have_proc() -> bool:
@@ -182,8 +321,14 @@ class StagedStop:
         leader_gone: Callable[[], bool],
         note: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        strays: Callable[[], list[int]] | None = None,
     ) -> None:
         self.leader = leader
+        self._strays = strays
+        """The tree's live processes *outside* the group (they left it with ``setsid``):
+        signalled one by one with the group's SIGTERM and SIGKILL."""
+        self.stray_pids: dict[int, str] = {}
+        """Every stray that got a signal, with its program name: what a warning names."""
         self.pgid = pgid
         self.leader_grace_s = max(0.0, leader_grace_s)
         self.group_grace_s = max(0.0, group_grace_s)
@@ -195,11 +340,22 @@ class StagedStop:
         self.killed = False
         """Whether SIGKILL was needed (some process ignored or outlived its SIGTERM)."""
 
+    def _strays_now(self) -> list[int]:
+        return self._strays() if self._strays is not None else []
+
+    def _signal_strays(self, sig: int) -> list[int]:
+        strays = self._strays_now()
+        for pid in strays:
+            if pid not in self.stray_pids:
+                self.stray_pids[pid] = describe_pids([pid])
+            signal_pid(pid, sig)
+        return strays
+
     def _empty(self) -> bool:
         members = group_members(self.pgid)
         if members is None:
-            return self._leader_gone()
-        return not members
+            return self._leader_gone() and not self._strays_now()
+        return not members and not self._strays_now()
 
     def _enter(self, phase: str) -> None:
         self.phase = phase
@@ -213,14 +369,24 @@ class StagedStop:
             )
         elif phase == "group":
             signal_group(self.pgid, signal.SIGTERM)
+            strays = self._signal_strays(signal.SIGTERM)
             grace = self.group_grace_s
             self._deadline = now + grace
             self._note(f"sent SIGTERM to process group {self.pgid}; {grace:g} s until SIGKILL")
+            if strays:
+                self._note(
+                    f"sent SIGTERM to processes that left the group: {describe_pids(strays)}"
+                )
         elif phase == "kill":
             if not self._empty():
                 self.killed = True
                 self._note(f"sent SIGKILL to process group {self.pgid}")
             signal_group(self.pgid, signal.SIGKILL)
+            strays = self._signal_strays(signal.SIGKILL)
+            if strays:
+                self._note(
+                    f"sent SIGKILL to processes that left the group: {describe_pids(strays)}"
+                )
             self.phase = "done"
 
     def start(self) -> None:

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from pytest_kimi import yamlstrict
+from pytest_kimi.files import FileRefusedError, described, key_shown, read_regular_text
 from pytest_kimi.scrub import is_secret_flag, is_secret_name
 from pytest_kimi.server import sglang_flags
 from pytest_kimi.server.engines import ENGINES, Engine, get_engine
@@ -82,6 +83,9 @@ ALLOWED_KEYS: tuple[str, ...] = (
 )
 
 _SCALARS = (str, int, float)
+
+_ALLOW_LARGE = "if you mean it, run with --perf-allow-large"
+"""How the size bound is lifted (the flag is the plugin's; this layer cannot import its name)."""
 
 
 class ProfileError(ValueError):
@@ -154,20 +158,33 @@ class ServerProfile:
 # ---------------------------------------------------------------------- loading
 
 
-def load_profile(path: str | Path) -> ServerProfile:
-    """Read and validate a profile file; :class:`ProfileError` on any problem."""
+def load_profile(path: str | Path, *, allow_large: bool = False) -> ServerProfile:
+    """Read and validate a profile file; :class:`ProfileError` on any problem.
+
+    Read only when it is a regular file (symlinks followed) of at most
+    :data:`pytest_kimi.yamlstrict.MAX_CHARS` bytes, checked before a byte is read
+    (:func:`pytest_kimi.files.read_regular_text`): a path to ``/dev/zero``, a FIFO or a log is
+    refused naming its type and size, never its content.  ``allow_large``
+    (``--perf-allow-large``) lifts the size bound, never the type check.  The path is the
+    user's own (a flag, a variable or the ini names it), so it is read wherever it points.
+    """
     p = Path(path)
+    limit = None if allow_large else yamlstrict.MAX_CHARS
     try:
-        text = yamlstrict.read_text(p)  # bounded: a path to a huge file is not read whole
+        text = read_regular_text(p, what="server profile", limit=limit, lift=_ALLOW_LARGE)
     except FileNotFoundError:
         raise ProfileError(f"server profile {p}: file not found") from None
-    except yamlstrict.TooLargeError as exc:
-        raise ProfileError(f"server profile {p}: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"server profile {p}: cannot read it: {exc}") from None
+    except FileRefusedError as exc:
+        raise ProfileError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(
+            f"server profile {p}: not UTF-8 text (byte {exc.start}): save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise ProfileError(f"server profile {p}: cannot read it: {exc.strerror or exc}") from None
     try:
         # a second ``tp-size:`` further down is an error, and so is an anchor or alias
-        data = yamlstrict.load(text)
+        data = yamlstrict.load(text, max_chars=limit)
     except (yamlstrict.AliasError, yamlstrict.NodeLimitError) as exc:
         raise ProfileError(f"{p}: line {exc.line}: {exc.problem}") from None
     except yaml.MarkedYAMLError as exc:
@@ -197,8 +214,10 @@ def parse_profile(
     for key in data:
         if not isinstance(key, str) or key not in ALLOWED_KEYS:
             hint = _did_you_mean(key, ALLOWED_KEYS)
-            raise ProfileError(
-                f"{source}: unknown key {key!r}{hint}; allowed keys: {', '.join(ALLOWED_KEYS)}"
+            raise ProfileError(  # a key is shown only when it looks like one: a file that
+                # is no profile (a symlink to a secret) may hold anything
+                f"{source}: unknown key {key_shown(key)}{hint}; allowed keys: "
+                f"{', '.join(ALLOWED_KEYS)}"
             )
 
     name = _opt_str(data, "name", source) or default_name
@@ -413,9 +432,7 @@ def _opt_str(data: Mapping[str, Any], key: str, source: str) -> str | None:
         return None
     value = data[key]
     if not isinstance(value, str) or not value.strip():
-        raise ProfileError(
-            f"{source}: '{key}' must be a non-empty string, got {_type_name(value)} ({value!r})"
-        )
+        raise ProfileError(f"{source}: '{key}' must be a non-empty string, got {described(value)}")
     return value.strip()
 
 

@@ -77,6 +77,9 @@ SCRIPT = Path(__file__).resolve()
 TICK_S = 0.1
 """How often the supervisor looks at the server when nothing was written: bounds how late
 a crash is reported."""
+STRAY_SCAN_S = 5.0
+"""How often the tree outside the process group is looked for when no child ended: each
+look reads all of ``/proc``, so not at every tick."""
 MAX_PARTIAL = 65536
 """Bytes of an unterminated line held back for scrubbing before they are written anyway."""
 
@@ -123,6 +126,14 @@ class _Supervisor:
         self.stopper: Any = None
         self.term_signal = 0
         self.record = cfg.get("record")
+        self.subreaper = False
+        """Whether orphans of the server's tree re-parent to this process (Linux), so that
+        the ones that left the process group can still be found and stopped."""
+        self.strays_stopped: dict[int, str] = {}
+        """Processes outside the group this supervisor had to stop (pid: program name)."""
+        self._recorded_strays: list[dict[str, Any]] = []
+        self._last_strays: list[int] = []
+        self._next_stray_scan = 0.0
 
     # -- output ------------------------------------------------------------------------
 
@@ -179,6 +190,23 @@ class _Supervisor:
         except OSError as exc:
             self.note(f"cannot write {path}: {exc}")
 
+    def update_record_strays(self, strays: list[int]) -> None:
+        """Keep the strays (pid and start time) in the record, so that a later run can stop
+        them too should this supervisor be SIGKILLed (they then re-parent to PID 1)."""
+        self._last_strays = list(strays)
+        if not self.record:
+            return
+        entries = [{"pid": p, "starttime": procgroup.process_starttime(p)} for p in strays]
+        if entries == self._recorded_strays:
+            return
+        self._recorded_strays = entries
+        try:
+            info = json.loads(Path(self.record).read_text(encoding="utf-8"))
+            info["strays"] = entries
+            _files.write_atomic(Path(self.record), json.dumps(info, indent=1) + "\n", fsync=False)
+        except (OSError, ValueError) as exc:
+            self.note(f"cannot update {self.record}: {exc}")
+
     def remove_record(self) -> None:
         if self.record:
             try:
@@ -222,6 +250,56 @@ class _Supervisor:
         )
         return r
 
+    # -- the tree outside the group ----------------------------------------------------
+
+    def strays(self, table: dict[int, tuple[int, int, bytes]] | None = None) -> list[int]:
+        """Live processes of the server's tree outside its process group: descendants of
+        this (subreaper) process whose group is not the server's.  Empty without a
+        subreaper: orphans then re-parent to PID 1 and cannot be told from strangers."""
+        if not self.subreaper or self.proc is None:
+            return []
+        table = table if table is not None else procgroup.process_table()
+        if table is None:
+            return []
+        found = procgroup.descendants(os.getpid(), table) or []
+        return [pid for pid in found if table[pid][1] != self.proc.pid]
+
+    def reap_orphans(self, table: dict[int, tuple[int, int, bytes]] | None = None) -> None:
+        """Collect the exit status of re-parented orphans that ended (not the leader's:
+        its unreaped zombie keeps its pid, the group's id, from being reused)."""
+        if not self.subreaper or self.proc is None:
+            return
+        table = table if table is not None else (procgroup.process_table() or {})
+        me = os.getpid()
+        for pid, (ppid, _pgrp, state) in table.items():
+            if ppid == me and state == b"Z" and pid != self.proc.pid:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+
+    def look_at_strays(self) -> list[int]:
+        """One read of ``/proc``: ended orphans reaped, the live strays recorded and
+        returned."""
+        table = procgroup.process_table() if self.subreaper else None
+        if table is not None:
+            self.reap_orphans(table)
+        strays = self.strays(table) if table is not None else []
+        self.update_record_strays(strays)
+        return strays
+
+    def tree_ended(self, scan: bool) -> bool:
+        """Whether nothing of the server runs any more: its group is empty and no stray is
+        left.  Strays are looked at when ``scan`` says it is time, and always before an
+        end is declared (never on what an earlier look saw: a daemon may have been forked
+        since); while the last look saw strays and it is not time, the answer is no."""
+        assert self.proc is not None
+        if procgroup.group_members(self.proc.pid):
+            return False
+        if not scan and self._last_strays:
+            return False
+        return not self.look_at_strays()
+
     def leader_gone(self) -> bool:
         assert self.proc is not None
         if self.code is None:
@@ -244,6 +322,7 @@ class _Supervisor:
             group_grace_s=group_grace,
             leader_gone=self.leader_gone,
             note=self.note,
+            strays=self.strays,
         )
         self.stopper.start()
 
@@ -265,6 +344,7 @@ class _Supervisor:
         return float(self.cfg.get("leader_grace_s", 60)), float(self.cfg.get("group_grace_s", 30))
 
     def run(self, ctl_buf: bytes) -> int:
+        self.subreaper = procgroup.become_subreaper()
         out_fd = self.spawn()
         if out_fd is None:
             return 3
@@ -286,8 +366,10 @@ class _Supervisor:
             self.command(line)
         try:
             while True:
+                child_event = False
                 for key, _ in sel.select(TICK_S):
                     if key.data == "wake":
+                        child_event = True  # SIGCHLD: a process of the tree may have ended
                         try:
                             os.read(wake_r, 4096)
                         except OSError:
@@ -327,14 +409,25 @@ class _Supervisor:
                     lg, gg = self.default_graces()
                     self.begin_stop(lg, gg, f"got signal {self.term_signal}; stopping the server")
                 gone = self.leader_gone()
+                # the tree outside the group is looked at when a child ended and every
+                # STRAY_SCAN_S besides (one read of /proc each), not at every tick
+                now = time.monotonic()
+                scan = child_event or now >= self._next_stray_scan
+                if scan:
+                    self._next_stray_scan = now + STRAY_SCAN_S
                 if self.stopper is not None:
                     if self.stopper.step():
                         stopped_ok = True
                         break
-                elif gone and not procgroup.group_members(self.proc.pid):
-                    break  # ended by itself, nothing left in its group
+                elif gone and self.tree_ended(scan):
+                    break  # ended by itself, nothing left in its group or outside it
+                elif scan and not gone:
+                    self.look_at_strays()
         finally:
             procgroup.signal_group(self.proc.pid, signal.SIGKILL)  # no-op when empty
+            for pid in self.strays():  # whatever left the group and is still there
+                self.strays_stopped.setdefault(pid, procgroup.describe_pids([pid]))
+                procgroup.signal_pid(pid, signal.SIGKILL)
             try:
                 code = self.proc.wait(timeout=10)
                 if self.code is None:
@@ -343,8 +436,12 @@ class _Supervisor:
             except subprocess.TimeoutExpired:
                 pass  # unkillable (uninterruptible sleep in a driver)
             deadline = time.monotonic() + 3.0
-            while time.monotonic() < deadline and procgroup.group_members(self.proc.pid):
+            while time.monotonic() < deadline and (
+                procgroup.group_members(self.proc.pid) or self.strays()
+            ):
+                self.reap_orphans()
                 time.sleep(0.02)
+            self.reap_orphans()
             # Whatever the group wrote last (a traceback) still reaches the log.
             deadline = time.monotonic() + 1.0
             while out_fd in [k.fd for k in sel.get_map().values()] and time.monotonic() < deadline:
@@ -359,7 +456,19 @@ class _Supervisor:
             self.pump(b"", final=True)
             self.remove_record()
             killed = bool(self.stopper is not None and self.stopper.killed)
-            self.emit(event="gone", code=self.code, killed=killed)
+            if self.stopper is not None:
+                self.strays_stopped = {**self.stopper.stray_pids, **self.strays_stopped}
+            stopped = sorted(self.strays_stopped.items())
+            strays = [{"pid": p, "name": n} for p, n in stopped]
+            if stopped:
+                self.note(
+                    "stopped processes that had left the server's process group: "
+                    + ", ".join(n for _, n in stopped)
+                )
+            survivors = self.strays() + (procgroup.group_members(self.proc.pid) or [])
+            self.emit(
+                event="gone", code=self.code, killed=killed, strays=strays, survivors=survivors
+            )
         del ctl_open, stopped_ok
         return 0
 
@@ -559,6 +668,13 @@ class Supervised:
         self.starttime: int | None = None
         self.gone = False
         self.killed = False
+        self.strays: list[dict[str, Any]] = []
+        """Processes of the command's tree that had left its process group (``setsid``, a
+        daemonising fork) and were stopped with it: ``{"pid", "name"}`` each, from the
+        supervisor's last word.  What a warning names."""
+        self.survivors: list[int] = []
+        """Processes of the tree still alive when the supervisor gave up (stuck in the
+        kernel: SIGKILL cannot end them yet)."""
         self._code: int | None = None
         self._events: list[dict[str, Any]] = []
         self._cond = threading.Condition()
@@ -660,6 +776,10 @@ class Supervised:
                     if event.get("code") is not None:
                         self._code = event["code"]
                     self.killed = bool(event.get("killed"))
+                    self.strays = [
+                        s for s in event.get("strays") or [] if isinstance(s, dict) and "pid" in s
+                    ]
+                    self.survivors = [p for p in event.get("survivors") or [] if isinstance(p, int)]
                     self.gone = True
                 self._cond.notify_all()
         with self._cond:  # EOF: the supervisor exited (or was killed)

@@ -34,6 +34,14 @@ in a fixed pseudo-random order, so every trial, level and run sends the same req
 same order.  The baseline key holds the first :data:`HASH_CHARS` hex digits of the file's
 SHA-256, the sample size and the seed: an edited dataset is a new workload, whatever its name.
 
+A dataset file comes from the checkout or a path a marker names, and is read only when it is a
+regular file within :data:`MAX_DATASET_BYTES` that (named inside the rootdir) does not leave it
+through a symlink (:func:`pytest_kimi.workload.prompts.read_input_file`): a ``dataset=``
+symlinked to ``/dev/zero`` read until ``MemoryError``.  A prompt or answer longer than
+:data:`~pytest_kimi.workload.prompts.MAX_PROMPT_CHARS` is refused, not sent whole, and an error
+about an entry says what a wrong value is (``a string of 40 characters``), never the value.
+``--perf-allow-large`` lifts the size bounds, never the type checks.
+
 Nothing here imports pytest.
 """
 
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import statistics
 import urllib.error
@@ -49,7 +58,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pytest_kimi.workload.prompts import Tokenizer, WorkloadError
+from pytest_kimi.files import described
+from pytest_kimi.workload.prompts import (
+    Tokenizer,
+    WorkloadError,
+    check_prompt_size,
+    read_input_file,
+)
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_DATASETS: dict[str, str] = {"sharegpt-small": "sharegpt_small.json"}
@@ -68,6 +83,10 @@ HASH_CHARS = 12
 """Hex digits of the file's SHA-256 in the baseline key (48 bits: no accidental collisions)."""
 COUNT_BATCH = 64
 """Texts per ``/tokenize`` call where the server counts a list at once (SGLang, the simulator)."""
+MAX_DATASET_BYTES = 2**30
+"""The largest dataset file read (1 GiB): ``ShareGPT_V3_unfiltered_cleaned_split.json``, the
+largest file benchmark clients replay, is 642 MiB.  Parsed, a file takes several times its size
+in memory.  ``--perf-allow-large`` lifts it."""
 INPUT_CHECK_TOLERANCE = 0.10
 """A dataset's ``input_tokens`` more than this far (median relative difference) from the
 server's count were made with another tokenizer: the reports say so."""
@@ -116,6 +135,8 @@ class Dataset:
     """Entries without a usable prompt/answer pair (ShareGPT has many: single turns, empty
     answers)."""
     skip_example: str | None = None
+    allow_large: bool = False
+    """Read with ``--perf-allow-large`` (its entries were not held to the size bounds)."""
 
     @property
     def short_hash(self) -> str:
@@ -141,21 +162,34 @@ _CACHE: dict[tuple[str, int, int], Dataset] = {}
 """Parsed files by (path, mtime, size): a session's tests share one parse of a big file."""
 
 
-def load_dataset(name: str, rootdir: Path) -> Dataset:
-    """Read, hash and parse a dataset file; :class:`DatasetError` says what is wrong where."""
+def load_dataset(name: str, rootdir: Path, *, allow_large: bool = False) -> Dataset:
+    """Read, hash and parse a dataset file; :class:`DatasetError` says what is wrong where.
+
+    Read only as a bounded regular file that a symlink does not take out of the rootdir (or,
+    built in, out of the plugin's data); ``allow_large`` (``--perf-allow-large``) lifts the
+    size bounds (:data:`MAX_DATASET_BYTES`, the prompt's)."""
     path = resolve_path(name, rootdir)
-    try:
-        stat = path.stat()
-    except OSError:
+    within = DATA_DIR if name.startswith(BUILTIN_PREFIX) else rootdir
+    if not os.path.lexists(path):
         raise DatasetError(
             f"dataset file {path} does not exist"
             + ("" if Path(name).is_absolute() else f" (dataset={name!r}, from the rootdir)")
-        ) from None
-    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    cached = _CACHE.get(key)
-    if cached is not None and cached.name == name:
-        return cached
-    data = path.read_bytes()
+        )
+    try:
+        stat = path.stat()
+    except OSError:
+        stat = None  # a dangling symlink, say: the read below says what it is
+    if stat is not None:
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+        cached = _CACHE.get(key)
+        if cached is not None and cached.name == name and allow_large >= cached.allow_large:
+            return cached
+    try:
+        data = read_input_file(
+            path, "dataset file", rootdir=within, allow_large=allow_large, limit=MAX_DATASET_BYTES
+        )
+    except WorkloadError as exc:
+        raise DatasetError(str(exc)) from None
     sha = hashlib.sha256(data).hexdigest()
     try:
         text = data.decode("utf-8-sig")
@@ -168,9 +202,23 @@ def load_dataset(name: str, rootdir: Path) -> Dataset:
     if not entries:
         why = f" ({skipped} skipped, e.g. {example})" if skipped else ""
         raise DatasetError(f"{path}: no usable entries{why}")
-    dataset = Dataset(name, path, sha, fmt, tuple(entries), skipped, example)
-    _CACHE[key] = dataset
+    _check_sizes(entries, allow_large)
+    dataset = Dataset(name, path, sha, fmt, tuple(entries), skipped, example, allow_large)
+    if stat is not None:
+        _CACHE[key] = dataset
     return dataset
+
+
+def _check_sizes(entries: Sequence[Entry], allow_large: bool) -> None:
+    """Every prompt and answer within :data:`~pytest_kimi.workload.prompts.MAX_PROMPT_CHARS`:
+    a prompt is sent whole, and an answer is sent to be counted."""
+    try:
+        for e in entries:
+            check_prompt_size(e.prompt, e.where, "prompt", allow_large=allow_large)
+            if e.output_text is not None:
+                check_prompt_size(e.output_text, e.where, "answer", allow_large=allow_large)
+    except WorkloadError as exc:
+        raise DatasetError(str(exc)) from None
 
 
 Parsed = tuple[list[Entry], int, str | None]
@@ -305,8 +353,9 @@ def _count_field(obj: Mapping[str, Any], key: str, where: str) -> int | None:
 
 
 def _shown(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False) if value is not None else "nothing"
-    return text if len(text) <= 60 else text[:57] + "..."
+    """What a wrong value is (``a string of 40 characters``), never its text: the file may be a
+    symlink to something that is not a dataset (:func:`pytest_kimi.files.described`)."""
+    return "nothing" if value is None else described(value)
 
 
 def sample_entries(dataset: Dataset, num_prompts: int | None, seed: int) -> tuple[Entry, ...]:
@@ -473,13 +522,15 @@ def prepare_dataset(
     tokenizer: TextTokenizer | None,
     memo: Memo | None = None,
     endpoint_key: tuple[str, str] = ("", ""),
+    allow_large: bool = False,
 ) -> DatasetSample:
     """Load, sample and measure a dataset: everything a run needs before any clock starts.
 
     ``tokenizer``: the server's (None: estimates only); ``memo``/``endpoint_key`` (base URL,
     model): where counts are kept for the session, so each answer is counted once.
+    ``allow_large``: ``--perf-allow-large`` (the file's size bounds are lifted).
     """
-    dataset = load_dataset(name, rootdir)
+    dataset = load_dataset(name, rootdir, allow_large=allow_large)
     entries = sample_entries(dataset, num_prompts, seed)
     memo = {} if memo is None else memo
     notes: list[str] = []

@@ -20,6 +20,12 @@ Synthetic prompts (``input_tokens``) are sized with the server's tokenizer where
 few tokens of the asked count as the server counts it; elsewhere their length is an estimate
 (about 1.3 tokens per word), which reports say.
 
+Prompts files (``prompts="file.jsonl"``) come from the checkout: one is read only when it is a
+regular file, within :data:`MAX_PROMPTS_FILE_BYTES`, and (named inside the rootdir) not a
+symlink out of it (:func:`pytest_kimi.files.read_regular_bytes`); a prompt longer than
+:data:`MAX_PROMPT_CHARS` is refused rather than sent whole.  ``--perf-allow-large`` lifts both
+bounds, never the type checks.
+
 Length ranges (``range_ratio=``, vLLM's ``--random-range-ratio``): :func:`draw_lengths` draws
 each body's input and output length from vLLM's range around the level's, seeded, and a ranged
 input level has one synthetic prompt per drawn length (:meth:`PromptSizer.synthetic` with
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+from pytest_kimi.files import FileRefusedError, read_regular_bytes
 from pytest_kimi.load.records import Api
 
 API_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -80,6 +87,19 @@ SIZE_TOLERANCE = 3
 """A sized prompt this many tokens from the asked count or closer counts as exact."""
 PREFIX_SEPARATOR = "\n\n"
 """Between a shared prefix and the rest of a completions prompt (chat: a message boundary)."""
+
+
+MAX_PROMPT_CHARS = 2**24
+"""The longest prompt a prompts file or dataset entry may hold (16 Mi characters): eight
+characters per token (English averages four) at a 2M-token context, the longest a served model
+takes (:data:`pytest_kimi.workload.markers.MAX_CONTEXT_TOKENS`).  A longer one was a 100 MB line
+sent whole to the server.  ``--perf-allow-large`` lifts it."""
+MAX_PROMPTS_FILE_BYTES = 2**30
+"""The largest prompts file read (1 GiB, as a dataset: :data:`MAX_PROMPT_CHARS` x 64);
+``--perf-allow-large`` lifts it."""
+ALLOW_LARGE = "if you mean it, run with --perf-allow-large (or ini kimi_perf_allow_large = true)"
+"""How the size bounds are lifted (:data:`pytest_kimi.workload.markers.ALLOW_LARGE_HINT`, which
+this module cannot import: markers imports it)."""
 
 
 RANGE_DRAWS = 128
@@ -426,12 +446,67 @@ class PromptSizer:
         return tuple(words), tuple(counts), how
 
 
-def load_jsonl(path: Path) -> tuple[str, ...]:
-    """Prompts from a JSONL file: each line a string or an object with ``prompt`` or ``text``."""
-    if not path.is_file():
-        raise WorkloadError(f"prompts file {path} does not exist")
+def check_prompt_size(text: str, where: str, what: str, *, allow_large: bool) -> None:
+    """:class:`WorkloadError` when ``text`` is over :data:`MAX_PROMPT_CHARS` (unless
+    ``allow_large``): its size, never its content."""
+    if allow_large or len(text) <= MAX_PROMPT_CHARS:
+        return
+    raise WorkloadError(
+        f"{where}: the {what} is {len(text)} characters, over the {MAX_PROMPT_CHARS} a prompt "
+        f"may be (8 characters per token at a 2M-token context); {ALLOW_LARGE}"
+    )
+
+
+def read_input_file(
+    path: Path, what: str, *, rootdir: Path | None, allow_large: bool, limit: int
+) -> bytes:
+    """A prompts file's or dataset's bytes (:func:`pytest_kimi.files.read_regular_bytes`),
+    every refusal a :class:`WorkloadError` naming the path, its type and size (never its
+    content) and the fix.  ``rootdir``: a path inside it must not leave it through a symlink."""
+    try:
+        return read_regular_bytes(
+            path,
+            what=what,
+            limit=None if allow_large else limit,
+            within=rootdir,
+            lift=ALLOW_LARGE,
+        )
+    except FileNotFoundError:
+        raise WorkloadError(f"{what} {path} does not exist") from None
+    except FileRefusedError as exc:
+        fix = (
+            f"; to read a file outside the rootdir, give its own path in the marker "
+            f"({exc.path.resolve()})"
+            if exc.kind == "outside"
+            else ""
+        )
+        raise WorkloadError(f"{exc}{fix}") from None
+    except OSError as exc:
+        raise WorkloadError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+
+
+def load_jsonl(
+    path: Path, *, rootdir: Path | None = None, allow_large: bool = False
+) -> tuple[str, ...]:
+    """Prompts from a JSONL file: each line a string or an object with ``prompt`` or ``text``.
+
+    Read only as a bounded regular file (:func:`read_input_file`); ``rootdir``: where a
+    relative ``prompts=`` was resolved, which a symlink must not leave."""
+    data = read_input_file(
+        path,
+        "prompts file",
+        rootdir=rootdir,
+        allow_large=allow_large,
+        limit=MAX_PROMPTS_FILE_BYTES,
+    )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(
+            f"prompts file {path}: not UTF-8 text (byte {exc.start}): save it as UTF-8"
+        ) from None
     prompts: list[str] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -444,6 +519,7 @@ def load_jsonl(path: Path) -> tuple[str, ...]:
             raise WorkloadError(
                 f"{path}:{lineno}: expected a string or an object with a 'prompt' string"
             )
+        check_prompt_size(obj, f"{path}:{lineno}", "prompt", allow_large=allow_large)
         prompts.append(obj)
     if not prompts:
         raise WorkloadError(f"prompts file {path} holds no prompts")
@@ -466,6 +542,7 @@ def resolve_prompts(
     *,
     size: SizeFn | None = None,
     lengths: Sequence[int] | None = None,
+    allow_large: bool = False,
 ) -> PromptSource:
     """Turn the marker's ``prompts``/``input_tokens`` into concrete prompt texts.
 
@@ -473,6 +550,7 @@ def resolve_prompts(
     without it their length is an estimate.  ``lengths``: a ranged level's drawn input
     lengths (:meth:`~pytest_kimi.workload.markers.Workload.input_lengths`): one synthetic
     prompt per length, in order, instead of the variants of ``input_tokens``.
+    ``allow_large`` (``--perf-allow-large``): a prompts file's size bounds are lifted.
     """
     if input_tokens is not None and lengths is not None:
         if size is not None:
@@ -498,7 +576,9 @@ def resolve_prompts(
         path = Path(prompts)
         if not path.is_absolute():
             path = rootdir / path
-        return PromptSource(load_jsonl(path), f"jsonl:{prompts}")
+        return PromptSource(
+            load_jsonl(path, rootdir=rootdir, allow_large=allow_large), f"jsonl:{prompts}"
+        )
     texts = tuple(prompts)
     return PromptSource(texts, f"list:{len(texts)}")
 

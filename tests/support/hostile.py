@@ -2,9 +2,12 @@
 
 Why a server of its own and not the simulator's fault knobs: the simulator models an honest
 engine that fails (errors, stalls, crashes); what this one does an honest engine never does:
-streams past ``max_tokens``, reports impossible ``usage``, sends one event of 50 MB, buffers a
-whole response into one gzip write, redirects, rate-limits.  Each is a case the plugin must
-end in bounded time with a reason that names it (tests/test_hostile_streams.py).
+streams past ``max_tokens``, reports impossible ``usage`` (or a running usage that counts
+down), sends one event of 50 MB, buffers a whole response into one gzip write, floods the stream
+with empty events, answers its headers or its body late, redirects, rate-limits.  Each is a
+case the plugin must end in bounded time with a reason that names it
+(tests/test_hostile_streams.py; at C=1 and with ``--update-baselines``:
+tests/test_hostile_streams_c1.py).
 
 The server runs an aiohttp app in a thread of the test process, on a loop of its own and a free
 port, so a pytest session in a subprocess (``pytester.runpytest_subprocess``) reaches it over
@@ -42,6 +45,20 @@ HUGE_WRITE_BYTES = 2**16
 
 RETRY_AFTER = "7"
 """What ``too_many_requests`` asks the client to wait, in seconds (the ``Retry-After`` value)."""
+
+FAST_FIRST = 2
+"""``slow_headers`` and ``slow_body`` answer this many generation requests honestly first: the
+warm-up's (two by default), so the client has seen a fast server when it sizes each trial's
+wall-clock limit, and the slow ones that follow reach that limit long before the request's
+silence timeout (which would name the stall itself)."""
+
+STALL_CAP_S = 120.0
+"""How long ``slow_headers`` / ``slow_body`` hold a request if no client ever hangs up (a test
+that fails does not leave a handler waiting forever)."""
+
+FLOOD_EVENTS = 400
+"""Empty events ``event_flood`` sends before each token: about 40 KB of events that carry no
+text per token event, where an honest stream sends a few hundred bytes."""
 
 ENDLESS_CAP_TOKENS = 1_000_000
 """``endless`` stops after this many tokens if no client ever hangs up, so that a test that
@@ -82,6 +99,18 @@ def role_chunk() -> bytes:
 def token_chunk(i: int) -> bytes:
     """The ``i``-th token's chunk (one token per event, as SGLang and vLLM send by default)."""
     return _chunk(_choice({"content": f"t{i} "}))
+
+
+def token_usage_chunk(i: int, completion_tokens: int) -> bytes:
+    """The ``i``-th token's chunk with a running usage on it (``continuous_usage_stats``)."""
+    payload = _choice({"content": f"t{i} "})
+    payload["usage"] = {"prompt_tokens": 8, "completion_tokens": completion_tokens}
+    return _chunk(payload)
+
+
+def empty_chunk() -> bytes:
+    """A chunk whose delta carries no text: no token (a role-less keep-alive of sorts)."""
+    return _chunk(_choice({}))
 
 
 def finish_chunk() -> bytes:
@@ -171,13 +200,26 @@ async def _huge_line(
     return resp
 
 
+def _gzip(pace_s: float) -> Handler:
+    """A gzip-buffered answer decoded at ``pace_s`` a token behind the proxy: ``gzip_buffered``
+    at a fast server's pace, ``gzip_fast`` at once (the whole answer in well under a
+    millisecond: the tester's C=1 case, whose lump the client took for its own stall)."""
+
+    async def handler(
+        server: HostileServer, request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        return await _gzip_buffered(request, body, pace_s)
+
+    return handler
+
+
 async def _gzip_buffered(
-    server: HostileServer, request: web.Request, body: dict[str, Any]
+    request: web.Request, body: dict[str, Any], pace_s: float
 ) -> web.StreamResponse:
     """What a compressing (or buffering) proxy hands on: the whole answer, decoded at a
     server's pace behind it, then gzipped into one write."""
     n = max_tokens_of(body)
-    await asyncio.sleep(n * TOKEN_GAP_S)
+    await asyncio.sleep(n * pace_s)
     raw = (
         role_chunk()
         + b"".join(token_chunk(i) for i in range(n))
@@ -189,6 +231,77 @@ async def _gzip_buffered(
         body=gzip.compress(raw),
         headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"},
     )
+
+
+async def _usage_down(
+    server: HostileServer, request: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
+    """Paced tokens whose running usage counts *down* (``n``, ``n - 1``, ...), then an honest
+    final usage: a cumulative count that falls, which no server's accounting can produce.  A
+    stream cut early claims far more tokens than it streamed (its running usage is all a cut
+    stream has), so the tester's run recorded 296.2 tok/s against a true ~185."""
+    n = max_tokens_of(body)
+    resp = await _open_stream(request)
+    await resp.write(role_chunk())
+    for i in range(n):
+        await asyncio.sleep(TOKEN_GAP_S)
+        await resp.write(token_usage_chunk(i, n - i))
+    await resp.write(finish_chunk() + usage_chunk(n) + DONE)
+    await resp.write_eof()
+    return resp
+
+
+async def _event_flood(
+    server: HostileServer, request: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
+    """Paced tokens, each after :data:`FLOOD_EVENTS` empty events: the client spends its time
+    parsing events that carry nothing, whatever the number of streams."""
+    n = max_tokens_of(body)
+    flood = empty_chunk() * FLOOD_EVENTS
+    resp = await _open_stream(request)
+    async with server.hangup_counted():
+        await resp.write(role_chunk())
+        for i in range(n):
+            await asyncio.sleep(TOKEN_GAP_S)
+            await resp.write(flood + token_chunk(i))
+        await resp.write(finish_chunk() + usage_chunk(n) + DONE)
+        await resp.write_eof()
+    return resp
+
+
+def _after_warmup(slow: Handler) -> Handler:
+    """``ok`` for the first :data:`FAST_FIRST` generation requests, ``slow`` after them."""
+
+    async def handler(
+        server: HostileServer, request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        if len(server.generations()) <= FAST_FIRST:
+            return await _ok(server, request, body)
+        return await slow(server, request, body)
+
+    return handler
+
+
+async def _slow_headers(
+    server: HostileServer, request: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
+    """No response (not even its headers) until the client hangs up."""
+    async with server.hangup_counted():
+        await asyncio.sleep(STALL_CAP_S)
+    return await _ok(server, request, body)
+
+
+async def _slow_body(
+    server: HostileServer, request: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
+    """Headers and the role chunk at once, then no token until the client hangs up."""
+    resp = await _open_stream(request)
+    async with server.hangup_counted():
+        await resp.write(role_chunk())
+        await asyncio.sleep(STALL_CAP_S)
+        await resp.write(finish_chunk() + DONE)
+        await resp.write_eof()
+    return resp
 
 
 def _redirect(status: int) -> Handler:
@@ -227,7 +340,12 @@ MODES: dict[str, Handler] = {
     "usage_string": _usage_mode(str),
     "usage_bool": _usage_mode(lambda n: True),
     "huge_line": _huge_line,
-    "gzip_buffered": _gzip_buffered,
+    "gzip_buffered": _gzip(TOKEN_GAP_S),
+    "gzip_fast": _gzip(0.0),
+    "usage_down": _usage_down,
+    "event_flood": _event_flood,
+    "slow_headers": _after_warmup(_slow_headers),
+    "slow_body": _after_warmup(_slow_body),
     "redirect_307": _redirect(307),
     "redirect_302": _redirect(302),
     "too_many_requests": _too_many_requests,
