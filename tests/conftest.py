@@ -140,8 +140,11 @@ def sim_measure(
 
 @pytest.fixture(autouse=True)
 def _inner_addopts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """:data:`INNER_ADDOPTS` for the sessions a test starts in a subprocess of its own."""
+    """:data:`INNER_ADDOPTS` for the sessions a test starts in a subprocess of its own, and a
+    wide ``COLUMNS``: tests read the summary's content, one line per message, whatever the
+    outer terminal (an xdist worker, a CI log, a tty); the layout tests set their own width."""
     monkeypatch.setenv("PYTEST_ADDOPTS", INNER_ADDOPTS)
+    monkeypatch.setenv("COLUMNS", "2000")
 
 
 @pytest.fixture

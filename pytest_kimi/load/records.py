@@ -93,6 +93,10 @@ class RequestRecord:
     max_tokens: int = 0
     """The request's own ``max_tokens`` where it differs from its level's (the staggered first
     request of each stream in a stationary trial); 0: the level's."""
+    token_limit: int = 0
+    """The ``max_tokens`` the request's body asked for, as sent (a ranged workload draws one
+    per request, so the level's is not it); 0: none.  A cut stream's running usage above it
+    cannot be true (:func:`pytest_kimi.measure.metrics.count_cut_tokens`)."""
     last_read: bytes = b""
     """The last token-carrying read block while the stream runs (one reference per read, no
     copy): a stream the time box cuts never gets its final ``usage``, but with

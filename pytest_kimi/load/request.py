@@ -313,7 +313,8 @@ async def stream_request(
         else RequestRecord(index=index, worker=worker, scheduled=scheduled)
     )
     # the request's own limit (a stationary opener's staggered one is in its body too)
-    parser = StreamParser(rec, target.api, rec.max_tokens or body_max_tokens(body))
+    rec.token_limit = rec.max_tokens or body_max_tokens(body)
+    parser = StreamParser(rec, target.api, rec.token_limit)
     connected = False
     ctype = ""
     try:

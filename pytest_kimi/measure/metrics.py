@@ -348,7 +348,8 @@ def count_cut_tokens(records: Sequence[RequestRecord], max_tokens: int = 0) -> i
     finished streams (events may carry several tokens, ``stream_interval``), counted and
     reported by the caller.  A running usage that cannot be true is not believed (the
     stream is estimated, and ``usage_error`` says why): one below the events streamed, one
-    above the request's ``max_tokens`` (its record's own, else ``max_tokens``; 0: unknown),
+    above the request's ``max_tokens`` (the one its body asked for, else ``max_tokens``; 0:
+    unknown),
     one that fell on the way (:func:`running_usage_fall`).
     """
     # a mean is what is meant here: a stream without running usage is given the events of
@@ -367,7 +368,7 @@ def count_cut_tokens(records: Sequence[RequestRecord], max_tokens: int = 0) -> i
         else:
             told = running_usage(rec.last_read)
         rec.last_read = b""
-        limit = rec.max_tokens or max_tokens
+        limit = rec.token_limit or rec.max_tokens or max_tokens
         if rec.usage_error is not None:
             told = None  # a usage that fell (or was refused on the way) tells nothing
         elif told is not None and told < rec.events:

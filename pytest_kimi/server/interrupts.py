@@ -75,7 +75,10 @@ class Interrupts:
         """The tests are over (:meth:`finishing`): a first signal is noted, not raised."""
         self.exit_code: int | None = None
         """The exit status the written reports agree with (:meth:`settle`): what a hard stop
-        exits with from then on."""
+        exits with from then on, unless a signal cut the tests short."""
+        self.cut_tests = False
+        """A first signal raised KeyboardInterrupt in the tests: the run was stopped by a
+        signal, and a hard stop says so (128 + the signal) whatever the reports got to say."""
         self._previous: dict[int, Any] = {}
 
     def install(self) -> bool:
@@ -140,15 +143,18 @@ class Interrupts:
                     "servers are shut down, reports are written); send it again to stop "
                     f"at once (signals within {self.together_s:g} s of this one are this one)"
                 )
+            self.cut_tests = True
             raise KeyboardInterrupt
         self.count += 1
         self.hard_stop(signum)
 
     def hard_stop(self, signum: int) -> None:
         """SIGKILL every supervised server of this process, then exit: with the status the
-        written reports agree with (:meth:`settle`), else 128 + ``signum``."""
-        code = self.exit_code if self.exit_code is not None else 128 + signum
-        agreed = "" if self.exit_code is None else f" with the reports' exit status {code}"
+        written reports agree with (:meth:`settle`) when the tests had ended before the first
+        signal, else 128 + ``signum`` (a run a signal stopped exits like one)."""
+        agreed_code = None if self.cut_tests else self.exit_code
+        code = agreed_code if agreed_code is not None else 128 + signum
+        agreed = "" if agreed_code is None else f" with the reports' exit status {code}"
         self._say(
             f"pytest-kimi: {_name(signum)} again: killing the servers and exiting now{agreed}"
         )
