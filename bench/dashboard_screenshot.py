@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # support/browser.py: the tests' headle
 from support.browser import find_chromium, screenshot  # noqa: E402
 from pytest_kimi.history.changes import find_changes  # noqa: E402
 from pytest_kimi.history.dashboard import write_dashboard  # noqa: E402
-from pytest_kimi.history.record import RunMeta  # noqa: E402
+from pytest_kimi.history.rows import RunMeta  # noqa: E402
 from pytest_kimi.history.store import open_history  # noqa: E402
 
 SUITE = '''"""A small serving suite: the dashboard screenshot's runs."""

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from pytest_kimi.errors import CliError
+from pytest_kimi.printable import printable
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.results import level_key
 from pytest_kimi.report.markdown import test_title
@@ -39,6 +40,13 @@ EXIT_BAD = 1
 EXIT_ERROR = 2
 
 PROG = "kimi-perf"
+
+
+def say(*values: object, sep: str = " ", file: Any = None) -> None:
+    """``print``, with every control character a report or baseline carries escaped: a test
+    id, a model id or an error body written by a server reaches the terminal as text, never
+    as an escape sequence that clears the screen or forges a line (newlines are kept)."""
+    print(printable(sep.join(str(v) for v in values), None, lines=True), file=file)
 
 
 # ----------------------------------------------------------------------------------- reports
@@ -352,28 +360,28 @@ def _print_comparison(cmp: Comparison, old_path: Path, new_path: Path) -> None:
     ]
     if any(lv.get("profile") is not None for t in cmp.report["tests"] for lv in t["levels"]):
         columns.insert(0, ("profile", lambda lv: str(lv.get("profile") or "-")))
-    print(f"{PROG} compare: {new_path} against {old_path} (baseline)")
+    say(f"{PROG} compare: {new_path} against {old_path} (baseline)")
     for note in cmp.report["notes"][1:]:
-        print(f"  {note}")
+        say(f"  {note}")
     for test in cmp.report["tests"]:
-        print()
-        print(f"{test_title(test)} [{'REGRESSION' if test['outcome'] == 'failed' else 'ok'}]")
+        say()
+        say(f"{test_title(test)} [{'REGRESSION' if test['outcome'] == 'failed' else 'ok'}]")
         for line in format_table(test["levels"], columns):
-            print("  " + line)
+            say("  " + line)
         if test.get("baseline_note"):
-            print("  " + test["baseline_note"])
+            say("  " + test["baseline_note"])
     for item in cmp.only_old:
-        print(f"only in {old_path}: {item}")
+        say(f"only in {old_path}: {item}")
     for item in cmp.only_new:
-        print(f"only in {new_path}: {item}")
-    print()
+        say(f"only in {new_path}: {item}")
+    say()
     if cmp.regressions:
-        print(
+        say(
             f"{len(cmp.regressions)} regression{'s' if len(cmp.regressions) != 1 else ''}: "
             + ", ".join(cmp.regressions)
         )
     else:
-        print("no regressions")
+        say("no regressions")
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
@@ -401,7 +409,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
             path.write_text(render_markdown(cmp.report), encoding="utf-8")
         except OSError as exc:
             raise CliError(f"{path}: cannot write: {exc}") from None
-        print(f"markdown: {path}")
+        say(f"markdown: {path}")
     return EXIT_BAD if cmp.regressions else EXIT_OK
 
 
@@ -432,7 +440,7 @@ def cmd_baselines(ns: argparse.Namespace) -> int:
     shown = broken = 0
     for store in stores:
         if not store.directory.is_dir():
-            print(f"[{store.profile}] no baselines in {store.directory}")
+            say(f"[{store.profile}] no baselines in {store.directory}")
             continue
         # Read file by file (not iter_all) so one corrupt file does not hide the others.
         for path in store.paths():
@@ -446,13 +454,13 @@ def cmd_baselines(ns: argparse.Namespace) -> int:
                         f"in profile {store.profile!r}",
                     )
             except BaselineError as exc:
-                print(f"error: {exc}", file=sys.stderr)
+                say(f"error: {exc}", file=sys.stderr)
                 broken += 1
                 continue
             shown += 1
-            print(f"[{baseline.profile}] {baseline.test}  ({path})")
+            say(f"[{baseline.profile}] {baseline.test}  ({path})")
             prov = baseline.provenance
-            print(
+            say(
                 f"  model {prov.model or '?'}, recorded {prov.recorded_at or '?'}, "
                 f"commit {(prov.git_commit or '?')[:12]}, plugin {prov.plugin_version or '?'}"
             )
@@ -469,16 +477,110 @@ def cmd_baselines(ns: argparse.Namespace) -> int:
             width = max((len(lb) for lb in labels), default=0)
             for label, lv in zip(labels, baseline.levels):
                 n = len(lv.trials_tok_s)
-                print(
+                say(
                     f"  {label.ljust(width)}  {lv.tok_s:>10.1f} tok/s  {n} trial{'s' if n != 1 else ''}"
                 )
             if baseline.capacity is not None:  # a @capacity test's record
-                print(f"  capacity {baseline.capacity.text()}")
-    print(
+                say(f"  capacity {baseline.capacity.text()}")
+    say(
         f"{shown} baseline file{'s' if shown != 1 else ''} in {root}"
         + (f", {broken} unreadable" if broken else "")
     )
     return EXIT_BAD if broken else EXIT_OK
+
+
+# --------------------------------------------------------------------------------- calibrate
+
+
+def cmd_calibrate(ns: argparse.Namespace) -> int:
+    """An A/A experiment's verdict on the gate: per level and pooled, the session noise and
+    what it lets a stored baseline and the paired comparison vouch for
+    (:mod:`pytest_kimi.gate.calibration`).  From a saved ``--perf-sessions`` report, or run
+    here: ``kimi-perf calibrate --sessions 5 -- <pytest arguments>``."""
+    import subprocess
+    import tempfile
+
+    from pytest_kimi.gate.calibration import calibrate
+    from pytest_kimi.gate.session_noise import NoiseEstimate
+
+    extra = list(ns.pytest_args)
+    if ns.report is not None and (ns.sessions or extra):
+        raise CliError("give a REPORT.json or --sessions N with pytest arguments, not both")
+    if ns.report is None:
+        if not ns.sessions or ns.sessions < 2:
+            raise CliError("give a --perf-sessions report, or --sessions N (2 or more) to run one")
+        with tempfile.TemporaryDirectory(prefix="kimi-calibrate-") as tmp:
+            path = Path(tmp) / "calibrate.json"
+            command = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-m",
+                "perf",
+                f"--perf-sessions={ns.sessions}",
+                f"--perf-json={path}",
+                *extra,
+            ]
+            say(f"{PROG} calibrate: {' '.join(command[1:])}")
+            code = subprocess.call(command)
+            if not path.is_file():
+                raise CliError(f"the A/A run wrote no report (pytest exit status {code})")
+            report = load_report(path)
+    else:
+        report = load_report(Path(ns.report))
+    section = report.get("session_noise")
+    if not isinstance(section, dict):
+        raise CliError(
+            "the report has no session_noise: calibrate needs a run with --perf-sessions 2 or "
+            "more (a managed --server-profile, or the simulator)"
+        )
+    settings = {
+        "tolerance": ns.tolerance,
+        "alpha": ns.alpha,
+        "detectable_drop": ns.detectable_drop,
+        "max_launches": ns.max_launches,
+        "trials": ns.trials,
+    }
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for level in section.get("levels") or []:
+        if isinstance(level.get("estimate"), dict):
+            where = f"{level.get('nodeid')} {level.get('label')}"
+            if level.get("profile"):
+                where += f" on {level['profile']}"
+            rows.append((where, level["estimate"]))
+    if isinstance(section.get("pooled"), dict):
+        rows.append(("all levels pooled", section["pooled"]))
+    if not rows:
+        raise CliError("the report's session_noise has no estimate: no level ran in 2 sessions")
+    say(
+        f"{PROG} calibrate: tolerance {ns.tolerance:g}, alpha {ns.alpha:g}, detectable drop "
+        f"{ns.detectable_drop:g}; a stored baseline of {ns.trials} trials, a paired comparison "
+        f"of at most {ns.max_launches} launches"
+    )
+    warned = False
+    out = []
+    for where, data in rows:
+        try:
+            cal = calibrate(where, NoiseEstimate.from_dict(data), **settings)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CliError(f"{where}: not a session-noise estimate ({exc})") from None
+        e = cal.estimate
+        paired = f"{cal.paired_launches} launches" if cal.paired_launches else "beyond the budget"
+        say(
+            f"{where}: session noise {e.sigma:.4f} ({e.confidence:.0%} interval {e.low:.4f}.."
+            f"{e.high:.4f}, {e.sessions} sessions; trial noise {e.within_sd:.4f}) -> gate "
+            f"sigma {cal.sigma:g}\n  stored baseline: catches a {cal.stored_mdd:.1%} drop, "
+            f"vouches down to {cal.vouchable_drop:.1%}, one run moves ±{cal.one_run_spread:.1%}"
+            f"\n  paired: vouches for a {ns.detectable_drop:.0%} drop after {paired}"
+        )
+        for text in cal.warnings():
+            warned = True
+            say(f"  warning: {text}")
+        out.append(cal.to_dict())
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+        say(f"json: {ns.json}")
+    return EXIT_BAD if warned and ns.strict else EXIT_OK
 
 
 # -------------------------------------------------------------------------------------- plot
@@ -492,7 +594,7 @@ def cmd_plot(ns: argparse.Namespace) -> int:
         index = write_html(report, Path(ns.out))
     except OSError as exc:
         raise CliError(f"{ns.out}: cannot write: {exc}") from None
-    print(f"wrote {index}")
+    say(f"wrote {index}")
     return EXIT_OK
 
 
@@ -551,6 +653,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", metavar="PATH", help="also write the comparison as Markdown")
     p.set_defaults(func=cmd_compare)
 
+    p = sub.add_parser(
+        "calibrate",
+        help="session noise of a deployment (an A/A run) and what the gate can vouch for",
+        description="Read a --perf-sessions report (or run one: --sessions N -- <pytest "
+        "arguments>) and print per level the session noise, the smallest drop a stored "
+        "baseline catches and vouches for, and the launches a paired comparison needs. "
+        "Exit 1 with --strict when a warning was printed.",
+    )
+    p.add_argument("report", metavar="REPORT.json", nargs="?", default=None)
+    p.add_argument("--sessions", type=int, default=0, metavar="N", help="run the A/A here")
+    p.add_argument(
+        "--trials", type=int, default=10, metavar="N", help="trials of a stored-baseline run"
+    )
+    p.add_argument("--max-launches", type=int, default=12, metavar="N", help="the paired budget")
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a warning was printed")
+    add_gate_arguments(p)
+    # "-- <pytest arguments>" is split off in main(): argparse would give them to REPORT.json
+    p.set_defaults(func=cmd_calibrate, pytest_args=[])
+
     p = sub.add_parser("plot", help="write the HTML report and SVG figures of a --perf-json report")
     p.add_argument("report", metavar="REPORT.json")
     p.add_argument(
@@ -568,13 +690,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "sim":
         return cmd_sim(args[1:])
+    tail: list[str] | None = None
+    if args and args[0] == "calibrate" and "--" in args:
+        at = args.index("--")
+        args, tail = args[:at], args[at + 1 :]
     parser = build_parser()
     ns = parser.parse_args(args)  # exits 2 with usage on bad arguments, like any CLI
+    if tail is not None:
+        ns.pytest_args = tail
     func: Callable[[argparse.Namespace], int] = ns.func
     try:
         return func(ns)
     except CliError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        say(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -4,9 +4,10 @@ Why one object.  Defaults used to be supplied where each value was read (3 trial
 measuring code, ``baselines/`` in the plugin, the statistics' defaults in ``GateSettings``), so
 a help text, the README and the code could disagree and no test would notice.  Now each
 option is one typed field of :class:`KimiOptions` and its default is that field's default,
-stated here and nowhere else in the plugin (the statistical ones are taken from
+stated here and nowhere else in the plugin (the statistical ones equal
 :mod:`pytest_kimi.gate.stats`' ``DEFAULT_*`` constants, which stay the defaults of its
-pytest-free functions; a test checks that ``GateSettings`` and ``kimi-perf compare`` agree).
+pytest-free functions, and are restated below so that this table loads no numpy; tests check
+that they agree, and that ``GateSettings`` and ``kimi-perf compare`` do).
 Help texts are formatted from the same field defaults.  ``pytest_configure`` builds the object
 once (:meth:`KimiOptions.from_sources`, through :mod:`pytest_kimi.plugin.options`) and stores it on ``config.stash``; the plugin, the gate
 and the reports read only that.
@@ -34,17 +35,30 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Generic, Literal, Mapping, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, Mapping, TypeVar, cast
 
-from pytest_kimi.baseline.paths import DEFAULT_DIRNAME, DEFAULT_PROFILE
-from pytest_kimi.gate import stats
-from pytest_kimi.gate.latency_gate import DEFAULT_LATENCY_TOLERANCE
-from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.history.urls import DEFAULT_URL as DEFAULT_HISTORY_URL
 from pytest_kimi.history.urls import check_url, resolve_history_url
-from pytest_kimi.measure.trials import DEFAULT_TRIALS
 from pytest_kimi.scrub import scrub_text
 from pytest_kimi.workload.markers import ALLOW_LARGE_FLAG, DEFAULT_PROTOCOL, PROTOCOLS
+
+if TYPE_CHECKING:
+    from pytest_kimi.gate.policy import GateSettings
+
+# The defaults of the stages below, as they state them for their pytest-free functions
+# (gate/stats.py, gate/latency_gate.py, measure/trials.py, baseline/paths.py), restated so that
+# the option table -- read by every pytest session, perf tests or not -- imports neither numpy
+# nor the baseline store; tests/test_import_budget.py checks that each equals its source.
+DEFAULT_TOLERANCE = 0.05
+DEFAULT_ALPHA = 0.05
+DEFAULT_SESSION_SIGMA = 0.03
+DEFAULT_POWER = 0.95
+DEFAULT_DETECTABLE_DROP = 0.15
+DEFAULT_MAX_TRIALS = 10
+DEFAULT_LATENCY_TOLERANCE = 0.25
+DEFAULT_TRIALS = 3
+DEFAULT_DIRNAME = "baselines"
+DEFAULT_PROFILE = "default"
 
 T = TypeVar("T")
 
@@ -80,25 +94,30 @@ class KimiOptions:
     baseline_dir: Path = Path(DEFAULT_DIRNAME)
     baseline_profile: str | None = None
     """None: derived (:meth:`default_profile`): the deployment's name, ``sim`` or ``default``."""
-    perf_tolerance: float = stats.DEFAULT_TOLERANCE
-    perf_alpha: float = stats.DEFAULT_ALPHA
-    perf_session_sigma: float = stats.DEFAULT_SESSION_SIGMA
-    perf_detectable_drop: float = stats.DEFAULT_DETECTABLE_DROP
+    perf_tolerance: float = DEFAULT_TOLERANCE
+    perf_alpha: float = DEFAULT_ALPHA
+    perf_session_sigma: float = DEFAULT_SESSION_SIGMA
+    perf_detectable_drop: float = DEFAULT_DETECTABLE_DROP
     perf_latency_tolerance: float = DEFAULT_LATENCY_TOLERANCE
     """How much slower TTFT and ITL may be than the baseline's (0.25: 25%); a marker's
     ``latency_tolerance=`` overrides it."""
-    perf_max_trials: int = stats.DEFAULT_MAX_TRIALS
+    perf_max_trials: int = DEFAULT_MAX_TRIALS
     perf_sessions: int = 1
     """Fresh server starts per run (``--perf-sessions``): every perf test runs in each, and the
     scatter between them measures the session noise.  Only for deployments the plugin starts."""
+    perf_max_launches: int = 0
+    """``--perf-max-launches``: judge a deploy change (two ``--server-profile`` s, the reference
+    first) by a paired sequential experiment of at most this many launches, in ABBA blocks,
+    stopping once decided (:mod:`pytest_kimi.run.deploy_gate`); 0: off."""
     perf_require_baseline: bool = False
     perf_require_measurement: bool = False
     perf_strict: bool = False
     perf_server_metrics: bool = False
     perf_allow_large: bool = False
     """Lift the upper bounds on marker values (:data:`pytest_kimi.workload.markers.BOUNDED_ARGS`),
-    which stop a typo such as ``concurrency=10**7`` at collection; non-finite numbers stay
-    refused."""
+    which stop a typo such as ``concurrency=10**7`` at collection, and the size bounds on the
+    files the plugin reads (:mod:`pytest_kimi.files`); non-finite numbers and files that are
+    not regular files stay refused."""
     perf_lock_timeout: float = 1800.0
     """Seconds a perf test waits for another pytest-kimi run measuring the same endpoint on this
     machine (:mod:`pytest_kimi.run.endpoint_lock`) before it errors naming that run: 30
@@ -138,6 +157,8 @@ class KimiOptions:
 
     def gate_settings(self) -> GateSettings:
         """The gate's settings: taken from here, so they cannot keep defaults of their own."""
+        from pytest_kimi.gate.policy import GateSettings
+
         return GateSettings(
             tolerance=self.perf_tolerance,
             alpha=self.perf_alpha,
@@ -460,7 +481,7 @@ OPTIONS: dict[str, Option[Any]] = {
             "--perf-detectable-drop",
             "kimi_perf_detectable_drop",
             "KIMI_PERF_DETECTABLE_DROP",
-            f"true relative drop the gate must catch (with {stats.DEFAULT_POWER:.0%} "
+            f"true relative drop the gate must catch (with {DEFAULT_POWER:.0%} "
             "probability) before a level may pass; a level whose noise could hide it is "
             "underpowered (default {default})",
             fraction,
@@ -493,6 +514,18 @@ OPTIONS: dict[str, Option[Any]] = {
             "every perf test in each fresh session, to measure the session noise and "
             "recommend a --perf-session-sigma (default {default}: one session); with two or "
             "more server profiles the sessions run in ABBA order",
+            positive_int,
+            metavar="N",
+        ),
+        Option(
+            "--perf-max-launches",
+            "kimi_perf_max_launches",
+            "KIMI_PERF_MAX_LAUNCHES",
+            "judge a deploy change as a paired sequential experiment: two --server-profile "
+            "(the reference first) launched in ABBA blocks, each perf test measured on every "
+            "launch, until its verdict is decided or N launches (at least 4) are spent; the "
+            "verdicts and the smallest drop the experiment could catch are in the 'deploy "
+            "gate' section (default: off; 12 is a good budget)",
             positive_int,
             metavar="N",
         ),
@@ -540,7 +573,9 @@ OPTIONS: dict[str, Option[Any]] = {
             "KIMI_PERF_ALLOW_LARGE",
             "accept marker values above their upper bounds (concurrency 65536, input_tokens "
             "and max_tokens 2097152, trials 1000, rate 10000/s, ...), which otherwise stop the "
-            "run at collection as the typo they nearly always are",
+            "run at collection as the typo they nearly always are, and files above their size "
+            "bounds (a baseline or server profile of 1 MiB, a dataset or prompts file of 1 "
+            "GiB); a file must still be a regular file",
             boolean,
             switch=True,
         ),

@@ -15,6 +15,10 @@ writer never emits one), so the loader refuses the first one it meets, before it
 naming its line.  Two limits back that up, each far above any real file: the text's size
 (:data:`MAX_CHARS`) and the number of nodes composed (:data:`MAX_NODES`).
 
+Every mapping key in these files is a name (a field, a flag, a variable), so a plain key that
+YAML 1.1 would read as a boolean (``on:``, ``off:``, ``yes:``, ``No:``) is read as the string
+written; values keep YAML's reading (``args: {enable-x: true}`` stays a bare flag).
+
 Only PyYAML here (no pytest): load-worker processes and offline scripts import it.
 """
 
@@ -38,6 +42,8 @@ __all__ = [
 ]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_STR_TAG = "tag:yaml.org,2002:str"
 
 MAX_CHARS = 1024 * 1024
 """The largest text :func:`load` parses (1 Mi characters).  A baseline of 50 levels with their
@@ -95,20 +101,29 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
 
     A :class:`yaml.MarkedYAMLError` like any other load error (``problem_mark`` is the second
     occurrence, ``context_mark`` the mapping), so a caller that formats YAML errors generically
-    needs no special case; ``key``, ``line`` and ``first_line`` (1-based) are there for callers
-    that word it themselves.
+    needs no special case; ``key`` (the constructed value), ``written`` (the second occurrence's
+    text as the file has it, None for a collection key), ``line`` and ``first_line`` (1-based)
+    are there for callers that word it themselves.  The message shows a string key quoted and
+    any other scalar as written (``1.0``, not ``1``).
     """
 
     def __init__(
         self, mapping: yaml.MappingNode, key: Any, key_node: yaml.Node, first: yaml.Node
     ) -> None:
         self.key = key
+        self.written: str | None = (
+            str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+        )
         self.line = key_node.start_mark.line + 1
         self.first_line = first.start_mark.line + 1
+        if isinstance(key, str) or self.written is None:
+            shown = repr(key)
+        else:
+            shown = self.written
         super().__init__(
             "while constructing a mapping",
             mapping.start_mark,
-            f"found duplicate key {key!r} (first given on line {self.first_line})",
+            f"found duplicate key {shown} (first given on line {self.first_line})",
             key_node.start_mark,
         )
 
@@ -118,9 +133,12 @@ class StrictLoader(yaml.SafeLoader):
     whose composer raises :class:`AliasError` on an anchor or alias, :class:`NodeLimitError` past
     :data:`MAX_NODES` nodes.
 
-    Keys compare as constructed values (``tp-size`` and ``"tp-size"`` are the same key, ``1``
-    and ``"1"`` are not).  Merge keys (``<<``) are left to PyYAML: overriding a merged key is
-    what they are for (with aliases refused, only an inline mapping can be merged).
+    A plain mapping key YAML 1.1 resolves to a boolean (``on``, ``No``, ``YES``) is read as the
+    string written, since every key in our files is a name; an explicit ``!!bool`` tag and every
+    value are left to YAML.  Keys compare as constructed values (``tp-size`` and ``"tp-size"``
+    are the same key, ``1`` and ``"1"`` are not, nor ``on`` and ``On``).  Merge keys (``<<``)
+    are left to PyYAML: overriding a merged key is what they are for (with aliases refused, only
+    an inline mapping can be merged).
     """
 
     def __init__(self, stream: str) -> None:
@@ -139,7 +157,19 @@ class StrictLoader(yaml.SafeLoader):
         self._nodes += 1
         if self._nodes > MAX_NODES:
             raise NodeLimitError(event.start_mark)
-        return super().compose_node(parent, index)
+        node = super().compose_node(parent, index)
+        # A mapping's key is composed with ``index`` None (its value with the key node).  A plain
+        # untagged key YAML 1.1 reads as a boolean (``on:``) is the name written: a string.
+        if (
+            isinstance(parent, yaml.MappingNode)
+            and index is None
+            and isinstance(event, yaml.ScalarEvent)
+            and event.tag is None
+            and node is not None
+            and node.tag == _BOOL_TAG
+        ):
+            node.tag = _STR_TAG
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):

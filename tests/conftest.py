@@ -101,6 +101,28 @@ def sim_truth(url: str, start: float, end: float) -> dict[str, Any]:
     return data
 
 
+def _running_sim(tmp_path_factory: pytest.TempPathFactory, config: SimConfig) -> Iterator[str]:
+    with SimProcess(config, log_dir=tmp_path_factory.mktemp("simlogs")) as sim:
+        assert sim.url is not None
+        yield sim.url
+
+
+@pytest.fixture(scope="module")
+def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a simulator of the test module's own, EP8-shaped and 10x faster: C=1 gives
+    ~650 tok/s.  A trial lasts what its window needs on the wall clock whatever the speed, and at
+    10 the simulator and the client need a few percent of a core, where at 50 they kept one busy.
+    An external server as several sessions (pytester runs) would share one."""
+    yield from _running_sim(tmp_path_factory, SimConfig(speed=10.0))
+
+
+@pytest.fixture(scope="module")
+def chunked_sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Like :func:`sim_url` at the main job's pace: 20x (~1,000 tok/s per stream, a 512-token
+    request lasts about half a second), 8 tokens per stream event."""
+    yield from _running_sim(tmp_path_factory, SimConfig(speed=20.0, stream_interval=8))
+
+
 @pytest.fixture
 def otava() -> None:
     """Apache Otava for a test that runs the change-point detector (support/otava.py)."""

@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import Iterator
 
 import pytest
 from aiohttp import web
@@ -25,8 +24,6 @@ from pytest_kimi.crosscheck.contamination import (
 )
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.measure.metrics import ClientSignals, TrialResult
-from pytest_kimi.sim.config import SimConfig
-from pytest_kimi.sim.process import SimProcess
 from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]
@@ -74,14 +71,6 @@ def test_zombies_of_cut_streams_are_waited_for_and_named(
     assert len(rates) == 3 and min(rates) / max(rates) > 0.9, rates  # was 0.81
 
 
-@pytest.fixture(scope="module")
-def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with SimProcess(
-        SimConfig(speed=20, stream_interval=8), log_dir=tmp_path_factory.mktemp("simlogs")
-    ) as sim:
-        yield sim.url
-
-
 SHARED = """
 import json, re, threading, time, urllib.request
 import pytest
@@ -123,7 +112,7 @@ def test_shared():
 
 
 def test_a_second_client_is_named_in_the_levels_reasons(
-    pytester: pytest.Pytester, sim_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, chunked_sim_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two clients on one server: before the check the level passed on a figure the other
     client's requests shared (two such runs each read a false regression); now it is invalid,
@@ -131,7 +120,7 @@ def test_a_second_client_is_named_in_the_levels_reasons(
     pytester.makepyfile(test_shared=SHARED)
     out = tmp_path / "perf.json"
     monkeypatch.setenv("COLUMNS", "250")  # content, not layout: one line per reason
-    result = pytester.runpytest(f"--endpoint={sim_url}", f"--perf-json={out}")
+    result = pytester.runpytest(f"--endpoint={chunked_sim_url}", f"--perf-json={out}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [

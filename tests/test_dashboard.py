@@ -23,8 +23,9 @@ import pytest
 
 from support.browser import dump_dom, find_chromium, read_png, require_chromium, screenshot
 from support.otava import require_otava
-from pytest_kimi.history import dashboard
-from pytest_kimi.history.dashboard import BLUE, PURPLE, VERMILLION, write_dashboard
+from pytest_kimi.history import dashboard_chart
+from pytest_kimi.history.dashboard import write_dashboard
+from pytest_kimi.history.dashboard_cells import BLUE, PURPLE, VERMILLION
 from pytest_kimi.history.model import CAPACITY, CapacityFigures, LevelSeries, Point, RunInfo
 
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=timezone.utc)
@@ -465,9 +466,9 @@ def test_series_are_matched_to_their_own_changes_and_deployments(tmp_path: Path)
 
 
 def test_the_y_axis_neither_starts_at_zero_nor_magnifies_noise() -> None:
-    lo, hi, step = dashboard._y_range([1480.0, 1481.0, 1479.5])
+    lo, hi, step = dashboard_chart._y_range([1480.0, 1481.0, 1479.5])
     assert lo > 0 and hi - lo >= 0.2 * 1480 and step > 0
-    lo, hi, _ = dashboard._y_range([1480.0, 1258.0])
+    lo, hi, _ = dashboard_chart._y_range([1480.0, 1258.0])
     assert lo <= 1258.0 and hi >= 1480.0 and lo > 900
 
 
@@ -531,7 +532,7 @@ def test_from_a_real_history_database(tmp_path: Path) -> None:
     require_otava()
     from pytest_kimi.history import changes as changes_mod
     from pytest_kimi.history import store as store_mod
-    from pytest_kimi.history.record import RunMeta, flat_provenance
+    from pytest_kimi.history.rows import RunMeta, flat_provenance
 
     rng = random.Random(3)
     with store_mod.open_history(f"sqlite:///{tmp_path / 'history.db'}") as store:

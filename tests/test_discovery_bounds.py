@@ -35,7 +35,8 @@ from pytest_kimi.endpoint.bounded import (
     read_stream_capped,
 )
 from pytest_kimi.endpoint.discovery import EndpointError, discover
-from pytest_kimi.server.launcher import ExternalServer, ResponseTooLarge, _http
+from pytest_kimi.server.launcher import ExternalServer
+from pytest_kimi.server.server_http import ResponseTooLarge, _http
 from pytest_kimi.server.profile import load_profile
 from support.hostile_discovery import DEEP_LEVELS, HUGE_BYTES, DiscoveryServer
 from support.timing import SESSION_S, poll_until

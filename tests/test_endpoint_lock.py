@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +34,6 @@ from pytest_kimi.run.endpoint_lock import (
     measuring,
     read_holder,
 )
-from pytest_kimi.sim.config import SimConfig
-from pytest_kimi.sim.process import SimProcess
 from support.timing import DEADLINE_S, SESSION_S, poll_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,17 +67,6 @@ HOLD_IN_MEASUREMENT = textwrap.dedent(
     fixtures.conduct = conduct
     """
 )
-
-
-@pytest.fixture(scope="module")
-def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """An external simulator both runs measure: one endpoint, as a shared server would be."""
-    sim = SimProcess(SimConfig(speed=10.0), log_dir=tmp_path_factory.mktemp("simlogs"))
-    sim.start()
-    try:
-        yield sim.url
-    finally:
-        sim.stop()
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ def _get(url: str, key: str | None = None) -> tuple[int, bytes]:
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    from pytest_kimi.server.launcher import _free_port
+    from pytest_kimi.server.ports import _free_port
 
     log = tmp_path_factory.mktemp("fake") / "server.log"
     port = _free_port()
@@ -160,7 +160,7 @@ def test_the_flag_list_is_the_real_parsers() -> None:
 
 
 def test_metrics_answer_404_without_enable_metrics(tmp_path: Path) -> None:
-    from pytest_kimi.server.launcher import _free_port
+    from pytest_kimi.server.ports import _free_port
 
     port = _free_port()
     log = tmp_path / "log"
@@ -261,7 +261,7 @@ def test_no_cache_hit_reads_as_zero_percent_not_as_no_reading(tmp_path: Path) ->
     ``--disable-radix-cache`` the page never has it, and the probe reports 0%, while a page
     without SGLang's counters at all still gives no reading."""
     from pytest_kimi.crosscheck.prefix_cache import hit_rate, read_cache_counters
-    from pytest_kimi.server.launcher import _free_port
+    from pytest_kimi.server.ports import _free_port
 
     port = _free_port()
     log = tmp_path / "log"

@@ -180,7 +180,7 @@ def _sim(interval: int, log_dir: Path) -> Iterator[Fake]:
 
 def _fake_sglang(interval: int, log: Path) -> Iterator[Fake]:
     """The fake launcher with the recorded server's flags (those it knows)."""
-    from pytest_kimi.server.launcher import _free_port
+    from pytest_kimi.server.ports import _free_port
 
     port = _free_port()
     flags = ["--model-path", "/models/tiny-llama", "--port", str(port), "--enable-metrics"]

@@ -31,7 +31,7 @@ from pytest_kimi.cli import main
 from pytest_kimi.history.dashboard import write_dashboard
 from pytest_kimi.history.model import CAPACITY, CapacityFigures, LevelSeries, Point, RunInfo
 from pytest_kimi.history.noise import capacity_noise, estimate_noise
-from pytest_kimi.history.record import RunMeta, build_rows, flat_provenance
+from pytest_kimi.history.rows import RunMeta, build_rows, flat_provenance
 from pytest_kimi.history.store import open_history
 
 T0 = datetime(2026, 12, 1, 2, 0, tzinfo=timezone.utc)
@@ -418,7 +418,7 @@ def _old_database(url: str) -> None:
     from alembic import command
     from sqlalchemy.dialects.postgresql import JSONB
 
-    from pytest_kimi.history.record import canonical_key
+    from pytest_kimi.history.rows import canonical_key
     from pytest_kimi.history.store import alembic_config, create_history_engine
     from pytest_kimi.measure.results import level_key
 

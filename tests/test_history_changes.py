@@ -372,7 +372,7 @@ def _report(
 
 
 def record(url: str, reports: Sequence[Mapping[str, Any]]) -> None:
-    from pytest_kimi.history.record import flat_provenance
+    from pytest_kimi.history.rows import flat_provenance
     from pytest_kimi.history.store import RunMeta, open_history
 
     with open_history(url) as store:

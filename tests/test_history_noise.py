@@ -237,7 +237,7 @@ def _report(factor: float, seed: int, noise: float = 0.05) -> dict[str, Any]:
 
 @needs_otava
 def test_cli_noise(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from pytest_kimi.history.record import flat_provenance
+    from pytest_kimi.history.rows import flat_provenance
     from pytest_kimi.history.store import RunMeta, open_history
 
     url = f"sqlite:///{tmp_path / 'h.db'}"

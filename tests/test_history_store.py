@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from support.pg_server import PostgresServer, require_postgres
-from pytest_kimi.history.record import RunMeta, build_rows, ci_run_url, series_test
+from pytest_kimi.history.rows import RunMeta, build_rows, ci_run_url, series_test
 from pytest_kimi.history.store import HistoryError, open_history, resolve_history_url
 from pytest_kimi.history.urls import DEFAULT_URL, check_url, display_url, url_secrets
 from support.timing import SESSION_S

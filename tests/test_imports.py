@@ -52,7 +52,7 @@ def _loaded_after(statement: str) -> set[str]:
         ("import pytest_kimi.history", ()),
         ("import pytest_kimi.history.model", ()),
         ("import pytest_kimi.history.urls", ()),
-        ("import pytest_kimi.history.record", ()),
+        ("import pytest_kimi.history.rows", ()),
         ("import pytest_kimi.history.store", ()),
     ],
 )

@@ -49,11 +49,15 @@ def _record(index: int, start: float, ttft: float, itl: float, tokens: int = 32)
     return rec
 
 
-def _trial(index: int, ttft: float, itl: float, *, valid: bool = True) -> TrialResult:
-    """Four requests of a trial, their TTFTs spread +-10% around ``ttft``."""
+def _trial(
+    index: int, ttft: float, itl: float, *, valid: bool = True, requests: int = 20
+) -> TrialResult:
+    """``requests`` requests of a trial, their TTFTs spread +-10% around ``ttft``: 20 by
+    default, the fewest a per-trial p95 is taken from (``min_values``)."""
+    last = max(requests - 1, 1)
     records = [
-        _record(i, i * 10.0, ttft * (0.9 + 0.2 * i / 3), itl * (0.98 + 0.04 * i / 3))
-        for i in range(4)
+        _record(i, i * 10.0, ttft * (0.9 + 0.2 * i / last), itl * (0.98 + 0.04 * i / last))
+        for i in range(requests)
     ]
     return TrialResult(
         index=index,
@@ -61,7 +65,7 @@ def _trial(index: int, ttft: float, itl: float, *, valid: bool = True) -> TrialR
         tok_s=1.0 / itl,
         window_s=1.0,
         window_tokens=1.0 / itl,
-        requests_ok=4,
+        requests_ok=requests,
         requests_failed=0,
         wall_s=40.0,
         client=ClientSignals(),
@@ -111,7 +115,11 @@ def test_a_latency_tolerance_is_the_same_log_margin_as_a_rate_drop() -> None:
 
 
 def test_each_valid_trial_gives_one_figure_per_statistic() -> None:
-    trials = [_trial(0, 0.02, 0.01), _trial(1, 0.04, 0.02), _trial(2, 0.08, 0.04, valid=False)]
+    trials = [
+        _trial(0, 0.02, 0.01, requests=100),
+        _trial(1, 0.04, 0.02, requests=100),
+        _trial(2, 0.08, 0.04, valid=False, requests=100),
+    ]
     got = trial_latencies(trials, 99.0)
     assert set(got) == {"ttft_s", "itl_s"} and set(got["ttft_s"]) == {"p50", "p99"}
     assert len(got["ttft_s"]["p50"]) == 2, "the invalid trial is no sample"

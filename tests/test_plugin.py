@@ -13,21 +13,10 @@ from pytest_kimi.sim.config import SimConfig
 from support.timing import SESSION_S, poll_until
 
 FAST = dict(speed=10.0)
-"""EP8-shaped simulator 10x faster: C=1 gives ~650 tok/s.  A trial lasts what its window needs
-on the wall clock (``measure.time_box.WINDOW_MIN_S``) whatever the speed, and at 10 the
-simulator and the client need a few percent of a core, where at 50 they kept one busy."""
+"""The pace of conftest's ``sim_url`` (EP8-shaped, 10x faster: C=1 gives ~650 tok/s), for this
+module's own simulators."""
 
 SECRET = "sk-test-5f1d9a0c-never-print-me"
-
-
-@pytest.fixture(scope="module")
-def sim_url(tmp_path_factory: pytest.TempPathFactory):
-    sim = SimProcess(SimConfig(**FAST), log_dir=tmp_path_factory.mktemp("simlogs"))
-    sim.start()
-    try:
-        yield sim.url
-    finally:
-        sim.stop()
 
 
 @pytest.fixture(scope="module")

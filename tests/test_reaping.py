@@ -29,7 +29,9 @@ from typing import Any
 import pytest
 
 from pytest_kimi.server import leftovers
-from pytest_kimi.server.launcher import ServerProcessWarning, _free_port, open_server
+from pytest_kimi.server.launcher import open_server
+from pytest_kimi.server.ports import _free_port
+from pytest_kimi.server.server_base import ServerProcessWarning
 from pytest_kimi.server.procgroup import (
     descendants,
     pid_alive,
@@ -37,7 +39,7 @@ from pytest_kimi.server.procgroup import (
     process_starttime,
 )
 from pytest_kimi.server.profile import load_profile
-from pytest_kimi.server.supervisor import Supervised
+from pytest_kimi.server.supervised import Supervised
 from support.timing import SESSION_S, poll_until
 
 REPO = Path(__file__).resolve().parent.parent

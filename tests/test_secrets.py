@@ -131,7 +131,7 @@ def test_external_endpoint_key_reaches_no_file_and_no_terminal(
     """``--endpoint=URL --api-key=KEY`` against a server that reports the key back."""
     port_file = tmp_path / "log"
     env = {**os.environ, "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}", "FAKE_SGLANG_STARTUP_S": "0"}
-    from pytest_kimi.server.launcher import _free_port  # a free loopback port
+    from pytest_kimi.server.ports import _free_port  # a free loopback port
 
     port = _free_port()
     with open(port_file, "wb") as log:  # the child holds its own copy of the descriptor

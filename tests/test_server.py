@@ -245,7 +245,7 @@ PROFILE_ERRORS = [
         "args:\n  tp-size: 8\n  tp_size: 4\n",
         ["'tp-size' is given twice", "'tp-size' and 'tp_size'"],
     ),
-    ("args:\n  on: true\n", ["args key True is not a flag name", "quote the key"]),
+    ("args:\n  8: true\n", ["args key 8 is not a flag name", "quote the key"]),
     ("args:\n  cuda-graph-bs: []\n", ["args 'cuda-graph-bs' is a list", "non-empty list"]),
     ("args:\n  port: http\n", ["args 'port' must be an integer in [1, 65535]", "'http'"]),
     (
@@ -879,7 +879,7 @@ def test_secrets_stay_out_of_log_record_and_errors(tmp_path: Path, servers: list
 
 
 def test_port_is_picked_below_the_ephemeral_range(tmp_path: Path) -> None:
-    from pytest_kimi.server.launcher import PORT_CEILING, PORT_FLOOR, _ephemeral_low, _free_port
+    from pytest_kimi.server.ports import PORT_CEILING, PORT_FLOOR, _ephemeral_low, _free_port
 
     low = _ephemeral_low()
     for _ in range(20):
@@ -1046,7 +1046,7 @@ def test_a_crash_reports_sigkill_and_the_traceback_above_the_tail(
 
 
 def test_a_start_killed_by_a_signal_says_so(tmp_path: Path, servers: list[Any]) -> None:
-    from pytest_kimi.server.supervisor import describe_exit
+    from pytest_kimi.server.supervised import describe_exit
 
     assert describe_exit(-9) == "was killed by SIGKILL (exit code -9)"
     assert describe_exit(1) == "exited with code 1"
@@ -1072,7 +1072,7 @@ def test_the_flush_sends_the_key_an_external_server_needs(
 ) -> None:
     """A key-protected server behind an external profile (no args:) is flushed with the key
     the load client has; without it the note points at --api-key, not at profile args."""
-    from pytest_kimi.server.launcher import _free_port
+    from pytest_kimi.server.ports import _free_port
 
     port = _free_port()
     managed = load_profile(

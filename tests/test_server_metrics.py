@@ -9,7 +9,7 @@ import threading
 from array import array
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 import pytest
@@ -36,8 +36,6 @@ from pytest_kimi.crosscheck.server_metrics import (
     parse_metrics,
     parse_sample,
 )
-from pytest_kimi.sim.process import SimProcess
-from pytest_kimi.sim.config import SimConfig
 
 # ------------------------------------------------------------------------------------ parser
 
@@ -503,20 +501,6 @@ async def test_a_page_within_the_cap_is_read_whole() -> None:
 
 # ------------------------------------------------------------------- real sessions, simulator
 
-FAST = dict(speed=20.0, stream_interval=8)
-"""As the main job: ~1,000 tok/s per stream, so a 512-token request lasts about half a second."""
-
-
-@pytest.fixture(scope="module")
-def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    sim = SimProcess(SimConfig(**FAST), log_dir=tmp_path_factory.mktemp("simlogs"))
-    sim.start()
-    try:
-        yield sim.url
-    finally:
-        sim.stop()
-
-
 AGREE = """
 from pytest_kimi import throughput
 
@@ -529,11 +513,11 @@ def test_agree():
 
 @pytest.mark.parametrize("workers, trials", [(1, 2), (2, 1)], ids=["one-client", "sharded"])
 def test_simulator_counts_agree_with_the_client(
-    pytester: pytest.Pytester, sim_url: str, tmp_path: Path, workers: int, trials: int
+    pytester: pytest.Pytester, chunked_sim_url: str, tmp_path: Path, workers: int, trials: int
 ) -> None:
     pytester.makepyfile(test_agree=AGREE.format(trials=trials))
     out = tmp_path / "perf.json"
-    args = [f"--endpoint={sim_url}", "--perf-server-metrics", f"--perf-json={out}"]
+    args = [f"--endpoint={chunked_sim_url}", "--perf-server-metrics", f"--perf-json={out}"]
     if workers > 1:  # worker processes stamp reads with the same system-wide perf_counter
         result = pytester.runpytest_subprocess(*args, f"--perf-workers={workers}")
     else:
@@ -594,13 +578,13 @@ def test_shared():
 
 
 def test_a_second_client_makes_the_level_invalid(
-    pytester: pytest.Pytester, sim_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, chunked_sim_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makepyfile(test_shared=DISAGREE)
     monkeypatch.setenv("COLUMNS", "250")  # content, not layout: one line per reason
     out = tmp_path / "perf.json"
     result = pytester.runpytest(
-        f"--endpoint={sim_url}", "--perf-server-metrics", f"--perf-json={out}"
+        f"--endpoint={chunked_sim_url}", "--perf-server-metrics", f"--perf-json={out}"
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(

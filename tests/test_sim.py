@@ -31,7 +31,7 @@ from pytest_kimi.sim import (
     start_server,
 )
 from pytest_kimi.sim.__main__ import build_parser, profile_from_args
-from pytest_kimi.sim.app import VOCAB
+from pytest_kimi.sim.sse_framing import VOCAB
 from pytest_kimi.sim.engine import SeqState, SimEngine
 from support.timing import TIMER_SLACK_S, LoopLag, apoll_until
 

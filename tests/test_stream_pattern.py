@@ -32,7 +32,7 @@ from pytest_kimi.measure.metrics import (
     tokens_in_window,
 )
 from pytest_kimi.sim import SimConfig, start_server
-from pytest_kimi.sim.app import VOCAB, _Encoder
+from pytest_kimi.sim.sse_framing import VOCAB, _Encoder
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -281,7 +281,7 @@ def no_exit(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         raise SystemExit(code)
 
     monkeypatch.setattr(interrupts_module.os, "_exit", fake_exit)
-    monkeypatch.setattr(interrupts_module.supervisor, "kill_all", lambda wait_s: None)
+    monkeypatch.setattr(interrupts_module.supervised, "kill_all", lambda wait_s: None)
     return codes
 
 

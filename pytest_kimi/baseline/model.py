@@ -35,6 +35,7 @@ __all__ = [
     "ProvenanceConflict",
     "WorkloadKey",
     "LevelBaseline",
+    "SessionNoise",
     "CapacityBaseline",
     "TestBaseline",
     "round_tok_s",
@@ -287,6 +288,24 @@ def _normalise_trials(name: str, values: Mapping[str, Any] | None) -> dict[str, 
 
 
 @dataclass(frozen=True)
+class SessionNoise:
+    """A level's session noise as its recording measured it: ``sigma`` (the log sd of the
+    ratio of two server starts, the gate's ``session_sigma``) and the degrees of freedom of the
+    scatter it rests on (sessions less one), which weigh it against the other evidence
+    (:func:`pytest_kimi.gate.noise_evidence.combine`)."""
+
+    sigma: float
+    df: int
+
+    def __post_init__(self) -> None:
+        if not is_number(self.sigma) or not math.isfinite(self.sigma) or self.sigma < 0:
+            raise ValueError(f"session_noise.sigma must be a number >= 0, got {self.sigma!r}")
+        if isinstance(self.df, bool) or not isinstance(self.df, int) or self.df < 1:
+            raise ValueError(f"session_noise.df must be an integer >= 1, got {self.df!r}")
+        object.__setattr__(self, "sigma", round(float(self.sigma), 5))
+
+
+@dataclass(frozen=True)
 class LevelBaseline:
     """The recorded figures for one workload of one test.
 
@@ -309,8 +328,13 @@ class LevelBaseline:
     recorded before latency was gated: their latency is then not compared."""
     trials_itl_s: Mapping[str, Sequence[float]] = field(default_factory=dict)
     """The same for the inter-token latency."""
+    session_noise: SessionNoise | None = None
+    """The session noise the recording measured (a ``--perf-sessions`` recording: several
+    server starts), with its degrees of freedom; None when it measured none."""
 
     def __post_init__(self) -> None:
+        if self.session_noise is not None and not isinstance(self.session_noise, SessionNoise):
+            raise ValueError(f"session_noise is not a SessionNoise: {self.session_noise!r}")
         object.__setattr__(self, "workload", WorkloadKey.of(self.workload))
         trials = self.trials_tok_s
         if isinstance(trials, (str, bytes, Mapping)) or not isinstance(trials, Iterable):

@@ -14,6 +14,7 @@ from pytest_kimi.baseline.model import (
     CapacityBaseline,
     LevelBaseline,
     ProvenanceConflict,
+    SessionNoise,
     TestBaseline,
     WorkloadKey,
 )
@@ -85,6 +86,7 @@ def update_baselines(
                 itl_s=latency_record(lv, "itl_s")[0],
                 trials_ttft_s=latency_record(lv, "ttft_s")[1],
                 trials_itl_s=latency_record(lv, "itl_s")[1],
+                session_noise=_session_noise(lv.get("session_noise")),
             )
             for lv in test["levels"]
             if lv.get("trials_tok_s") and capacity is None and _trustworthy(lv.get("verdict"))
@@ -152,6 +154,13 @@ def refusal(test: dict[str, Any]) -> str | None:
         "could not be measured, must not become the target; fix the run, or record it anyway "
         "with --update-baselines=force (an approved trade-off: say so in the pull request)"
     )
+
+
+def _session_noise(raw: Any) -> SessionNoise | None:
+    """The noise a multi-session recording measured for the level (absent: None)."""
+    if not isinstance(raw, dict):
+        return None
+    return SessionNoise(sigma=float(raw["sigma"]), df=int(raw["df"]))
 
 
 def _trustworthy(verdict: Any) -> bool:

@@ -19,6 +19,7 @@ pytest, no file system: :mod:`pytest_kimi.baseline.store` does the I/O.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from pytest_kimi.baseline.model import (
     BaselineError,
     CapacityBaseline,
     LevelBaseline,
+    SessionNoise,
     TestBaseline,
     WorkloadKey,
 )
@@ -124,6 +126,10 @@ def _document(baseline: TestBaseline) -> dict[str, Any]:
             trials = getattr(level, name)
             if trials:
                 entry[name] = _FlowMap((k, list(v)) for k, v in trials.items())
+        if level.session_noise is not None:
+            entry["session_noise"] = _FlowMap(
+                [("sigma", level.session_noise.sigma), ("df", level.session_noise.df)]
+            )
         levels.append(entry)
     p = baseline.provenance
     provenance = {
@@ -200,6 +206,7 @@ _LEVEL_KEYS = (
     "itl_s",
     "trials_ttft_s",
     "trials_itl_s",
+    "session_noise",
 )
 _PROVENANCE_KEYS = (
     "model",
@@ -295,6 +302,18 @@ def _parse_level(index: int, raw: Any) -> LevelBaseline:
     # latency per trial: absent from files recorded before the latency gate
     trials_ttft_s: Any = entry.get("trials_ttft_s")
     trials_itl_s: Any = entry.get("trials_itl_s")
+    noise: SessionNoise | None = None
+    if entry.get("session_noise") is not None:
+        raw = _require_mapping(entry["session_noise"], f"{what}.session_noise")
+        _reject_unknown(raw, ("sigma", "df"), f"{what}.session_noise")
+        sigma, df = raw.get("sigma"), raw.get("df")
+        if not is_number(sigma) or not math.isfinite(sigma) or sigma < 0:
+            raise _Invalid(
+                f"{what}: session_noise.sigma must be a number >= 0, got {described(sigma)}"
+            )
+        if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+            raise _Invalid(f"{what}: session_noise.df must be an integer >= 1, got {described(df)}")
+        noise = SessionNoise(sigma=float(sigma), df=df)
     try:
         level = LevelBaseline(
             workload=workload,
@@ -304,6 +323,7 @@ def _parse_level(index: int, raw: Any) -> LevelBaseline:
             itl_s=itl_s,
             trials_ttft_s=trials_ttft_s,
             trials_itl_s=trials_itl_s,
+            session_noise=noise,
         )
     except ValueError as exc:
         raise _Invalid(f"{what}: {exc}") from None

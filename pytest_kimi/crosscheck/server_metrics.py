@@ -41,7 +41,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_kimi.endpoint.bounded import BodyTooLarge, read_body_capped
-from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.measure.metrics import GAUGE_UNREAD, TrialResult, gauge_finding
 from pytest_kimi.load.records import RequestRecord
 
 GENERATION_COUNTERS = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
@@ -49,6 +49,10 @@ GENERATION_COUNTERS = ("vllm:generation_tokens_total", "sglang:generation_tokens
 PROMPT_COUNTERS = {"vllm:": "vllm:prompt_tokens_total", "sglang:": "sglang:prompt_tokens_total"}
 REQUEST_COUNTERS = {"vllm:": "vllm:request_success_total", "sglang:": "sglang:num_requests_total"}
 """Read and reported when present (not checked: servers differ in what they count as a request)."""
+RUNNING_GAUGES = ("sglang:num_running_reqs", "vllm:num_requests_running")
+"""The requests the server runs at once, under each engine's prefix: read with every scrape,
+so a trial whose streams did not all start says whether the server ran fewer than C
+(:func:`pytest_kimi.measure.metrics.gauge_finding`) instead of guessing."""
 LAZY_COUNTERS = frozenset(
     {"sglang:generation_tokens_total", PROMPT_COUNTERS["sglang:"], REQUEST_COUNTERS["sglang:"]}
 )
@@ -358,6 +362,9 @@ class Scrape:
     generation: float
     prompt: float | None = None
     requests: float | None = None
+    running: float | None = None
+    """The server's running-requests gauge (:data:`RUNNING_GAUGES`); None where it has none."""
+    running_gauge: str | None = None
 
 
 class MetricsScraper:
@@ -399,7 +406,7 @@ class MetricsScraper:
         sent = perf_counter()
         text = await self.page.get()
         got = perf_counter()
-        metrics = parse_metrics(text, self.names.all)
+        metrics = parse_metrics(text, self.names.all + RUNNING_GAUGES)
         value = self._value(metrics, self.names.generation)
         if value is None:
             raise ServerMetricsError(f"{self.url} no longer shows {self.names.generation}")
@@ -411,6 +418,8 @@ class MetricsScraper:
             generation=value,
             prompt=self._value(metrics, self.names.prompt) if self.names.prompt else None,
             requests=self._value(metrics, self.names.requests) if self.names.requests else None,
+            running=next((metrics.totals[n] for n in RUNNING_GAUGES if n in metrics.totals), None),
+            running_gauge=next((n for n in RUNNING_GAUGES if n in metrics.totals), None),
         )
 
     def _value(self, metrics: MetricTotals, name: str) -> float | None:
@@ -785,6 +794,33 @@ def level_summary(checks: Sequence[TrialCheck], metric: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ observer
 
 
+def _answer_running(trial: TrialResult, samples: Sequence[Scrape]) -> None:
+    """A trial whose streams did not all start (:attr:`TrialResult.running_asked`) gets what
+    the server's running-requests gauge showed while it ran, in place of
+    :data:`~pytest_kimi.measure.metrics.GAUGE_UNREAD`; nothing changes where no scrape during
+    the trial had the gauge."""
+    asked = trial.running_asked
+    sent = [r.sent for r in trial.records if r.sent]
+    if asked is None or not sent:
+        return
+    start, end = min(sent), max(max(r.end for r in trial.records), min(sent))
+    seen = [
+        s for s in samples if s.running is not None and start <= s.t - s.half_rtt_s and s.t <= end
+    ]
+    if not seen:
+        finding = (
+            "no reading of the server's running-requests gauge fell inside the trial, so "
+            "whether it runs fewer than C at once is not known"
+            if not samples or any(s.running is not None for s in samples)
+            else f"the server's /metrics has none of {', '.join(RUNNING_GAUGES)}, so whether "
+            "it runs fewer than C at once is not known"
+        )
+    else:
+        top = max(seen, key=lambda s: s.running or 0.0)
+        finding = gauge_finding(round(top.running or 0.0), top.running_gauge or "running", asked)
+    trial.invalid[:] = [m.replace(GAUGE_UNREAD, finding) for m in trial.invalid]
+
+
 class ServerMetricsObserver:
     """The measurement's :class:`~pytest_kimi.measure.trials.TrialObserver` for ``--perf-server-metrics``.
 
@@ -889,6 +925,7 @@ class ServerMetricsObserver:
             check.notes.append(
                 f"{len(self._sample_errors)} scrape(s) failed: {self._sample_errors[0]}"
             )
+        _answer_running(trial, self._samples)
         trial.invalid.extend(reasons)
         if check.counter_behind is not None:
             trial.transient.append(check.counter_behind)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 from pytest_kimi.baseline import TestBaseline
 from pytest_kimi.gate import stats
-from pytest_kimi.measure.latency import LatencyFigure, level_latency
+from pytest_kimi.measure.latency import LatencyFigure, level_latency, voided_note
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, level_key, workload_dict
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.workload.markers import Targets
@@ -96,6 +96,7 @@ def apply_latency_gate(
             latency.note = "latency not compared: the baseline has no level of this workload"
             continue
         missing: list[str] = []
+        unmade: list[str] = []
         for fig in latency.figures:
             base = stored.latency_trials(fig.kind, fig.stat)
             summary = stored.latency_summary(fig.kind, fig.stat)
@@ -105,6 +106,7 @@ def apply_latency_gate(
                 missing.append(fig.label)
                 continue
             if not fig.trials:
+                unmade.append(unmade_reason(fig, len(latency.voided)))
                 continue
             cmp = stats.compare_level(
                 [1.0 / x for x in base],
@@ -114,14 +116,19 @@ def apply_latency_gate(
                 session_sigma=session_sigma,
             )
             compared.append((level, fig, cmp))
+        notes: list[str] = []
         if len(missing) == len(latency.figures):
-            latency.note = OLD_BASELINE
+            notes.append(OLD_BASELINE)
         elif missing:
-            latency.note = (
+            notes.append(
                 f"latency not compared for {', '.join(missing)}: the baseline holds no such "
                 "per-trial figures (recorded at another percentile=); re-record it with "
                 "--update-baselines"
             )
+        notes.extend(unmade)
+        if latency.voided:
+            notes.append(voided_note(latency.voided, len(level.trials)))
+        latency.note = "; ".join(notes) or None
     if not compared:
         return
     raw = [_p(cmp) for _, _, cmp in compared]
@@ -137,6 +144,19 @@ def apply_latency_gate(
         level.reasons.append(regression_reason(fig, tolerance, p_adj))
         if Verdict(level.verdict) not in OUTRANKS:
             level.verdict = Verdict.REGRESSION.value
+
+
+def unmade_reason(fig: LatencyFigure, voided: int) -> str:
+    """Why a figure the baseline holds was not compared: no current trial gave one (too few
+    values a trial for its pNN, or trials whose client stalled)."""
+    why = []
+    if fig.note is not None:
+        why.append(fig.note)
+    if voided:
+        why.append(f"{voided} trial(s) left out for a client stall")
+    return f"latency not compared for {fig.label}: no current trial gave one" + (
+        f" ({'; '.join(why)})" if why else ""
+    )
 
 
 def regression_reason(fig: LatencyFigure, tolerance: float, p_adjusted: float) -> str:

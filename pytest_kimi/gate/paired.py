@@ -38,11 +38,15 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pytest_kimi.verdicts import Verdict
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy and scipy are imported where a comparison is computed: the plugin reads this module's
+# constants while it configures a session that may never measure
 
 MIN_BLOCKS = 2
 """The first look: two launches of each deployment, the fewest that measure a launch's noise
@@ -92,6 +96,7 @@ def nominal_alpha(alpha: float, max_blocks: int) -> float:
     _check(alpha, max_blocks)
     if max_blocks == MIN_BLOCKS:
         return alpha
+    import numpy as np
     from scipy import stats as st
 
     rng = np.random.default_rng(_SEED)
@@ -233,6 +238,8 @@ def compare_paired(
 
 
 def _logs(name: str, values: Sequence[float]) -> np.ndarray:
+    import numpy as np
+
     arr = np.asarray(list(values), dtype=np.float64)
     if arr.ndim != 1 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
         raise ValueError(f"{name} launch figures must be finite and positive, got {list(values)}")

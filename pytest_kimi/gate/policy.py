@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from pytest_kimi.gate import stats
+from pytest_kimi.gate.session_noise import PRIOR_DF
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.baseline import (
     FieldChange,
@@ -64,6 +65,11 @@ class GateSettings:
     one run depends on the true noise between sessions, which nothing has measured, so such
     a level says ``underpowered`` (:func:`unvouched`).  Pytest-free callers that pass their
     own figure keep True."""
+    sigma_df: float = PRIOR_DF
+    """The degrees of freedom ``session_sigma`` rests on, which weigh it against a baseline's
+    own measurement (:func:`pytest_kimi.gate.noise_evidence.with_stored_noise`): the history's
+    sessions less one, :data:`~pytest_kimi.gate.session_noise.PRIOR_DF` for the assumed
+    default, infinite for the user's own figure (their word is not combined)."""
 
     def for_test(self, targets: Targets) -> GateSettings:
         """These settings with the marker's ``tolerance=`` and ``alpha=`` where it gives them
@@ -235,8 +241,16 @@ def apply_gate(
         designs=[plans.get(lv.spec) for lv, _, _ in eligible],
     )
     for (level, base, _), cmp in zip(eligible, family.levels):
+        stopped = stats.trials_stopped(
+            cmp.n_current,
+            plans.get(level.spec),
+            settings.max_trials,
+            p_raw=cmp.p_regression_raw,
+            p_final=cmp.p_regression,
+            alpha=alp,
+        )
         level.comparison, note = compared_level(
-            cmp, base, tolerance=tol, alpha=alp, changes=changes
+            cmp, base, tolerance=tol, alpha=alp, changes=changes, stopped=stopped
         )
         verdict = unvouched(cmp.verdict, settings)
         level.verdict = merge_verdicts(level.verdict, verdict)
@@ -281,6 +295,7 @@ def compared_level(
     tolerance: float,
     alpha: float,
     changes: Sequence[object] = (),
+    stopped: str | None = None,
 ) -> tuple[BaselineComparison, str | None]:
     """The comparison and the note of a level compared with its baseline.
 
@@ -315,7 +330,7 @@ def compared_level(
         f"{cmp.baseline_median:.1f} tok/s" + (f"; changed: {changed}" if changed else ""),
         Verdict.INCONCLUSIVE: f"inconclusive {change}: the estimate lies beyond the tolerance "
         f"-{tolerance * 100:g}% but the drop is not significant ({p_text}, alpha {alpha:g}) "
-        f"after {cmp.n_current} trials: "
+        f"after {cmp.n_current} trials" + (f" ({stopped})" if stopped else "") + ": "
         "a drop beyond the tolerance fails the test; measure the session noise (kimi-perf "
         "calibrate, --perf-sessions 5) or judge the change paired (two --server-profile)",
         Verdict.IMPROVED: f"improved {change}: update the baseline (--update-baselines) so the slack "

@@ -63,6 +63,11 @@ RECOMMEND_STEP = 0.005
 """A recommended ``--perf-session-sigma`` is the estimate rounded *up* to this (half a percent):
 the figure is rough, and the gate errs toward fewer false alarms when it errs."""
 
+PRIOR_DF = 2.0
+"""The weight of the assumed default session noise (0.03) in degrees of freedom, when the gate
+combines it with measurements (:mod:`pytest_kimi.gate.noise_evidence`): a recording of three
+starts (two degrees of freedom) counts as much as the assumption."""
+
 FEW_SESSIONS = 5
 """Fewer sessions than this: the recommendation says the estimate is rough (docs/statistics.md
 asks for at least 5)."""

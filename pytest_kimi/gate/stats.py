@@ -599,6 +599,48 @@ class Design:
     extend_to: int
 
 
+def trials_stopped(
+    n: int,
+    design: Design | None,
+    max_trials: int,
+    *,
+    p_raw: float,
+    p_final: float,
+    alpha: float,
+) -> str:
+    """Why a level's current trials stopped at ``n``, as it happened: for the reason of a level
+    whose verdict more trials might have changed (``inconclusive``).
+
+    ``design``: the trial policy's look (:class:`Design`; None: a fixed number of trials);
+    ``p_raw``/``p_final``: the level's own p and the one its verdict was decided at.  Before,
+    the reason said "or raise --perf-max-trials" after 3 of 10 trials, where the rule had
+    stopped because the drop was significant at its look (p=0.0469) and only the final test,
+    which pays for that look, put it at 0.0537: more trials would not have been run.
+    """
+    if n >= max_trials:
+        return f"the cap of {max_trials} trials (--perf-max-trials) was reached"
+    if design is None:
+        return f"{n} trials were all the run planned (a fixed number, no look at the figures)"
+    if design.extend_to > design.interim_trials and n == design.interim_trials:
+        return (
+            f"the trial policy stopped after {n} of at most {max_trials}: at its look the "
+            f"level was powered and its drop significant on its own (p={p_raw:.3g} <= alpha "
+            f"{alpha:g}), so it was not extended; the final test, which pays for that look "
+            f"(and the test's other levels), decided at {p_final:.3g}: this rule would not "
+            "have run more trials, a rerun decides"
+        )
+    if design.extend_to == design.interim_trials and n == design.interim_trials:
+        return (
+            f"the trial policy stopped after {n} of at most {max_trials} (futility): even "
+            f"{max_trials} trials could not have made the level powered at this noise, so "
+            "more trials would not help"
+        )
+    return (
+        f"{n} trials gave a figure of the {design.extend_to} the trial policy planned "
+        f"(at most {max_trials})"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ShiftComparison:
     """The common shift of a test's compared levels: all of them as one hypothesis.
@@ -1102,4 +1144,5 @@ __all__ = [
     "holm",
     "look_schedule",
     "smallest_vouchable_drop",
+    "trials_stopped",
 ]

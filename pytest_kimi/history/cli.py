@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_kimi.printable import printable
 from pytest_kimi.errors import CliError
 from pytest_kimi.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_MIN_MAGNITUDE
 
@@ -39,6 +40,12 @@ ENV = "KIMI_PERF_HISTORY"
 """The environment variable the plugin's ``--perf-history`` reads too."""
 
 EXIT_OK = 0
+
+
+def say(*values: object, sep: str = " ", file: Any = None) -> None:
+    """``print`` with control characters escaped (test ids and server strings from the
+    history are a server's text: never an escape sequence on the terminal)."""
+    print(printable(sep.join(str(v) for v in values), None, lines=True), file=file)
 
 
 # ----------------------------------------------------------------------------- the store
@@ -119,32 +126,32 @@ def cmd_changes(ns: argparse.Namespace) -> int:
         shown = store.shown
     found = _find_changes(series, ns)
     if ns.json:
-        print(json.dumps([c.to_dict() for c in found], indent=2))
+        say(json.dumps([c.to_dict() for c in found], indent=2))
         return EXIT_OK
-    print(
+    say(
         f"change points in {shown}: {runs} run{'s' if runs != 1 else ''}, "
         f"{len(series)} series{' matching ' + repr(ns.test) if ns.test else ''} "
         f"(Otava e-divisive means, p < {ns.max_pvalue:g}, steps over {ns.min_magnitude:.0%})"
     )
     previous: Change | None = None
     for change in found:
-        print()
+        say()
         for line in change.describe():
-            print(line)
+            say(line)
         if (
             previous is not None
             and previous.series == change.series
             and (previous.change_pct < 0) == (change.change_pct < 0)
         ):
             total = (change.after_tok_s / previous.before_tok_s - 1.0) * 100.0
-            print(
+            say(
                 f"  with the change from run {previous.run} before it, the same way: "
                 f"{total:+.1f}% in all (a drift reads as steps)"
             )
         previous = change
-    print()
+    say()
     with_changes = len({c.series for c in found})
-    print(
+    say(
         f"{len(found)} change point{'s' if len(found) != 1 else ''} in {with_changes} of "
         f"{len(series)} series"
     )
@@ -169,14 +176,14 @@ def cmd_noise(ns: argparse.Namespace) -> int:
     except (ChangePointsUnavailable, ValueError) as exc:
         raise CliError(str(exc)) from None
     if ns.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        say(json.dumps(report.to_dict(), indent=2))
         return EXIT_OK
-    print(
+    say(
         f"session noise in {shown}: sessions of unchanged builds (equal provenance but for "
         "seeds, ports, commits and times; no change point between them)"
     )
     for line in report.describe():
-        print(line)
+        say(line)
     return EXIT_OK
 
 
@@ -184,7 +191,7 @@ def cmd_runs(ns: argparse.Namespace) -> int:
     with opened(ns.history) as store:
         runs = store.runs()
     if ns.json:
-        print(
+        say(
             json.dumps(
                 [
                     {
@@ -210,8 +217,8 @@ def cmd_runs(ns: argparse.Namespace) -> int:
             parts.append(r.branch)
         if r.ci_url:
             parts.append(r.ci_url)
-        print("  ".join(parts))
-    print(f"{len(runs)} run{'s' if len(runs) != 1 else ''}")
+        say("  ".join(parts))
+    say(f"{len(runs)} run{'s' if len(runs) != 1 else ''}")
     return EXIT_OK
 
 
@@ -225,7 +232,7 @@ def cmd_dashboard(ns: argparse.Namespace) -> int:
     try:
         found = find_changes(series, max_pvalue=ns.max_pvalue, min_magnitude=ns.min_magnitude)
     except ChangePointsUnavailable as exc:
-        print(f"{exc}; the dashboard is drawn without them", file=sys.stderr)
+        say(f"{exc}; the dashboard is drawn without them", file=sys.stderr)
         found = []
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -233,7 +240,7 @@ def cmd_dashboard(ns: argparse.Namespace) -> int:
         index = write_dashboard(series, found, Path(ns.out), runs)
     except OSError as exc:
         raise CliError(f"{ns.out}: cannot write: {exc}") from None
-    print(f"wrote {index}")
+    say(f"wrote {index}")
     return EXIT_OK
 
 

@@ -36,7 +36,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from pytest_kimi.history import schema
 from pytest_kimi.history.model import CAPACITY, CapacityFigures, LevelSeries, Point, RunInfo
-from pytest_kimi.history.record import RunMeta, RunRows, build_rows, canonical_key
+from pytest_kimi.history.rows import RunMeta, RunRows, build_rows, canonical_key
 from pytest_kimi.history.urls import (
     HistoryError,
     check_url,
@@ -330,7 +330,7 @@ class HistoryStore:
     # ---------------------------------------------------------------------------- writing
 
     def record_run(self, report: Mapping[str, Any], meta: RunMeta) -> int:
-        """Store one run (the JSON report dict, see :mod:`pytest_kimi.history.record`) in one
+        """Store one run (the JSON report dict, see :mod:`pytest_kimi.history.rows`) in one
         transaction; returns its id."""
         rows = build_rows(report, meta)
         try:

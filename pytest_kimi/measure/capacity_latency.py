@@ -211,8 +211,10 @@ def stall_reason(
     percentile: float,
     clock: float = 1.0,
     itl: ItlStatistic = "request",
+    share: float = LATENCY_STALL_LIMIT,
 ) -> str | None:
-    """Why a client stall voids this probe trial (module docstring, *stalls*), or None."""
+    """Why a client stall voids this probe trial (module docstring, *stalls*), or None.
+    ``share``: how far the stall may move the percentile (:data:`LATENCY_STALL_LIMIT`)."""
     ok = [r for r in trial.records if r.ok]
     if not ok:
         return None
@@ -228,11 +230,11 @@ def stall_reason(
             continue
         seen = _pct(got.values, percentile)
         clean = _pct(got.values[~hit], percentile)
-        if seen is None or (clean is not None and seen <= clean * (1.0 + LATENCY_STALL_LIMIT)):
+        if seen is None or (clean is not None and seen <= clean * (1.0 + share)):
             continue
         moved = (
             f"from {clean * clock:.4g} to {seen * clock:.4g} s "
-            f"(+{(seen / clean - 1) * 100:.1f}%, more than {LATENCY_STALL_LIMIT:.0%})"
+            f"(+{(seen / clean - 1) * 100:.1f}%, more than {share:.0%})"
             if clean is not None
             else f"to {seen * clock:.4g} s (every request was touched)"
         )

@@ -699,7 +699,8 @@ def outcome_of(level: Any, settings: SearchSettings) -> LevelOutcome:
     if verdict is Verdict.INVALID:
         invalid = [t for t in level.trials if t.invalid]
         if invalid and all(
-            t.window is None and t.requests_ok > 0 and len(t.invalid) == 1 for t in invalid
+            t.window is None and t.requests_ok > 0 and len(t.invalid) == 1 and not t.transient
+            for t in invalid
         ):
             return LevelOutcome(
                 pooled,

@@ -207,6 +207,21 @@ class TrialResult:
     window: tuple[float, float] | None = None
     """[start, end) of the steady-state window on the ``perf_counter`` clock (None: no window),
     so a cross-check (``--perf-server-metrics``) can take its own figure over the same span."""
+    client_stall: str | None = None
+    """Why the load client's own timing is in this trial's figures (its event loop or its
+    sends waited for a CPU), whether that voided the trial or only noted it: its latencies
+    are the client's as much as the server's, so none of them is a latency sample
+    (:func:`pytest_kimi.measure.latency.latency_void`), even where its tok/s, bounded by the
+    stall, still is."""
+    running_asked: int | None = None
+    """The C whose streams did not all get a first token, where only the server's own
+    running-requests gauge can say whether it runs fewer than C at once: a reason of the trial
+    then holds :data:`GAUGE_UNREAD`, which ``--perf-server-metrics`` replaces with what the
+    gauge showed (:func:`gauge_finding`)."""
+    latency_void: str | None = None
+    """Set when the level is judged (:func:`pytest_kimi.measure.results.judge_level`): why
+    this trial gives no latency figure (a client stall, :attr:`client_stall`, or one that
+    moved its latency percentiles); None: its latencies count."""
 
     @property
     def valid(self) -> bool:
@@ -708,52 +723,152 @@ def stall_causes(records: Sequence[RequestRecord], cut_at: float) -> list[str]:
     return out
 
 
+GAUGE_UNREAD = (
+    "whether the server runs fewer than C at once only its running-requests gauge can say, "
+    "and it was not read (--perf-server-metrics reads it)"
+)
+"""Ends a no-window reason whose cause the client cannot see: the server may have queued the
+streams (its max-running-requests) or something between them and it held them back.  Before,
+the reason said "the server runs fewer than C at once" as a fact, and sent operators whose
+server ran 256 at once (the client had stalled) to the wrong flag."""
+
+
+def gauge_finding(running: int, gauge: str, concurrency: int) -> str:
+    """What the server's own running-requests gauge said during a trial whose streams did
+    not all start (it replaces :data:`GAUGE_UNREAD`)."""
+    if running < concurrency:
+        return (
+            f"the server's own {gauge} gauge showed at most {running} running while "
+            f"{concurrency} were sent: it runs fewer than C at once (see its "
+            "max-running-requests)"
+        )
+    return (
+        f"the server's own {gauge} gauge showed {running} running (all {concurrency}): not a "
+        "limit of the server's; the stagger is unexplained (a proxy in between?)"
+    )
+
+
+def client_late(
+    tr: TrialRecords, client: ClientSignals | None, requests: Sequence[RequestRecord]
+) -> str | None:
+    """How the load client was late with ``requests`` (their sends waited, or its event loop
+    was held at the trial's cut), said with what was measured; None when it was not."""
+    late = max((r.sent - r.scheduled for r in requests if r.sent and r.scheduled), default=0.0)
+    unsent = sum(1 for r in requests if not r.sent)
+    held = client.stall_at(tr.cut_at) if client is not None and tr.cut_at is not None else 0.0
+    parts = []
+    if unsent:
+        parts.append(f"{unsent} of those requests were never sent")
+    if late > CLIENT_LAG_LIMIT_S:
+        parts.append(f"their requests went out up to {late * 1e3:.0f} ms late")
+    if held > CLIENT_LAG_LIMIT_S:
+        parts.append(f"its event loop was held {held * 1e3:.0f} ms at the cut")
+    if not parts:
+        return None
+    cpu = f"{client.cpu_share:.0%} of a core" if client is not None else "its CPU unknown"
+    how = "stalled" if client is None or client.cpu_share <= CLIENT_BUSY_CPU else "was late"
+    return (
+        f"the load client {how} ({', '.join(parts)}; it used {cpu}): the client's doing, not "
+        "the server's; give the client a quieter core"
+    )
+
+
 def no_window_cause(
     ok: Sequence[RequestRecord],
     tr: TrialRecords,
     concurrency: int,
     open_loop: bool,
     settle_steps: int = MAX_SETTLE_STEPS,
+    client: ClientSignals | None = None,
 ) -> str:
     """Why a trial with successful requests has no steady-state window, as it happened.
 
     Before, one sentence per protocol guessed: a stationary trial's was "the server runs fewer
     than C at once", which a C=1 trial whose one stream stalled (or whose lumps filled the
-    token budget at once) printed too.
+    token budget at once) printed too, and so did a trial whose client had stalled.
     """
+    return _no_window(ok, tr, concurrency, open_loop, settle_steps, client)[0]
+
+
+def _no_window(
+    ok: Sequence[RequestRecord],
+    tr: TrialRecords,
+    concurrency: int,
+    open_loop: bool,
+    settle_steps: int,
+    client: ClientSignals | None,
+) -> tuple[str, bool, bool]:
+    """:func:`no_window_cause`, whether the cause is the client's (a transient one), and
+    whether it ends with :data:`GAUGE_UNREAD` (the server's gauge can tell)."""
     if open_loop:
-        return "the first request ended after the last arrival (give more requests per trial)"
+        return (
+            "the first request ended after the last arrival (give more requests per trial)",
+            False,
+            False,
+        )
     started = {r.worker: r.first_token for r in ok if r.first_token is not None}
     if tr.over_limit_s is not None and tr.cut_at is not None:
         causes = stall_causes(ok, tr.cut_at)
-        return "the trial's wall-clock limit cut it before its streams made a window" + (
-            f": {'; '.join(causes)}" if causes else ""
-        )
+        text = "the trial's wall-clock limit cut it before its streams made a window"
+        return text + (f": {'; '.join(causes)}" if causes else ""), False, False
+    waiting_recs = [r for r in tr.records if r.worker not in started]
     if tr.cut_at is not None:
         waiting = concurrency - len(started)
         if waiting > 0 and concurrency > 1 and started:
-            return (
+            head = (
                 f"the trial was cut while {waiting} of {concurrency} streams had no token yet, "
-                "though the others were streaming: the server runs fewer than C at once (see "
-                "its max-running-requests)"
+                "though the others were streaming"
             )
+            late = client_late(tr, client, waiting_recs)
+            if late is not None:
+                return f"{head}: {late}", True, False
+            firsts: dict[int, float] = {}
+            for r in waiting_recs:
+                if r.sent and (r.worker not in firsts or r.sent < firsts[r.worker]):
+                    firsts[r.worker] = r.sent
+            needed = max((t for r in ok if (t := r.ttft) is not None), default=0.0)
+            out = [tr.cut_at - t for t in firsts.values()]
+            measured = (
+                f"their requests had been out {min(out):.3f} s or more, while the others' "
+                f"first tokens took up to {needed:.3f} s"
+                if out
+                else "their requests were not sent"
+            )
+            return f"{head} ({measured}); {GAUGE_UNREAD}", False, True
         if waiting > 0:
-            return f"the trial was cut before any of its {concurrency} stream(s) had a token"
+            return (
+                f"the trial was cut before any of its {concurrency} stream(s) had a token",
+                False,
+                False,
+            )
         last = max(started.values())
         settle = max(settle_steps * step_gap(ok), SETTLE_MIN_S)
         return (
             f"the token budget filled {tr.cut_at - last:.3f} s after the last stream's first "
             f"token, before its settle period ({settle:.3f} s) was over: the tokens came "
-            "faster than the streams' steps (in lumps?)"
+            "faster than the streams' steps (in lumps?)",
+            False,
+            False,
         )
     if concurrency == 1 or len(started) < 2:
         return (
             "each stream's tokens came at one instant, with no span between its first and "
-            "last token to time"
+            "last token to time",
+            False,
+            False,
         )
+    head = (
+        f"a worker finished its requests before all {concurrency} streams had their first "
+        f"token ({len(started)} had one)"
+    )
+    late = client_late(tr, client, waiting_recs)
+    if late is not None:
+        return f"{head}: {late}", True, False
     return (
-        "a worker finished before all had their first token; the server may run "
-        "fewer than C at once: give each stream several requests (requests_per_stream=4)"
+        f"{head}: give each stream several requests (requests_per_stream=4) so that they "
+        f"overlap; {GAUGE_UNREAD}",
+        False,
+        True,
     )
 
 
@@ -818,12 +933,20 @@ def summarize_trial(
         window = open_loop_window(ok) if open_loop else steady_window(ok)
     window_s = window_tokens = 0.0
     tok_s: float | None = None
+    transient: list[str] = []
+    client_stall: str | None = None
+    running_asked: int | None = None
     if window is None:
         if ok:
-            invalid.append(
-                "no steady-state window: "
-                + no_window_cause(ok, tr, level.concurrency or 1, open_loop, settle_steps)
+            cause, by_client, ask = _no_window(
+                ok, tr, level.concurrency or 1, open_loop, settle_steps, client
             )
+            invalid.append("no steady-state window: " + cause)
+            if by_client:
+                transient.append(invalid[-1])
+                client_stall = invalid[-1]
+            if ask:
+                running_asked = level.concurrency
     else:
         window_s = window[1] - window[0]
         count = (
@@ -858,7 +981,6 @@ def summarize_trial(
     lag_limit = max(CLIENT_LAG_LIMIT_S, read_gap_p50(ok))
     delay = send_delay_p99_within(records, window)
     notes: list[str] = []
-    transient: list[str] = []
     busy = client.cpu_share > CLIENT_BUSY_CPU
     late_sends = delay > CLIENT_LAG_LIMIT_S
     flood = flood_reason(records)
@@ -894,6 +1016,7 @@ def summarize_trial(
             "core, so the server had fewer requests than asked: give the client a quieter core"
         )
         transient.append(invalid[-1])
+        client_stall = invalid[-1]
     elif lag > lag_limit and window is not None:
         stall = client.lag_max_within(*window)
         bound = (client.stall_at(window[0]) + client.stall_at(window[1])) / window_s
@@ -910,8 +1033,10 @@ def summarize_trial(
             transient.append(invalid[-1])
         else:
             notes.append(
-                f"note: {text}; tok/s is off by at most {bound:.2%}, latencies by the stall"
+                f"note: {text}; tok/s is off by at most {bound:.2%}, latencies by the stall "
+                "(they are left out of the latency figures)"
             )
+        client_stall = text
     # a client saturated by several streams a process reads each late, in lumps of its own
     # making; one stream a process has nothing else to be late for
     saturated = any(msg.startswith("load client saturated") for msg in invalid)
@@ -954,6 +1079,8 @@ def summarize_trial(
         completed_rate=completed_rate(ok, window) if open_loop else None,
         window=window,
         transient=transient,
+        client_stall=client_stall,
+        running_asked=running_asked,
     )
 
 
@@ -1066,11 +1193,14 @@ def level_figures(
     second, so rates are divided by it and latencies (and the latency ceilings, given in
     server seconds) multiplied."""
     samples = [t.tok_s / clock for t in trials if t.valid and t.tok_s is not None]
-    ok = [r for t in trials for r in t.records if r.ok]
+    # a trial whose load client stalled times the client as much as the server: none of its
+    # requests is in the latency figures (:attr:`TrialResult.latency_void`)
+    timed = [t for t in trials if t.latency_void is None and t.client_stall is None]
+    ok = [r for t in timed for r in t.records if r.ok]
     # streams a time box cut have no end, and a stationary trial's staggered first requests
     # (their own max_tokens) are shorter than the level's: both out of end-to-end latency
     # and goodput
-    everyone = [r for t in trials for r in t.records if not r.cut and not r.max_tokens]
+    everyone = [r for t in timed for r in t.records if not r.cut and not r.max_tokens]
     whole = [r for r in ok if not r.cut and not r.max_tokens]
     rates = [x / clock for x in (r.decode_tok_s for r in ok) if x is not None]
     ttfts = [x * clock for x in (r.ttft for r in ok) if x is not None]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_kimi.workload.markers import LevelSpec, Targets, Workload, ratio_fields
-from pytest_kimi.measure.latency import LevelLatency
+from pytest_kimi.measure.latency import LevelLatency, mark_latency_void, voided_note
 from pytest_kimi.measure.windows import TrialWindow
 from pytest_kimi.measure.peer_figures import PeerFigures, empty_peer_dict, peer_figures
 from pytest_kimi.measure.metrics import (
@@ -249,6 +249,12 @@ class ThroughputResult:
     """``--perf-sessions``: the server start (0-based) that measured it."""
     perf_server: dict[str, Any] | None = None
     """``--perf-sessions``: which start that was (``pid``; the simulator's ``seed``)."""
+    session_noise: dict[str, Any] | None = None
+    """The session noise this test was judged with where it is not the session's: ``sigma``
+    and ``source`` (its baseline's recording measured one: ``gate/noise_evidence.py``)."""
+    warm_up: dict[str, Any] | None = None
+    """The first test on a fresh server: its warm trials until stationary
+    (:class:`pytest_kimi.measure.warm.WarmUp`)."""
 
     def level(
         self,
@@ -302,6 +308,8 @@ class ThroughputResult:
         optional: dict[str, Any] = {
             "server_time_s": self.server_time_s,
             "warmup_server_time_s": self.warmup_server_time_s,
+            "warm_up": self.warm_up,
+            "session_noise": self.session_noise,
             "server_clock": self.server_clock,
             "capacity": self.capacity,
             "shift": self.shift,
@@ -430,13 +438,19 @@ def judge_level(
 ) -> LevelResult:
     """Figures and verdict of one level, with every reason a non-pass verdict has; ``clock``:
     server seconds per wall second (:func:`~pytest_kimi.measure.metrics.level_figures`)."""
+    # a trial whose load client stalled gives no latency (its tok/s may still count): left
+    # out of the level's latency figures, the ceilings' and the latency gate's alike
+    mark_latency_void(trials, targets.percentile, clock)
     figures = level_figures(trials, targets.percentile, latency_limits(targets), clock)
+    voided = [why for t in trials if (why := t.latency_void) is not None]
     floor = targets.floor_for(level)
     errors: list[str] = []
     for t in trials:
         for e in t.errors:
             if e not in errors and len(errors) < 5:
                 errors.append(e)
+    if voided:
+        errors.append("note: " + voided_note(voided, len(trials)))
     total = figures.requests_ok + figures.requests_failed
     failed_share = figures.requests_failed / total if total else 1.0
     reasons: list[str] = []
@@ -469,13 +483,20 @@ def judge_level(
                     f"{targets.min_request_tok_s:g}"
                 )
             q = f"p{targets.percentile:g}"
+            unjudged: list[str] = []
             for name, value, limit in (
                 ("TTFT", figures.ttft_s_pct, targets.max_ttft_s),
                 ("ITL", figures.itl_s_pct, targets.max_itl_s),
                 ("end-to-end latency", figures.e2e_s_pct, targets.max_e2e_s),
             ):
-                if limit is not None and (value is None or value > limit):
-                    key = {"TTFT": "max_ttft_s", "ITL": "max_itl_s"}.get(name, "max_e2e_s")
+                key = {"TTFT": "max_ttft_s", "ITL": "max_itl_s"}.get(name, "max_e2e_s")
+                if limit is not None and value is None and voided:
+                    unjudged.append(
+                        f"{name} {q} not judged against {key} {limit:g}: every trial's "
+                        f"latencies were left out, the load client's and not the server's "
+                        f"({voided[0]})"
+                    )
+                elif limit is not None and (value is None or value > limit):
                     reasons.append(f"{name} {q} {value or 0:.4g} s > {key} {limit:g}")
             if targets.min_goodput is not None and (figures.goodput or 0) < targets.min_goodput:
                 reasons.append(
@@ -484,6 +505,9 @@ def judge_level(
                 )
             if reasons:
                 verdict = Verdict.FAIL.value
+            elif unjudged:
+                verdict = Verdict.INVALID.value
+            reasons.extend(unjudged)
     return LevelResult(
         spec=level,
         label=workload.label(level),

@@ -262,6 +262,9 @@ class MeasureSpec:
     """Called with each level once it is final, before the next one starts
     (``--perf-requests`` appends its requests there, so an interrupted run keeps the levels it
     finished); a capacity top-up calls it again with the merged level.  It must not raise."""
+    fresh_server: bool = False
+    """The first test on a server just started (or first seen): warm it until its figures
+    are stationary before the levels (:mod:`pytest_kimi.measure.warm`)."""
 
     def _raws(self, level: LevelSpec) -> list[bytes]:
         """The level's encoded bodies (at ``max_tokens`` 0); under an output range at least
@@ -933,6 +936,16 @@ async def measure_test(
             await observer.open()  # before any load: a check that cannot run stops the test here
         warm_start = perf_counter()
         await warm_up(client, spec)  # a dead server shows in the first level's errors
+        if spec.fresh_server and spec.workload.levels:
+            from pytest_kimi.measure.warm import warm_until_stationary
+
+            first = spec.workload.levels[0]
+            warm = await warm_until_stationary(
+                lambda index, offset: run_trial(client, spec, first, index, offset),
+                spec.workload.label(first),
+                spec.clock,
+            )
+            result.warm_up = warm.to_dict()
         result.warmup_server_time_s = round((perf_counter() - warm_start) * spec.clock, 3)
         stop_reason: str | None = None
         for level in spec.workload.levels:

@@ -2,7 +2,8 @@
 autouse fixture that runs a perf test's plan through the conductor before its body.
 
 Each fixture only wires pytest to a pytest-free stage: :mod:`pytest_kimi.run.setup` resolves
-the endpoint, :func:`pytest_kimi.run.conductor.conduct` measures and judges.
+the endpoint, :func:`pytest_kimi.run.conductor.conduct` measures and judges.  The stages are
+imported in the fixtures' bodies, so that a session that uses none of them never loads them.
 """
 
 from __future__ import annotations
@@ -10,48 +11,56 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kimi.endpoint.discovery import EndpointError, EndpointInfo
-from pytest_kimi.measure.results import ThroughputResult, session_id
 from pytest_kimi.plugin.nodeids import baseline_id
 from pytest_kimi.plugin.state import (
     DEPLOYMENTS,
-    GATE,
     PLAN,
     REQUESTS,
     RESULT,
     STATE,
+    gate_context,
     kimi_options,
+    paired,
     perf_sessions,
 )
 from pytest_kimi.plugin.terminal import progress_printer, say
 from pytest_kimi.plugin.xdist import one_measurement_at_a_time
-from pytest_kimi.report.junit import junit_properties
-from pytest_kimi.report.requests_file import TestRequests
-from pytest_kimi.run.conductor import (
-    JudgedAgainst,
-    Conditions,
-    GateProblem,
-    MeasurementInterrupted,
-    conduct,
-)
-from pytest_kimi.run.endpoint_lock import EndpointBusy, EndpointLockError
-from pytest_kimi.run.measurer import KimiLoad, Measurer
-from pytest_kimi.run.setup import NO_ENDPOINT_REASON, SetupError, open_endpoint
 from pytest_kimi.scrub import scrub_text
-from pytest_kimi.server import ServerProfile, ServerStartError, open_server
+
+if TYPE_CHECKING:
+    from pytest_kimi.endpoint.discovery import EndpointInfo
+    from pytest_kimi.measure.results import ThroughputResult
+    from pytest_kimi.report.requests_file import TestRequests
+    from pytest_kimi.run.conductor import conduct
+    from pytest_kimi.run.measurer import KimiLoad, Measurer
+    from pytest_kimi.server import ServerProfile
+else:
+
+    def conduct(*args: Any, **kwargs: Any) -> Any:
+        """:func:`pytest_kimi.run.conductor.conduct`, imported by the first perf test; a module
+        attribute still, which a test may wrap (``fixtures.conduct = ...``)."""
+        from pytest_kimi.run.conductor import conduct
+
+        return conduct(*args, **kwargs)
 
 
 def session_label(config: pytest.Config, perf_session: int) -> str:
     """`` s2`` in a server's progress lines with ``--perf-sessions``; nothing without."""
-    return f" {session_id(perf_session)}" if perf_sessions(config) > 1 else ""
+    if perf_sessions(config) == 1:
+        return ""
+    from pytest_kimi.measure.results import session_id
+
+    return f" {session_id(perf_session)}"
 
 
 @pytest.fixture(scope="session")
 def _kimi_measurer(pytestconfig: pytest.Config) -> Iterator[Measurer]:
+    from pytest_kimi.run.measurer import Measurer
+
     measurer = Measurer(workers=kimi_options(pytestconfig).perf_workers)
     try:
         yield measurer
@@ -89,6 +98,8 @@ def kimi_server(
     if kimi_deployment is None:
         yield None
         return
+    from pytest_kimi.server import ServerStartError, open_server
+
     label = kimi_deployment.name + session_label(pytestconfig, kimi_perf_session)
 
     def progress(message: str) -> None:
@@ -125,6 +136,9 @@ def kimi_endpoint(
 ) -> Iterator[EndpointInfo]:
     """The endpoint under test: URL, model and server info (launching the simulator for ``sim``,
     afresh for each ``--perf-sessions`` session, with the spec's seed plus the session index)."""
+    from pytest_kimi.endpoint.discovery import EndpointError
+    from pytest_kimi.run.setup import NO_ENDPOINT_REASON, SetupError, open_endpoint
+
     opts = kimi_options(pytestconfig)
     if opts.endpoint is None and kimi_server is None:
         if opts.perf_require_measurement:
@@ -147,8 +161,11 @@ def kimi_endpoint(
         problem = str(exc)
     if problem is not None:
         pytest.fail(scrub_text(problem), pytrace=False)
+    public = endpoint.info.public()
     if pytestconfig.stash[STATE].endpoint is None:
-        pytestconfig.stash[STATE].endpoint = endpoint.info.public()
+        pytestconfig.stash[STATE].endpoint = public
+    # the tests measured from now on measure this one (a deployment of an A/B, a launch)
+    pytestconfig.stash[STATE].current_endpoint = public
     try:
         yield endpoint.info
     finally:
@@ -164,6 +181,8 @@ def kimi_load(
     request: pytest.FixtureRequest, kimi_endpoint: EndpointInfo, _kimi_measurer: Measurer
 ) -> KimiLoad:
     """The load engine bound to the endpoint: ``await kimi_load.sweep(concurrency=[1, 8])``."""
+    from pytest_kimi.run.measurer import KimiLoad
+
     config = request.config
     opts = kimi_options(config)
     return KimiLoad(
@@ -194,17 +213,27 @@ def _kimi_measure(
     plan = item.stash.get(PLAN, None)
     if plan is None:
         return None
+    from pytest_kimi.report.junit import junit_properties
+    from pytest_kimi.run.conductor import (
+        Conditions,
+        GateProblem,
+        JudgedAgainst,
+        MeasurementInterrupted,
+    )
+    from pytest_kimi.run.endpoint_lock import EndpointBusy, EndpointLockError
+
     config = request.config
     opts = kimi_options(config)
-    gate = config.stash[GATE]
+    gate = gate_context(config)
     deployments = config.stash[DEPLOYMENTS]
     nodeid = baseline_id(item)
     name = kimi_deployment.name if kimi_deployment is not None else None
     comparison = JudgedAgainst(
         store=gate.store(name),
         deployment=name,
-        reference=deployments[0].name if len(deployments) > 1 else None,
+        reference=deployments[0].name if len(deployments) > 1 and not paired(config) else None,
         references=config.stash[STATE].references,
+        paired=paired(config),
     )
     conditions = Conditions(
         rootdir=Path(config.rootpath),

@@ -5,6 +5,12 @@ Flow: markers are planned at collection (a bad one stops the run before any GPU 
 spent), each planned test is measured in its setup phase by the ``_kimi_measure`` fixture, a
 missed target fails the test in its call phase with the per-level table, and the record rides
 on the test report (so it survives pytest-xdist) into the reporter.
+
+Lazy, as Hypothesis' plugin is: importing the plugin loads pytest and the plugin's own wiring
+alone, and a session that collects no perf test (and sets no option that launches or checks a
+deployment) never imports the run stage, numpy, scipy or aiohttp: each hook imports what it
+uses where a perf test (a planned item, a ``kimi_*`` fixture) or such an option needs it.
+``tests/test_import_budget.py`` holds that budget.
 """
 
 from __future__ import annotations
@@ -12,18 +18,16 @@ from __future__ import annotations
 import os
 from collections.abc import Generator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_kimi.plugin.nodeids import baseline_id
 from pytest_kimi.plugin.options import add_options, options_from_config
-from pytest_kimi.plugin.ordering import SessionOrder
 from pytest_kimi.plugin.reporter import REPORTER_NAME, PerfReporter
 from pytest_kimi.plugin.rootdir import check_rootdir
 from pytest_kimi.plugin.state import (
     DEPLOYMENTS,
-    GATE,
     INTERRUPTS,
     KIMI_OPTIONS,
     PASS_UNREACHABLE,
@@ -33,37 +37,30 @@ from pytest_kimi.plugin.state import (
     RESULT,
     STATE,
     RunState,
+    gate_context,
     is_worker,
     kimi_options,
+    paired,
     perf_sessions,
 )
 from pytest_kimi.plugin.terminal import say
 from pytest_kimi.plugin.xdist import PERF_GROUP, group_perf_tests, worker_groups
-from pytest_kimi.gate.capacity_gate import capacity_failure
-from pytest_kimi.history.urls import url_secrets
-from pytest_kimi.report.record import TestRecord
-from pytest_kimi.report.requests_file import RequestsFile
-from pytest_kimi.report.requests_file import start as start_requests_file
-from pytest_kimi.report.terminal import format_test
-from pytest_kimi.options import KimiOptions
-from pytest_kimi.run.gating import GateContext, marker_pass_unreachable, session_pass_unreachable
-from pytest_kimi.run.output_paths import OutputPathError, check_output_paths, report_paths
-from pytest_kimi.run.plan import PERF_MARKERS, PlanError, plan_test
-from pytest_kimi.measure.results import session_id
-from pytest_kimi.run.setup import (
-    NO_ENDPOINT_REASON,
-    NOTHING_MEASURED,
-    SetupError,
-    check_server_starts,
-    load_deployments,
-)
 from pytest_kimi.scrub import register_secret, scrub_text
-from pytest_kimi.server.interrupts import Interrupts
-from pytest_kimi.workload.capacity_marker import CAPACITY_SIGNATURE
-from pytest_kimi.workload.markers import MARKER_SIGNATURE
 from pytest_kimi.verdicts import Verdict
 
+if TYPE_CHECKING:  # everything else is imported where a perf test or option needs it
+    from pytest_kimi.options import KimiOptions
+    from pytest_kimi.report.record import TestRecord
+
 ASYNCIO_LOOP_SCOPE = "asyncio_default_fixture_loop_scope"
+
+STARTS_SERVERS = frozenset({"kimi_server", "kimi_endpoint", "kimi_load", "_kimi_measurer"})
+"""The fixtures that may launch a server or the simulator, or send load (every test has the
+autouse ``_kimi_measure`` and its parameters, which do neither without a plan)."""
+
+PERF_MARKERS = ("throughput", "capacity")
+"""The markers that make a test a perf test: :data:`pytest_kimi.run.plan.PERF_MARKERS`, stated
+here so that telling a plain test from a perf test imports nothing (a test checks they agree)."""
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -106,6 +103,10 @@ def _default_asyncio_loop_scope(
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from pytest_kimi.history.urls import url_secrets
+    from pytest_kimi.workload.capacity_marker import CAPACITY_SIGNATURE
+    from pytest_kimi.workload.markers import MARKER_SIGNATURE
+
     config.addinivalue_line("markers", MARKER_SIGNATURE)
     config.addinivalue_line("markers", CAPACITY_SIGNATURE)
     config.addinivalue_line(
@@ -125,21 +126,38 @@ def pytest_configure(config: pytest.Config) -> None:
         _check_report_paths(config, opts)
     _open_requests_file(config, opts)
     config.stash[STATE] = RunState()
-    config.stash[GATE] = GateContext.from_options(opts)
-    try:
-        config.stash[DEPLOYMENTS] = load_deployments(opts)
-        sessions = check_server_starts(opts, config.stash[DEPLOYMENTS])
-    except SetupError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    # the gate (baselines, the history's session noise) is resolved where a perf test first
+    # needs it (state.gate_context), and "pass is unreachable" said when one is collected
+    sessions = _load_deployments(config, opts)
     if sessions > 1:
+        from pytest_kimi.plugin.ordering import SessionOrder
+
         config.pluginmanager.register(SessionOrder(config), "kimi-session-order")
+    if paired(config):
+        from pytest_kimi.plugin.paired import PairedLaunches
+
+        config.pluginmanager.register(PairedLaunches(config), "kimi-paired-launches")
     config.pluginmanager.register(PerfReporter(config), REPORTER_NAME)
     group_perf_tests(config)
-    _install_interrupts(config)
-    unreachable = session_pass_unreachable(opts)
-    if unreachable is not None and not is_worker(config):
-        config.stash[PASS_UNREACHABLE] = unreachable
-        config.issue_config_time_warning(pytest.PytestConfigWarning(unreachable), stacklevel=2)
+    if getattr(config.option, "numprocesses", None) and not is_worker(config):
+        # an xdist controller collects nothing, so it cannot wait for a perf test to show
+        _install_interrupts(config)
+
+
+def _load_deployments(config: pytest.Config, opts: KimiOptions) -> int:
+    """``--server-profile`` deployments into the stash, checked with ``--perf-sessions`` and
+    ``--perf-max-launches``; the number of sessions.  Without those options there is nothing
+    to load or refuse, and the run stage is not imported."""
+    if not (opts.server_profile or opts.perf_sessions != 1 or opts.perf_max_launches):
+        config.stash[DEPLOYMENTS] = []
+        return 1
+    from pytest_kimi.run.setup import SetupError, check_server_starts, load_deployments
+
+    try:
+        config.stash[DEPLOYMENTS] = load_deployments(opts)
+        return check_server_starts(opts, config.stash[DEPLOYMENTS])
+    except SetupError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _check_report_paths(config: pytest.Config, opts: KimiOptions) -> None:
@@ -148,6 +166,11 @@ def _check_report_paths(config: pytest.Config, opts: KimiOptions) -> None:
     junitxml = getattr(config.option, "xmlpath", None)
     if junitxml:  # as pytest's junitxml plugin reads it
         junitxml = os.path.expanduser(os.path.expandvars(junitxml))
+    reports = ("perf_json", "perf_markdown", "perf_html", "perf_requests")
+    if not junitxml and all(getattr(opts, name) is None for name in reports):
+        return  # no report path to check
+    from pytest_kimi.run.output_paths import OutputPathError, check_output_paths, report_paths
+
     try:
         check_output_paths(report_paths(opts, junitxml))
     except OutputPathError as exc:
@@ -160,6 +183,9 @@ def _open_requests_file(config: pytest.Config, opts: KimiOptions) -> None:
     this run's requests only."""
     if opts.perf_requests is None:
         return
+    from pytest_kimi.report.requests_file import RequestsFile
+    from pytest_kimi.report.requests_file import start as start_requests_file
+
     if not is_worker(config):
         try:
             start_requests_file(opts.perf_requests)
@@ -171,17 +197,24 @@ def _open_requests_file(config: pytest.Config, opts: KimiOptions) -> None:
     config.stash[REQUESTS] = RequestsFile(opts.perf_requests, Path(config.rootpath) / ".kimi")
 
 
-def pytest_report_header(config: pytest.Config) -> list[str]:
-    """The gate's up-front warning, where the header is shown (``-q`` hides it; the same text
-    is in the warnings summary)."""
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    """The gate's up-front warning, under "collected N items" (``-q`` hides it, as it hides
+    the header; the same text is in the warnings summary)."""
     unreachable = config.stash.get(PASS_UNREACHABLE, None)
-    return [] if unreachable is None else [unreachable]
+    return [] if unreachable is None or config.get_verbosity() < 0 else [unreachable]
 
 
 def _install_interrupts(config: pytest.Config) -> None:
     """SIGTERM (``timeout``, a cancelled CI job, a container stop) is handled like Ctrl-C:
     the measurement stops, servers are stopped gracefully, reports are written, exit 2.  A
-    second SIGTERM or Ctrl-C kills the servers and exits at once.  See server/interrupts.py."""
+    second SIGTERM or Ctrl-C kills the servers and exits at once.  See server/interrupts.py.
+
+    Installed where a session first needs it: a perf test or a ``kimi_*`` fixture collected
+    (a server or the simulator may start), or an xdist controller; a session without them
+    keeps pytest's own handling."""
+    if INTERRUPTS in config.stash:
+        return
+    from pytest_kimi.server.interrupts import Interrupts
 
     def announce(text: str) -> None:
         if not say(config, text, bold=True):
@@ -206,6 +239,8 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, Any, Any]:
         and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
     ):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        from pytest_kimi.run.setup import NOTHING_MEASURED
+
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(NOTHING_MEASURED, red=True)
@@ -240,6 +275,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
     sessions = perf_sessions(metafunc.config)
     if sessions > 1:
+        from pytest_kimi.measure.results import session_id
+
         # session-scoped too: each server start is torn down before the next (SessionOrder)
         metafunc.parametrize(
             "kimi_perf_session",
@@ -258,9 +295,24 @@ def _is_perf(node: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     worker_groups(config)
+    perf = [item for item in items if _is_perf(item)]
+    if perf:
+        _plan(config, perf)
+    if perf or any(STARTS_SERVERS & set(getattr(item, "fixturenames", ())) for item in items):
+        _install_interrupts(config)
+
+
+def _plan(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The perf tests' plans (a malformed marker stops the run before any GPU time is spent),
+    their markers, and the gate's warnings: the session's, then each marker's own."""
+    from pytest_kimi.run.gating import marker_pass_unreachable
+    from pytest_kimi.run.plan import PlanError, plan_test
+    from pytest_kimi.run.setup import NO_ENDPOINT_REASON
+
+    _warn_pass_unreachable(config)
     problems: list[str] = []
     endpoint = kimi_options(config).endpoint or config.stash[DEPLOYMENTS] or None
-    settings = config.stash[GATE].settings
+    settings = gate_context(config).settings
     for item in items:
         try:
             plan = plan_test(
@@ -290,14 +342,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(f"malformed {kind} marker:\n  " + "\n  ".join(problems))
 
 
+def _warn_pass_unreachable(config: pytest.Config) -> None:
+    """When the gate's settings leave no compared level a way to ``pass``, say so once before
+    any trial: computed when perf tests are collected (it needs the statistics, scipy), shown
+    under the collection line and in the warnings summary.  Under xdist the controller
+    collects nothing: the first worker says it, and xdist brings the warning over."""
+    from pytest_kimi.run.gating import session_pass_unreachable
+
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and workerinput.get("workerid", "gw0") != "gw0":
+        return
+    unreachable = session_pass_unreachable(kimi_options(config))
+    if unreachable is not None:
+        config.stash[PASS_UNREACHABLE] = unreachable
+        config.issue_config_time_warning(pytest.PytestConfigWarning(unreachable), stacklevel=2)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     result = item.stash.get(RESULT, None)
     if result is not None:
-        verdicts = item.config.stash[GATE].settings.failing_verdicts()
+        from pytest_kimi.gate.capacity_gate import capacity_failure
+        from pytest_kimi.report.terminal import format_test
+
+        verdicts = gate_context(item.config).settings.failing_verdicts()
+        if paired(item.config):  # a launch is judged with the others, in the deploy gate
+            verdicts = verdicts - {Verdict.NO_BASELINE.value}
         failing = result.failing_levels(verdicts)
         capacity = capacity_failure(result.capacity, verdicts)  # a @capacity test's own verdict
-        shift = result.shift_failure(verdicts)  # the levels as a whole, when none is significant alone
+        # the levels as a whole, when none is significant alone
+        shift = result.shift_failure(verdicts)
         if failing or capacity or shift:
             kinds = ", ".join(
                 dict.fromkeys(
@@ -328,7 +402,9 @@ def pytest_runtest_makereport(
     report = yield
     record = _record(item, report)
     if record is not None:
-        record.endpoint = item.config.stash[STATE].endpoint
+        state = item.config.stash[STATE]
+        # the endpoint this test measured: each deployment's baselines record its own server
+        record.endpoint = state.current_endpoint or state.endpoint
         setattr(report, REPORT_ATTR, record.to_json())
     return report
 
@@ -339,6 +415,10 @@ def _record(item: pytest.Item, report: pytest.TestReport) -> TestRecord | None:
     name the test and why, so a CI step that uploads them finds them)."""
     result = item.stash.get(RESULT, None)
     plan = item.stash.get(PLAN, None)
+    if result is None and plan is None:
+        return None  # not a perf test
+    from pytest_kimi.report.record import TestRecord
+
     if result is not None and (
         report.when == "call" or report.when == "setup" and not report.passed
     ):

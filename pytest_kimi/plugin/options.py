@@ -9,13 +9,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_kimi.options import OPTIONS, KimiOptions, OptionError, help_text
+if TYPE_CHECKING:
+    from pytest_kimi.options import KimiOptions
 
 
 def add_options(parser: pytest.Parser) -> None:
+    # imported here, as everything the plugin uses: importing the plugin loads pytest alone
+    from pytest_kimi.options import OPTIONS, help_text
+
     group = parser.getgroup("kimi", "pytest-kimi: throughput targets for LLM endpoints")
     for name, opt in OPTIONS.items():
         text = help_text(name)
@@ -67,6 +72,8 @@ def options_from_config(
 ) -> KimiOptions:
     """The session's options (command line > environment > ini > default), paths against the
     rootdir; a bad value is a ``pytest.UsageError`` naming its source."""
+    from pytest_kimi.options import KimiOptions, OptionError
+
     try:
         return KimiOptions.from_sources(
             config.getoption,

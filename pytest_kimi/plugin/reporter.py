@@ -6,30 +6,26 @@ from __future__ import annotations
 import signal
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kimi.measure.results import ThroughputResult
 from pytest_kimi.plugin.state import (
     DEPLOYMENTS,
     GATE,
     INTERRUPTS,
     REPORT_ATTR,
     STATE,
+    gate_context,
     is_worker,
     kimi_options,
 )
-from pytest_kimi.report.record import TestRecord
 from pytest_kimi.printable import printable
-from pytest_kimi.report.terminal import (
-    fit_lines,
-    format_session_noise,
-    format_test,
-    summary_width,
-)
-from pytest_kimi.run.finish import RunSummary, finish_run
 from pytest_kimi.scrub import scrub, scrub_text
+
+if TYPE_CHECKING:  # the run stage is imported where a perf test's record needs it
+    from pytest_kimi.measure.results import ThroughputResult
+    from pytest_kimi.run.finish import RunSummary
 
 REPORTER_NAME = "kimi-perf-reporter"
 
@@ -79,6 +75,13 @@ class PerfReporter:
         within the terminal's width (:func:`~pytest_kimi.report.terminal.summary_width`)."""
         if not self.state.tests:
             return
+        from pytest_kimi.report.terminal import (
+            fit_lines,
+            format_session_noise,
+            format_test,
+            summary_width,
+        )
+
         width = summary_width(bool(getattr(terminalreporter, "isatty", False)))
 
         def write(text: str, **markup: bool) -> None:
@@ -100,7 +103,7 @@ class PerfReporter:
                 printable(scrub_text(str(ep.get(k))), HEADER_LIMIT) for k in ("url", "model")
             )
             write(f"endpoint {url}  model {model}")
-        settings = self.config.stash[GATE].settings
+        settings = gate_context(self.config).settings
         write(
             f"gate: tolerance {settings.tolerance * 100:g}%, alpha {settings.alpha:g}, "
             f"session noise {settings.session_sigma:g} from {settings.sigma_source}"
@@ -117,6 +120,20 @@ class PerfReporter:
             terminalreporter.section("pytest-kimi session noise")
             for line in format_session_noise(scrub(summary.session_noise), width):
                 write(line)
+        if summary.deploy_gate is not None:
+            from pytest_kimi.report.deploy_gate_text import format_deploy_gate
+
+            terminalreporter.section("pytest-kimi deploy gate")
+            for line in format_deploy_gate(scrub(summary.deploy_gate.to_dict()), width):
+                write(line)
+            if summary.deploy_failed:
+                write(
+                    f"the deploy gate fails the run: {len(summary.deploy_failed)} level(s) "
+                    "not vouched for:",
+                    red=True,
+                )
+                for text in summary.deploy_failed:
+                    write(f"  {text}", red=True)
         if summary.updates or summary.refused:
             terminalreporter.section("pytest-kimi baselines")
             for text in summary.updates:
@@ -146,12 +163,20 @@ class PerfReporter:
             # the tests are over: a signal from now on must not cut the reports, a server's
             # graceful stop or the summary short (a traceback, rc 130 under a PASSED report)
             interrupts.finishing()
+        if not self.state.tests and GATE not in self.config.stash:
+            # no perf test ran here nor sent a record: no sink has anything to write (the
+            # run stage is never imported for a session without perf tests)
+            if interrupts is not None:
+                interrupts.settle(int(session.exitstatus))
+            return
+        from pytest_kimi.run.finish import RunSummary, finish_run
+
         try:
             names = [d.name for d in self.config.stash[DEPLOYMENTS]]
             interrupted = interruption(self.config, session, self.state.tests)
             self.summary = finish_run(
                 kimi_options(self.config),
-                self.config.stash[GATE],
+                gate_context(self.config),
                 self.state.endpoint,
                 self.state.tests,
                 self.state.endpoints,
@@ -163,7 +188,7 @@ class PerfReporter:
             self.summary = RunSummary(
                 problems=[scrub_text(f"pytest-kimi: run not finished: {type(exc).__name__}: {exc}")]
             )
-        failed = self.summary.refused or self.summary.problems
+        failed = self.summary.refused or self.summary.problems or self.summary.deploy_failed
         if failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if interrupts is not None:
@@ -260,6 +285,8 @@ def interruption(
 def report_interrupted(config: pytest.Config, result: ThroughputResult) -> None:
     """The levels an interrupted test finished go into the reports (outcome "interrupted"):
     pytest makes no test report for it, so its record is handed to the reporter directly."""
+    from pytest_kimi.report.record import TestRecord
+
     reporter = config.pluginmanager.get_plugin(REPORTER_NAME)
     if not isinstance(reporter, PerfReporter):
         return

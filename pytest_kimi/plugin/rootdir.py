@@ -20,8 +20,6 @@ from typing import Any
 
 import pytest
 
-from pytest_kimi.run.output_paths import moved_rootdir_message, separate_values, value_flags
-
 __all__ = ["check_rootdir"]
 
 
@@ -29,7 +27,13 @@ def check_rootdir(config: pytest.Config) -> None:
     """``pytest.UsageError`` when the plugin's options given as two words (``--server-profile
     PATH``) moved pytest's rootdir or ini file; nothing otherwise (``--flag=PATH``, or a value
     inside the project that changes nothing, as ``--server-profile servers/ep8.yaml``)."""
+    from pytest_kimi.options import OPTIONS
+
     words = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *config.invocation_params.args]
+    if not any(opt.flag in words for opt in OPTIONS.values()):
+        return  # no option of the plugin's is a word of its own: none took a path's place
+    from pytest_kimi.run.output_paths import moved_rootdir_message, separate_values, value_flags
+
     base = config.invocation_params.dir
     taken = [
         v for v in separate_values(words, value_flags()) if _exists(base / v.value.split("::")[0])

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_kimi.printable import printable
-from pytest_kimi.report.progress import ProgressPrinter
 from pytest_kimi.scrub import scrub_text
+
+if TYPE_CHECKING:
+    from pytest_kimi.report.progress import ProgressPrinter
 
 
 def shown(text: str) -> str:
@@ -50,6 +52,8 @@ def say(config: pytest.Config, text: str, **markup: bool) -> bool:
 
 def progress_printer(config: pytest.Config, label: str) -> ProgressPrinter | None:
     """Live lines of a measurement: updating in place on a TTY, plain lines in CI logs."""
+    from pytest_kimi.report.progress import ProgressPrinter
+
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None or config.get_verbosity() < -1:
         return None

@@ -20,7 +20,6 @@ import pytest
 from pytest_kimi.plugin.nodeids import GROUP_SUFFIX
 from pytest_kimi.plugin.state import PLAN, STATE, is_worker, kimi_options
 from pytest_kimi.plugin.terminal import say
-from pytest_kimi.run import endpoint_lock
 
 PERF_GROUP = GROUP_SUFFIX.removeprefix("@")
 
@@ -93,6 +92,8 @@ def one_measurement_at_a_time(config: pytest.Config, endpoint_url: str) -> Itera
     measured interval (from the moment the locks are held) is recorded so a report shows that
     runs did not overlap.
     """
+    from pytest_kimi.run import endpoint_lock
+
     opts = kimi_options(config)
     with contextlib.ExitStack() as held:
         if is_worker(config):

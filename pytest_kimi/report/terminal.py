@@ -426,6 +426,12 @@ def format_test(test: dict[str, Any], width: int | None = None) -> list[str]:
         # the first indented under it, so none can pass for a line of the summary's own
         first, *rest = str(test["error"]).split("\n")[:10]
         lines += ["  " + first, *("    " + line for line in rest)]
+    noise = test.get("session_noise")
+    if isinstance(noise, Mapping) and noise.get("source"):
+        lines.append(f"  judged with session noise {noise['source']}")
+    warm = test.get("warm_up")
+    if isinstance(warm, Mapping) and warm.get("text"):
+        lines.append("  " + str(warm["text"]))
     price = price_text(test)
     if price:
         lines.append("  " + price)

@@ -42,6 +42,7 @@ from pytest_kimi.gate.latency_gate import (
     apply_latency_gate,
     latency_tolerance,
 )
+from pytest_kimi.gate.noise_evidence import with_stored_noise
 from pytest_kimi.gate.policy import (
     AdaptiveTrials,
     GateSettings,
@@ -102,6 +103,10 @@ class TestPlan:
         return SweepJob() if self.capacity is None else CapacityJob(self.capacity)
 
 
+PAIRED_COMPARISON = "the paired deploy comparison (its section of the summary)"
+"""What a launch of a paired experiment is compared with: not one baseline, all the launches."""
+
+
 @dataclass(frozen=True, slots=True)
 class JudgedAgainst:
     """What one test is judged against: its stored baseline, or a reference deployment's run."""
@@ -112,6 +117,9 @@ class JudgedAgainst:
     """Same-run A/B: the first deployment's name (None without an A/B)."""
     references: dict[str, TestBaseline] | None = None
     """Same-run A/B: the reference deployment's results so far, by test id (filled here)."""
+    paired: bool = False
+    """``--perf-max-launches``: every launch is measured, not judged on its own; the paired
+    deploy comparison judges the launches together (:mod:`pytest_kimi.run.deploy_gate`)."""
 
     @property
     def is_candidate(self) -> bool:
@@ -208,7 +216,17 @@ def conduct(
     """
     settings = settings.for_test(plan.targets)  # marker tolerance=/alpha= > the session's
     prepared = prepare(plan, nodeid, measurer, endpoint, comparison, conditions)
+    # the noise its baseline's recording measured, weighed with the session's
+    session_settings, settings = settings, with_stored_noise(settings, prepared.baseline)
     prepared.spec.level_done = conditions.level_done
+    pid = getattr(server, "pid", None) or endpoint.server_pid
+    # a fresh server is warmed until stationary, unless the marker asks for no warm-up at all
+    # or the server is the simulator, whose first steps are as fast as its last unless it
+    # simulates first-use costs (cold_steps): its stationarity is known, not measured
+    fresh = measurer.first_on(f"{endpoint.url} pid {pid}")
+    sim = (endpoint.server_info or {}).get("sim")
+    stationary = isinstance(sim, dict) and not sim.get("cold_steps")
+    prepared.spec.fresh_server = fresh and prepared.spec.workload.warmup > 0 and not stationary
     flush_note = flush_cache(server)
     if conditions.server_metrics:
         observer = ServerMetricsObserver(endpoint.url, endpoint.headers())
@@ -240,9 +258,11 @@ def conduct(
         comparison.reference if comparison.is_reference else None,
     )
     _annotate(result, measurer, prepared, comparison, flush_note, server)
+    if settings is not session_settings:
+        result.session_noise = {"sigma": settings.session_sigma, "source": settings.sigma_source}
     result.provenance_changes = judged.provenance_changes
     _note_missing_baseline(result, prepared, comparison)
-    if comparison.reference is not None:
+    if comparison.reference is not None or comparison.paired:
         result.compared_with = prepared.compared_with
     if judged.reference is not None and comparison.references is not None:
         comparison.references[nodeid] = judged.reference
@@ -253,7 +273,7 @@ def _note_missing_baseline(
     result: ThroughputResult, prepared: Prepared, comparison: JudgedAgainst
 ) -> None:
     """Where the baseline would be and how to record it (a candidate of an A/B has none)."""
-    if prepared.baseline is not None or comparison.is_candidate:
+    if prepared.baseline is not None or comparison.is_candidate or comparison.paired:
         return
     if prepared.corrupt is not None:
         result.baseline_note = (
@@ -301,7 +321,9 @@ def prepare(
             protocol=conditions.protocol,
             allow_large=conditions.allow_large,
         )
-        if comparison.is_candidate:
+        if comparison.paired:
+            baseline, compared_with = None, PAIRED_COMPARISON
+        elif comparison.is_candidate:
             baseline = (comparison.references or {}).get(nodeid)
             compared_with = f"deployment {comparison.reference} (same run)"
         else:

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 from filelock import FileLock, Timeout
 
+from pytest_kimi.files import write_atomic
 from pytest_kimi.scrub import scrub_argv, scrub_text
 
 __all__ = [
@@ -171,12 +172,11 @@ def read_holder(sidecar: Path) -> Holder | None:
 
 
 def _write_holder(sidecar: Path, holder: Holder) -> None:
-    """Write the sidecar atomically (a waiter never reads half of it)."""
+    """Write the sidecar atomically (a waiter never reads half of it); not flushed to disk:
+    it is worthless after a crash, whose kernel releases the lock anyway."""
     data: dict[str, Any] = asdict(holder)
     data["argv"] = list(holder.argv)
-    tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(tmp, sidecar)
+    write_atomic(sidecar, json.dumps(data), fsync=False)
 
 
 @contextlib.contextmanager

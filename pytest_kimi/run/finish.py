@@ -26,8 +26,9 @@ from pytest_kimi.baseline.update import update_baselines
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.report.json_report import build_report, write_json, write_text
 from pytest_kimi.report.requests_file import problems_in
+from pytest_kimi.run.deploy_gate import DeployGate, deploy_changes, judge
 from pytest_kimi.run.gating import GateContext
-from pytest_kimi.run.server_starts import pool_sessions, session_noise
+from pytest_kimi.run.server_starts import attach_session_noise, pool_sessions, session_noise
 from pytest_kimi.scrub import scrub, scrub_text
 
 _T = TypeVar("_T")
@@ -47,6 +48,11 @@ class RunSummary:
     """Sinks that failed (a report path that cannot be written): one line each."""
     interrupted: str | None = None
     """What stopped the run before its end (the report's ``interrupted``), or None."""
+    deploy_gate: DeployGate | None = None
+    """``--perf-max-launches``: the paired deploy comparison (also the report's
+    ``deploy_gate``)."""
+    deploy_failed: list[str] = field(default_factory=list)
+    """The paired comparison's failing levels, one line each: the run then exits non-zero."""
 
 
 def finish_run(
@@ -69,11 +75,13 @@ def finish_run(
     if mode is not None and tests:
 
         def update() -> None:
+            pooled = pool_sessions(copy.deepcopy(tests))  # --perf-sessions: all starts in one
+            attach_session_noise(pooled, session_noise(tests))  # and the noise they measured
             summary.updates, summary.refused = update_baselines(
                 gate.root,
                 gate.profile,
                 mode,
-                pool_sessions(copy.deepcopy(tests)),  # --perf-sessions: one baseline of all starts
+                pooled,
                 {k: dict(v) for k, v in endpoints.items()},
                 rootdir,
             )
@@ -82,13 +90,33 @@ def finish_run(
 
     def build() -> dict[str, Any]:
         summary.session_noise = session_noise(tests, current_sigma=opts.perf_session_sigma)
-        return build_report(
+        report = build_report(
             dict(endpoint) if endpoint else None,
             [dict(t) for t in tests],
             summary.session_noise,
             gate.report_fields(),
             interrupted=interrupted,
         )
+        if opts.perf_max_launches and len(deployments) == 2:
+            summary.deploy_gate = judge(
+                tests,
+                deployments,
+                max_launches=opts.perf_max_launches,
+                tolerance=gate.settings.tolerance,
+                alpha=gate.settings.alpha,
+                finished=True,
+            )
+            if summary.deploy_gate is not None:
+                summary.deploy_gate.changes = {
+                    name: deploy_changes(endpoints, deployments[0], name)
+                    for name in deployments[1:]
+                }
+                report["deploy_gate"] = summary.deploy_gate.to_dict()
+                summary.deploy_failed = [
+                    f"{lv.nodeid} {lv.label} on {lv.candidate}: {lv.verdict}"
+                    for lv in summary.deploy_gate.failing(gate.settings.failing_verdicts())
+                ]
+        return report
 
     report = _sink(summary.problems, "run report not built (no history row, no report)", build)
     if report is None:
@@ -188,7 +216,7 @@ def store_history(
     refuses the write costs this one line (URL without password, and why), never the run's
     results or exit code: every exception is caught here, not only the store's own.
     """
-    from pytest_kimi.history.record import measured_anything
+    from pytest_kimi.history.rows import measured_anything
 
     if opts.perf_history is None or not measured_anything(report):
         return None

@@ -44,6 +44,7 @@ class GateContext:
             session_sigma=choice.sigma,
             sigma_source=choice.source,
             sigma_vouched=choice.vouched,
+            sigma_df=choice.df,
         )
         return cls(
             settings,

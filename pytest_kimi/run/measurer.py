@@ -64,6 +64,14 @@ class Measurer:
         """Names the measuring session in baselines (trials of one session share its noise)."""
         self.prompt_sizer = PromptSizer()
         """Sizes synthetic prompts with the server's tokenizer once per run and length."""
+        self._servers_seen: set[str] = set()
+
+    def first_on(self, server: str) -> bool:
+        """Whether nothing was measured on ``server`` (its URL and process) yet in this
+        session: its first test warms it until stationary (:mod:`pytest_kimi.measure.warm`)."""
+        fresh = server not in self._servers_seen
+        self._servers_seen.add(server)
+        return fresh
 
     def discover(self, base_url: str, *, api_key: str | None, model: str | None) -> EndpointInfo:
         return self._loop.run(discover(base_url, api_key=api_key, model=model))

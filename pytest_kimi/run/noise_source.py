@@ -22,11 +22,12 @@ being recorded), so a session without baselines never opens a database.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_kimi.gate import stats
-from pytest_kimi.gate.session_noise import FEW_SESSIONS, RECOMMEND_STEP
+from pytest_kimi.gate.session_noise import FEW_SESSIONS, PRIOR_DF, RECOMMEND_STEP
 from pytest_kimi.options import KimiOptions
 
 
@@ -38,6 +39,8 @@ class SigmaChoice:
     source: str
     measured: bool = False
     user_given: bool = False
+    df: float = PRIOR_DF
+    """The degrees of freedom the figure rests on (:attr:`GateSettings.sigma_df`)."""
 
     @property
     def vouched(self) -> bool:
@@ -51,7 +54,10 @@ def choose_session_sigma(opts: KimiOptions, profile: str, baseline_root: Path) -
     where = opts.source("perf_session_sigma")
     if where != "default":
         return SigmaChoice(
-            opts.perf_session_sigma, f"--perf-session-sigma ({where})", user_given=True
+            opts.perf_session_sigma,
+            f"--perf-session-sigma ({where})",
+            user_given=True,
+            df=math.inf,
         )
     default = f"the default {stats.DEFAULT_SESSION_SIGMA:g}"
     if opts.perf_history is None:
@@ -82,7 +88,9 @@ def choose_session_sigma(opts: KimiOptions, profile: str, baseline_root: Path) -
             f"{default}: the history holds {sessions} sessions of unchanged builds of "
             f"{profile!r}, {FEW_SESSIONS} are needed (run --perf-sessions {FEW_SESSIONS} once)",
         )
-    return SigmaChoice(sigma, f"measured in the history: {text}", measured=True)
+    return SigmaChoice(
+        sigma, f"measured in the history: {text}", measured=True, df=float(sessions - 1)
+    )
 
 
 def _has_baselines(root: Path, profile: str) -> bool:

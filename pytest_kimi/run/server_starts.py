@@ -253,6 +253,30 @@ def pool_sessions(tests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def attach_session_noise(
+    pooled: Sequence[dict[str, Any]], section: Mapping[str, Any] | None
+) -> None:
+    """Give each pooled level (:func:`pool_sessions`) the session noise its sessions measured
+    (``session_noise``'s per-level estimate: ``sigma`` and ``df``, the sessions less one), so
+    the baseline recorded from them stores it (:class:`pytest_kimi.baseline.model.SessionNoise`)."""
+    if not section:
+        return
+    found: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    for row in section.get("levels") or []:
+        est = row.get("estimate")
+        if isinstance(est, Mapping) and int(est.get("df_between") or 0) >= 1:
+            found[(row.get("profile"), row.get("nodeid"), row.get("label"))] = {
+                "sigma": float(est["sigma"]),
+                "df": int(est["df_between"]),
+            }
+    for test in pooled:
+        for level in test.get("levels") or []:
+            label = str(level.get("label") or f"C={level.get('concurrency')}")
+            noise = found.get((test.get("profile"), test.get("nodeid"), label))
+            if noise is not None:
+                level["session_noise"] = noise
+
+
 def _pooled_test(members: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     first = dict(members[0])
     first.pop(PERF_SESSION, None)

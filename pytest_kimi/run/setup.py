@@ -16,6 +16,7 @@ from typing import Any
 
 from pytest_kimi.endpoint.discovery import EndpointError, EndpointInfo, normalize_url
 from pytest_kimi.endpoint.serverinfo import clean_server_info
+from pytest_kimi.gate.paired import MIN_BLOCKS
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.run.measurer import Measurer
 from pytest_kimi.scrub import register_secret
@@ -78,6 +79,8 @@ def check_server_starts(opts: KimiOptions, deployments: list[ServerProfile]) -> 
     external ``--endpoint`` URL (or a profile with only ``url:``) would give N runs against
     one server start, whose scatter says nothing about the noise between starts.
     """
+    if opts.perf_max_launches:
+        return check_paired(opts, deployments)
     n = opts.perf_sessions
     if n == 1:
         return n
@@ -99,6 +102,41 @@ def check_server_starts(opts: KimiOptions, deployments: list[ServerProfile]) -> 
             f"plugin never starts or stops), so it cannot be restarted between sessions; {fix}"
         )
     return n
+
+
+def check_paired(opts: KimiOptions, deployments: list[ServerProfile]) -> int:
+    """``--perf-max-launches``: the number of ABBA blocks (launches of each deployment); a
+    SetupError where a paired deploy comparison cannot run.
+
+    It needs two deployments to pair (the reference first) and two blocks for its first look.
+    Profiles with only ``url:`` are allowed: the operator runs both servers, and each block is
+    then a fresh session against them rather than a fresh launch (the deploy gate says so).
+    """
+    n = opts.perf_max_launches
+    given = f"{opts.source('perf_max_launches')} = {n}"
+    if len(deployments) != 2:
+        raise SetupError(
+            f"{given}: a paired deploy comparison needs exactly two --server-profile (the "
+            f"reference first, then the candidate), got {len(deployments)}; for one "
+            "deployment's session noise use --perf-sessions"
+        )
+    if n < 2 * MIN_BLOCKS:
+        raise SetupError(
+            f"{given}: the first look needs {MIN_BLOCKS} launches of each deployment; "
+            f"give --perf-max-launches {2 * MIN_BLOCKS} or more (12 is a good budget)"
+        )
+    if opts.perf_sessions != 1:
+        raise SetupError(
+            f"{given} with {opts.source('perf_sessions')} = {opts.perf_sessions}: the paired "
+            "experiment sets the launches itself; drop --perf-sessions"
+        )
+    if opts.update_baselines is not None:
+        raise SetupError(
+            f"{given} with --update-baselines: a paired deploy comparison judges two "
+            "deployments against each other and records no baseline; record from a run "
+            "without --perf-max-launches"
+        )
+    return n // 2
 
 
 @dataclass(slots=True)

@@ -13,15 +13,7 @@ See ``docs/managed-servers.md`` for the profile format and failure behaviour.
 from __future__ import annotations
 
 from pytest_kimi.server.engines import ENGINES, SGLANG, VLLM, Engine, get_engine
-from pytest_kimi.server.launcher import (
-    ExternalServer,
-    ManagedServer,
-    ProgressFn,
-    Server,
-    ServerError,
-    ServerStartError,
-    open_server,
-)
+from pytest_kimi.server.launcher import ExternalServer, ManagedServer, Server, open_server
 from pytest_kimi.server.profile import (
     ProfileError,
     ServerProfile,
@@ -32,6 +24,7 @@ from pytest_kimi.server.profile import (
     profile_secrets,
     server_args,
 )
+from pytest_kimi.server.server_base import ProgressFn, ServerError, ServerStartError
 
 __all__ = [
     "ENGINES",

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from pytest_kimi.server import supervisor
+from pytest_kimi.server import supervised
 
 __all__ = ["TOGETHER_S", "Interrupts"]
 
@@ -159,7 +159,7 @@ class Interrupts:
             f"pytest-kimi: {_name(signum)} again: killing the servers and exiting now{agreed}"
         )
         try:
-            supervisor.kill_all(self.kill_wait_s)
+            supervised.kill_all(self.kill_wait_s)
         finally:
             try:
                 sys.stdout.flush()

@@ -525,7 +525,7 @@ def _args(value: object, source: str) -> dict[str, Any]:
         if not isinstance(raw_key, str):
             raise ProfileError(
                 f"{source}: args key {raw_key!r} is not a flag name (YAML reads unquoted "
-                f"yes/no/on/off as booleans and digits as numbers; quote the key)"
+                f"digits as numbers; quote the key)"
             )
         # Accept "--tp-size" and "tp_size" (server_info's spelling): both engines only
         # accept the dashed long option, so normalise rather than fail at launch.

@@ -12,14 +12,15 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_kimi.sim.app import SimServer, count_prompt_tokens, create_app, start_server
+    from pytest_kimi.sim.app import SimServer, create_app, start_server
     from pytest_kimi.sim.engine import EngineStats, SimEngine
     from pytest_kimi.sim.process import SimProcess, SimProcessError
     from pytest_kimi.sim.config import SimConfigError, SimConfig, parse_sim_spec
+    from pytest_kimi.sim.request_parsing import count_prompt_tokens
 
 _WHERE = {
     "SimServer": "app",
-    "count_prompt_tokens": "app",
+    "count_prompt_tokens": "request_parsing",
     "create_app": "app",
     "start_server": "app",
     "EngineStats": "engine",

@@ -125,6 +125,15 @@ _KNOBS: dict[str, _Knob] = {
     "malformed_after_tokens": _Knob(
         "int", lo=0, optional=True, help="emit a non-JSON data: line after this many tokens"
     ),
+    "cold_steps": _Knob(
+        "int",
+        lo=0,
+        help="a fresh server's first-use costs: its first this many decode steps are slower "
+        "(by cold_slowdown at the first step, falling linearly to none)",
+    ),
+    "cold_slowdown": _Knob(
+        "float", lo=1.0, help="step time multiplier at the first step (with cold_steps)"
+    ),
     "slow_start_s": _Knob(
         "float", lo=0.0, help="health and generation answer 503 for this long, wall-clock"
     ),
@@ -225,6 +234,11 @@ class SimConfig:
     disconnect_after_tokens: int | None = None
     malformed_after_tokens: int | None = None
     slow_start_s: float = 0.0
+    cold_steps: int = 0
+    """A fresh server's first-use costs (JIT-compiled kernels on first shapes, autotuning):
+    its first ``cold_steps`` decode steps take up to ``cold_slowdown`` times as long, the
+    excess falling linearly to none.  0: none."""
+    cold_slowdown: float = 2.0
     abort_on_disconnect: bool = True
     """False: a request whose client went away keeps its slot and decodes to its end, as on a
     server (or behind a proxy) that does not abort on disconnect.  A stationary trial's cut

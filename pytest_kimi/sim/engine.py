@@ -524,6 +524,10 @@ class SimEngine:
 
     def _step_duration(self, b: int, prefill_tokens: int) -> float:
         dur = self._step_s[b] + self._prefill_s * prefill_tokens
+        cold = self.profile.cold_steps
+        if cold and self.steps < cold:
+            # first-use costs: the excess falls linearly over the first cold steps
+            dur *= 1.0 + (self.profile.cold_slowdown - 1.0) * (1.0 - self.steps / cold)
         sigma = self.profile.step_jitter
         if sigma > 0.0:
             # Mean-one log-normal: jitter widens the spread but leaves the rate alone.

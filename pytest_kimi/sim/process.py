@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from pytest_kimi.server import leftovers
-from pytest_kimi.server.supervisor import Supervised, SupervisedHandle
+from pytest_kimi.server.supervised import Supervised, SupervisedHandle
 from pytest_kimi.sim.config import SimConfig
 
 __all__ = ["SimProcess", "SimProcessError", "READY_PREFIX", "API_KEY_ENV"]

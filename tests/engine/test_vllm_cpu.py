@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from pytest_kimi.server import ServerStartError, load_profile, open_server
-from pytest_kimi.server.launcher import _group_members
+from pytest_kimi.server.procgroup import group_members as _group_members
 
 SUITE = """
 from pytest_kimi import throughput

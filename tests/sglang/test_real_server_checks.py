@@ -107,7 +107,7 @@ def start_sglang(model: Path, log: Path, *extra: str) -> RealServer:
 
 def stop_sglang(server: RealServer) -> None:
     """SIGTERM the group, SIGKILL it after 30 s, reap, and check nothing of it is left."""
-    from pytest_kimi.server.launcher import _group_members
+    from pytest_kimi.server.procgroup import group_members as _group_members
 
     pgid = server.proc.pid
     try:
@@ -452,3 +452,105 @@ def test_same_run_ab_names_the_changed_flag(
     )
     assert changed["verdict"] == "regression", (figures, changed["verdict"], out[-3000:])
     assert reference["verdict"] not in ("regression", "fail", "invalid", "error"), reference
+
+
+# ------------------------------------------------------ the deploy gate, paired (issue 34)
+
+PAIRED_SUITE = """
+from pytest_kimi import throughput
+
+@throughput(concurrency=8, max_tokens=64, requests_per_stream=4, warmup=2, trials=3)
+def test_ab():
+    pass
+"""
+
+
+def _paired(
+    pytester: pytest.Pytester, tiny_model_path: Path, profiles: dict[str, int], launches: int
+) -> tuple[Any, dict[str, Any]]:
+    """A paired deploy comparison of managed profiles (name: ``max-running-requests``), the
+    first the reference, at most ``launches`` launches."""
+    import yaml
+
+    for name, n in profiles.items():
+        (pytester.path / f"{name}.yaml").write_text(yaml.safe_dump(_profile(n, tiny_model_path)))
+    pytester.makepyfile(test_suite=PAIRED_SUITE)
+    path = pytester.path / "paired.json"
+    result = pytester.runpytest(
+        "-m",
+        "perf",
+        *(f"--server-profile={name}.yaml" for name in profiles),
+        f"--perf-max-launches={launches}",
+        "-v",
+        f"--perf-json={path}",
+    )
+    return result, json.loads(path.read_text())
+
+
+def test_paired_aa_of_one_deployment_is_not_a_regression(
+    pytester: pytest.Pytester, tiny_model_path: Path
+) -> None:
+    """The same flags twice: fresh launches in ABBA blocks, each warmed until stationary; the
+    comparison measures the launches' own noise and does not call a regression."""
+    result, report = _paired(pytester, tiny_model_path, {"tiny-a": 8, "tiny-a2": 8}, 4)
+    gate = report["deploy_gate"]
+    (level,) = gate["levels"]
+    print(json.dumps(level, indent=1))
+    assert level["verdict"] != "regression", level
+    assert gate["changes"] == {"tiny-a2": []}, gate["changes"]
+    warm = [t.get("warm_up") for t in report["tests"]]
+    assert all(w is not None for w in warm), "every launch is a fresh server, warmed"
+    assert result.ret in (0, 1)  # undecided after 4 launches is inconclusive or underpowered
+
+
+def test_paired_ab_of_a_slower_deploy_is_a_regression_naming_the_flag(
+    pytester: pytest.Pytester, tiny_model_path: Path
+) -> None:
+    """``--max-running-requests 2`` against 8 at C=8: about a quarter of the throughput, a
+    ``regression`` decided by the launches, with the one flag that changed named."""
+    result, report = _paired(pytester, tiny_model_path, {"tiny-mrr8": 8, "tiny-mrr2": 2}, 6)
+    gate = report["deploy_gate"]
+    (level,) = gate["levels"]
+    print(json.dumps(level, indent=1))
+    assert level["verdict"] == "regression", level
+    assert any("max_running_requests" in c for c in gate["changes"]["tiny-mrr2"]), gate
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*changed on tiny-mrr2:*max_running_requests*"])
+
+
+def test_the_first_run_after_a_launch_agrees_with_the_next(
+    pytester: pytest.Pytester, tiny_model_path: Path
+) -> None:
+    """One launch, the same test twice: the first (warmed until stationary) reads what the
+    second reads, within the level's noise (three of the trials' pooled standard errors, at
+    least 5%); before the warm-up the first run read up to 27% low."""
+    import yaml
+
+    (pytester.path / "tiny.yaml").write_text(yaml.safe_dump(_profile(8, tiny_model_path)))
+    pytester.makepyfile(
+        test_suite="""
+        from pytest_kimi import throughput
+
+        @throughput(concurrency=[1, 4], max_tokens=128, trials=5, warmup=1)
+        def test_first():
+            pass
+
+        @throughput(concurrency=[1, 4], max_tokens=128, trials=5, warmup=1)
+        def test_second():
+            pass
+        """
+    )
+    path = pytester.path / "twice.json"
+    pytester.runpytest("-m", "perf", "--server-profile=tiny.yaml", f"--perf-json={path}")
+    first, second = json.loads(path.read_text())["tests"]
+    assert first.get("warm_up") is not None and second.get("warm_up") is None
+    import math
+    import statistics
+
+    for a, b in zip(first["levels"], second["levels"]):
+        ta = [math.log(x) for x in a["trials_tok_s"]]
+        tb = [math.log(x) for x in b["trials_tok_s"]]
+        se = math.sqrt(statistics.variance(ta) / len(ta) + statistics.variance(tb) / len(tb))
+        gap = abs(statistics.median(ta) - statistics.median(tb))
+        print(a["label"], a["tok_s"], b["tok_s"], first["warm_up"]["text"])
+        assert gap <= max(3 * se, 0.05), (a["label"], a["tok_s"], b["tok_s"], se)

@@ -44,6 +44,11 @@ every failure a real deployment has shown:
 ``FAKE_SGLANG_SPEED`` / ``FAKE_SGLANG_SLOWDOWN``
     Simulator time scale (default 20) and step multiplier (default 1.8 with
     ``--enable-eplb``, the ratio seen between EP8 and EP8+EPLB, else 1.0).
+``FAKE_SGLANG_LAUNCH_NOISE`` / ``FAKE_SGLANG_SEED_FILE`` / ``FAKE_SGLANG_SEED_BASE``
+    Per-launch speed noise: each launch draws its own speed factor exp(N(0, noise)) (the
+    simulator's ``noise=``), as a real deployment's placement, clocks and autotuning do.  The
+    seed is ``FAKE_SGLANG_SEED_BASE`` (default 0) plus a launch counter kept in
+    ``FAKE_SGLANG_SEED_FILE`` (so a test's launches draw known factors), else random.
 
 The simulator always binds 127.0.0.1, whatever ``--host`` says.
 """
@@ -54,10 +59,12 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -189,6 +196,18 @@ def server_info_of(ns: argparse.Namespace, argv: list[str], startup_s: float) ->
     }
 
 
+def launch_seed() -> int:
+    """This launch's seed (``FAKE_SGLANG_LAUNCH_NOISE``): the base plus the launches before it
+    (counted in ``FAKE_SGLANG_SEED_FILE``), else a random one."""
+    counter = os.environ.get("FAKE_SGLANG_SEED_FILE")
+    if not counter:
+        return random.SystemRandom().randrange(2**31)
+    path = Path(counter)
+    n = int(path.read_text()) if path.exists() else 0
+    path.write_text(str(n + 1))
+    return int(os.environ.get("FAKE_SGLANG_SEED_BASE", "0")) + n
+
+
 def sim_profile(
     ns: argparse.Namespace, mode: str, argv: list[str] | None = None, startup_s: float = 0.0
 ) -> Any:
@@ -206,6 +225,10 @@ def sim_profile(
     )
     if ns.max_running_requests:
         kwargs["max_running_requests"] = ns.max_running_requests
+    launch_noise = os.environ.get("FAKE_SGLANG_LAUNCH_NOISE")
+    if launch_noise:
+        kwargs["noise"] = float(launch_noise)
+        kwargs["seed"] = launch_seed()
     kwargs["disable_radix_cache"] = ns.disable_radix_cache
     # streamed as 0.5.23 streams with --stream-interval (the simulator's framing, which the
     # recorded samples hold: tests/test_fakes_match_sglang.py)
@@ -292,7 +315,8 @@ async def serve(ns: argparse.Namespace, mode: str, started: float) -> None:
     ``FAKE_SGLANG_STOP=sglang``, and the ``crash-like-sglang`` mode."""
     from aiohttp import web
 
-    from pytest_kimi.sim.app import ENGINE_KEY, SimServer, create_app
+    from pytest_kimi.sim.app import SimServer, create_app
+    from pytest_kimi.sim.app_common import ENGINE_KEY
 
     profile = sim_profile(ns, mode, sys.argv[1:], time.monotonic() - started)
     app = create_app(profile)

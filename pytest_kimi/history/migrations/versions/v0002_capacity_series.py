@@ -13,7 +13,7 @@ test's ``data`` has the report's ``capacity`` object, a probe's ``data`` its
 ``capacity_level``.  It also copies each level's change interval (``ci90``) out of its JSON
 into columns, which the dashboard's "vs baseline" column reads.
 
-Written out in full, not imported from ``schema.py`` or ``record.py``: a revision is the
+Written out in full, not imported from ``schema.py`` or ``rows.py``: a revision is the
 schema (and the reading of the old rows) as it was then.
 """
 

@@ -1,0 +1,104 @@
+"""Warm a fresh server until its figures are stationary, before anything is measured on it.
+
+A server straight after its launch is slow for a while: first-use costs the plugin's short
+warm-up requests do not cover (JIT-compiled kernels on first shapes, autotuning, allocator
+growth; on the CPU engine, caches and page faults).  Real SGLang 0.5.23 read C=1 trials of
+83.7, 127.1 and 140.4 tok/s after a start, against ~170-184 in the runs after it: a run right
+after a launch, which is every run of a deploy gate, was biased low by up to 27% at its median.
+
+So the first test measured on a server (the caller knows which are fresh) first runs trials
+of its first level that count for nothing, until the data say the rise is over: the last
+trial is not above the one before it by more than :data:`WARM_RISE`.  A warming server rises
+trial after trial; a steady one falls as often as it rises, so the rule stops it after two or
+three trials, whatever its trial noise (a rise beyond half a percent on a steady server only
+costs one more trial).  At least :data:`MIN_WARM_TRIALS`, at most :data:`MAX_WARM_TRIALS`: the
+bound; a server whose figures keep rising is said to be so in the report, and measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_kimi.measure.metrics import TrialResult
+
+WARM_RISE = 0.005
+"""A rise of the log tok/s between two consecutive warm trials above this (half a percent)
+means the server may still be warming: one more trial."""
+MIN_WARM_TRIALS = 2
+"""Two trials are the fewest that can show a rise (or its end)."""
+MAX_WARM_TRIALS = 6
+"""The bound: a server still rising after six trials is reported as such and measured."""
+WARM_INDEX = 1_000_000
+"""Trial indices of the warm trials (seeds of open-loop arrivals), apart from the measured."""
+
+
+@dataclass(slots=True)
+class WarmUp:
+    """The warm trials of a fresh server: what they read and whether they settled."""
+
+    level: str
+    tok_s: list[float] = field(default_factory=list)
+    """The valid warm trials' tok/s, in order."""
+    void: int = 0
+    """Warm trials that gave no figure (invalid: a stalled client, an error)."""
+    stationary: bool = False
+
+    def text(self) -> str:
+        figures = " -> ".join(f"{x:.1f}" for x in self.tok_s) or "no figure"
+        n = len(self.tok_s) + self.void
+        state = (
+            f"stationary after {n} trial(s)"
+            if self.stationary
+            else f"still rising after {n} trial(s) (the bound): the first measured trials may "
+            "read low"
+        )
+        void = f", {self.void} void" if self.void else ""
+        return f"warm-up on a fresh server: {self.level} {figures} tok/s, {state}{void}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "level": self.level,
+            "tok_s": [round(x, 2) for x in self.tok_s],
+            "void": self.void,
+            "stationary": self.stationary,
+            "text": self.text(),
+        }
+
+
+def settled(figures: list[float], rise: float = WARM_RISE) -> bool:
+    """Whether the last figure shows the rise is over: at least :data:`MIN_WARM_TRIALS` and
+    the last not above the one before it by more than ``rise`` (on the log scale)."""
+    if len(figures) < MIN_WARM_TRIALS:
+        return False
+    return math.log(figures[-1] / figures[-2]) <= rise
+
+
+async def warm_until_stationary(
+    run: Callable[[int, int], Awaitable[TrialResult]], label: str, clock: float = 1.0
+) -> WarmUp:
+    """Trials that count for nothing (``run(index, offset)``: one trial of the level named
+    ``label``, in the server's ``clock``), until :func:`settled` or the bound."""
+    warm = WarmUp(label)
+    for i in range(MAX_WARM_TRIALS):
+        trial = await run(WARM_INDEX + i, i)
+        if trial.valid and trial.tok_s and trial.tok_s > 0:
+            warm.tok_s.append(trial.tok_s / clock)
+        else:
+            warm.void += 1
+        if settled(warm.tok_s):
+            warm.stationary = True
+            break
+    return warm
+
+
+__all__ = [
+    "MAX_WARM_TRIALS",
+    "MIN_WARM_TRIALS",
+    "WARM_RISE",
+    "WarmUp",
+    "settled",
+    "warm_until_stationary",
+]

@@ -1,0 +1,70 @@
+"""A fresh server is warmed until its figures are stationary before anything is measured.
+
+The simulator's ``cold_steps`` knob gives a server first-use costs (its first steps slower,
+the excess falling to none): without the warm-up the first level read the cold server; with it
+the level reads what the same server reads warm.  The rule itself is pure and tested first.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pytest_kimi.measure.warm import MAX_WARM_TRIALS, WARM_RISE, settled
+
+pytest_plugins = ["pytester"]
+
+SUITE = """
+from pytest_kimi import throughput
+
+@throughput(concurrency=[4], max_tokens=64, trials=2)
+def test_a():
+    pass
+
+@throughput(concurrency=[4], max_tokens=64, trials=2)
+def test_b():
+    pass
+"""
+
+
+def test_the_rule_stops_when_the_rise_is_over() -> None:
+    assert not settled([100.0])
+    assert not settled([100.0, 120.0])  # still rising
+    assert settled([100.0, 120.0, 120.1])  # within the noise of a steady server
+    assert settled([100.0, 99.0])  # a fall: steady (noise goes both ways)
+    assert not settled([100.0, 100.0 * (1 + 2 * WARM_RISE)])
+
+
+def _run(pytester: pytest.Pytester, endpoint: str) -> dict[str, Any]:
+    pytester.makepyfile(test_suite=SUITE)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", f"--endpoint={endpoint}", f"--perf-json={report}"
+    )
+    result.assert_outcomes(passed=2)
+    return json.loads(report.read_text())  # type: ignore[no-any-return]
+
+
+def test_a_cold_server_is_measured_warm(pytester: pytest.Pytester) -> None:
+    warm = _run(pytester, "sim:speed=10,stream_interval=8")
+    cold = _run(pytester, "sim:speed=10,stream_interval=8,cold_steps=400,cold_slowdown=2")
+    first, second = cold["tests"]
+    steady = warm["tests"][0]["levels"][0]["tok_s"]
+    up = first["warm_up"]
+    assert up["stationary"] and up["level"] == "C=4"
+    assert up["tok_s"][0] < 0.8 * steady, "the first warm trial read the cold server"
+    assert up["tok_s"][-1] == pytest.approx(steady, rel=0.03)
+    # what is measured is the warm server's figure, not the cold one's
+    assert first["levels"][0]["tok_s"] == pytest.approx(steady, rel=0.03)
+    assert "warm_up" not in second, "only the first test on a server warms it"
+    # the simulator without first-use costs is stationary by construction: not warmed
+    assert "warm_up" not in warm["tests"][0]
+
+
+def test_a_server_still_rising_at_the_bound_is_said_to_be(pytester: pytest.Pytester) -> None:
+    cold = _run(pytester, "sim:speed=10,stream_interval=8,cold_steps=3000,cold_slowdown=3")
+    up = cold["tests"][0]["warm_up"]
+    assert not up["stationary"] and len(up["tok_s"]) + up["void"] == MAX_WARM_TRIALS
+    assert "still rising" in up["text"] and "may read low" in up["text"]
