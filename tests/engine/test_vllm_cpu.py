@@ -293,3 +293,33 @@ def test_deploy_change_story(engine_project: pytest.Pytester) -> None:
     assert ab[8]["verdict"] == "regression" and ab[1]["verdict"] != "regression", ab
     for pid in _server_pids(result.stdout.str()):
         _assert_group_gone(pid)
+
+
+def test_paired_deploy_comparison_names_the_flag(engine_project: pytest.Pytester) -> None:
+    """The deploy gate (issue 34) on the real engine: the reference and batching off, launched
+    in ABBA blocks (fresh servers, each warmed until stationary) and judged by their launches'
+    own noise: C=8 is a decided regression, C=1 is not, and the one changed flag is named."""
+    pytester = engine_project
+    pytester.makepyfile(test_suite=SUITE)
+    path = pytester.path / "paired.json"
+    result = pytester.runpytest(
+        "-m",
+        "perf",
+        "--server-profile=vllm-cpu-tiny.yaml",
+        "--server-profile=vllm-cpu-tiny-no-batching.yaml",
+        "--perf-max-launches=4",
+        "--perf-tolerance=0.3",
+        "-v",
+        f"--perf-json={path}",
+    )
+    report = json.loads(path.read_text())
+    gate = report["deploy_gate"]
+    levels = {lv["label"]: lv for lv in gate["levels"]}
+    print(json.dumps(gate, indent=1))
+    assert levels["C=8"]["verdict"] == "regression", levels["C=8"]
+    assert levels["C=1"]["verdict"] != "regression", levels["C=1"]
+    assert any("max_num_seqs" in c for c in gate["changes"]["vllm-cpu-tiny-no-batching"]), gate
+    assert result.ret == 1
+    assert all(t.get("warm_up") is not None for t in report["tests"]), "fresh launches, warmed"
+    for pid in _server_pids(result.stdout.str()):
+        _assert_group_gone(pid)

@@ -43,3 +43,13 @@ def session_attempts() -> int:
 def tiny_model() -> Path:
     """The tiny Llama, built (or taken from the user cache) under ``.kimi/models``."""
     return make_tiny_model.ensure(REPO)
+
+
+# pytester's inline runs put sys.modules back after each run, and the plugin imports its run
+# stage (numpy, scipy.stats, aiohttp) only once a perf test is collected, that is inside the
+# first inline run: the next one would import numpy's C extensions a second time in this process
+# ("cannot load module more than once per process").  So they are imported here, once.
+import scipy.stats  # noqa: E402,F401
+import pytest_kimi.plugin.fixtures  # noqa: E402,F401
+import pytest_kimi.run.conductor  # noqa: E402,F401
+import pytest_kimi.run.finish  # noqa: E402,F401
