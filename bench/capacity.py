@@ -63,7 +63,7 @@ from pytest_kimi.baseline import WorkloadKey  # noqa: E402
 from pytest_kimi.gate.capacity_gate import compare_capacity, record_of  # noqa: E402
 from pytest_kimi.gate.policy import GateSettings  # noqa: E402
 from pytest_kimi.measure.capacity_latency import jitter, samples  # noqa: E402
-from pytest_kimi.measure.metrics import inter_token_latencies  # noqa: E402
+from pytest_kimi.measure.stream_timing import inter_token_latencies  # noqa: E402
 from pytest_kimi.measure.trials import measure_level  # noqa: E402
 from pytest_kimi.measure.capacity_search import (  # noqa: E402
     CapacityEstimate,

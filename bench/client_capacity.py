@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from pytest_kimi.load import LoadClient, OpenLoopPlan, ShardedClient, Target, TrialPlan  # noqa: E402
 from pytest_kimi.load.request import drain  # noqa: E402
-from pytest_kimi.load.runner import _LagMonitor, _p99, raise_nofile_limit  # noqa: E402
+from pytest_kimi.load.trial_book import _LagMonitor, _p99, raise_nofile_limit  # noqa: E402
 
 LAG_LIMIT_S = 0.005
 ALL_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

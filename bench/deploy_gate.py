@@ -43,7 +43,8 @@ from stat_power import Gate, _v2_adaptive  # noqa: E402  (the adaptive replay, s
 from pytest_kimi.gate import paired  # noqa: E402
 from pytest_kimi.gate.policy import GateSettings, unvouched  # noqa: E402
 from pytest_kimi.gate.session_noise import RECOMMEND_STEP  # noqa: E402
-from pytest_kimi.gate.stats import DEFAULT_TOLERANCE, estimate_session_sigma  # noqa: E402
+from pytest_kimi.gate.session_noise import estimate_session_sigma  # noqa: E402
+from pytest_kimi.gate.two_sample import DEFAULT_TOLERANCE  # noqa: E402
 from pytest_kimi.verdicts import Verdict  # noqa: E402
 
 NOISES = (0.005, 0.01, 0.02, 0.03)

@@ -43,7 +43,9 @@ from scipy import stats as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_kimi.gate.stats import (  # noqa: E402  (path set up above for a plain checkout)
+# noqa E402 below: the path is set up above for a plain checkout
+from pytest_kimi.gate.trial_decision import decide_batch  # noqa: E402
+from pytest_kimi.gate.two_sample import (  # noqa: E402
     DEFAULT_ALPHA,
     DEFAULT_DETECTABLE_DROP,
     DEFAULT_MAX_TRIALS,
@@ -51,12 +53,11 @@ from pytest_kimi.gate.stats import (  # noqa: E402  (path set up above for a pla
     DEFAULT_POWER,
     DEFAULT_SESSION_SIGMA,
     DEFAULT_TOLERANCE,
-    MIN_LOG_SD,
-    Verdict,
     compare_batch,
-    decide_batch,
     smallest_vouchable_drop,
 )
+from pytest_kimi.logscale import MIN_LOG_SD  # noqa: E402
+from pytest_kimi.verdicts import Verdict  # noqa: E402
 
 DROPS: tuple[float, ...] = (0.0, 0.02, 0.05, 0.08, 0.10, 0.15, 0.20, 0.30)
 FIXED: tuple[int, ...] = (3, 5, 10)

@@ -34,7 +34,7 @@ each level's within-session spread and the EP8 seconds of one of its trials; the
 simulated comparisons per scenario -- unchanged, at the tolerance (5% slower), 10% and 15%
 slower -- with a session noise of 3% and of 1% (the gate told the truth, as a measured
 ``--perf-session-sigma`` does), through the plugin's trial policy (the undecided extension
-included) and :func:`stats.compare_family` with its designs.  It prints, per shape and noise,
+included) and :func:`family_verdicts.compare_family` with its designs.  It prints, per shape and noise,
 the share of tests flagged (any level or the common shift a ``regression``), the least share
 of ``pass`` over a test's levels, the share where every level passed, and the EP8 seconds per
 verdict of each protocol and their ratio.
@@ -66,7 +66,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_kimi.gate import stats  # noqa: E402
+from pytest_kimi.gate import family_verdicts, trial_decision, two_sample  # noqa: E402
+from pytest_kimi.logscale import MIN_LOG_SD  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
 from pytest_kimi.sim.config import SimConfig  # noqa: E402
 from pytest_kimi.verdicts import Verdict  # noqa: E402
@@ -224,7 +225,7 @@ def level_models(runs: list[Run]) -> list[LevelModel]:
             models.setdefault(key, LevelModel(lv.test, lv.label, 0.0, 0.0))
     for key, m in models.items():
         v = logs.get(key) or [0.0]
-        m.within_sigma = max(math.sqrt(statistics.fmean(v)), stats.MIN_LOG_SD)
+        m.within_sigma = max(math.sqrt(statistics.fmean(v)), MIN_LOG_SD)
         m.trial_s = statistics.median(cost.get(key) or [0.0])
     return list(models.values())
 
@@ -242,8 +243,8 @@ def simulate(
 
     Every simulated comparison draws a baseline session (``baseline_trials`` trials, as a
     recording runs) and a current one whose log mean differs by a session factor and
-    ``log(1 - drop)``; the current side runs the adaptive policy (:func:`stats.decide`) and is
-    judged by :func:`stats.compare_test` over the levels of its test (closed testing).
+    ``log(1 - drop)``; the current side runs the adaptive policy (:func:`trial_decision.decide`) and is
+    judged by :func:`family_verdicts.compare_test` over the levels of its test (closed testing).
     """
     counts: dict[str, int] = {}
     trials_total = 0
@@ -262,18 +263,18 @@ def simulate(
                 def draw(k: int, shift: float = shift, sd: float = sd) -> list[float]:
                     return [float(x) for x in np.exp(shift + rng.normal(0.0, sd, k))]
 
-                cur = draw(stats.DEFAULT_MIN_TRIALS)
+                cur = draw(two_sample.DEFAULT_MIN_TRIALS)
                 look = 0
                 while True:
-                    d = stats.decide(list(base), cur, look=look, n_levels=len(levels))
-                    if d.stop or len(cur) >= stats.DEFAULT_MAX_TRIALS:
+                    d = trial_decision.decide(list(base), cur, look=look, n_levels=len(levels))
+                    if d.stop or len(cur) >= two_sample.DEFAULT_MAX_TRIALS:
                         break
                     cur += draw(d.next_trials)
                     look += 1
                 trials_total += len(cur)
                 seconds_total += len(cur) * m.trial_s
                 pairs.append((list(base), cur))
-            for cmp in stats.compare_test(pairs):
+            for cmp in family_verdicts.compare_test(pairs):
                 counts[str(cmp.verdict)] = counts.get(str(cmp.verdict), 0) + 1
     n = sum(counts.values())
     shares = {k: v / n for k, v in sorted(counts.items())}
@@ -359,7 +360,7 @@ def record_matrix(protocol: str, *, speed: float, work: Path) -> list[Shape]:
                 LevelModel(
                     name,
                     lv["label"],
-                    max(float(np.std(x, ddof=1)), stats.MIN_LOG_SD),
+                    max(float(np.std(x, ddof=1)), MIN_LOG_SD),
                     (lv.get("server_time_s") or 0.0) / max(lv.get("trials") or 1, 1),
                 )
             )
@@ -394,7 +395,7 @@ def simulate_shape(
     rng: np.random.Generator,
 ) -> Cell:
     """``sims`` comparisons of one test: shared session factors, the plugin's policy (with
-    the undecided extension and its :class:`stats.Design`) and :func:`stats.compare_family`."""
+    the undecided extension and its :class:`family_verdicts.Design`) and :func:`family_verdicts.compare_family`."""
     levels = shape.levels
     failed = flagged = all_pass = 0
     level_pass = np.zeros(len(levels))
@@ -410,22 +411,25 @@ def simulate_shape(
             def draw(k: int, shift: float = shift, sd: float = m.within_sigma) -> list[float]:
                 return [float(x) for x in np.exp(shift + rng.normal(0.0, sd, k))]
 
-            cur = draw(stats.DEFAULT_MIN_TRIALS)
+            cur = draw(two_sample.DEFAULT_MIN_TRIALS)
             design = None
             while True:
-                d = stats.decide(base, cur, session_sigma=sigma)
-                if design is None and d.reason is not stats.StopReason.CONTINUE:
-                    can = d.reason in (stats.StopReason.POWERED, stats.StopReason.UNDECIDED)
+                d = trial_decision.decide(base, cur, session_sigma=sigma)
+                if design is None and d.reason is not trial_decision.StopReason.CONTINUE:
+                    can = d.reason in (
+                        trial_decision.StopReason.POWERED,
+                        trial_decision.StopReason.UNDECIDED,
+                    )
                     n = len(cur)
-                    design = stats.Design(n, stats.DEFAULT_MAX_TRIALS if can else n)
-                if d.stop or len(cur) >= stats.DEFAULT_MAX_TRIALS:
+                    design = family_verdicts.Design(n, two_sample.DEFAULT_MAX_TRIALS if can else n)
+                if d.stop or len(cur) >= two_sample.DEFAULT_MAX_TRIALS:
                     break
                 cur += draw(d.next_trials)
             trials += len(cur)
             seconds += len(cur) * m.trial_s
             pairs.append((base, cur))
             designs.append(design)
-        fam = stats.compare_family(pairs, session_sigma=sigma, designs=designs)
+        fam = family_verdicts.compare_family(pairs, session_sigma=sigma, designs=designs)
         verdicts = [c.verdict for c in fam.levels]
         shift_reg = fam.shift is not None and fam.shift.verdict is Verdict.REGRESSION
         failed += shift_reg or Verdict.REGRESSION in verdicts
@@ -478,7 +482,7 @@ def run_matrix(args: argparse.Namespace) -> int:
                         # the protocol of before is priced, not judged: fewer comparisons
                         sims=args.sims if p == "stationary" else max(50, args.sims // 4),
                         sigma=sigma,
-                        baseline_trials=stats.DEFAULT_MAX_TRIALS,
+                        baseline_trials=two_sample.DEFAULT_MAX_TRIALS,
                         rng=rng,
                     )
                     for p in protocols
@@ -532,10 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--noise",
         type=float,
-        default=round(stats.DEFAULT_SESSION_SIGMA / math.sqrt(2), 4),
+        default=round(two_sample.DEFAULT_SESSION_SIGMA / math.sqrt(2), 4),
         help="per-server-start log sd of the simulator (two starts differ by sqrt(2) times it)",
     )
-    ap.add_argument("--session-sigma", type=float, default=stats.DEFAULT_SESSION_SIGMA)
+    ap.add_argument("--session-sigma", type=float, default=two_sample.DEFAULT_SESSION_SIGMA)
     ap.add_argument("--sims", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--matrix", action="store_true", help="the workload-shape matrix (issue 21)")

@@ -164,11 +164,11 @@ def compare_reports(
     levels with the baseline fields and verdict replaced by this comparison, so ``render_*``
     and the terminal table need no special case.
     """
-    from pytest_kimi.gate import stats
+    from pytest_kimi.gate import family_verdicts, two_sample
     from pytest_kimi.gate.policy import compared_level, shift_record
     from pytest_kimi.baseline import Provenance, provenance_diff
 
-    drop = stats.DEFAULT_DETECTABLE_DROP if detectable_drop is None else detectable_drop
+    drop = two_sample.DEFAULT_DETECTABLE_DROP if detectable_drop is None else detectable_drop
     old_ep, new_ep = old.get("endpoint") or {}, new.get("endpoint") or {}
     changes = [
         str(c)
@@ -241,7 +241,7 @@ def compare_reports(
                 result.only_old.append(f"{nodeid} {_label(lv, test)}")
         shift: dict[str, Any] | None = None
         if pending:
-            family = stats.compare_family(
+            family = family_verdicts.compare_family(
                 [(b, c) for _, b, c in pending],
                 tolerance=tolerance,
                 alpha=alpha,

@@ -5,7 +5,7 @@ measuring code, ``baselines/`` in the plugin, the statistics' defaults in ``Gate
 a help text, the README and the code could disagree and no test would notice.  Now each
 option is one typed field of :class:`KimiOptions` and its default is that field's default,
 stated here and nowhere else in the plugin (the statistical ones equal
-:mod:`pytest_kimi.gate.stats`' ``DEFAULT_*`` constants, which stay the defaults of its
+:mod:`pytest_kimi.gate.two_sample`' ``DEFAULT_*`` constants, which stay the defaults of its
 pytest-free functions, and are restated below so that this table loads no numpy; tests check
 that they agree, and that ``GateSettings`` and ``kimi-perf compare`` do).
 Help texts are formatted from the same field defaults.  ``pytest_configure`` builds the object
@@ -46,9 +46,10 @@ if TYPE_CHECKING:
     from pytest_kimi.gate.policy import GateSettings
 
 # The defaults of the stages below, as they state them for their pytest-free functions
-# (gate/stats.py, gate/latency_gate.py, measure/trials.py, baseline/paths.py), restated so that
-# the option table -- read by every pytest session, perf tests or not -- imports neither numpy
-# nor the baseline store; tests/test_import_budget.py checks that each equals its source.
+# (gate/two_sample.py, gate/latency_gate.py, measure/measure_spec.py, baseline/paths.py),
+# restated so that the option table -- read by every pytest session, perf tests or not --
+# imports neither numpy nor the baseline store; tests/test_import_budget.py checks that each
+# equals its source.
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_ALPHA = 0.05
 DEFAULT_SESSION_SIGMA = 0.03

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pytest_kimi.cli import main
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import two_sample
 from pytest_kimi.gate.calibration import calibrate, paired_launches_needed, stored_mdd
 from pytest_kimi.gate.paired import compare_paired
 from pytest_kimi.gate.session_noise import NoiseEstimate
@@ -38,7 +38,7 @@ def test_quiet_noise_vouches_and_warns_of_nothing() -> None:
     cal = calibrate("t C=1", _estimate(0.004))
     assert cal.sigma == 0.005  # rounded up as the gate uses it
     assert cal.vouchable_drop == pytest.approx(
-        stats.smallest_vouchable_drop(0.05, 0.05, 0.005, 0.95)
+        two_sample.smallest_vouchable_drop(0.05, 0.05, 0.005, 0.95)
     )
     assert cal.vouchable_drop < cal.stored_mdd < 0.15
     assert cal.paired_launches == 4 and cal.warnings() == []
@@ -79,7 +79,7 @@ def test_the_paired_launches_are_where_the_comparison_reaches_the_drop() -> None
 def test_more_trials_lower_the_stored_mdd_but_not_below_the_session_floor() -> None:
     few = stored_mdd(0.01, 0.02, 3, tolerance=0.05, alpha=0.05, power=0.95)
     many = stored_mdd(0.01, 0.02, 30, tolerance=0.05, alpha=0.05, power=0.95)
-    floor = stats.smallest_vouchable_drop(0.05, 0.05, 0.01, 0.95)
+    floor = two_sample.smallest_vouchable_drop(0.05, 0.05, 0.01, 0.95)
     assert few > many > floor
 
 

@@ -37,7 +37,8 @@ from pytest_kimi.measure.capacity_search import (
     _label_level,
     outcome_of,
 )
-from pytest_kimi.measure.metrics import ClientSignals, TrialResult, level_figures
+from pytest_kimi.measure.client_signals import ClientSignals
+from pytest_kimi.measure.metrics import TrialResult, level_figures
 from pytest_kimi.measure.results import judge_level
 from pytest_kimi.measure.trials import _replaceable
 from pytest_kimi.report.capacity_cells import capacity_lines, note_text

@@ -16,7 +16,8 @@ from pytest_kimi.baseline import BaselineStore
 from pytest_kimi.endpoint.discovery import EndpointInfo
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.measure.results import ThroughputResult
-from pytest_kimi.measure.trials import MeasureSpec, ProgressFn
+from pytest_kimi.measure.measure_spec import MeasureSpec
+from pytest_kimi.measure.trials import ProgressFn
 from pytest_kimi.run.conductor import (
     INTERRUPTED,
     JudgedAgainst,

@@ -23,7 +23,8 @@ from pytest_kimi.crosscheck.contamination import (
     excess_in_flight,
 )
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.measure.metrics import ClientSignals, TrialResult
+from pytest_kimi.measure.client_signals import ClientSignals
+from pytest_kimi.measure.metrics import TrialResult
 from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]

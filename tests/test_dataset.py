@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.measure.trials import check_own_lengths
+from pytest_kimi.measure.one_trial import check_own_lengths
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig
 from pytest_kimi.workload.dataset import (

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_kimi.baseline import LevelBaseline, Provenance, TestBaseline, WorkloadKey
 from pytest_kimi.cli import compare_reports
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import family_verdicts, two_sample
 from pytest_kimi.gate.policy import (
     GateSettings,
     apply_gate,
@@ -235,18 +235,22 @@ def test_offline_compare_writes_what_the_gate_writes() -> None:
     for lv, samples in zip(new["tests"][0]["levels"], (SLOWER, FASTER, SAME)):
         lv["trials_tok_s"] = samples
     cmp = compare_reports(
-        old, new, tolerance=stats.DEFAULT_TOLERANCE, alpha=stats.DEFAULT_ALPHA, session_sigma=0.0
+        old,
+        new,
+        tolerance=two_sample.DEFAULT_TOLERANCE,
+        alpha=two_sample.DEFAULT_ALPHA,
+        session_sigma=0.0,
     )
     rows = cmp.report["tests"][0]["levels"]
-    comparisons = stats.compare_test(
+    comparisons = family_verdicts.compare_test(
         [(BASE, s) for s in (SLOWER, FASTER, SAME)],
-        tolerance=stats.DEFAULT_TOLERANCE,
-        alpha=stats.DEFAULT_ALPHA,
+        tolerance=two_sample.DEFAULT_TOLERANCE,
+        alpha=two_sample.DEFAULT_ALPHA,
         session_sigma=0.0,
     )
     for row, c in zip(rows, comparisons):
         fields, note = compared_level(
-            c, BASE, tolerance=stats.DEFAULT_TOLERANCE, alpha=stats.DEFAULT_ALPHA
+            c, BASE, tolerance=two_sample.DEFAULT_TOLERANCE, alpha=two_sample.DEFAULT_ALPHA
         )
         fields_dict = fields.to_dict()
         assert {k: row[k] for k in fields_dict} == fields_dict

@@ -23,7 +23,8 @@ import pytest
 
 from pytest_kimi.baseline.values import ABSENT
 from pytest_kimi.cli import main
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import family_verdicts
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.history import changes as changes_mod
 from pytest_kimi.history.changes import (
     ChangePointsUnavailable,
@@ -138,8 +139,8 @@ def test_a_slow_drift_that_passes_every_gate_is_named() -> None:
     ]
     figures = [float(np.median(x)) for x in trials]
     for before, after in zip(trials, trials[1:]):
-        verdict = stats.compare_level(before, after).verdict
-        assert verdict != stats.Verdict.REGRESSION, "each step alone is within the tolerance"
+        verdict = family_verdicts.compare_level(before, after).verdict
+        assert verdict != Verdict.REGRESSION, "each step alone is within the tolerance"
 
     found = find_changes([make_series(figures, trials=trials)])
     assert found, "the drift is named"

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from pytest_kimi.cli import main
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import session_noise
 from pytest_kimi.history.changes import find_changes
 from pytest_kimi.history.model import LevelSeries, Point, RunInfo
 from pytest_kimi.history.noise import build_groups, estimate_noise
@@ -84,7 +84,7 @@ def test_one_build_one_level_is_the_gates_own_estimate() -> None:
     report = estimate_noise([series])
     (one,) = report.series
     sessions = [p.trials for p in series.points]
-    assert one.estimate.sigma == pytest.approx(stats.estimate_session_sigma(sessions))
+    assert one.estimate.sigma == pytest.approx(session_noise.estimate_session_sigma(sessions))
     assert one.estimate.sessions == 8 and one.estimate.trials == 24 and one.groups == 1
     assert one.runs == tuple(range(1, 9))
     assert one.estimate.low < one.estimate.sigma < one.estimate.high
@@ -107,7 +107,7 @@ def test_a_build_change_is_not_noise() -> None:
     report = estimate_noise(series)
     (one,) = report.series
     assert one.groups == 2 and one.estimate.sessions == 16 and one.estimate.df_between == 14
-    naive = stats.estimate_session_sigma([p.trials for p in series[0].points])
+    naive = session_noise.estimate_session_sigma([p.trials for p in series[0].points])
     assert naive > 0.09 > one.estimate.sigma
     assert one.estimate.low < math.sqrt(2) * 0.02 < one.estimate.high
 

@@ -30,28 +30,23 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.load.runner import TrialRecords
+from pytest_kimi.load.trial import TrialRecords
 from pytest_kimi.load.sse import usage_fell_message
-from pytest_kimi.measure.metrics import (
+from pytest_kimi.measure.client_signals import ClientSignals
+from pytest_kimi.measure.metrics import TrialResult, summarize_trial
+from pytest_kimi.measure.trial_causes import (
     BUFFERED_MIN_EVENTS,
     BUFFERED_STALL_MIN_S,
     FLOOD_BYTES_PER_EVENT,
-    ClientSignals,
-    TrialResult,
-    count_cut_tokens,
-    summarize_trial,
 )
-from pytest_kimi.measure.trials import (
-    TRIAL_LIMIT_FACTOR,
-    TRIAL_LIMIT_SLACK_S,
-    MeasureSpec,
-    Pace,
-    TrialLimit,
-    measure_level,
-)
+from pytest_kimi.measure.usage_checks import count_cut_tokens
+from pytest_kimi.measure.measure_spec import MeasureSpec
+from pytest_kimi.measure.pace import Pace
+from pytest_kimi.measure.trial_limits import TRIAL_LIMIT_FACTOR, TRIAL_LIMIT_SLACK_S, TrialLimit
+from pytest_kimi.measure.trials import measure_level
 from pytest_kimi.load.openloop import OpenLoopPlan
 from pytest_kimi.load.request import Target
-from pytest_kimi.load.runner import LiveTrial, TrialPlan
+from pytest_kimi.load.trial import LiveTrial, TrialPlan
 from pytest_kimi.workload.markers import LevelSpec, parse_throughput
 from support.hostile import FAST_FIRST, HostileServer
 from support.timing import SESSION_S, poll_until

@@ -137,8 +137,8 @@ def test_the_restated_defaults_agree_with_their_stages() -> None:
     loads no numpy); each must equal its source."""
     from pytest_kimi import options
     from pytest_kimi.baseline import paths
-    from pytest_kimi.gate import latency_gate, stats
-    from pytest_kimi.measure import trials
+    from pytest_kimi.gate import latency_gate, two_sample
+    from pytest_kimi.measure import measure_spec
     from pytest_kimi.plugin import hooks
     from pytest_kimi.run import plan
 
@@ -150,9 +150,9 @@ def test_the_restated_defaults_agree_with_their_stages() -> None:
         "DEFAULT_DETECTABLE_DROP",
         "DEFAULT_MAX_TRIALS",
     ):
-        assert getattr(options, name) == getattr(stats, name), name
+        assert getattr(options, name) == getattr(two_sample, name), name
     assert options.DEFAULT_LATENCY_TOLERANCE == latency_gate.DEFAULT_LATENCY_TOLERANCE
-    assert options.DEFAULT_TRIALS == trials.DEFAULT_TRIALS
+    assert options.DEFAULT_TRIALS == measure_spec.DEFAULT_TRIALS
     assert options.DEFAULT_DIRNAME == paths.DEFAULT_DIRNAME
     assert options.DEFAULT_PROFILE == paths.DEFAULT_PROFILE
     assert hooks.PERF_MARKERS == plan.PERF_MARKERS

@@ -24,7 +24,8 @@ from pytest_kimi.gate.latency_gate import (
 )
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.measure.latency import trial_latencies
-from pytest_kimi.measure.metrics import ClientSignals, TrialResult
+from pytest_kimi.measure.client_signals import ClientSignals
+from pytest_kimi.measure.metrics import TrialResult
 from pytest_kimi.measure.results import ThroughputResult, judge_level, level_key, workload_dict
 from pytest_kimi.report.html import render_html
 from pytest_kimi.report.junit import junit_properties

@@ -9,16 +9,12 @@ from array import array
 import pytest
 from support.records import stream_record
 
-from pytest_kimi.load.runner import TrialRecords
+from pytest_kimi.load.trial import TrialRecords
 from pytest_kimi.workload.markers import LevelSpec
-from pytest_kimi.measure.metrics import (
-    ClientSignals,
-    inter_token_latencies,
-    steady_window,
-    summarize_trial,
-    tokens_in_steps,
-    tokens_in_window,
-)
+from pytest_kimi.measure.client_signals import ClientSignals
+from pytest_kimi.measure.metrics import summarize_trial
+from pytest_kimi.measure.steady_state import steady_window, tokens_in_steps, tokens_in_window
+from pytest_kimi.measure.stream_timing import inter_token_latencies
 from pytest_kimi.load.records import RequestRecord
 
 
@@ -150,7 +146,8 @@ def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
 
     from pytest_kimi.load.request import Target
     from pytest_kimi.workload.markers import Targets, Workload
-    from pytest_kimi.measure.trials import MAX_REPLACED_TRIALS, MeasureSpec, measure_level
+    from pytest_kimi.measure.measure_spec import MeasureSpec
+    from pytest_kimi.measure.trials import MAX_REPLACED_TRIALS, measure_level
 
     level = LevelSpec(2, None, 101)
 

@@ -19,7 +19,7 @@ import pytest
 
 from pytest_kimi.baseline.paths import DEFAULT_DIRNAME
 from pytest_kimi.cli import build_parser
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import two_sample
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.options import OPTIONS, KimiOptions, default_of, help_text
 from pytest_kimi.plugin import KIMI_OPTIONS
@@ -118,12 +118,12 @@ def test_gate_settings_and_kimi_perf_share_the_options_defaults() -> None:
     opts = KimiOptions()
     assert GateSettings() == opts.gate_settings()
     assert (opts.perf_tolerance, opts.perf_alpha, opts.perf_session_sigma) == (
-        stats.DEFAULT_TOLERANCE,
-        stats.DEFAULT_ALPHA,
-        stats.DEFAULT_SESSION_SIGMA,
+        two_sample.DEFAULT_TOLERANCE,
+        two_sample.DEFAULT_ALPHA,
+        two_sample.DEFAULT_SESSION_SIGMA,
     )
-    assert opts.perf_max_trials == stats.DEFAULT_MAX_TRIALS
-    assert opts.perf_detectable_drop == stats.DEFAULT_DETECTABLE_DROP
+    assert opts.perf_max_trials == two_sample.DEFAULT_MAX_TRIALS
+    assert opts.perf_detectable_drop == two_sample.DEFAULT_DETECTABLE_DROP
     compare = build_parser().parse_args(["compare", "old.json", "new.json"])
     assert (compare.tolerance, compare.alpha, compare.session_sigma) == (
         opts.perf_tolerance,

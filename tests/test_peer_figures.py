@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import pytest
 
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.measure.metrics import ClientSignals, TrialResult
+from pytest_kimi.measure.client_signals import ClientSignals
+from pytest_kimi.measure.metrics import TrialResult
 from pytest_kimi.measure.peer_figures import LATENCIES, STATS, peer_figures, tpot
 from pytest_kimi.measure.results import judge_level, not_run_level
 from pytest_kimi.report.markdown import cell, text

@@ -488,7 +488,7 @@ def test_open_loop_rates_and_length_sweeps(
         """
         import pytest
         from pytest_kimi import throughput
-        from pytest_kimi.load.runner import LAG_INTERVAL_S
+        from pytest_kimi.load.trial_book import LAG_INTERVAL_S
 
         # rates per second of the simulator's clock: at speed 10, 25 and 40 requests per wall s
         @throughput(rate=[2.5, 4], max_tokens=32, requests=20, trials=2, warmup=1, min_tok_s={4: 10})

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.measure.metrics import completed_rate
+from pytest_kimi.measure.steady_state import completed_rate
 from pytest_kimi.measure.results import level_key, spec_key, workload_dict
 from pytest_kimi.report.terminal import format_table
 from pytest_kimi.report.workload_cells import RATES_HEADER, rates_cell
@@ -176,7 +176,8 @@ def test_ramp_session_shows_the_server_falling_behind(
 
 
 def test_a_short_window_says_the_server_was_still_filling_up() -> None:
-    from pytest_kimi.measure.metrics import ClientSignals, TrialResult
+    from pytest_kimi.measure.client_signals import ClientSignals
+    from pytest_kimi.measure.metrics import TrialResult
     from pytest_kimi.measure.shapes import fill_up_note
     from pytest_kimi.report.workload_cells import shape_lines
 

@@ -23,7 +23,8 @@ import pytest
 
 from pytest_kimi.load.sse import parse_blocks
 from pytest_kimi.workload.markers import LevelSpec
-from pytest_kimi.measure.metrics import ClientSignals, TrialResult, level_figures
+from pytest_kimi.measure.client_signals import ClientSignals
+from pytest_kimi.measure.metrics import TrialResult, level_figures
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.report.html import render_html
 from pytest_kimi.report.markdown import render_markdown

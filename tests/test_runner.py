@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestServer
 
 from pytest_kimi.load import LoadClient, Target, TrialPlan, stream_request
 from pytest_kimi.load.request import EOF_GRACE_S
-from pytest_kimi.load.runner import LAG_INTERVAL_S, raise_nofile_limit
+from pytest_kimi.load.trial_book import LAG_INTERVAL_S, raise_nofile_limit
 from support.timing import DEADLINE_S, TIMER_SLACK_S, LoopLag, send_late_bound_s
 
 SECRET = "sk-test-SECRET-0123456789"

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from pytest_kimi.load.runner import TrialRecords
+from pytest_kimi.load.trial import TrialRecords
 from pytest_kimi.workload.markers import LevelSpec
-from pytest_kimi.measure.metrics import ClientSignals, TrialResult, summarize_trial
+from pytest_kimi.measure.client_signals import ClientSignals
+from pytest_kimi.measure.metrics import TrialResult, summarize_trial
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.report.markdown import render_markdown
 from pytest_kimi.report.terminal import format_test

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_kimi.gate import stats
 from pytest_kimi.gate.session_noise import (
     NoiseEstimate,
+    estimate_session_sigma,
     estimate_with_interval,
     pooled,
     recommend,
@@ -67,7 +67,7 @@ def test_the_point_estimate_is_the_gates_method_of_moments() -> None:
     for k, n in [(2, 3), (4, 3), (6, 10), (3, 2)]:
         data = _sessions(rng, k, n, 0.05, 0.02)
         est = estimate_with_interval(data)
-        assert est.sigma == pytest.approx(stats.estimate_session_sigma(data), rel=1e-12)
+        assert est.sigma == pytest.approx(estimate_session_sigma(data), rel=1e-12)
         assert est.low <= est.sigma <= est.high
         assert (est.sessions, est.trials, est.df_between) == (k, k * n, k - 1)
 

@@ -22,9 +22,11 @@ import pytest
 
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.request import Target
-from pytest_kimi.load.runner import LoadClient, TrialPlan
+from pytest_kimi.load.runner import LoadClient
+from pytest_kimi.load.trial import TrialPlan
 from pytest_kimi.load.workers import ShardedClient
-from pytest_kimi.measure.metrics import count_cut_tokens, stationary_window, tokens_between
+from pytest_kimi.measure.steady_state import stationary_window, tokens_between
+from pytest_kimi.measure.usage_checks import count_cut_tokens
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig

@@ -15,26 +15,21 @@ from types import ModuleType
 
 import numpy as np
 
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import family_verdicts, two_sample
 import pytest
 from scipy import stats as st
 
-from pytest_kimi.gate.stats import (
+from pytest_kimi.gate.family_verdicts import compare_level, compare_test, holm
+from pytest_kimi.gate.session_noise import estimate_session_sigma
+from pytest_kimi.gate.trial_decision import StopReason, decide, decide_batch, look_schedule
+from pytest_kimi.gate.two_sample import (
     DEFAULT_DETECTABLE_DROP,
     DEFAULT_POWER,
     LevelComparison,
-    StopReason,
-    Verdict,
     compare_batch,
-    compare_level,
-    compare_test,
-    decide,
-    decide_batch,
-    estimate_session_sigma,
-    holm,
-    look_schedule,
     smallest_vouchable_drop,
 )
+from pytest_kimi.verdicts import Verdict
 
 BASE = [1000.0, 1010.0, 990.0, 1005.0, 995.0]
 # A recorded baseline (10 trials, ~2% scatter) and a current run with the same scatter.
@@ -236,7 +231,7 @@ def test_an_estimate_beyond_the_tolerance_is_never_pass() -> None:
         b = 1000 * np.exp(rng.normal(0, 0.04, (3000, n)))
         c = 1000 * np.exp(rng.normal(-0.05, 0.04, (3000, n)))
         res = compare_batch(b, c)
-        beyond = res.ratio < 1 - stats.DEFAULT_TOLERANCE
+        beyond = res.ratio < 1 - two_sample.DEFAULT_TOLERANCE
         assert beyond.any() and (~beyond).any()
         assert set(res.verdict[beyond]) <= {"regression", "inconclusive"}
         assert "inconclusive" in set(res.verdict[beyond])
@@ -257,7 +252,7 @@ def test_levels_that_move_together_are_as_sensitive_as_one_level() -> None:
     cur = [x * 0.939 for x in [1000, 1012, 988, 1003, 997]]
     alone = compare_level(BASE, cur, session_sigma=0.0)
     assert 0.025 < alone.p_regression < 0.05 and alone.verdict is Verdict.REGRESSION
-    fam = stats.compare_family([(BASE, cur), (BASE, cur), (BASE, cur)], session_sigma=0.0)
+    fam = family_verdicts.compare_family([(BASE, cur), (BASE, cur), (BASE, cur)], session_sigma=0.0)
     for lv in fam.levels:
         assert lv.p_regression_raw == pytest.approx(alone.p_regression)
         assert lv.p_regression <= alone.p_regression * 1.1
@@ -265,13 +260,15 @@ def test_levels_that_move_together_are_as_sensitive_as_one_level() -> None:
     assert fam.method == "closed" and fam.shift is not None
     assert fam.shift.verdict is Verdict.REGRESSION and fam.shift.levels == 3
     # the old Holm figure for the same family, for the record
-    assert min(1.0, 3 * alone.p_regression) > stats.DEFAULT_ALPHA
+    assert min(1.0, 3 * alone.p_regression) > two_sample.DEFAULT_ALPHA
 
 
 def test_a_level_cannot_hide_behind_another_that_gained() -> None:
     """A mean-only intersection test would let -20% and +20% cancel; the intersection test
     also takes each level's own statistic, so the drop is still caught."""
-    fam = stats.compare_family([(BASE, [x * 0.8 for x in BASE]), (BASE, [x * 1.2 for x in BASE])])
+    fam = family_verdicts.compare_family(
+        [(BASE, [x * 0.8 for x in BASE]), (BASE, [x * 1.2 for x in BASE])]
+    )
     assert [lv.verdict for lv in fam.levels] == [Verdict.REGRESSION, Verdict.IMPROVED]
 
 
@@ -280,7 +277,7 @@ def test_a_shared_session_shift_does_not_multiply_the_evidence() -> None:
     leaves the common shift's standard error at the session noise, not a tenth of it."""
     cur = [x * 0.93 for x in BASE]
     one = compare_level(BASE, cur, session_sigma=0.03)
-    fam = stats.compare_family([(BASE, cur)] * 6, session_sigma=0.03)
+    fam = family_verdicts.compare_family([(BASE, cur)] * 6, session_sigma=0.03)
     assert fam.shift is not None and fam.shift.se_log >= 0.03
     assert fam.shift.p_regression >= one.p_regression * 0.5
 
@@ -299,12 +296,12 @@ def test_closed_testing_keeps_the_family_wise_rate_at_the_tolerance() -> None:
             )
             for _ in range(3)
         ]
-        fam = stats.compare_family(pairs)
+        fam = family_verdicts.compare_family(pairs)
         hit = any(lv.verdict is Verdict.REGRESSION for lv in fam.levels)
         hit = hit or (fam.shift is not None and fam.shift.verdict is Verdict.REGRESSION)
         flagged += hit
     # alpha plus three binomial standard errors of 400 simulations
-    alpha = stats.DEFAULT_ALPHA
+    alpha = two_sample.DEFAULT_ALPHA
     assert flagged / sims <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / sims)
 
 

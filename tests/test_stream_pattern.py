@@ -24,13 +24,9 @@ import pytest_asyncio
 
 from pytest_kimi.load.records import UNKNOWN_USAGE, RequestRecord, event_overhead
 from pytest_kimi.load.sse import parse_blocks
-from pytest_kimi.measure.metrics import (
-    count_cut_tokens,
-    inter_token_latencies,
-    steady_window,
-    tokens_in_steps,
-    tokens_in_window,
-)
+from pytest_kimi.measure.steady_state import steady_window, tokens_in_steps, tokens_in_window
+from pytest_kimi.measure.stream_timing import inter_token_latencies
+from pytest_kimi.measure.usage_checks import count_cut_tokens
 from pytest_kimi.sim import SimConfig, start_server
 from pytest_kimi.sim.sse_framing import VOCAB, _Encoder
 

@@ -18,14 +18,15 @@ import pytest
 from pytest_kimi.load.openloop import OpenLoopPlan
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.request import Target
-from pytest_kimi.load.runner import LoadClient, TrialPlan, TrialRecords
+from pytest_kimi.load.runner import LoadClient
+from pytest_kimi.load.trial import TrialPlan, TrialRecords
 from pytest_kimi.load.workers import ShardedClient
-from pytest_kimi.measure.trials import (
+from pytest_kimi.measure.measure_spec import MeasureSpec
+from pytest_kimi.measure.pace import Pace
+from pytest_kimi.measure.trial_limits import (
     OVER_LIMIT,
     TRIAL_LIMIT_FACTOR,
     TRIAL_LIMIT_SLACK_S,
-    MeasureSpec,
-    Pace,
     trial_limit,
 )
 from pytest_kimi.sim.config import SimConfig

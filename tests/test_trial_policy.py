@@ -1,9 +1,10 @@
 """The adaptive trial policy: while recording, top up invalid trials but always end; against
-a baseline, run the variance-driven top-up of :func:`stats.decide`, bounded."""
+a baseline, run the variance-driven top-up of :func:`trial_decision.decide`, bounded."""
 
 from __future__ import annotations
 
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import family_verdicts, trial_decision
+from pytest_kimi.verdicts import Verdict
 from pytest_kimi.gate.policy import AdaptiveTrials, GateSettings
 from pytest_kimi.workload.markers import LevelSpec
 
@@ -82,7 +83,7 @@ def test_an_unchanged_quiet_level_stops_after_the_first_trials() -> None:
 def test_a_noisy_level_gets_the_top_up_decide_asks_for() -> None:
     policy, level = _compared()
     noisy = [1000.0, 1040.0, 960.0]
-    want = stats.decide(BASE10, noisy).next_trials
+    want = trial_decision.decide(BASE10, noisy).next_trials
     assert 0 < want < 7
     assert policy.more_trials(level, noisy) == want
 
@@ -105,8 +106,8 @@ def test_compared_trials_that_give_no_figure_are_bounded() -> None:
 def test_the_underpowered_note_says_what_could_not_be_vouched_for() -> None:
     from pytest_kimi.gate.policy import compared_level
 
-    cmp = stats.compare_level(BASE10, [1000.0, 1400.0, 700.0])
-    assert cmp.verdict is stats.Verdict.UNDERPOWERED
+    cmp = family_verdicts.compare_level(BASE10, [1000.0, 1400.0, 700.0])
+    assert cmp.verdict is Verdict.UNDERPOWERED
     _, note = compared_level(cmp, BASE10, tolerance=0.05, alpha=0.05)
     assert note is not None and note.startswith(
         f"underpowered: a drop of {cmp.min_detectable_drop * 100:.1f}% would be caught with 95% "

@@ -10,19 +10,15 @@ from array import array
 import pytest
 
 from pytest_kimi.crosscheck.server_metrics import Scrape, _answer_running
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import family_verdicts, trial_decision
 from pytest_kimi.gate.latency_gate import apply_latency_gate
 from pytest_kimi.gate.policy import compared_level
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.load.runner import TrialRecords
+from pytest_kimi.load.trial import TrialRecords
 from pytest_kimi.measure.latency import min_values, per_trial_latencies
-from pytest_kimi.measure.metrics import (
-    GAUGE_UNREAD,
-    ClientSignals,
-    TrialResult,
-    no_window_cause,
-    summarize_trial,
-)
+from pytest_kimi.measure.client_signals import ClientSignals
+from pytest_kimi.measure.metrics import TrialResult, summarize_trial
+from pytest_kimi.measure.trial_causes import GAUGE_UNREAD, no_window_cause
 from pytest_kimi.measure.results import ThroughputResult, judge_level
 from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
 
@@ -256,16 +252,18 @@ def test_the_server_gauge_decides_fewer_than_c(running: float, says: str) -> Non
 # ------------------------------------------------------------------ why trials stopped
 
 
-def _stopped(n: int, design: stats.Design | None, cap: int = 10) -> str:
-    return stats.trials_stopped(n, design, cap, p_raw=0.0469, p_final=0.0537, alpha=0.05)
+def _stopped(n: int, design: family_verdicts.Design | None, cap: int = 10) -> str:
+    return trial_decision.trials_stopped(n, design, cap, p_raw=0.0469, p_final=0.0537, alpha=0.05)
 
 
 def test_trials_stopped_says_the_true_cause() -> None:
-    assert "cap of 10 trials (--perf-max-trials) was reached" in _stopped(10, stats.Design(3, 10))
-    at_look = _stopped(3, stats.Design(3, 10))
+    assert "cap of 10 trials (--perf-max-trials) was reached" in _stopped(
+        10, family_verdicts.Design(3, 10)
+    )
+    at_look = _stopped(3, family_verdicts.Design(3, 10))
     assert "significant on its own (p=0.0469" in at_look and "decided at 0.0537" in at_look
     assert "--perf-max-trials" not in at_look
-    futile = _stopped(3, stats.Design(3, 3))
+    futile = _stopped(3, family_verdicts.Design(3, 3))
     assert "futility" in futile and "--perf-max-trials" not in futile
     assert "fixed number" in _stopped(3, None)
 
@@ -273,9 +271,9 @@ def test_trials_stopped_says_the_true_cause() -> None:
 def test_an_inconclusive_note_carries_why_its_trials_stopped() -> None:
     base = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8, 100.1, 99.9, 100.0]
     cur = [91.0, 90.0, 92.0]
-    cmp = stats.compare_level(base, cur, tolerance=0.05, session_sigma=0.03)
+    cmp = family_verdicts.compare_level(base, cur, tolerance=0.05, session_sigma=0.03)
     assert cmp.verdict.value == "inconclusive"
-    stopped = _stopped(3, stats.Design(3, 3))
+    stopped = _stopped(3, family_verdicts.Design(3, 3))
     _, note = compared_level(cmp, base, tolerance=0.05, alpha=0.05, stopped=stopped)
     assert note is not None and f"after 3 trials ({stopped})" in note
     assert "raise --perf-max-trials" not in note

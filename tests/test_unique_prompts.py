@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestServer
 
 from pytest_kimi.endpoint.discovery import EndpointInfo
 from pytest_kimi.load import LoadClient, OpenLoopPlan, ShardedClient, Target, TrialPlan
-from pytest_kimi.load.runner import UNIQUE_ID_WIDTH, WARMUP_IDS, split_at_slot, unique_id
+from pytest_kimi.load.request_ids import UNIQUE_ID_WIDTH, WARMUP_IDS, split_at_slot, unique_id
 from pytest_kimi.workload.markers import parse_throughput
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.workload.prompts import UNIQUE_SLOT, PromptSource, WorkloadError, encode_bodies

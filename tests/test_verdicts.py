@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import family_verdicts
 from pytest_kimi.verdicts import Verdict
 
 ALWAYS_FAILING = {"fail", "invalid", "error", "regression", "inconclusive"}
@@ -36,8 +36,9 @@ def test_values_are_the_report_strings() -> None:
 
 
 def test_stats_returns_the_same_enum() -> None:
-    assert stats.Verdict is Verdict
-    r = stats.compare_level([1000.0, 1010.0, 990.0], [800.0, 808.0, 792.0], session_sigma=0.0)
+    r = family_verdicts.compare_level(
+        [1000.0, 1010.0, 990.0], [800.0, 808.0, 792.0], session_sigma=0.0
+    )
     assert r.verdict is Verdict.REGRESSION
 
 

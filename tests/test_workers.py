@@ -35,7 +35,7 @@ from pytest_kimi.load import (
     TrialRecords,
     WorkerError,
 )
-from pytest_kimi.load.runner import LAG_INTERVAL_S, peak_inflight
+from pytest_kimi.load.trial_book import LAG_INTERVAL_S, peak_inflight
 from pytest_kimi.load.workers import (
     interleave,
     shard_closed,

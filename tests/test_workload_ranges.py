@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pytest
 
 from pytest_kimi.measure.results import spec_key, workload_dict
-from pytest_kimi.measure.trials import MeasureSpec
+from pytest_kimi.measure.measure_spec import MeasureSpec
 from pytest_kimi.load.request import Target
 from pytest_kimi.sim.config import SimConfig
 from pytest_kimi.workload.capacity_marker import parse_capacity

@@ -176,7 +176,7 @@ class _LevelLog:
 
 
 class ContaminationCheck:
-    """The :class:`~pytest_kimi.measure.trials.TrialObserver` that voids a trial run beside
+    """The :class:`~pytest_kimi.measure.measure_spec.TrialObserver` that voids a trial run beside
     requests this run did not send or had cut (module docstring).  Best effort: it never raises;
     a server it cannot read is noted."""
 

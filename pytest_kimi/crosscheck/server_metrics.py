@@ -41,7 +41,8 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_kimi.endpoint.bounded import BodyTooLarge, read_body_capped
-from pytest_kimi.measure.metrics import GAUGE_UNREAD, TrialResult, gauge_finding
+from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.measure.trial_causes import GAUGE_UNREAD, gauge_finding
 from pytest_kimi.load.records import RequestRecord
 
 GENERATION_COUNTERS = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
@@ -52,7 +53,7 @@ REQUEST_COUNTERS = {"vllm:": "vllm:request_success_total", "sglang:": "sglang:nu
 RUNNING_GAUGES = ("sglang:num_running_reqs", "vllm:num_requests_running")
 """The requests the server runs at once, under each engine's prefix: read with every scrape,
 so a trial whose streams did not all start says whether the server ran fewer than C
-(:func:`pytest_kimi.measure.metrics.gauge_finding`) instead of guessing."""
+(:func:`pytest_kimi.measure.trial_causes.gauge_finding`) instead of guessing."""
 LAZY_COUNTERS = frozenset(
     {"sglang:generation_tokens_total", PROMPT_COUNTERS["sglang:"], REQUEST_COUNTERS["sglang:"]}
 )
@@ -797,7 +798,7 @@ def level_summary(checks: Sequence[TrialCheck], metric: str) -> dict[str, Any]:
 def _answer_running(trial: TrialResult, samples: Sequence[Scrape]) -> None:
     """A trial whose streams did not all start (:attr:`TrialResult.running_asked`) gets what
     the server's running-requests gauge showed while it ran, in place of
-    :data:`~pytest_kimi.measure.metrics.GAUGE_UNREAD`; nothing changes where no scrape during
+    :data:`~pytest_kimi.measure.trial_causes.GAUGE_UNREAD`; nothing changes where no scrape during
     the trial had the gauge."""
     asked = trial.running_asked
     sent = [r.sent for r in trial.records if r.sent]
@@ -822,7 +823,7 @@ def _answer_running(trial: TrialResult, samples: Sequence[Scrape]) -> None:
 
 
 class ServerMetricsObserver:
-    """The measurement's :class:`~pytest_kimi.measure.trials.TrialObserver` for ``--perf-server-metrics``.
+    """The measurement's :class:`~pytest_kimi.measure.measure_spec.TrialObserver` for ``--perf-server-metrics``.
 
     ``open`` (before the warm-up) finds the counters or fails the test; ``before_trial``
     scrapes once the counters are still and starts the sampler; ``after_trial`` stops it,

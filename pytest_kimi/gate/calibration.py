@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import two_sample
 from pytest_kimi.gate.paired import MIN_BLOCKS, nominal_alpha
 from pytest_kimi.gate.session_noise import NoiseEstimate, recommend
 
@@ -131,12 +131,12 @@ def calibrate(
     where: str,
     estimate: NoiseEstimate,
     *,
-    trials: int = stats.DEFAULT_MAX_TRIALS,
+    trials: int = two_sample.DEFAULT_MAX_TRIALS,
     trials_per_launch: int = 3,
-    tolerance: float = stats.DEFAULT_TOLERANCE,
-    alpha: float = stats.DEFAULT_ALPHA,
-    power: float = stats.DEFAULT_POWER,
-    detectable_drop: float = stats.DEFAULT_DETECTABLE_DROP,
+    tolerance: float = two_sample.DEFAULT_TOLERANCE,
+    alpha: float = two_sample.DEFAULT_ALPHA,
+    power: float = two_sample.DEFAULT_POWER,
+    detectable_drop: float = two_sample.DEFAULT_DETECTABLE_DROP,
     max_launches: int = 12,
 ) -> Calibration:
     """What ``estimate`` allows (module docstring).  ``trials``: of a run against a stored
@@ -153,7 +153,7 @@ def calibrate(
         stored_mdd=stored_mdd(
             sigma, estimate.within_sd, trials, tolerance=tolerance, alpha=alpha, power=power
         ),
-        vouchable_drop=stats.smallest_vouchable_drop(tolerance, alpha, sigma, power),
+        vouchable_drop=two_sample.smallest_vouchable_drop(tolerance, alpha, sigma, power),
         one_run_spread=spread,
         paired_launches=paired_launches_needed(
             launch_sd,

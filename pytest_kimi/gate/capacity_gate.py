@@ -48,7 +48,7 @@ from pytest_kimi.baseline import (
 )
 from pytest_kimi.baseline.model import round_load
 from pytest_kimi.gate.policy import UNVOUCHED_NOTE, GateSettings, unvouched
-from pytest_kimi.gate.stats import DEFAULT_DETECTABLE_DROP, DEFAULT_POWER
+from pytest_kimi.gate.two_sample import DEFAULT_DETECTABLE_DROP, DEFAULT_POWER
 from pytest_kimi.measure.capacity_latency import JITTER_RATIO, NAMES
 from pytest_kimi.measure.capacity_search import CapacityEstimate
 from pytest_kimi.measure.results import spec_key

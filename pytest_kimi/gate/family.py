@@ -52,7 +52,7 @@ or already at ``max_trials``) keeps its exact t-test.  The simulation uses a fix
 verdict is a function of the data; its Monte Carlo error is ``sqrt(p (1 - p) / MC_DRAWS)``,
 0.0015 at p = 0.05.
 
-Pure numpy/scipy on plain arrays; no pytest.  :mod:`pytest_kimi.gate.stats` builds the arrays.
+Pure numpy/scipy on plain arrays; no pytest.  :mod:`pytest_kimi.gate.two_sample` builds the arrays.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def _simulate(terms: LevelTerms, *, session_sigma: float, alpha: float, adaptive
     ec2 = rng.standard_normal((MC_DRAWS, n_levels)) * np.sqrt(vc / np.maximum(n2 - n1, 1.0))
     d1 = s + ec1 - eb
     se1 = np.sqrt(session_sigma**2 + wb + vc / n1)
-    # the interim rule of stats.decide_batch: not significant at alpha, estimate beyond m
+    # the interim rule of trial_decision.decide_batch: not significant at alpha, estimate beyond m
     den1 = terms.denom_b + (vc / n1) ** 2 / np.maximum(n1 - 1.0, 1.0)
     finite = den1 > 0
     df1 = np.where(finite, se1**4 / np.where(finite, den1, 1.0), 1.0)
@@ -397,7 +397,7 @@ def holm(p_values: list[float]) -> list[float]:
 
     The smallest p is multiplied by m, the next by m - 1, ..., with a running maximum so that
     a level never looks more significant than one with a smaller raw p.  Used beyond
-    :data:`MAX_CLOSED` levels, and kept for callers of :func:`pytest_kimi.gate.stats.holm`.
+    :data:`MAX_CLOSED` levels, and kept for callers of :func:`pytest_kimi.gate.family_verdicts.holm`.
     """
     p = np.asarray(p_values, dtype=np.float64).reshape(-1)
     tested = np.flatnonzero(~np.isnan(p))

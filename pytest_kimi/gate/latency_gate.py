@@ -6,7 +6,7 @@ Here every compared level's TTFT and ITL, at p50 and at the marker's ``percentil
 default), are compared with the baseline's with their own tolerance
 (``--perf-latency-tolerance``, 25% slower by default; the marker's ``latency_tolerance=``).
 
-The statistic is the throughput gate's, unchanged (:func:`stats.compare_level`): the sample is
+The statistic is the throughput gate's, unchanged (:func:`family_verdicts.compare_level`): the sample is
 one trial's figure (its requests share a batch, so they are not independent samples), the
 comparison is a one-sided Welch test on the log scale with the session noise as a known
 variance component, against a margin.  Latency is a time, where slower is larger, so the
@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Sequence
 
 from pytest_kimi.baseline import TestBaseline
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import family_verdicts, two_sample
 from pytest_kimi.measure.latency import LatencyFigure, level_latency, voided_note
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, level_key, workload_dict
 from pytest_kimi.verdicts import Verdict
@@ -66,8 +66,8 @@ def apply_latency_gate(
     baseline: TestBaseline | None,
     *,
     tolerance: float = DEFAULT_LATENCY_TOLERANCE,
-    alpha: float = stats.DEFAULT_ALPHA,
-    session_sigma: float = stats.DEFAULT_SESSION_SIGMA,
+    alpha: float = two_sample.DEFAULT_ALPHA,
+    session_sigma: float = two_sample.DEFAULT_SESSION_SIGMA,
 ) -> None:
     """Give every measured level its latency section and compare it with the baseline's.
 
@@ -76,7 +76,7 @@ def apply_latency_gate(
     and turns a significant slow-down beyond ``tolerance`` into ``regression``.
     """
     rate_tol = rate_tolerance(tolerance)
-    compared: list[tuple[LevelResult, LatencyFigure, stats.LevelComparison]] = []
+    compared: list[tuple[LevelResult, LatencyFigure, two_sample.LevelComparison]] = []
     targets = result.targets
     common = workload_dict(result.workload)
     for level in result.levels:
@@ -108,7 +108,7 @@ def apply_latency_gate(
             if not fig.trials:
                 unmade.append(unmade_reason(fig, len(latency.voided)))
                 continue
-            cmp = stats.compare_level(
+            cmp = family_verdicts.compare_level(
                 [1.0 / x for x in base],
                 [1.0 / x for x in fig.trials],
                 tolerance=rate_tol,
@@ -132,7 +132,7 @@ def apply_latency_gate(
     if not compared:
         return
     raw = [_p(cmp) for _, _, cmp in compared]
-    adjusted = stats.holm(raw)
+    adjusted = family_verdicts.holm(raw)
     for (level, fig, cmp), p_raw, p_adj in zip(compared, raw, adjusted):
         _fill(fig, cmp, p_raw, p_adj)
         assert level.latency is not None
@@ -181,7 +181,7 @@ def regression_reason(fig: LatencyFigure, tolerance: float, p_adjusted: float) -
     )
 
 
-def _fill(fig: LatencyFigure, cmp: stats.LevelComparison, p_raw: float, p_adj: float) -> None:
+def _fill(fig: LatencyFigure, cmp: two_sample.LevelComparison, p_raw: float, p_adj: float) -> None:
     """The comparison's figures on the latency scale: a rate ratio r is a latency ratio 1/r."""
     lo, hi = cmp.ci90
     fig.change_pct = _latency_pct(cmp.ratio)
@@ -193,7 +193,7 @@ def _fill(fig: LatencyFigure, cmp: stats.LevelComparison, p_raw: float, p_adj: f
         fig.min_detectable_pct = round((1.0 / (1.0 - drop) - 1.0) * 100, 1)
 
 
-def _p(cmp: stats.LevelComparison) -> float:
+def _p(cmp: two_sample.LevelComparison) -> float:
     p = cmp.p_regression_raw if math.isfinite(cmp.p_regression_raw) else cmp.p_regression
     return p if math.isfinite(p) else 1.0
 

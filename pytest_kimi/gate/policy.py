@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import family_verdicts, trial_decision, two_sample
 from pytest_kimi.gate.session_noise import PRIOR_DF
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.baseline import (
@@ -46,16 +46,16 @@ class GateSettings:
     its test: :meth:`for_test`.
     """
 
-    tolerance: float = stats.DEFAULT_TOLERANCE
-    alpha: float = stats.DEFAULT_ALPHA
-    session_sigma: float = stats.DEFAULT_SESSION_SIGMA
-    max_trials: int = stats.DEFAULT_MAX_TRIALS
+    tolerance: float = two_sample.DEFAULT_TOLERANCE
+    alpha: float = two_sample.DEFAULT_ALPHA
+    session_sigma: float = two_sample.DEFAULT_SESSION_SIGMA
+    max_trials: int = two_sample.DEFAULT_MAX_TRIALS
     require_baseline: bool = False
     strict: bool = False
     updating: bool = False
     """Recording baselines: every level runs ``max_trials`` so the stored samples are good."""
-    detectable_drop: float = stats.DEFAULT_DETECTABLE_DROP
-    """The true drop a level must be able to catch (with ``stats.DEFAULT_POWER``) to ``pass``."""
+    detectable_drop: float = two_sample.DEFAULT_DETECTABLE_DROP
+    """The true drop a level must be able to catch (with ``two_sample.DEFAULT_POWER``) to ``pass``."""
     sigma_source: str = "the default"
     """Where ``session_sigma`` came from (:mod:`pytest_kimi.run.noise_source`): every report
     says it beside the figure."""
@@ -85,10 +85,10 @@ class GateSettings:
 
     def pass_floor(self) -> float | None:
         """When no number of trials can make a compared level ``pass`` under these settings:
-        the smallest drop they can vouch for (:func:`stats.smallest_vouchable_drop`), which
+        the smallest drop they can vouch for (:func:`two_sample.smallest_vouchable_drop`), which
         then exceeds ``detectable_drop``; None when ``pass`` is reachable."""
-        floor = stats.smallest_vouchable_drop(
-            self.tolerance, self.alpha, self.session_sigma, stats.DEFAULT_POWER
+        floor = two_sample.smallest_vouchable_drop(
+            self.tolerance, self.alpha, self.session_sigma, two_sample.DEFAULT_POWER
         )
         return floor if floor > self.detectable_drop else None
 
@@ -103,7 +103,7 @@ def result_level_key(result: ThroughputResult, level: LevelResult) -> dict[str, 
 
 @dataclass(slots=True)
 class AdaptiveTrials:
-    """Trial policy: after the first trials, ask :func:`stats.decide` whether the level is
+    """Trial policy: after the first trials, ask :func:`trial_decision.decide` whether the level is
     powered (a drop of ``detectable_drop`` would be caught), and run the top-up it asks for.
 
     The top-ups follow the variances only, never the estimated ratio: no alpha is spent on looks.
@@ -120,7 +120,7 @@ class AdaptiveTrials:
     """Always 1.0 (no alpha is spent on looks); kept for :func:`apply_gate`'s callers."""
     planned: dict[LevelSpec, int] = field(default_factory=dict)
     """Trials planned so far per level (bounds the top-up when trials give no figure)."""
-    designs: dict[LevelSpec, stats.Design] = field(default_factory=dict)
+    designs: dict[LevelSpec, family_verdicts.Design] = field(default_factory=dict)
     """Per level, the look that read the estimate (``undecided`` extends to max_trials): the
     final test accounts for it (:mod:`pytest_kimi.gate.family`)."""
 
@@ -140,7 +140,7 @@ class AdaptiveTrials:
         if not base or not samples:
             return 0
         look = self.looks.get(level, 0)
-        decision = stats.decide(
+        decision = trial_decision.decide(
             base,
             samples,
             look=look,
@@ -154,11 +154,14 @@ class AdaptiveTrials:
         )
         self.looks[level] = look + 1
         self.alpha_weights[level] = decision.alpha_weight
-        if level not in self.designs and decision.reason is not stats.StopReason.CONTINUE:
+        if level not in self.designs and decision.reason is not trial_decision.StopReason.CONTINUE:
             # the first stop of the variance rule is the look at the estimate: an undecided
             # level could be extended there, a futile or capped one could not
-            extendable = decision.reason in (stats.StopReason.POWERED, stats.StopReason.UNDECIDED)
-            self.designs[level] = stats.Design(
+            extendable = decision.reason in (
+                trial_decision.StopReason.POWERED,
+                trial_decision.StopReason.UNDECIDED,
+            )
+            self.designs[level] = family_verdicts.Design(
                 len(samples), s.max_trials if extendable else len(samples)
             )
         if decision.stop or len(samples) >= s.max_trials:
@@ -204,7 +207,7 @@ def apply_gate(
     tolerance: float | None = None,
     alpha: float | None = None,
     alpha_weights: dict[LevelSpec, float] | None = None,
-    designs: dict[LevelSpec, stats.Design] | None = None,
+    designs: dict[LevelSpec, family_verdicts.Design] | None = None,
 ) -> list[FieldChange]:
     """Compare every measured level with its baseline; set verdicts, notes and report fields.
 
@@ -231,7 +234,7 @@ def apply_gate(
         return changes
     weights = alpha_weights or {}
     plans = designs or {}
-    family = stats.compare_family(
+    family = family_verdicts.compare_family(
         [(b, c) for _, b, c in eligible],
         tolerance=tol,
         alpha=alp,
@@ -241,7 +244,7 @@ def apply_gate(
         designs=[plans.get(lv.spec) for lv, _, _ in eligible],
     )
     for (level, base, _), cmp in zip(eligible, family.levels):
-        stopped = stats.trials_stopped(
+        stopped = trial_decision.trials_stopped(
             cmp.n_current,
             plans.get(level.spec),
             settings.max_trials,
@@ -268,7 +271,7 @@ def apply_gate(
 
 
 def shift_record(
-    shift: stats.ShiftComparison, tolerance: float, changes: Sequence[object] = ()
+    shift: family_verdicts.ShiftComparison, tolerance: float, changes: Sequence[object] = ()
 ) -> dict[str, Any]:
     """The test's common shift as its JSON object (``shift``), with the sentence the reports
     print: the levels as one hypothesis (:mod:`pytest_kimi.gate.family`)."""
@@ -289,7 +292,7 @@ def shift_record(
 
 
 def compared_level(
-    cmp: stats.LevelComparison,
+    cmp: two_sample.LevelComparison,
     base: Sequence[float],
     *,
     tolerance: float,
@@ -372,11 +375,11 @@ def merge_verdicts(absolute: str, compared: Verdict) -> str:
 
 
 def _power_pct(power: float) -> str:
-    return f"{(stats.DEFAULT_POWER if math.isnan(power) else power) * 100:g}%"
+    return f"{(two_sample.DEFAULT_POWER if math.isnan(power) else power) * 100:g}%"
 
 
 def _drop_pct(drop: float) -> str:
-    return f"{(stats.DEFAULT_DETECTABLE_DROP if math.isnan(drop) else drop) * 100:g}%"
+    return f"{(two_sample.DEFAULT_DETECTABLE_DROP if math.isnan(drop) else drop) * 100:g}%"
 
 
 def _pct(ratio: float) -> float | None:

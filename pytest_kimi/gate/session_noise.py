@@ -1,7 +1,7 @@
 """Session noise with its uncertainty: how far two server starts of one build differ.
 
 The gate adds ``session_sigma`` (the standard deviation of the log ratio of two independent
-sessions) to every comparison as a *known* variance component (:mod:`pytest_kimi.gate.stats`).
+sessions) to every comparison as a *known* variance component (:mod:`pytest_kimi.gate.two_sample`).
 If the real noise is larger, false alarms rise in proportion; if it is smaller, power is
 wasted.  So it is worth measuring, and a measurement from a handful of sessions is worth
 nothing without its uncertainty: with 4 sessions the between-session variance rests on 3
@@ -15,7 +15,7 @@ Model (one level, one deployment; log scale)::
     log x_ij = mu + s_i + e_ij,   s_i ~ N(0, tau^2) per session, e_ij ~ N(0, w^2) per trial
 
 ``session_sigma = sqrt(2) * tau`` (a ratio of two sessions holds two session factors).  The
-point estimate is the method of moments of :func:`pytest_kimi.gate.stats.estimate_session_sigma`
+point estimate is the method of moments of :func:`estimate_session_sigma`
 (and equals it for one level): the variance of the session means, less the part trial noise
 explains, ``A - W`` with ``A = var(means)`` (``k - 1`` degrees of freedom) and ``W = w^2 *
 mean(1 / n_i)`` (``sum(n_i - 1)``).
@@ -54,10 +54,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import two_sample
 
 DEFAULT_CONFIDENCE = 0.90
-"""Two-sided, 5% in each tail: the confidence of the gate's own intervals (``stats.CI_LEVEL``)."""
+"""Two-sided, 5% in each tail: the confidence of the gate's own intervals (``two_sample.CI_LEVEL``)."""
 
 RECOMMEND_STEP = 0.005
 """A recommended ``--perf-session-sigma`` is the estimate rounded *up* to this (half a percent):
@@ -165,7 +165,7 @@ class _Level:
 
 def _level(sessions: Sessions, where: str = "") -> _Level:
     logs = [
-        stats._log_samples("session", s, 1, f"{where}session {i}: ")[0]
+        two_sample._log_samples("session", s, 1, f"{where}session {i}: ")[0]
         for i, s in enumerate(sessions)
     ]
     if len(logs) < 2 or any(x.size == 0 for x in logs):
@@ -183,6 +183,32 @@ def _level(sessions: Sessions, where: str = "") -> _Level:
     )
 
 
+def estimate_session_sigma(sessions: Sequence[Sequence[float]]) -> float:
+    """Calibrate ``session_sigma`` from one build measured in several sessions.
+
+    ``sessions`` holds each session's per-trial tok/s at one level (at least two sessions, at
+    least two trials in one of them).  Method of moments on the log scale: the scatter of the
+    session means, minus the part the within-session noise explains, is the variance of one
+    session's factor; the gate needs the variance of the *ratio* of two independent sessions,
+    twice that.  Returns 0 when the session means agree better than trial noise predicts.
+    With few sessions this estimate is itself noisy: prefer rounding it up.
+    """
+    logs = [
+        two_sample._log_samples("session", s, 1, f"session {i}: ")[0]
+        for i, s in enumerate(sessions)
+    ]
+    if len(logs) < 2 or any(x.size == 0 for x in logs):
+        raise ValueError("need at least two sessions, each with at least one trial")
+    dof = sum(x.size - 1 for x in logs)
+    if dof == 0:
+        raise ValueError("need at least one session with two or more trials")
+    within = sum(float(((x - x.mean()) ** 2).sum()) for x in logs) / dof
+    means = np.array([x.mean() for x in logs])
+    inv_n = float(np.mean([1.0 / x.size for x in logs]))
+    between = max(0.0, float(means.var(ddof=1)) - within * inv_n)
+    return math.sqrt(2.0 * between)
+
+
 def estimate_with_interval(
     sessions: Sessions, confidence: float = DEFAULT_CONFIDENCE
 ) -> NoiseEstimate:
@@ -190,7 +216,7 @@ def estimate_with_interval(
 
     ``sessions[i]`` holds session ``i``'s per-trial tok/s (at least two sessions, at least
     one of them with two or more trials).  The point estimate equals
-    :func:`pytest_kimi.gate.stats.estimate_session_sigma`.  Raises ``ValueError`` for too
+    :func:`estimate_session_sigma`.  Raises ``ValueError`` for too
     little data or a sample that is not a positive finite number.
     """
     return pooled([[sessions]], confidence)
@@ -304,7 +330,7 @@ def _mls_constants(
 ) -> tuple[float, float, float, float, float, float]:
     """G1, H1, G2, H2, G12, H12 of Ting et al. for these degrees of freedom (cached: a run or a
     coverage simulation asks for the same few designs over and over)."""
-    st = stats._st()
+    st = two_sample._st()
     alpha = (1.0 - confidence) / 2.0
 
     def chi_f(q: float, n: float) -> float:  # F(q; n, inf) = chi2(q; n) / n
@@ -331,7 +357,7 @@ def recommend(
 
     Why not the interval's upper end: with a handful of sessions it is two to three times the
     estimate, and a gate run with it cannot vouch for any drop it should catch (the session
-    floor, :func:`stats.smallest_vouchable_drop`, grows with it); the estimate rounded up is
+    floor, :func:`two_sample.smallest_vouchable_drop`, grows with it); the estimate rounded up is
     what docs/statistics.md has always asked for.  The text gives the interval and, with
     fewer than :data:`FEW_SESSIONS` sessions, says the figure is rough and names the upper end
     for a gate that must not false-alarm.  ``current``: the value the run's gate used, to say

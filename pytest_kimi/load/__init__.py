@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pytest_kimi.load.openloop import OpenLoopPlan, poisson_arrivals
     from pytest_kimi.load.request import Target, stream_request
-    from pytest_kimi.load.runner import (
+    from pytest_kimi.load.runner import LoadClient
+    from pytest_kimi.load.trial import (
         LiveTrial,
-        LoadClient,
         ShardSummary,
         TrialClient,
         TrialPlan,
@@ -29,12 +29,12 @@ _WHERE = {
     "poisson_arrivals": "openloop",
     "Target": "request",
     "stream_request": "request",
-    "LiveTrial": "runner",
+    "LiveTrial": "trial",
     "LoadClient": "runner",
-    "ShardSummary": "runner",
-    "TrialClient": "runner",
-    "TrialPlan": "runner",
-    "TrialRecords": "runner",
+    "ShardSummary": "trial",
+    "TrialClient": "trial",
+    "TrialPlan": "trial",
+    "TrialRecords": "trial",
     "StreamParser": "sse",
     "parse_blocks": "sse",
     "ShardedClient": "workers",

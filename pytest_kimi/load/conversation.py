@@ -135,7 +135,7 @@ class Conversations:
     turns: int
     api: Api
     slot: bytes | None = None
-    """The unique-id slot of the bodies (:attr:`~pytest_kimi.load.runner.TrialPlan.unique_slot`)."""
+    """The unique-id slot of the bodies (:attr:`~pytest_kimi.load.trial.TrialPlan.unique_slot`)."""
     _templates: dict[int, Template] = field(default_factory=dict)
     _follow_ups: tuple[bytes, ...] = ()
 

@@ -59,7 +59,7 @@ class OpenLoopPlan:
     requests: int | None = None
     """Number of arrivals of the trial."""
     unique_slot: bytes | None = None
-    """As :attr:`~pytest_kimi.load.runner.TrialPlan.unique_slot`: arrival ``i`` sends its body
+    """As :attr:`~pytest_kimi.load.trial.TrialPlan.unique_slot`: arrival ``i`` sends its body
     with the slot replaced by ``unique_id(unique_base + i)`` (``i``: the global arrival index,
     so a sharded schedule stays unique too)."""
     unique_base: int = 0
@@ -88,7 +88,7 @@ class OpenLoopPlan:
     plain i.i.d. exponential gaps."""
 
     wall_limit_s: float | None = None
-    """As :attr:`~pytest_kimi.load.runner.TrialPlan.wall_limit_s`: past this many wall seconds
+    """As :attr:`~pytest_kimi.load.trial.TrialPlan.wall_limit_s`: past this many wall seconds
     after the start no arrival is sent any more and the requests in flight are cut, kept as
     ``cut`` records.  None: no limit."""
 

@@ -69,7 +69,7 @@ class RequestRecord:
     body_bytes: int = 0
     """Bytes of the response body the client read (decompressed), read off the body's reader
     once the stream ends, never per read: what a flood of events that carry no token costs the
-    client, against the token events it brought (:data:`~pytest_kimi.measure.metrics.
+    client, against the token events it brought (:data:`~pytest_kimi.measure.trial_causes.
     FLOOD_BYTES_PER_EVENT`)."""
     error: str | None = None
     """First error seen for this request (HTTP error body, error event, timeout, disconnect)."""
@@ -96,7 +96,7 @@ class RequestRecord:
     token_limit: int = 0
     """The ``max_tokens`` the request's body asked for, as sent (a ranged workload draws one
     per request, so the level's is not it); 0: none.  A cut stream's running usage above it
-    cannot be true (:func:`pytest_kimi.measure.metrics.count_cut_tokens`)."""
+    cannot be true (:func:`pytest_kimi.measure.usage_checks.count_cut_tokens`)."""
     last_read: bytes = b""
     """The last token-carrying read block while the stream runs (one reference per read, no
     copy): a stream the time box cuts never gets its final ``usage``, but with

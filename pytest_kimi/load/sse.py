@@ -61,7 +61,7 @@ Event semantics (shared with the JSON-decoding reference used in the tests):
   a bool) or below the token events streamed is not believed: the record counts its events and
   says why in ``usage_error`` (the trial is invalid, :mod:`pytest_kimi.measure.metrics`).  So is
   a running usage that falls from one read to a later one, which the trial checks once the
-  stream is over (:func:`pytest_kimi.measure.metrics.running_usage_fall`), never per read.
+  stream is over (:func:`pytest_kimi.measure.usage_checks.running_usage_fall`), never per read.
 * Events carrying several choices (``n > 1`` packed into one chunk) would break the counting;
   they are detected on the first event (always decoded) or any later decoded one, and the
   stream is decoded event by event from then on.  (vLLM/OpenAI send one choice per chunk even

@@ -63,17 +63,9 @@ from typing import Any, Collection, Literal, Sequence
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.openloop import OpenLoopPlan, deal
 from pytest_kimi.load.request import Target
-from pytest_kimi.load.runner import (
-    LiveTrial,
-    LoadClient,
-    ShardSummary,
-    TrialPlan,
-    TrialRecords,
-    _p99,
-    _start_spread,
-    achieved_rate,
-    peak_inflight,
-)
+from pytest_kimi.load.runner import LoadClient
+from pytest_kimi.load.trial import LiveTrial, ShardSummary, TrialPlan, TrialRecords
+from pytest_kimi.load.trial_book import _p99, _start_spread, achieved_rate, peak_inflight
 
 START_MARGIN_S = 0.05
 """Lead time of the agreed start: enough for every worker to receive ``go`` and wake up.

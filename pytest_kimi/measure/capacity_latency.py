@@ -56,12 +56,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.measure.metrics import (
-    CLIENT_LAG_LIMIT_S,
-    TrialResult,
-    inter_token_latencies,
-    read_gap_p50,
-)
+from pytest_kimi.measure.client_signals import CLIENT_LAG_LIMIT_S
+from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.measure.stream_timing import inter_token_latencies, read_gap_p50
 from pytest_kimi.workload.capacity_marker import ItlStatistic
 
 REQUEST_ITL_MIN_GAPS = 8
@@ -182,7 +179,7 @@ def probe_latencies(
 def _stalls(trial: TrialResult, limit: float, slack_s: float = 0.01) -> tuple[np.ndarray, float]:
     """``[start, end]`` of every event-loop wait longer than ``limit`` (a lag sample ``v``
     taken at ``t``: the loop did not run in ``[t - v, t]``; ``slack_s`` as
-    :meth:`~pytest_kimi.measure.metrics.ClientSignals.stall_at`), and the longest wait."""
+    :meth:`~pytest_kimi.measure.client_signals.ClientSignals.stall_at`), and the longest wait."""
     client = trial.client
     if not client.lag_times:
         return np.empty((0, 2)), 0.0
@@ -247,7 +244,7 @@ def stall_reason(
 
 
 class ProbeStallCheck:
-    """A :class:`~pytest_kimi.measure.trials.TrialObserver` around the test's own (or none):
+    """A :class:`~pytest_kimi.measure.measure_spec.TrialObserver` around the test's own (or none):
     after each probe trial, a stall that moved its judged latency voids it for the moment, so
     the level measures another in its place (``measure_level``'s replacement of transient
     trials).  Everything else is the inner observer's."""

@@ -732,7 +732,7 @@ async def run_capacity(
 ) -> CapacityRun:
     """Drive a search with the plugin's own level measurement.
 
-    ``spec`` is the test's :class:`~pytest_kimi.measure.trials.MeasureSpec`, whose workload holds
+    ``spec`` is the test's :class:`~pytest_kimi.measure.measure_spec.MeasureSpec`, whose workload holds
     one level (lengths and prompts: the template); each probe measures that level at the
     probe's load with :func:`~pytest_kimi.measure.trials.measure_level`, the protocol the test
     runs with (stationary by default), after one warm-up.  A top-up measures the extra trials
@@ -743,7 +743,8 @@ async def run_capacity(
     """
     from pytest_kimi.measure.capacity_latency import ProbeStallCheck
     from pytest_kimi.measure.results import ThroughputResult
-    from pytest_kimi.measure.trials import _account, close_guard, measure_level, warm_up
+    from pytest_kimi.measure.one_trial import warm_up
+    from pytest_kimi.measure.trials import _account, close_guard, measure_level
 
     template = spec.workload.levels[0]
     base_workload = spec.workload

@@ -24,11 +24,8 @@ from pytest_kimi.measure.capacity_latency import (
     request_itl,
     stall_reason,
 )
-from pytest_kimi.measure.metrics import (
-    LevelFigures,
-    TrialResult,
-    percentile,
-)
+from pytest_kimi.measure.metrics import LevelFigures, TrialResult
+from pytest_kimi.measure.stream_timing import percentile
 
 KINDS = ("ttft_s", "itl_s")
 """The latencies the gate compares: time to first token, inter-token latency (seconds)."""

@@ -15,7 +15,7 @@ Which requests count (docs/json-report.md, "Peer figures"), under every protocol
   trial's time box cut (their first token came before the cut) and the stationary trial's
   staggered first requests -- as the level's ``ttft_s_p50`` always has;
 * **ITL**: one gap per token after a stream's first read
-  (:func:`~pytest_kimi.measure.metrics.inter_token_latencies`: a read's gap is shared by the
+  (:func:`~pytest_kimi.measure.stream_timing.inter_token_latencies`: a read's gap is shared by the
   tokens it carries), over every successful request including cut streams (their gaps before
   the cut are real) -- the level's ``itl_s_p50`` pooled the same way;
 * **TPOT**: vLLM's definition, per request ``(e2e - ttft) / (completion_tokens - 1)``, over the
@@ -64,7 +64,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.measure.metrics import TrialResult, inter_token_latencies, tokens_between
+from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.measure.steady_state import tokens_between
+from pytest_kimi.measure.stream_timing import inter_token_latencies
 
 STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
 """The statistics of each latency: ``vllm bench serve`` prints mean, median, std and its

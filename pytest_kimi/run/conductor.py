@@ -53,7 +53,8 @@ from pytest_kimi.gate.policy import (
 )
 from pytest_kimi.measure.capacity_search import SearchSettings, run_capacity
 from pytest_kimi.measure.results import LevelResult, ServerExit, ThroughputResult, spec_key
-from pytest_kimi.measure.trials import MeasureSpec, ProgressFn
+from pytest_kimi.measure.measure_spec import MeasureSpec
+from pytest_kimi.measure.trials import ProgressFn
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.workload.capacity_marker import CapacitySpec
 from pytest_kimi.workload.markers import DEFAULT_PROTOCOL, Targets, Workload

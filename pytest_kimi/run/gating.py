@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pytest_kimi.baseline import BaselineStore
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import two_sample
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.run.noise_source import choose_session_sigma
@@ -79,7 +79,7 @@ def _unreachable(floor: float, detectable: str, settings: str, fix: str) -> str:
     """The one text of "no level can pass" (session-wide or for one marker)."""
     return (
         f"{settings}, no number of trials catches a drop smaller than {floor:.1%} with "
-        f"{stats.DEFAULT_POWER:.0%} probability, but the detectable drop is "
+        f"{two_sample.DEFAULT_POWER:.0%} probability, but the detectable drop is "
         f"{detectable}; every level without a significant change will be "
         f"underpowered.  {fix.format(raise_to=f'{math.ceil(floor * 1000) / 10:g}%')}"
     )
@@ -89,7 +89,7 @@ def session_pass_unreachable(opts: KimiOptions) -> str | None:
     """The up-front warning when no number of trials can make a compared level ``pass``.
 
     The standard error of a level never falls below the session noise, so a drop smaller than
-    :func:`stats.smallest_vouchable_drop` cannot be caught with the gate's power however many
+    :func:`two_sample.smallest_vouchable_drop` cannot be caught with the gate's power however many
     trials run; if ``--perf-detectable-drop`` asks for that, every compared level ends
     ``underpowered`` (or significant) and the trials are spent for nothing.
     """

@@ -25,14 +25,13 @@ from pytest_kimi.workload.markers import (
     Workload,
     parse_throughput,
 )
-from pytest_kimi.measure.trials import (
+from pytest_kimi.measure.measure_spec import (
     DEFAULT_TRIALS,
     FixedTrials,
     MeasureSpec,
-    ProgressFn,
     TrialPolicy,
-    measure_test,
 )
+from pytest_kimi.measure.trials import ProgressFn, measure_test
 from pytest_kimi.measure.results import ThroughputResult
 from pytest_kimi.workload.prompts import (
     API_PATHS,

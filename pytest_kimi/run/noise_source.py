@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_kimi.gate import stats
+from pytest_kimi.gate import two_sample
 from pytest_kimi.gate.session_noise import FEW_SESSIONS, PRIOR_DF, RECOMMEND_STEP
 from pytest_kimi.options import KimiOptions
 
@@ -59,7 +59,7 @@ def choose_session_sigma(opts: KimiOptions, profile: str, baseline_root: Path) -
             user_given=True,
             df=math.inf,
         )
-    default = f"the default {stats.DEFAULT_SESSION_SIGMA:g}"
+    default = f"the default {two_sample.DEFAULT_SESSION_SIGMA:g}"
     if opts.perf_history is None:
         return SigmaChoice(
             opts.perf_session_sigma, f"{default}: nothing measured (--perf-history off)"

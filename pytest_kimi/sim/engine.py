@@ -422,7 +422,7 @@ class SimEngine:
         """The tokens the engine generated between two instants, each step's tokens spread
         over its duration (the engine delivers them at its end): the truth of a window whose
         ends are not on steps (a stationary trial's), like the client's own
-        :func:`~pytest_kimi.measure.metrics.tokens_between` of its reads.  :meth:`truth`
+        :func:`~pytest_kimi.measure.steady_state.tokens_between` of its reads.  :meth:`truth`
         takes whole steps instead, which is right for a window on step boundaries but puts a
         handover step (a stream between two requests: one token fewer) in or out whole."""
         ends = self.step_ends

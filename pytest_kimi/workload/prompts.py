@@ -7,7 +7,7 @@ synthetically to a target length.
 Cache policy: by default every request's prompt is unique within a run.  The user content
 starts with a short lead, ``<15 decimal digits>-<run token> ``: the encoded body holds a
 placeholder (:data:`UNIQUE_SLOT`) where the load runner writes each request's own scrambled
-number (a bytes join per request, see :func:`pytest_kimi.load.runner.unique_id`), and the run
+number (a bytes join per request, see :func:`pytest_kimi.load.request_ids.unique_id`), and the run
 token (random per measurement) separates runs against a long-lived server.  A server's prefix
 cache (SGLang's radix cache is on by default) then has nothing to share between requests:
 with a handful of fixed prompts cycled, every request after the first pass would be a cache
@@ -75,11 +75,11 @@ English word."""
 
 UNIQUE_SLOT = "@" * 15
 """Where a request's unique id goes (15 characters, the width of
-:func:`pytest_kimi.load.runner.unique_id`): JSON-encoded as is, and never produced by a word
+:func:`pytest_kimi.load.request_ids.unique_id`): JSON-encoded as is, and never produced by a word
 list, so the runner finds it once per body."""
 SAMPLE_ID = "173961102589771"
 """A representative unique id: what the tokenizer counts in place of the slot (any 15 digits
-count alike, see :data:`pytest_kimi.load.runner.UNIQUE_ID_WIDTH`)."""
+count alike, see :data:`pytest_kimi.load.request_ids.UNIQUE_ID_WIDTH`)."""
 LEAD_TOKENS_ESTIMATE = 12
 """The lead ``<15 digits>-<8 hex> `` in tokens where no tokenizer counts it (5 to 15 for
 the digits, by how the tokenizer groups them, and a few for the rest)."""
