@@ -32,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_kimi.workload.markers import PROTOCOLS, STATIONARY, parse_throughput  # noqa: E402
+from pytest_kimi.workload.markers import parse_throughput  # noqa: E402
+from pytest_kimi.workload.workload_spec import PROTOCOLS, STATIONARY  # noqa: E402
 from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
 from pytest_kimi.sim.config import SimConfig  # noqa: E402

@@ -65,13 +65,9 @@ from pytest_kimi.gate.policy import GateSettings  # noqa: E402
 from pytest_kimi.measure.capacity_latency import jitter, samples  # noqa: E402
 from pytest_kimi.measure.stream_timing import inter_token_latencies  # noqa: E402
 from pytest_kimi.measure.trials import measure_level  # noqa: E402
-from pytest_kimi.measure.capacity_search import (  # noqa: E402
-    CapacityEstimate,
-    LevelOutcome,
-    SearchSettings,
-    run_capacity,
-    search_offline,
-)
+from pytest_kimi.measure.capacity_levels import LevelOutcome, SearchSettings  # noqa: E402
+from pytest_kimi.measure.capacity_run import run_capacity  # noqa: E402
+from pytest_kimi.measure.capacity_search import CapacityEstimate, search_offline  # noqa: E402
 from pytest_kimi.run.measurer import Measurer, build_spec  # noqa: E402
 from pytest_kimi.sim.process import SimProcess  # noqa: E402
 from pytest_kimi.sim.config import SimConfig  # noqa: E402

@@ -646,7 +646,7 @@ def open_rates_mode(args: argparse.Namespace, url: str) -> None:
 
 CATEGORIES = [
     # (label, substring of a frame; the first match walking from the leaf upwards wins)
-    ("SSE parser (pytest_kimi/load/sse.py)", "pytest_kimi/load/sse.py"),
+    ("SSE parser (pytest_kimi/load/sse*.py)", "pytest_kimi/load/sse"),
     ("block read: take() (pytest_kimi/load/request.py)", "take (pytest_kimi/load/request.py"),
     ("aiohttp request setup + connection", "_BaseRequestContextManager.__aenter__"),
     ("aiohttp HTTP parse + StreamReader feed (per HTTP chunk)", "ResponseHandler.data_received"),

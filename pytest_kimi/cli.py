@@ -564,18 +564,8 @@ def cmd_calibrate(ns: argparse.Namespace) -> int:
             cal = calibrate(where, NoiseEstimate.from_dict(data), **settings)
         except (KeyError, TypeError, ValueError) as exc:
             raise CliError(f"{where}: not a session-noise estimate ({exc})") from None
-        e = cal.estimate
-        paired = f"{cal.paired_launches} launches" if cal.paired_launches else "beyond the budget"
-        say(
-            f"{where}: session noise {e.sigma:.4f} ({e.confidence:.0%} interval {e.low:.4f}.."
-            f"{e.high:.4f}, {e.sessions} sessions; trial noise {e.within_sd:.4f}) -> gate "
-            f"sigma {cal.sigma:g}\n  stored baseline: catches a {cal.stored_mdd:.1%} drop, "
-            f"vouches down to {cal.vouchable_drop:.1%}, one run moves ±{cal.one_run_spread:.1%}"
-            f"\n  paired: vouches for a {ns.detectable_drop:.0%} drop after {paired}"
-        )
-        for text in cal.warnings():
-            warned = True
-            say(f"  warning: {text}")
+        say(cal.text())
+        warned = warned or bool(cal.warnings())
         out.append(cal.to_dict())
     if ns.json:
         Path(ns.json).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")

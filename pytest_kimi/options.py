@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, Mapping, Type
 from pytest_kimi.history.urls import DEFAULT_URL as DEFAULT_HISTORY_URL
 from pytest_kimi.history.urls import check_url, resolve_history_url
 from pytest_kimi.scrub import scrub_text
-from pytest_kimi.workload.markers import ALLOW_LARGE_FLAG, DEFAULT_PROTOCOL, PROTOCOLS
+from pytest_kimi.workload.marker_bounds import ALLOW_LARGE_FLAG
+from pytest_kimi.workload.workload_spec import DEFAULT_PROTOCOL, PROTOCOLS
 
 if TYPE_CHECKING:
     from pytest_kimi.gate.policy import GateSettings
@@ -115,10 +116,11 @@ class KimiOptions:
     perf_strict: bool = False
     perf_server_metrics: bool = False
     perf_allow_large: bool = False
-    """Lift the upper bounds on marker values (:data:`pytest_kimi.workload.markers.BOUNDED_ARGS`),
-    which stop a typo such as ``concurrency=10**7`` at collection, and the size bounds on the
-    files the plugin reads (:mod:`pytest_kimi.files`); non-finite numbers and files that are
-    not regular files stay refused."""
+    """Lift the upper bounds on marker values
+    (:data:`pytest_kimi.workload.marker_bounds.BOUNDED_ARGS`), which stop a typo such as
+    ``concurrency=10**7`` at collection, and the size bounds on the files the plugin reads
+    (:mod:`pytest_kimi.files`); non-finite numbers and files that are not regular files stay
+    refused."""
     perf_lock_timeout: float = 1800.0
     """Seconds a perf test waits for another pytest-kimi run measuring the same endpoint on this
     machine (:mod:`pytest_kimi.run.endpoint_lock`) before it errors naming that run: 30

@@ -1,5 +1,9 @@
 """Secrets never leave the process: scrub them where server info, commands and logs enter.
 
+One module above 700 lines on purpose: the names, the shapes and the registered secrets are
+one policy applied in one pass, and a secret that one half knew and the other did not would
+leak through the gap; it depends on nothing of the package, so every stage can use it.
+
 A real SGLang (0.5.23, ``sglang/srt/entrypoints/http_server.py`` ``server_info``) answers
 ``/server_info`` with every server argument, ``api_key`` and ``admin_api_key`` included, and
 with ``launch_command``, the launcher's argv joined by spaces, ``--api-key VALUE`` verbatim

@@ -37,18 +37,14 @@ from pytest_kimi.baseline.update import update_baselines
 from pytest_kimi.gate.capacity_gate import compare_capacity, judge_capacity
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.verdicts import Verdict
-from pytest_kimi.measure.capacity_search import (
-    CapacitySearch,
-    LevelOutcome,
-    SearchSettings,
-    search_offline,
-)
+from pytest_kimi.measure.capacity_levels import LevelOutcome, SearchSettings
+from pytest_kimi.measure.capacity_search import CapacitySearch, search_offline
 from pytest_kimi.report.capacity_cells import capacity_lines
 from pytest_kimi.report.html import render_html
 from pytest_kimi.report.markdown import render_markdown
 from pytest_kimi.sim.config import SimConfig
 from pytest_kimi.workload.capacity_marker import parse_capacity
-from pytest_kimi.workload.markers import MarkerError
+from pytest_kimi.workload.workload_spec import MarkerError
 
 pytest_plugins = ["pytester"]
 

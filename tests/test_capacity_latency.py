@@ -31,12 +31,9 @@ from pytest_kimi.measure.capacity_latency import (
     probe_latencies,
     stall_reason,
 )
-from pytest_kimi.measure.capacity_search import (
-    CapacitySearch,
-    SearchSettings,
-    _label_level,
-    outcome_of,
-)
+from pytest_kimi.measure.capacity_levels import SearchSettings
+from pytest_kimi.measure.capacity_run import _label_level, outcome_of
+from pytest_kimi.measure.capacity_search import CapacitySearch
 from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import TrialResult, level_figures
 from pytest_kimi.measure.results import judge_level

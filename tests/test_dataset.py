@@ -32,7 +32,8 @@ from pytest_kimi.workload.dataset import (
     resolve_path,
     sample_entries,
 )
-from pytest_kimi.workload.markers import WHOLE_REQUESTS, MarkerError, parse_throughput
+from pytest_kimi.workload.markers import parse_throughput
+from pytest_kimi.workload.workload_spec import WHOLE_REQUESTS, MarkerError
 
 pytest_plugins = ["pytester"]
 

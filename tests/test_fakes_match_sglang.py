@@ -49,7 +49,7 @@ from typing import Any
 import pytest
 
 from pytest_kimi.crosscheck.prefix_cache import PREFIX_CACHE_COUNTERS, read_cache_counters
-from pytest_kimi.crosscheck.server_metrics import (
+from pytest_kimi.crosscheck.counter_scraper import (
     GENERATION_COUNTERS,
     PROMPT_COUNTERS,
     REQUEST_COUNTERS,

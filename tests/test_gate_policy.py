@@ -22,7 +22,7 @@ from pytest_kimi.gate.policy import (
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.metrics import LevelFigures
 from pytest_kimi.measure.results import BaselineComparison, LevelResult, ThroughputResult
-from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
+from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
 
 BASE = [1000.0, 1010.0, 990.0, 1005.0, 995.0]
 SLOWER = [x * 0.8 for x in BASE]

@@ -20,12 +20,12 @@ import pytest
 
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.trial import TrialRecords
-from pytest_kimi.load.sse import body_max_tokens
+from pytest_kimi.load.sse_usage import body_max_tokens
 from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import TrialResult, summarize_trial
 from pytest_kimi.measure.trial_causes import BUFFERED_MIN_EVENTS
 from pytest_kimi.measure.usage_checks import count_cut_tokens
-from pytest_kimi.workload.markers import LevelSpec
+from pytest_kimi.workload.workload_spec import LevelSpec
 from pytest_kimi.workload.prompts import PromptSource, encode_bodies
 from support.hostile import RETRY_AFTER, HostileServer
 from support.timing import SESSION_S, poll_until

@@ -31,7 +31,7 @@ import pytest
 
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.trial import TrialRecords
-from pytest_kimi.load.sse import usage_fell_message
+from pytest_kimi.load.sse_usage import usage_fell_message
 from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import TrialResult, summarize_trial
 from pytest_kimi.measure.trial_causes import (
@@ -47,7 +47,8 @@ from pytest_kimi.measure.trials import measure_level
 from pytest_kimi.load.openloop import OpenLoopPlan
 from pytest_kimi.load.request import Target
 from pytest_kimi.load.trial import LiveTrial, TrialPlan
-from pytest_kimi.workload.markers import LevelSpec, parse_throughput
+from pytest_kimi.workload.markers import parse_throughput
+from pytest_kimi.workload.workload_spec import LevelSpec
 from support.hostile import FAST_FIRST, HostileServer
 from support.timing import SESSION_S, poll_until
 

@@ -20,7 +20,7 @@ from pytest_kimi.measure.results import (
 from pytest_kimi.measure.windows import TrialWindow
 from pytest_kimi.report.json_report import SCHEMA_VERSION, build_report
 from pytest_kimi.report.record import TestRecord
-from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
+from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "json-report.md"
 PLUGGABLE = {"dataset", "output_tokens_mean", "shared_prefix", "prefix_cache_hit_rate", "server"}

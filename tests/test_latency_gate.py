@@ -32,7 +32,8 @@ from pytest_kimi.report.junit import junit_properties
 from pytest_kimi.report.markdown import render_markdown
 from pytest_kimi.report.terminal import format_test
 from pytest_kimi.workload.capacity_marker import parse_capacity
-from pytest_kimi.workload.markers import LevelSpec, MarkerError, Targets, Workload, parse_throughput
+from pytest_kimi.workload.markers import parse_throughput
+from pytest_kimi.workload.workload_spec import LevelSpec, MarkerError, Targets, Workload
 
 LEVEL = LevelSpec(concurrency=1, rate=None, max_tokens=32)
 WORKLOAD = Workload(levels=(LEVEL,))

@@ -11,14 +11,11 @@ import pytest
 
 from pytest_kimi.options import OPTIONS
 from support.timing import SESSION_S
-from pytest_kimi.workload import markers
+from pytest_kimi.workload import marker_bounds, markers
 from pytest_kimi.workload.capacity_marker import parse_capacity
-from pytest_kimi.workload.markers import (
-    ALLOW_LARGE_FLAG,
-    BOUNDED_ARGS,
-    MarkerError,
-    parse_throughput,
-)
+from pytest_kimi.workload.marker_bounds import ALLOW_LARGE_FLAG, BOUNDED_ARGS
+from pytest_kimi.workload.markers import parse_throughput
+from pytest_kimi.workload.workload_spec import MarkerError
 
 DEAD = "--endpoint=http://127.0.0.1:9"
 """Nothing listens there: a run that got past collection would fail to connect, not hang."""
@@ -167,7 +164,7 @@ def test_every_bound_has_a_reason_and_the_override_is_an_option() -> None:
     assert ALLOW_LARGE_FLAG in flags
     allow = OPTIONS["perf_allow_large"]
     assert (allow.ini, allow.env) == ("kimi_perf_allow_large", "KIMI_PERF_ALLOW_LARGE")
-    assert allow.ini in markers.ALLOW_LARGE_HINT
+    assert allow.ini in marker_bounds.ALLOW_LARGE_HINT
 
 
 def test_values_at_their_bounds_are_accepted() -> None:

@@ -10,7 +10,7 @@ import pytest
 from support.records import stream_record
 
 from pytest_kimi.load.trial import TrialRecords
-from pytest_kimi.workload.markers import LevelSpec
+from pytest_kimi.workload.workload_spec import LevelSpec
 from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import summarize_trial
 from pytest_kimi.measure.steady_state import steady_window, tokens_in_steps, tokens_in_window
@@ -145,7 +145,7 @@ def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
     import asyncio
 
     from pytest_kimi.load.request import Target
-    from pytest_kimi.workload.markers import Targets, Workload
+    from pytest_kimi.workload.workload_spec import Targets, Workload
     from pytest_kimi.measure.measure_spec import MeasureSpec
     from pytest_kimi.measure.trials import MAX_REPLACED_TRIALS, measure_level
 

@@ -35,7 +35,8 @@ from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.workers import ShardedClient
 from pytest_kimi.measure.results import spec_key, workload_dict
 from pytest_kimi.sim.config import SimConfig
-from pytest_kimi.workload.markers import WHOLE_REQUESTS, MarkerError, parse_throughput
+from pytest_kimi.workload.markers import parse_throughput
+from pytest_kimi.workload.workload_spec import WHOLE_REQUESTS, MarkerError
 from pytest_kimi.workload.prompts import UNIQUE_SLOT, PromptSource, encode_bodies
 from support.timing import SESSION_S
 

@@ -32,7 +32,8 @@ from pytest_kimi.load import (
 from pytest_kimi.load.openloop import deal, gamma_arrivals, queue_waits
 from pytest_kimi.load.trial import TrialRecords
 from pytest_kimi.load.trial_book import LAG_INTERVAL_S, peak_inflight
-from pytest_kimi.load.workers import ShardedClient, shard_open
+from pytest_kimi.load.sharding import shard_open
+from pytest_kimi.load.workers import ShardedClient
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig
 from support.timing import send_late_bound_s

@@ -28,7 +28,7 @@ from pytest_kimi.report.peer_cells import (
     terminal_width,
 )
 from pytest_kimi.report.terminal import format_test
-from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
+from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
 
 pytest_plugins = ["pytester"]
 

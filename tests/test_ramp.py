@@ -21,7 +21,8 @@ from pytest_kimi.measure.steady_state import completed_rate
 from pytest_kimi.measure.results import level_key, spec_key, workload_dict
 from pytest_kimi.report.terminal import format_table
 from pytest_kimi.report.workload_cells import RATES_HEADER, rates_cell
-from pytest_kimi.workload.markers import MarkerError, parse_throughput
+from pytest_kimi.workload.markers import parse_throughput
+from pytest_kimi.workload.workload_spec import MarkerError
 from pytest_kimi.workload.ramp import Ramp, ramp
 from support.timing import SESSION_S
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from pytest_kimi.load.sse import parse_blocks
-from pytest_kimi.workload.markers import LevelSpec
+from pytest_kimi.workload.workload_spec import LevelSpec
 from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import TrialResult, level_figures
 from pytest_kimi.load.records import RequestRecord

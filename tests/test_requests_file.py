@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from pytest_kimi.load.records import RequestRecord
-from pytest_kimi.measure.capacity_search import _merged
+from pytest_kimi.measure.capacity_run import _merged
 from pytest_kimi.measure.trials import measure_level
 from pytest_kimi.report.requests_file import (
     NOTE,

@@ -16,27 +16,26 @@ import pytest
 from aiohttp import web
 
 from pytest_kimi.load.trial import TrialRecords
-from pytest_kimi.workload.markers import LevelSpec
+from pytest_kimi.workload.workload_spec import LevelSpec
 from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import TrialResult, summarize_trial
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.report.markdown import render_markdown
 from pytest_kimi.report.terminal import format_test
 from pytest_kimi.crosscheck.prefix_cache import PrefixCacheProbe
-from pytest_kimi.crosscheck.server_metrics import (
-    METRICS_MAX_BYTES,
+from pytest_kimi.crosscheck.counter_check import (
     RATE_TOLERANCE,
-    CounterNames,
-    MetricsScraper,
-    MetricsTooLarge,
-    Scrape,
-    ServerMetricsError,
     check_trial,
     counting_mode,
     level_summary,
-    parse_metrics,
-    parse_sample,
 )
+from pytest_kimi.crosscheck.counter_scraper import CounterNames, MetricsScraper, Scrape
+from pytest_kimi.crosscheck.metrics_page import (
+    METRICS_MAX_BYTES,
+    MetricsTooLarge,
+    ServerMetricsError,
+)
+from pytest_kimi.crosscheck.prometheus_text import parse_metrics, parse_sample
 
 # ------------------------------------------------------------------------------------ parser
 

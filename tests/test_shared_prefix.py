@@ -28,7 +28,8 @@ from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.sim.engine import RADIX_PAGE_TOKENS
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig
-from pytest_kimi.workload.markers import MarkerError, parse_throughput
+from pytest_kimi.workload.markers import parse_throughput
+from pytest_kimi.workload.workload_spec import MarkerError
 from pytest_kimi.workload.prefix import SystemTokenizer, group_id, prefix_text, shared_prefixes
 from pytest_kimi.workload.prompts import (
     PREFIX_SEPARATOR,

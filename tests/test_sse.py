@@ -15,15 +15,9 @@ from typing import Any
 
 import pytest
 
-from pytest_kimi.load.sse import (
-    MAX_EVENT_BYTES,
-    StreamParser,
-    error_event_message,
-    malformed_message,
-    parse_blocks,
-    usage_below_events_message,
-    usage_problem,
-)
+from pytest_kimi.load.sse import MAX_EVENT_BYTES, StreamParser, parse_blocks
+from pytest_kimi.load.sse_errors import error_event_message, malformed_message
+from pytest_kimi.load.sse_usage import usage_below_events_message, usage_problem
 from pytest_kimi.load.records import RequestRecord
 
 

@@ -23,13 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_kimi.load.records import Api, RequestRecord
-from pytest_kimi.load.sse import (
-    StreamParser,
-    error_event_message,
-    malformed_message,
-    usage_below_events_message,
-    usage_problem,
-)
+from pytest_kimi.load.sse import StreamParser
+from pytest_kimi.load.sse_errors import error_event_message, malformed_message
+from pytest_kimi.load.sse_usage import usage_below_events_message, usage_problem
 
 # modest: the seeded loops of test_sse.py run long streams; a busy CI box may be slow to draw
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

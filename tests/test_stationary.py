@@ -30,13 +30,8 @@ from pytest_kimi.measure.usage_checks import count_cut_tokens
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig
-from pytest_kimi.workload.markers import (
-    STATIONARY,
-    WHOLE_REQUESTS,
-    LevelSpec,
-    MarkerError,
-    parse_throughput,
-)
+from pytest_kimi.workload.markers import parse_throughput
+from pytest_kimi.workload.workload_spec import STATIONARY, WHOLE_REQUESTS, LevelSpec, MarkerError
 
 pytest_plugins = ["pytester"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pytest_kimi.gate import family_verdicts, trial_decision
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.gate.policy import AdaptiveTrials, GateSettings
-from pytest_kimi.workload.markers import LevelSpec
+from pytest_kimi.workload.workload_spec import LevelSpec
 
 
 def _policy(max_trials: int = 10) -> tuple[AdaptiveTrials, LevelSpec]:

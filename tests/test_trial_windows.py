@@ -23,7 +23,7 @@ from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.request import Target
 from pytest_kimi.load.trial import TrialRecords
 from pytest_kimi.measure import windows as windows_module
-from pytest_kimi.measure.capacity_search import _merged
+from pytest_kimi.measure.capacity_run import _merged
 from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import summarize_trial
 from pytest_kimi.measure.steady_state import steady_window
@@ -31,7 +31,7 @@ from pytest_kimi.measure.results import LevelResult
 from pytest_kimi.measure.measure_spec import MeasureSpec
 from pytest_kimi.measure.trials import MAX_REPLACED_TRIALS, measure_level
 from pytest_kimi.measure.windows import trial_window, unix_offset
-from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
+from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
 from support.records import stream_record
 from support.timing import SESSION_S
 

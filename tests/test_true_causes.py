@@ -9,7 +9,8 @@ from array import array
 
 import pytest
 
-from pytest_kimi.crosscheck.server_metrics import Scrape, _answer_running
+from pytest_kimi.crosscheck.counter_scraper import Scrape
+from pytest_kimi.crosscheck.server_metrics import _answer_running
 from pytest_kimi.gate import family_verdicts, trial_decision
 from pytest_kimi.gate.latency_gate import apply_latency_gate
 from pytest_kimi.gate.policy import compared_level
@@ -20,7 +21,7 @@ from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import TrialResult, summarize_trial
 from pytest_kimi.measure.trial_causes import GAUGE_UNREAD, no_window_cause
 from pytest_kimi.measure.results import ThroughputResult, judge_level
-from pytest_kimi.workload.markers import LevelSpec, Targets, Workload
+from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
 
 LEVEL = LevelSpec(concurrency=1, rate=None, max_tokens=32)
 WORKLOAD = Workload(levels=(LEVEL,))

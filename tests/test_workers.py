@@ -36,7 +36,7 @@ from pytest_kimi.load import (
     WorkerError,
 )
 from pytest_kimi.load.trial_book import LAG_INTERVAL_S, peak_inflight
-from pytest_kimi.load.workers import (
+from pytest_kimi.load.sharding import (
     interleave,
     shard_closed,
     shard_open,

@@ -22,7 +22,8 @@ from pytest_kimi.measure.measure_spec import MeasureSpec
 from pytest_kimi.load.request import Target
 from pytest_kimi.sim.config import SimConfig
 from pytest_kimi.workload.capacity_marker import parse_capacity
-from pytest_kimi.workload.markers import MarkerError, Workload, parse_throughput
+from pytest_kimi.workload.markers import parse_throughput
+from pytest_kimi.workload.workload_spec import MarkerError, Workload
 from pytest_kimi.workload.prompts import (
     RANGE_DRAWS,
     draw_lengths,

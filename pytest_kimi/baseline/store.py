@@ -33,7 +33,7 @@ from pytest_kimi.baseline.paths import DEFAULT_PROFILE, baseline_relpath, check_
 from pytest_kimi.baseline.review import UpdateSummary, replaced_summary, summarize_update
 from pytest_kimi.baseline.yaml_io import MAX_BASELINE_BYTES, dumps, loads
 from pytest_kimi.files import FileRefusedError, read_regular_text, write_atomic
-from pytest_kimi.workload.markers import ALLOW_LARGE_HINT
+from pytest_kimi.workload.marker_bounds import ALLOW_LARGE_HINT
 
 __all__ = ["BaselineLookup", "BaselineStore", "profile_names"]
 

@@ -42,13 +42,9 @@ from statistics import median
 from time import perf_counter
 from typing import Any, Sequence
 
-from pytest_kimi.crosscheck.server_metrics import (
-    GENERATION_COUNTERS,
-    MetricsPage,
-    ServerMetricsError,
-    parse_metrics,
-    stop_sampler,
-)
+from pytest_kimi.crosscheck.counter_scraper import GENERATION_COUNTERS
+from pytest_kimi.crosscheck.metrics_page import MetricsPage, ServerMetricsError, stop_sampler
+from pytest_kimi.crosscheck.prometheus_text import parse_metrics
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.measure.metrics import TrialResult
 

@@ -28,7 +28,7 @@ The counters (token counts, summed over their label sets):
 A server without either pair (no ``/metrics``, SGLang without ``--enable-metrics``) gets no
 hit rate: the level's JSON then has no ``prefix_cache_hit_rate`` key, never a made-up zero.
 Reading is best effort: one GET before and after a level, a short timeout, a page capped at
-:data:`~pytest_kimi.crosscheck.server_metrics.METRICS_MAX_BYTES`, and the first failure turns
+:data:`~pytest_kimi.crosscheck.metrics_page.METRICS_MAX_BYTES`, and the first failure turns
 the probe off for the test.
 """
 
@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from pytest_kimi.crosscheck.server_metrics import (
+from pytest_kimi.crosscheck.metrics_page import (
     MetricsPage,
     MetricsTooLarge,
     ServerMetricsError,
-    parse_metrics,
 )
+from pytest_kimi.crosscheck.prometheus_text import parse_metrics
 
 PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
     ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),

@@ -12,7 +12,7 @@ scan that neither recurses nor backtracks.  What fails either check is "not JSON
 large") with a reason that names the check, never the content.
 
 Both are shared: :func:`read_body_capped` by discovery and the Prometheus readers
-(``crosscheck/server_metrics.py``), :func:`read_stream_capped` and :func:`loads_bounded` by
+(``crosscheck/metrics_page.py``), :func:`read_stream_capped` and :func:`loads_bounded` by
 the launcher's synchronous probes too.
 """
 

@@ -74,6 +74,22 @@ class Calibration:
             )
         return out
 
+    def text(self) -> str:
+        """What ``kimi-perf calibrate`` prints for it: the noise, what a stored baseline and
+        the paired comparison can vouch for, and the warnings."""
+        e = self.estimate
+        paired = f"{self.paired_launches} launches" if self.paired_launches else "beyond the budget"
+        lines = [
+            f"{self.where}: session noise {e.sigma:.4f} ({e.confidence:.0%} interval "
+            f"{e.low:.4f}..{e.high:.4f}, {e.sessions} sessions; trial noise {e.within_sd:.4f}) "
+            f"-> gate sigma {self.sigma:g}",
+            f"  stored baseline: catches a {self.stored_mdd:.1%} drop, vouches down to "
+            f"{self.vouchable_drop:.1%}, one run moves ±{self.one_run_spread:.1%}",
+            f"  paired: vouches for a {self.detectable_drop:.0%} drop after {paired}",
+        ]
+        lines += [f"  warning: {w}" for w in self.warnings()]
+        return "\n".join(lines)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "where": self.where,

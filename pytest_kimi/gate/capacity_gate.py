@@ -53,7 +53,7 @@ from pytest_kimi.measure.capacity_latency import JITTER_RATIO, NAMES
 from pytest_kimi.measure.capacity_search import CapacityEstimate
 from pytest_kimi.measure.results import spec_key
 from pytest_kimi.workload.capacity_marker import CapacitySpec
-from pytest_kimi.workload.markers import Workload
+from pytest_kimi.workload.workload_spec import Workload
 from pytest_kimi.verdicts import Verdict
 
 MIN_SLOPE = 0.02

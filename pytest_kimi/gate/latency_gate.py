@@ -33,7 +33,7 @@ from pytest_kimi.gate import family_verdicts, two_sample
 from pytest_kimi.measure.latency import LatencyFigure, level_latency, voided_note
 from pytest_kimi.measure.results import LevelResult, ThroughputResult, level_key, workload_dict
 from pytest_kimi.verdicts import Verdict
-from pytest_kimi.workload.markers import Targets
+from pytest_kimi.workload.workload_spec import Targets
 
 DEFAULT_LATENCY_TOLERANCE = 0.25
 """A latency 25% above the baseline's is tolerated.  Latency is noisier than tok/s (a p95 of

@@ -21,7 +21,7 @@ from pytest_kimi.baseline import (
     incomparable,
     provenance_diff,
 )
-from pytest_kimi.workload.markers import LevelSpec, Targets
+from pytest_kimi.workload.workload_spec import LevelSpec, Targets
 from pytest_kimi.measure.results import (
     BaselineComparison,
     LevelResult,

@@ -1,5 +1,9 @@
 """The history database: open (and migrate) it, write a run, read runs and series back.
 
+One module above 700 lines on purpose: the one class every reader and writer of the
+history goes through, its transactions and locking in one place (a write split over modules
+would split the transaction rules that keep two runs finishing at once apart).
+
 One class, :class:`HistoryStore`, over SQLAlchemy Core; the schema is versioned with Alembic
 (``migrations/``), upgraded to head whenever a history is opened, so a database written by an
 older plugin keeps working and a team's shared PostgreSQL is upgraded by the first newer run.

@@ -19,7 +19,7 @@ from pytest_kimi.load.conversation import Conversation, Conversations
 from pytest_kimi.load.records import UNKNOWN_USAGE, RequestRecord
 from pytest_kimi.load.request import Target, silence_timeout, stream_request
 from pytest_kimi.load.request_ids import WARMUP_IDS, split_at_slot, unique_id
-from pytest_kimi.load.sse import running_usage
+from pytest_kimi.load.sse_usage import running_usage
 from pytest_kimi.load.trial import LiveTrial, TrialPlan
 from pytest_kimi.load.trial_book import request_done, sleep_until
 

@@ -21,7 +21,8 @@ import aiohttp
 from aiohttp import StreamReader
 
 from pytest_kimi.load.records import Api, RequestRecord
-from pytest_kimi.load.sse import StreamParser, body_max_tokens
+from pytest_kimi.load.sse import StreamParser
+from pytest_kimi.load.sse_usage import body_max_tokens
 
 
 _SECRET_HEADERS = ("authorization", "api-key", "x-api-key", "proxy-authorization")

@@ -66,15 +66,36 @@ Event semantics (shared with the JSON-decoding reference used in the tests):
   they are detected on the first event (always decoded) or any later decoded one, and the
   stream is decoded event by event from then on.  (vLLM/OpenAI send one choice per chunk even
   with ``n > 1``; that is counted normally.)
+
+Beside the parser: its byte patterns (:mod:`pytest_kimi.load.sse_patterns`), its error
+texts (:mod:`pytest_kimi.load.sse_errors`), and the token counts off the hot path
+(:mod:`pytest_kimi.load.sse_usage`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 from pytest_kimi.load.records import UNKNOWN_USAGE, Api, RequestRecord
+from pytest_kimi.load.sse_errors import (
+    error_event_message,
+    is_error_object,
+    malformed_message,
+    past_max_tokens_message,
+)
+from pytest_kimi.load.sse_patterns import (
+    _CHAT_FIELDS,
+    _COMPLETION_FIELDS,
+    _STYLES,
+    _finish_envelope_extra,
+)
+from pytest_kimi.load.sse_usage import (
+    reasoning_tokens,
+    usage_below_events_message,
+    usage_problem,
+    usage_reasoning_tokens,
+)
 
 try:  # numpy (a scipy dependency) counts newlines ~4x faster than bytes.count on big ranges
     from numpy import count_nonzero as _np_count_nonzero
@@ -83,8 +104,6 @@ try:  # numpy (a scipy dependency) counts newlines ~4x faster than bytes.count o
 except ImportError:  # pragma: no cover - pure-Python fallback
     _np_frombuffer = None  # type: ignore[assignment]
 
-_CHAT_FIELDS = ("content", "reasoning_content", "reasoning")
-_COMPLETION_FIELDS = ("text",)
 _KNOWN_FIELDS = (b"data", b"event", b"id", b"retry")
 _DECODE_BELOW = 768
 """Ranges of unclassifiable events smaller than this are decoded whole instead of halved."""
@@ -97,7 +116,6 @@ served by mistake, a hostile server); without a cap one line without an end hold
 without bound.  Larger than any event a real server sends by three orders of magnitude."""
 _NO_LIMIT = 1 << 62
 """The token-event limit of a request whose ``max_tokens`` is not known."""
-_MAX_TOKENS_KEY = b'"max_tokens":'
 _USAGE_KEY = b'"completion_tokens":'
 """In valid JSON a ``"`` inside a string is escaped, so this can only be the usage's key
 (``"completion_tokens_details":`` does not match it)."""
@@ -112,22 +130,6 @@ _USAGE_VALUE = re.compile(rb"[ \t]*(\d{1,9})(?![\d.eE])")
 """A count, at most 9 digits (it fits ``array('I')``); anything else (``null``, a fraction,
 a string) is no count, and the read gets :data:`UNKNOWN_USAGE`: its stream's positions are
 then apportioned instead (:meth:`RequestRecord.read_positions`)."""
-_MAX_TOKENS_VALUE = re.compile(rb"[ \t]*(\d{1,12})")
-
-
-def body_max_tokens(body: bytes) -> int:
-    """The ``max_tokens`` a request body asks for, 0 when it names none.
-
-    Read once per request (not per chunk) with one ``rfind`` from the end, where the encoded
-    bodies (:func:`pytest_kimi.workload.prompts.encode_bodies`, compact JSON) put the key after
-    the prompt.  In JSON a ``"`` inside a string is escaped, so the pattern ``"max_tokens":``
-    can only be the key itself, never prompt text.
-    """
-    i = body.rfind(_MAX_TOKENS_KEY)
-    if i < 0:
-        return 0
-    m = _MAX_TOKENS_VALUE.match(body, i + len(_MAX_TOKENS_KEY))
-    return int(m.group(1)) if m else 0
 
 
 def event_too_large_message(size: int) -> str:
@@ -137,106 +139,6 @@ def event_too_large_message(size: int) -> str:
         "no token stream: check what answers at --endpoint (a proxy, a file server, another "
         "service)"
     )
-
-
-def past_max_tokens_message(events: int, max_tokens: int) -> str:
-    return (
-        f"stream passed max_tokens={max_tokens}: {events} token events arrived (each carries at "
-        "least one token), so the server ignores max_tokens and, with ignore_eos, would never "
-        "end; the stream was closed: fix the server, or the proxy in front of it"
-    )
-
-
-def usage_below_events_message(completion_tokens: int, events: int) -> str:
-    return (
-        f"usage.completion_tokens={completion_tokens} is below the {events} token events streamed"
-    )
-
-
-def usage_fell_message(before: int, after: int) -> str:
-    return (
-        f"usage.completion_tokens went down within the stream, from {before} to {after} (a "
-        "running count of the tokens so far never falls)"
-    )
-
-
-def usage_above_max_tokens_message(completion_tokens: int, max_tokens: int) -> str:
-    return (
-        f"usage.completion_tokens={completion_tokens} is above the request's "
-        f"max_tokens={max_tokens}"
-    )
-
-
-def usage_problem(value: object) -> str | None:
-    """Why a ``usage.completion_tokens`` value is no token count, or None when it is one.
-
-    An integral float (``12.0``) is a count; ``bool`` is refused although Python takes it as an
-    ``int`` (``true`` would otherwise read as 1 token).
-    """
-    if isinstance(value, bool):
-        return f"usage.completion_tokens is a bool ({json.dumps(value)}), not a count"
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, int):
-        return None if value >= 0 else f"usage.completion_tokens={value} is negative"
-    if isinstance(value, float):
-        return f"usage.completion_tokens={value!r} is fractional"
-    return f"usage.completion_tokens={json.dumps(value)[:40]} is not a number"
-
-
-def malformed_message(payload: bytes) -> str:
-    """The error text for an undecodable event (shared with the test reference)."""
-    return "malformed SSE event: " + payload[:80].decode("utf-8", "replace")
-
-
-def error_event_message(obj: dict[str, Any]) -> str:
-    """Readable text for a server-sent error event (SGLang ``{"error": {...}}`` / vLLM
-    ``{"object": "error", "message": ...}``)."""
-    err = obj.get("error")
-    if err is None or obj.get("object") == "error":
-        err = obj
-    if isinstance(err, dict):
-        msg = err.get("message") or err.get("msg") or err.get("detail") or json.dumps(err)[:200]
-        code = err.get("code") or err.get("type")
-        text = f"{msg} ({code})" if code else str(msg)
-    else:
-        text = str(err)
-    return "server error event: " + text[:300]
-
-
-def is_error_object(obj: dict[str, Any]) -> bool:
-    return obj.get("error") is not None or obj.get("object") == "error"
-
-
-_OPEN_FINISH_VALUES = re.compile(rb'"(finish_reason|matched_stop)":\s*("[^"\\]*"|-?\d+)')
-
-
-def _finish_envelope_extra(payload: bytes) -> int:
-    """Bytes by which a token event that finishes is longer than an ordinary one, whose
-    ``finish_reason`` and ``matched_stop`` are ``null``: their values' lengths less 4 each
-    (``"length"``: 4 more; a stop token id such as ``163586``: 2 more)."""
-    return sum(max(0, len(m[2]) - 4) for m in _OPEN_FINISH_VALUES.finditer(payload))
-
-
-class _Patterns:
-    """Byte patterns for one JSON style (compact ``"k":"v"`` or spaced ``"k": "v"``)."""
-
-    __slots__ = ("kinds", "first", "first_empty", "finish")
-
-    def __init__(self, fields: tuple[str, ...], sep: str) -> None:
-        self.kinds: tuple[tuple[bytes, bytes], ...] = tuple(
-            (f'"{f}":{sep}"'.encode(), f'"{f}":{sep}""'.encode()) for f in fields
-        )
-        self.first, self.first_empty = self.kinds[0]
-        self.finish = f'"finish_reason":{sep}"'.encode()
-
-
-_STYLES = {
-    api: (_Patterns(fields, ""), _Patterns(fields, " "))
-    for api, fields in (("chat", _CHAT_FIELDS), ("completions", _COMPLETION_FIELDS))
-}
-"""Pattern sets per API, built once: compact JSON first (vLLM, SGLang, llama.cpp, TGI), the
-spaced ``json.dumps`` default second (switched to when a decoded event shows it)."""
 
 
 class StreamParser:
@@ -771,36 +673,6 @@ class StreamParser:
             )
 
 
-def usage_reasoning_tokens(usage: dict[str, Any]) -> int:
-    """The reasoning-token count a ``usage`` object reports; 0 when it reports none.
-
-    OpenAI (and SGLang when non-zero) put it in ``completion_tokens_details.reasoning_tokens``;
-    SGLang 0.5.23 also sends a top-level ``reasoning_tokens`` (``UsageInfo`` in
-    ``sglang/srt/entrypoints/openai/protocol.py``).
-    """
-    details = usage.get("completion_tokens_details")
-    n = details.get("reasoning_tokens") if isinstance(details, dict) else None
-    if not isinstance(n, int) or isinstance(n, bool):
-        n = usage.get("reasoning_tokens")
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
-
-
-def reasoning_tokens(
-    events: int, from_usage: int, completion_tokens: int, tokens_per_event: float
-) -> int:
-    """A request's reasoning tokens, given that ``events`` (> 0) reasoning events arrived.
-
-    The server's count when it gave one (it may include the end-of-thinking marker, which is
-    not streamed); else the events scaled by the request's tokens per event (1 unless the
-    server packs tokens, ``--stream-interval``).  At least 1, since the stream did carry
-    reasoning, and never more than all output tokens.
-    """
-    n = from_usage if from_usage > 0 else round(events * tokens_per_event)
-    if completion_tokens > 0:
-        n = min(n, completion_tokens)
-    return max(n, 1)
-
-
 def parse_blocks(blocks: list[tuple[float, bytes]], api: Api = "chat") -> RequestRecord:
     """Parse a whole recorded stream (convenience for tests and offline use)."""
     rec = RequestRecord(index=0, worker=0, scheduled=0.0)
@@ -809,14 +681,3 @@ def parse_blocks(blocks: list[tuple[float, bytes]], api: Api = "chat") -> Reques
         p.feed(t, data)
     p.close()
     return rec
-
-
-_RUNNING_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-
-
-def running_usage(block: bytes) -> int | None:
-    """The last ``completion_tokens`` a read block carries (``continuous_usage_stats`` puts
-    the usage so far on every chunk), or None.  Read once per cut stream and by a stationary
-    trial's budget on a few streams per poll -- never per chunk."""
-    found = _RUNNING_USAGE.findall(block)
-    return int(found[-1]) if found else None

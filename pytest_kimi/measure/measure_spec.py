@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from pytest_kimi.load.request import Target
 from pytest_kimi.load.request_ids import TRIAL_ID_BITS
-from pytest_kimi.workload.markers import (
+from pytest_kimi.workload.workload_spec import (
     DEFAULT_PROTOCOL,
     LevelSpec,
     Targets,

@@ -50,7 +50,7 @@ from pytest_kimi.measure.trial_causes import (
     streams_per_process,
 )
 from pytest_kimi.measure.usage_checks import check_running_usage, count_cut_tokens, usage_reasons
-from pytest_kimi.workload.markers import LevelSpec
+from pytest_kimi.workload.workload_spec import LevelSpec
 
 
 @dataclass(slots=True)

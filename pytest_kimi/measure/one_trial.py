@@ -14,7 +14,7 @@ from typing import Sequence
 
 from pytest_kimi.load.openloop import OpenLoopPlan, queue_waits
 from pytest_kimi.load.trial import LiveTrial, TrialClient, TrialPlan, TrialRecords
-from pytest_kimi.workload.markers import STATIONARY, LevelSpec, Workload
+from pytest_kimi.workload.workload_spec import STATIONARY, LevelSpec, Workload
 from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import TrialResult, summarize_trial
 from pytest_kimi.measure.measure_spec import MeasureSpec, rotated

@@ -15,7 +15,7 @@ import numpy as np
 
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.load.trial import TrialRecords
-from pytest_kimi.workload.markers import LevelSpec
+from pytest_kimi.workload.workload_spec import LevelSpec
 
 
 @dataclass(frozen=True, slots=True)

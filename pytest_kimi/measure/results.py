@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_kimi.workload.markers import LevelSpec, Targets, Workload, ratio_fields
+from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload, ratio_fields
 from pytest_kimi.measure.latency import LevelLatency, mark_latency_void, voided_note
 from pytest_kimi.measure.windows import TrialWindow
 from pytest_kimi.measure.peer_figures import PeerFigures, empty_peer_dict, peer_figures
@@ -80,7 +80,7 @@ class LevelResult:
     protocol: str | None = None
     """The closed-loop trial protocol it was measured with (``stationary``); None for
     ``whole-requests`` and open loop, whose baselines have always been keyed without one."""
-    # -- the measurement (measure/trials.py, measure/capacity_search.py)
+    # -- the measurement (measure/trials.py, measure/capacity_run.py)
     server_time_s: float | None = None
     """What the level cost, in the server's seconds: first request to last, every trial."""
     prompt_tokens: dict[str, Any] | None = None
@@ -212,7 +212,7 @@ class ThroughputResult:
     workload: Workload
     targets: Targets
     levels: list[LevelResult] = field(default_factory=list)
-    # -- the measurement (measure/trials.py, measure/capacity_search.py)
+    # -- the measurement (measure/trials.py, measure/capacity_run.py)
     server_time_s: float | None = None
     """The measurement's cost in the server's seconds: warm-up and every level."""
     warmup_server_time_s: float | None = None

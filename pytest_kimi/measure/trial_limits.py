@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from pytest_kimi.load.trial import TrialRecords
-from pytest_kimi.workload.markers import STATIONARY, LevelSpec
+from pytest_kimi.workload.workload_spec import STATIONARY, LevelSpec
 from pytest_kimi.measure.trial_causes import stall_causes
 from pytest_kimi.measure.measure_spec import MeasureSpec
 from pytest_kimi.measure.pace import Pace

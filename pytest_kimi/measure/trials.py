@@ -17,7 +17,7 @@ from time import perf_counter
 from typing import Any, Callable, Literal, Sequence
 
 from pytest_kimi.load.trial import LiveTrial, TrialClient
-from pytest_kimi.workload.markers import STATIONARY, LevelSpec
+from pytest_kimi.workload.workload_spec import STATIONARY, LevelSpec
 from pytest_kimi.measure.metrics import TrialResult
 from pytest_kimi.measure.measure_spec import MeasureSpec, TrialObserver
 from pytest_kimi.measure.one_trial import run_trial, warm_up

@@ -3,7 +3,7 @@
 Why a module of its own: a trial's tokens come from the server's own ``usage``, and a count
 that cannot be true (falling on the way, below the events streamed, above ``max_tokens``) must
 be refused before any window counts it; these checks read only the records and the parser's
-messages (:mod:`pytest_kimi.load.sse`), and the trial's summary says what they found
+messages (:mod:`pytest_kimi.load.sse_usage`), and the trial's summary says what they found
 (:func:`usage_reasons`).
 """
 
@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from pytest_kimi.load.records import UNKNOWN_USAGE, RequestRecord
-from pytest_kimi.load.sse import (
+from pytest_kimi.load.sse_usage import (
     running_usage,
     usage_above_max_tokens_message,
     usage_below_events_message,

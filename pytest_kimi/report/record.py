@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pytest_kimi.measure.results import PERF_SESSION, ThroughputResult, workload_dict
-from pytest_kimi.workload.markers import Workload
+from pytest_kimi.workload.workload_spec import Workload
 
 Outcome = Literal["passed", "failed", "skipped", "error", "interrupted"]
 

@@ -28,7 +28,8 @@ from pytest_kimi.baseline import (
     provenance_diff,
 )
 from pytest_kimi.baseline.update import reference_baseline
-from pytest_kimi.crosscheck.server_metrics import ServerMetricsError, ServerMetricsObserver
+from pytest_kimi.crosscheck.metrics_page import ServerMetricsError
+from pytest_kimi.crosscheck.server_metrics import ServerMetricsObserver
 from pytest_kimi.endpoint.discovery import EndpointInfo
 from pytest_kimi.gate.capacity_gate import (
     capacity_dict,
@@ -51,13 +52,14 @@ from pytest_kimi.gate.policy import (
     baseline_samples,
     check_comparable,
 )
-from pytest_kimi.measure.capacity_search import SearchSettings, run_capacity
+from pytest_kimi.measure.capacity_levels import SearchSettings
+from pytest_kimi.measure.capacity_run import run_capacity
 from pytest_kimi.measure.results import LevelResult, ServerExit, ThroughputResult, spec_key
 from pytest_kimi.measure.measure_spec import MeasureSpec
 from pytest_kimi.measure.trials import ProgressFn
 from pytest_kimi.run.measurer import Measurer, build_spec
 from pytest_kimi.workload.capacity_marker import CapacitySpec
-from pytest_kimi.workload.markers import DEFAULT_PROTOCOL, Targets, Workload
+from pytest_kimi.workload.workload_spec import DEFAULT_PROTOCOL, Targets, Workload
 from pytest_kimi.workload.prompts import WorkloadError
 from pytest_kimi.verdicts import Verdict
 

@@ -16,7 +16,7 @@ from pytest_kimi.gate import two_sample
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.run.noise_source import choose_session_sigma
-from pytest_kimi.workload.markers import Targets
+from pytest_kimi.workload.workload_spec import Targets
 
 
 @dataclass(frozen=True, slots=True)

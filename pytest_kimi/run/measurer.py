@@ -18,13 +18,8 @@ from pytest_kimi.load.request import Target
 from pytest_kimi.load.runner import LoadClient
 from pytest_kimi.load.workers import ShardedClient
 from pytest_kimi.load.loop_thread import LoopThread
-from pytest_kimi.workload.markers import (
-    DEFAULT_PROTOCOL,
-    LevelSpec,
-    Targets,
-    Workload,
-    parse_throughput,
-)
+from pytest_kimi.workload.markers import parse_throughput
+from pytest_kimi.workload.workload_spec import DEFAULT_PROTOCOL, LevelSpec, Targets, Workload
 from pytest_kimi.measure.measure_spec import (
     DEFAULT_TRIALS,
     FixedTrials,

@@ -12,7 +12,8 @@ from typing import Any
 
 from pytest_kimi.run.conductor import TestPlan
 from pytest_kimi.workload.capacity_marker import parse_capacity
-from pytest_kimi.workload.markers import MarkerError, merge_marker_kwargs, parse_throughput
+from pytest_kimi.workload.markers import merge_marker_kwargs, parse_throughput
+from pytest_kimi.workload.workload_spec import MarkerError
 
 PERF_MARKERS = ("throughput", "capacity")
 """The markers that make a test a perf test: measured, parametrized over deployments."""

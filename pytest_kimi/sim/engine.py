@@ -1,5 +1,10 @@
 """Continuous-batching engine of the simulator: pure asyncio, no HTTP.
 
+One module above 700 lines on purpose: the step loop, the sequences it advances and the
+queue it admits from share one schedule and its invariants (a step's tokens, its due time,
+the counters the truth endpoint reports); split, each part would reach into the others'
+state on every step of the hot loop.
+
 One background task runs decode steps on an *absolute-deadline* schedule: step ``k+1`` is
 due at the due time of step ``k`` plus its duration, never at "now plus duration".  Timer
 wake-ups in asyncio are late by up to a millisecond (epoll timeouts are whole

@@ -1,6 +1,6 @@
 """``@capacity(...)`` arguments -> what the search looks for (:class:`CapacitySpec`) plus the
-:class:`~pytest_kimi.workload.markers.Workload` and :class:`~pytest_kimi.workload.markers.Targets` of
-the levels it measures.
+:class:`~pytest_kimi.workload.workload_spec.Workload` and
+:class:`~pytest_kimi.workload.workload_spec.Targets` of the levels it measures.
 
 Everything that says *what to send* (lengths, prompts, protocol, trials, api, ...) is
 ``@throughput``'s own argument with ``@throughput``'s own validation: the marker's range and
@@ -17,19 +17,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from pytest_kimi.workload.markers import (
-    ALLOWED_ARGS,
+from pytest_kimi.workload.marker_bounds import (
     MAX_CONCURRENCY,
     MAX_LEVELS,
     MAX_RATE,
-    LevelSpec,
-    MarkerError,
-    Targets,
-    Workload,
     check_bound,
     check_trial_size,
-    parse_throughput,
 )
+from pytest_kimi.workload.markers import ALLOWED_ARGS, parse_throughput
+from pytest_kimi.workload.workload_spec import LevelSpec, MarkerError, Targets, Workload
 
 CAPACITY_SIGNATURE = (
     "capacity(max_ttft_s=None, max_itl_s=None, max_e2e_s=None, percentile=95, "

@@ -92,14 +92,14 @@ PREFIX_SEPARATOR = "\n\n"
 MAX_PROMPT_CHARS = 2**24
 """The longest prompt a prompts file or dataset entry may hold (16 Mi characters): eight
 characters per token (English averages four) at a 2M-token context, the longest a served model
-takes (:data:`pytest_kimi.workload.markers.MAX_CONTEXT_TOKENS`).  A longer one was a 100 MB line
-sent whole to the server.  ``--perf-allow-large`` lifts it."""
+takes (:data:`pytest_kimi.workload.marker_bounds.MAX_CONTEXT_TOKENS`).  A longer one was a
+100 MB line sent whole to the server.  ``--perf-allow-large`` lifts it."""
 MAX_PROMPTS_FILE_BYTES = 2**30
 """The largest prompts file read (1 GiB, as a dataset: :data:`MAX_PROMPT_CHARS` x 64);
 ``--perf-allow-large`` lifts it."""
 ALLOW_LARGE = "if you mean it, run with --perf-allow-large (or ini kimi_perf_allow_large = true)"
-"""How the size bounds are lifted (:data:`pytest_kimi.workload.markers.ALLOW_LARGE_HINT`, which
-this module cannot import: markers imports it)."""
+"""How the size bounds are lifted (:data:`pytest_kimi.workload.marker_bounds.ALLOW_LARGE_HINT`,
+which this module cannot import: marker_bounds imports it)."""
 
 
 RANGE_DRAWS = 128
@@ -548,7 +548,7 @@ def resolve_prompts(
 
     ``size``: sizes synthetic prompts (:meth:`PromptSizer.synthetic` bound to an endpoint);
     without it their length is an estimate.  ``lengths``: a ranged level's drawn input
-    lengths (:meth:`~pytest_kimi.workload.markers.Workload.input_lengths`): one synthetic
+    lengths (:meth:`~pytest_kimi.workload.workload_spec.Workload.input_lengths`): one synthetic
     prompt per length, in order, instead of the variants of ``input_tokens``.
     ``allow_large`` (``--perf-allow-large``): a prompts file's size bounds are lifted.
     """
