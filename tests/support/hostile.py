@@ -25,10 +25,11 @@ import gzip
 import json
 import threading
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+
+from support.threaded_app import ThreadedApp
 
 MODEL = "hostile-model"
 
@@ -358,7 +359,7 @@ to :attr:`HostileServer.redirect_to` (generation then behaves as ``ok``)."""
 
 
 @dataclass
-class HostileServer:
+class HostileServer(ThreadedApp):
     """The hostile server of one mode, on a free port of 127.0.0.1 while in ``with``."""
 
     mode: str
@@ -377,8 +378,8 @@ class HostileServer:
             raise ValueError(f"unknown mode {self.mode!r}; modes: {sorted(MODES)}")
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def thread_name(self) -> str:
+        return f"hostile-{self.mode}"
 
     @contextlib.asynccontextmanager
     async def hangup_counted(self) -> AsyncIterator[None]:
@@ -424,57 +425,3 @@ class HostileServer:
         app.router.add_get("/health", health)
         app.router.add_post("/v1/chat/completions", generate)
         return app
-
-    # --------------------------------------------------------------- lifecycle
-    def start(self) -> HostileServer:
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        async def serve() -> None:
-            runner = web.AppRunner(
-                self._app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
-            )
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            server = site._server
-            assert isinstance(server, asyncio.base_events.Server)
-            self.port = server.sockets[0].getsockname()[1]
-            self._runner = runner
-
-        def run() -> None:
-            loop = self._loop = asyncio.new_event_loop()
-            try:
-                loop.run_until_complete(serve())
-            except BaseException as exc:  # reported to start()
-                failure.append(exc)
-                started.set()
-                return
-            started.set()
-            loop.run_forever()
-            if self._runner is not None:
-                loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name=f"hostile-{self.mode}", daemon=True)
-        self._thread.start()
-        if not started.wait(60) or failure:
-            raise RuntimeError(f"hostile server ({self.mode}) did not start: {failure}")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(60)
-            self._thread = None
-
-    def __enter__(self) -> HostileServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

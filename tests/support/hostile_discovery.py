@@ -19,10 +19,11 @@ import json
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from support.threaded_app import ThreadedApp
 
 from support.hostile import (
     DONE,
@@ -71,7 +72,7 @@ def _honest(path: str) -> Any:
 
 
 @dataclass
-class DiscoveryServer:
+class DiscoveryServer(ThreadedApp):
     """Serves ``bodies[path]`` for each discovery path (``ok`` for a path not named, except
     the server-info paths, ``absent`` unless named) and honest streams for generation."""
 
@@ -92,8 +93,8 @@ class DiscoveryServer:
             raise ValueError(f"unknown body modes {sorted(bad)}; modes: {BODIES}")
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def thread_name(self) -> str:
+        return "hostile-discovery"
 
     def mode(self, path: str) -> str:
         default = "ok" if path == "/v1/models" else "absent"
@@ -179,57 +180,3 @@ class DiscoveryServer:
         app.router.add_get("/health", health)
         app.router.add_post("/v1/chat/completions", self._generate)
         return app
-
-    # --------------------------------------------------------------- lifecycle
-    def start(self) -> DiscoveryServer:
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        async def serve() -> None:
-            runner = web.AppRunner(
-                self._app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
-            )
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            server = site._server
-            assert isinstance(server, asyncio.base_events.Server)
-            self.port = server.sockets[0].getsockname()[1]
-            self._runner = runner
-
-        def run() -> None:
-            loop = self._loop = asyncio.new_event_loop()
-            try:
-                loop.run_until_complete(serve())
-            except BaseException as exc:  # reported to start()
-                failure.append(exc)
-                started.set()
-                return
-            started.set()
-            loop.run_forever()
-            if self._runner is not None:
-                loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="hostile-discovery", daemon=True)
-        self._thread.start()
-        if not started.wait(60) or failure:
-            raise RuntimeError(f"hostile discovery server did not start: {failure}")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(60)
-            self._thread = None
-
-    def __enter__(self) -> DiscoveryServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
