@@ -42,7 +42,7 @@ from stat_power import Gate, _v2_adaptive  # noqa: E402  (the adaptive replay, s
 
 from pytest_kimi.gate import paired  # noqa: E402
 from pytest_kimi.gate.policy import GateSettings, unvouched  # noqa: E402
-from pytest_kimi.gate.session_noise import RECOMMEND_STEP  # noqa: E402
+from pytest_kimi.gate.session_noise import gate_sigma  # noqa: E402
 from pytest_kimi.gate.session_noise import estimate_session_sigma  # noqa: E402
 from pytest_kimi.gate.two_sample import DEFAULT_TOLERANCE  # noqa: E402
 from pytest_kimi.verdicts import Verdict  # noqa: E402
@@ -96,7 +96,7 @@ def stored(
                 + rng.normal(0.0, WITHIN, (CALIBRATION_LAUNCHES, BASELINE_TRIALS))
             )
             est = estimate_session_sigma([list(row) for row in cal])
-            sigmas[i] = max(RECOMMEND_STEP, math.ceil(est / RECOMMEND_STEP) * RECOMMEND_STEP)
+            sigmas[i] = gate_sigma(est)
         verdicts = np.empty(sims, dtype="<U12")
         trials = np.empty(sims)
         for s in np.unique(sigmas):

@@ -14,7 +14,7 @@ any deploy change is judged:
   (:func:`pytest_kimi.gate.paired.nominal_alpha`), or None beyond the budget.
 
 The noise used is the estimate rounded up as the gate would use it
-(:func:`~pytest_kimi.gate.session_noise.recommend`).
+(:func:`~pytest_kimi.gate.session_noise.gate_sigma`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_kimi.gate import two_sample
-from pytest_kimi.gate.paired import MIN_BLOCKS, nominal_alpha
-from pytest_kimi.gate.session_noise import NoiseEstimate, recommend
+from pytest_kimi.gate.paired import MIN_BLOCKS, look_mdd, nominal_alpha
+from pytest_kimi.gate.session_noise import NoiseEstimate, gate_sigma
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +107,10 @@ def stored_mdd(
     sigma: float, within_sd: float, trials: int, *, tolerance: float, alpha: float, power: float
 ) -> float:
     """The minimum detectable drop of one run of ``trials`` trials against a stored baseline
-    of as many (normal quantiles: the gate's t quantiles are a little wider with few trials)."""
-    from scipy import stats as st
-
+    of as many: the gate's session floor (:func:`two_sample.smallest_vouchable_drop`, normal
+    quantiles) at the run's whole standard error, session and trial noise together."""
     se = math.sqrt(sigma**2 + 2.0 * within_sd**2 / max(trials, 1))
-    k = float(st.norm.ppf(1.0 - alpha) + st.norm.ppf(power))
-    return float(-math.expm1(math.log1p(-tolerance) - k * se))
+    return two_sample.smallest_vouchable_drop(tolerance, alpha, se, power)
 
 
 def paired_launches_needed(
@@ -125,20 +123,16 @@ def paired_launches_needed(
     max_launches: int,
 ) -> int | None:
     """The fewest launches (both deployments, whole ABBA blocks) whose look has a minimum
-    detectable drop within ``detectable_drop``, with ``launch_sd`` the sd of one launch's log
-    figure; None when ``max_launches`` do not reach it."""
-    from scipy import stats as st
-
+    detectable drop (:func:`pytest_kimi.gate.paired.look_mdd`) within ``detectable_drop``,
+    with ``launch_sd`` the sd of one launch's log figure; None when ``max_launches`` do not
+    reach it."""
     max_blocks = max_launches // 2
     if max_blocks < MIN_BLOCKS:
         return None
     a_nom = nominal_alpha(alpha, max_blocks)
-    m = math.log1p(-tolerance)
     for k in range(MIN_BLOCKS, max_blocks + 1):
-        df = 2 * k - 2
         se = launch_sd * math.sqrt(2.0 / k)
-        q = float(st.t.ppf(1.0 - a_nom, df) + st.t.ppf(power, df))
-        if -math.expm1(m - q * se) <= detectable_drop:
+        if look_mdd(se, 2 * k - 2, a_nom, tolerance=tolerance, power=power) <= detectable_drop:
             return 2 * k
     return None
 
@@ -159,7 +153,7 @@ def calibrate(
     baseline; ``trials_per_launch``: of a launch in the paired comparison."""
     from scipy import stats as st
 
-    sigma = recommend(estimate).value
+    sigma = gate_sigma(estimate.sigma)
     launch_sd = math.sqrt(sigma**2 / 2.0 + estimate.within_sd**2 / max(trials_per_launch, 1))
     spread = float(-math.expm1(-float(st.norm.ppf(0.95)) * sigma))
     return Calibration(

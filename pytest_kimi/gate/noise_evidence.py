@@ -22,7 +22,7 @@ from typing import Sequence
 
 from pytest_kimi.baseline.model import SessionNoise, TestBaseline
 from pytest_kimi.gate.policy import GateSettings
-from pytest_kimi.gate.session_noise import PRIOR_DF, RECOMMEND_STEP
+from pytest_kimi.gate.session_noise import PRIOR_DF, gate_sigma
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +72,7 @@ def with_stored_noise(settings: GateSettings, baseline: TestBaseline | None) -> 
         return settings
     own = NoiseEvidence(settings.session_sigma, settings.sigma_df, settings.sigma_source)
     both = combine([stored, own])
-    value = max(RECOMMEND_STEP, math.ceil(round(both.sigma / RECOMMEND_STEP, 9)) * RECOMMEND_STEP)
-    value = round(value, 6)
+    value = gate_sigma(both.sigma)
     return replace(
         settings,
         session_sigma=value,

@@ -210,7 +210,7 @@ def compare_paired(
     p_imp = float(t.sf((d - up) / se, df))
     q = float(t.ppf(1.0 - a_nom, df))
     ci = (math.exp(d - q * se), math.exp(d + q * se))
-    mdd = -math.expm1(m - (q + float(t.ppf(power, df))) * se)
+    mdd = look_mdd(se, df, a_nom, tolerance=tolerance, power=power)
     if p_reg <= a_nom:
         verdict, decided = Verdict.REGRESSION, True
     elif p_imp <= a_nom:
@@ -235,6 +235,17 @@ def compare_paired(
         se_log=se,
         min_detectable_drop=mdd,
     )
+
+
+def look_mdd(se: float, df: int, a_nom: float, *, tolerance: float, power: float) -> float:
+    """The true drop a look with standard error ``se`` (log scale, ``df`` degrees of freedom)
+    flags as a regression at the nominal level ``a_nom`` with probability ``power``: the
+    comparison's :attr:`PairedComparison.min_detectable_drop`, and what ``kimi-perf calibrate``
+    asks of a design before any launch."""
+    from scipy import stats as st
+
+    q = float(st.t.ppf(1.0 - a_nom, df) + st.t.ppf(power, df))
+    return -math.expm1(math.log1p(-tolerance) - q * se)
 
 
 def _logs(name: str, values: Sequence[float]) -> np.ndarray:
@@ -296,6 +307,7 @@ __all__ = [
     "SequentialOutcome",
     "block_order",
     "compare_paired",
+    "look_mdd",
     "nominal_alpha",
     "run_sequential",
 ]

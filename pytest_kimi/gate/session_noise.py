@@ -347,6 +347,15 @@ def _mls_constants(
     return g1, h1, g2, h2, g12, h12
 
 
+def gate_sigma(sigma: float, step: float = RECOMMEND_STEP) -> float:
+    """The figure the gate uses for a measured session noise: rounded *up* to ``step`` (half
+    a percent) and never below it (a measured 0 is not a server without noise), as the
+    history, a baseline's recording and ``kimi-perf calibrate`` all state it."""
+    if step <= 0:
+        raise ValueError(f"step must be > 0, got {step!r}")
+    return round(max(step, math.ceil(round(sigma / step, 9)) * step), 6)
+
+
 def recommend(
     estimate: NoiseEstimate,
     *,
@@ -401,6 +410,7 @@ __all__ = [
     "FEW_SESSIONS",
     "NoiseEstimate",
     "RECOMMEND_STEP",
+    "gate_sigma",
     "Recommendation",
     "Sessions",
     "estimate_with_interval",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_kimi.gate import two_sample
-from pytest_kimi.gate.session_noise import FEW_SESSIONS, PRIOR_DF, RECOMMEND_STEP
+from pytest_kimi.gate.session_noise import FEW_SESSIONS, PRIOR_DF, gate_sigma
 from pytest_kimi.options import KimiOptions
 
 
@@ -118,7 +118,7 @@ def _history_estimate(url: str, profile: str) -> tuple[float, int, str] | None:
     if report.pooled is None:
         return None
     e = report.pooled
-    value = max(RECOMMEND_STEP, round(-(-e.sigma // RECOMMEND_STEP) * RECOMMEND_STEP, 6))
+    value = gate_sigma(e.sigma)
     text = (
         f"{value:g} (estimate {e.sigma:.4f}, {e.confidence:.0%} interval {e.low:.4f}.."
         f"{e.high:.4f}, from {e.sessions} sessions of unchanged builds of {profile!r}, "

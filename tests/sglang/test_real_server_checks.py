@@ -338,12 +338,15 @@ def test_latency_histograms_beside_the_client(pytester: pytest.Pytester, keyed: 
 
     The histograms' ``_sum``/``_count`` rise is the server's exact mean over every streamed
     request of the run (no warm-up here; ``is_streaming="true"`` keeps the other tests'
-    plain requests out of TTFT).  The server stamps a token when its tokenizer manager
-    receives it, before the HTTP layer sends it, so the client's mean TTFT may only be later
-    than the server's, by at most one event's way from the tokenizer manager to the client
-    (detokenizer, uvicorn serving the other streams, the client's read), which the client
-    sees bounded by its own p90 ITL: one step plus its jitter.  (One step alone, the median
-    ITL, was too tight on a shared 2-core machine: 5.56 ms later against a 5.22 ms step.)
+    plain requests out of TTFT).  The server's clock starts in the OpenAI handler
+    (``received_time``, after uvicorn has read and routed the request) and stamps the first
+    token when its tokenizer manager receives it, before the HTTP layer sends it.  So the
+    client's mean TTFT may only be later than the server's, by two ways through the same busy
+    event loop: the request's way in (uvicorn reading it and routing it to the handler while
+    the loop serves the other streams) and the first token's way out (uvicorn, the client's
+    read).  The client sees each bounded by its own p90 ITL, one step plus its jitter.  (One
+    such way alone was too tight on CI's shared 2 cores: 5.90 ms later against a 5.85 ms p90
+    ITL; one step alone, the median ITL, was too tight before that: 5.56 ms against 5.22 ms.)
     The ITL means are the same gaps seen from both ends: they agree within the client's own
     spread of ITL (its p90 minus p50), far tighter than either mean.
     """
@@ -378,7 +381,7 @@ def test_latency_histograms_beside_the_client(pytester: pytest.Pytester, keyed: 
         spread=spread,
     )
     print(figures)
-    assert -0.001 <= client_ttft - server_ttft <= step + spread, figures
+    assert -0.001 <= client_ttft - server_ttft <= 2 * (step + spread), figures
     assert abs(client_itl - server_itl) <= spread, figures
 
 
