@@ -252,9 +252,9 @@ class ThroughputResult:
     session_noise: dict[str, Any] | None = None
     """The session noise this test was judged with where it is not the session's: ``sigma``
     and ``source`` (its baseline's recording measured one: ``gate/noise_evidence.py``)."""
-    warm_up: dict[str, Any] | None = None
-    """The first test on a fresh server: its warm trials until stationary
-    (:class:`pytest_kimi.measure.warm.WarmUp`)."""
+    warm_up: list[dict[str, Any]] | None = None
+    """The first test on a fresh server: each level's warm trials until stationary, in level
+    order (:class:`pytest_kimi.measure.warm.WarmUp`)."""
 
     def level(
         self,

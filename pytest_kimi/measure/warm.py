@@ -7,12 +7,15 @@ growth; on the CPU engine, caches and page faults).  Real SGLang 0.5.23 read C=1
 after a launch, which is every run of a deploy gate, was biased low by up to 27% at its median.
 
 So the first test measured on a server (the caller knows which are fresh) first runs trials
-of its first level that count for nothing, until the data say the rise is over: the last
-trial is not above the one before it by more than :data:`WARM_RISE`.  A warming server rises
-trial after trial; a steady one falls as often as it rises, so the rule stops it after two or
-three trials, whatever its trial noise (a rise beyond half a percent on a steady server only
-costs one more trial).  At least :data:`MIN_WARM_TRIALS`, at most :data:`MAX_WARM_TRIALS`: the
-bound; a server whose figures keep rising is said to be so in the report, and measured.
+of its first level that count for nothing, until the data say the rise is over: the best
+figure so far has not risen by more than :data:`WARM_RISE` over the last :data:`STILL_TRIALS`
+trials.  A warming server keeps setting new highs; a steady one sets a new high ever more
+rarely (the k-th of k steady trials is the highest with chance 1/k), so the rule stops it after
+a few trials whatever its trial noise.  Comparing with the best so far, not with the trial
+before, keeps one noisy dip from ending the warm-up of a server still rising (vLLM's CPU
+engine read 293 then 148 tok/s: a rule on the last two trials called that stationary).  At
+least :data:`MIN_WARM_TRIALS`, at most :data:`MAX_WARM_TRIALS`: the bound; a server whose
+figures keep rising is said to be so in the report, and measured.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from typing import Any
 from pytest_kimi.measure.metrics import TrialResult
 
 WARM_RISE = 0.005
-"""A rise of the log tok/s between two consecutive warm trials above this (half a percent)
-means the server may still be warming: one more trial."""
-MIN_WARM_TRIALS = 2
-"""Two trials are the fewest that can show a rise (or its end)."""
-MAX_WARM_TRIALS = 6
-"""The bound: a server still rising after six trials is reported as such and measured."""
+"""A new high of the log tok/s above the best before it by more than this (half a percent)
+means the server may still be warming."""
+STILL_TRIALS = 2
+"""Trials in a row without such a new high that end the warm-up: one could be a dip."""
+MIN_WARM_TRIALS = 1 + STILL_TRIALS
+"""A first trial to set the best, and the trials that show it no longer rises."""
+MAX_WARM_TRIALS = 8
+"""The bound: a server still rising after eight trials is reported as such and measured."""
 WARM_INDEX = 1_000_000
 """Trial indices of the warm trials (seeds of open-loop arrivals), apart from the measured."""
 
@@ -69,11 +74,15 @@ class WarmUp:
 
 
 def settled(figures: list[float], rise: float = WARM_RISE) -> bool:
-    """Whether the last figure shows the rise is over: at least :data:`MIN_WARM_TRIALS` and
-    the last not above the one before it by more than ``rise`` (on the log scale)."""
+    """Whether the figures show the rise is over: at least :data:`MIN_WARM_TRIALS`, and none
+    of the last :data:`STILL_TRIALS` above the best before it by more than ``rise`` (on the
+    log scale)."""
     if len(figures) < MIN_WARM_TRIALS:
         return False
-    return math.log(figures[-1] / figures[-2]) <= rise
+    for i in range(len(figures) - STILL_TRIALS, len(figures)):
+        if math.log(figures[i] / max(figures[:i])) > rise:
+            return False
+    return True
 
 
 async def warm_until_stationary(
@@ -97,6 +106,7 @@ async def warm_until_stationary(
 __all__ = [
     "MAX_WARM_TRIALS",
     "MIN_WARM_TRIALS",
+    "STILL_TRIALS",
     "WARM_RISE",
     "WarmUp",
     "settled",

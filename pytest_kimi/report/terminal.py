@@ -429,9 +429,9 @@ def format_test(test: dict[str, Any], width: int | None = None) -> list[str]:
     noise = test.get("session_noise")
     if isinstance(noise, Mapping) and noise.get("source"):
         lines.append(f"  judged with session noise {noise['source']}")
-    warm = test.get("warm_up")
-    if isinstance(warm, Mapping) and warm.get("text"):
-        lines.append("  " + str(warm["text"]))
+    for warm in test.get("warm_up") or []:
+        if isinstance(warm, Mapping) and warm.get("text"):
+            lines.append("  " + str(warm["text"]))
     price = price_text(test)
     if price:
         lines.append("  " + price)
