@@ -9,7 +9,7 @@ stated here and nowhere else in the plugin (the statistical ones equal
 pytest-free functions, and are restated below so that this table loads no numpy; tests check
 that they agree, and that ``GateSettings`` and ``kimi-perf compare`` do).
 Help texts are formatted from the same field defaults.  ``pytest_configure`` builds the object
-once (:meth:`KimiOptions.from_sources`, through :mod:`pytest_kimi.plugin.options`) and stores it on ``config.stash``; the plugin, the gate
+once (:meth:`KimiOptions.from_sources`, through :mod:`pytest_kimi.plugin.addoptions`) and stores it on ``config.stash``; the plugin, the gate
 and the reports read only that.
 
 Precedence: command line > environment > ini > default.  Marker arguments (``trials=``,

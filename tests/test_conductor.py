@@ -7,6 +7,7 @@ interrupt is injected right after the job's measurement returns, where Ctrl-C wo
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
@@ -27,7 +28,7 @@ from pytest_kimi.run.conductor import (
     conduct,
 )
 from pytest_kimi.run.measurer import Measurer
-from pytest_kimi.run.plan import PlanError, plan_test
+from pytest_kimi.run.plan import PlanError, malformed_markers, plan_test
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.sim.config import SimConfig
 
@@ -170,8 +171,20 @@ def test_a_refused_cache_flush_is_noted_on_every_level_of_either_marker(
 
 
 def test_a_plan_names_the_test_and_the_marker_when_malformed() -> None:
-    with pytest.raises(PlanError, match=r"test_x.py::test_x: @capacity unknown argument"):
+    with pytest.raises(PlanError, match=r"test_x.py::test_x: @capacity unknown argument") as bad:
         plan_test("test_x.py::test_x", [], [((), {"max_itl": 0.05})])
-    with pytest.raises(PlanError, match="not both"):
+    capacity = bad.value.problem
+    assert capacity.marker == "capacity" and str(capacity) == str(bad.value)
+    with pytest.raises(PlanError, match="not both") as both:
         plan_test("test_x.py::test_x", [((), {})], [((), {"max_itl_s": 0.05})])
+    assert both.value.problem.marker is None
+    with pytest.raises(PlanError) as throughput:
+        plan_test("test_x.py::test_y", [((), {"concurrency": 0})], [])
+    assert throughput.value.problem.marker == "throughput"
     assert plan_test("test_x.py::test_x", [], []) is None
+    # the headline is the markers' kind, carried as data, not read back from the text
+    assert malformed_markers([capacity]) == f"malformed @capacity marker:\n  {capacity}"
+    mixed = malformed_markers([capacity, throughput.value.problem])
+    assert mixed.startswith("malformed @throughput marker:\n  ")
+    assert malformed_markers([both.value.problem]).startswith("malformed @throughput marker:")
+    assert pickle.loads(pickle.dumps(bad.value)).problem == capacity

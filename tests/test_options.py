@@ -23,7 +23,7 @@ from pytest_kimi.gate import two_sample
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.options import OPTIONS, KimiOptions, default_of, help_text
 from pytest_kimi.plugin import KIMI_OPTIONS
-from pytest_kimi.plugin.options import options_from_config
+from pytest_kimi.plugin.addoptions import options_from_config
 from pytest_kimi.workload.workload_spec import Targets
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from pytest_kimi.plugin.terminal import shown
+from pytest_kimi.plugin.uncaptured import shown
 from pytest_kimi.printable import printable
 from pytest_kimi.report.markdown import render_markdown
 from pytest_kimi.report.terminal import format_session_noise, format_test

@@ -10,10 +10,10 @@ measure, judge, annotate -- is :mod:`pytest_kimi.run`, which knows nothing of py
   and the autouse fixture that hands a planned test to the conductor;
 * :mod:`~pytest_kimi.plugin.reporter` -- collects the records (xdist too), the summary, the
   session's end;
-* :mod:`~pytest_kimi.plugin.terminal` -- the one way to write past output capture;
+* :mod:`~pytest_kimi.plugin.uncaptured` -- the one way to write past output capture;
 * :mod:`~pytest_kimi.plugin.xdist`, :mod:`~pytest_kimi.plugin.ordering` -- one measurement at a
   time, ``--perf-sessions`` order;
-* :mod:`~pytest_kimi.plugin.options`, :mod:`~pytest_kimi.plugin.state`,
+* :mod:`~pytest_kimi.plugin.addoptions`, :mod:`~pytest_kimi.plugin.state`,
   :mod:`~pytest_kimi.plugin.nodeids` -- options on pytest's parser, stash keys, baseline ids.
 """
 

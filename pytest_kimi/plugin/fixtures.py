@@ -27,7 +27,7 @@ from pytest_kimi.plugin.state import (
     paired,
     perf_sessions,
 )
-from pytest_kimi.plugin.terminal import progress_printer, say
+from pytest_kimi.plugin.uncaptured import progress_printer, say
 from pytest_kimi.plugin.xdist import one_measurement_at_a_time
 from pytest_kimi.scrub import scrub_text
 

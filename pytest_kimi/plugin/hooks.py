@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_kimi.plugin.addoptions import add_options, options_from_config
 from pytest_kimi.plugin.nodeids import baseline_id
-from pytest_kimi.plugin.options import add_options, options_from_config
 from pytest_kimi.plugin.reporter import REPORTER_NAME, PerfReporter
 from pytest_kimi.plugin.rootdir import check_rootdir
 from pytest_kimi.plugin.state import (
@@ -43,7 +43,7 @@ from pytest_kimi.plugin.state import (
     paired,
     perf_sessions,
 )
-from pytest_kimi.plugin.terminal import say
+from pytest_kimi.plugin.uncaptured import say
 from pytest_kimi.plugin.xdist import PERF_GROUP, group_perf_tests, worker_groups
 from pytest_kimi.scrub import register_secret, scrub_text
 from pytest_kimi.verdicts import Verdict
@@ -306,11 +306,11 @@ def _plan(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The perf tests' plans (a malformed marker stops the run before any GPU time is spent),
     their markers, and the gate's warnings: the session's, then each marker's own."""
     from pytest_kimi.run.gating import marker_pass_unreachable
-    from pytest_kimi.run.plan import PlanError, plan_test
+    from pytest_kimi.run.plan import MarkerProblem, PlanError, malformed_markers, plan_test
     from pytest_kimi.run.setup import NO_ENDPOINT_REASON
 
     _warn_pass_unreachable(config)
-    problems: list[str] = []
+    problems: list[MarkerProblem] = []
     endpoint = kimi_options(config).endpoint or config.stash[DEPLOYMENTS] or None
     settings = gate_context(config).settings
     for item in items:
@@ -322,7 +322,7 @@ def _plan(config: pytest.Config, items: list[pytest.Item]) -> None:
                 allow_large=kimi_options(config).perf_allow_large,
             )
         except PlanError as exc:
-            problems.append(str(exc))
+            problems.append(exc.problem)
             continue
         if plan is None:
             continue
@@ -338,8 +338,7 @@ def _plan(config: pytest.Config, items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason=NO_ENDPOINT_REASON))
         # with --perf-require-measurement the endpoint fixture fails the test with the reason
     if problems:
-        kind = "@capacity" if all(": @capacity " in p for p in problems) else "@throughput"
-        raise pytest.UsageError(f"malformed {kind} marker:\n  " + "\n  ".join(problems))
+        raise pytest.UsageError(malformed_markers(problems))
 
 
 def _warn_pass_unreachable(config: pytest.Config) -> None:

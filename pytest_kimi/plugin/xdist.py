@@ -19,7 +19,7 @@ import pytest
 
 from pytest_kimi.plugin.nodeids import GROUP_SUFFIX
 from pytest_kimi.plugin.state import PLAN, STATE, is_worker, kimi_options
-from pytest_kimi.plugin.terminal import say
+from pytest_kimi.plugin.uncaptured import say
 
 PERF_GROUP = GROUP_SUFFIX.removeprefix("@")
 

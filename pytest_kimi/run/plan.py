@@ -8,7 +8,8 @@ hold for the plugin, ``kimi-perf`` and scripts, and are tested without a pytest 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pytest_kimi.run.conductor import TestPlan
 from pytest_kimi.workload.capacity_marker import parse_capacity
@@ -21,8 +22,35 @@ PERF_MARKERS = ("throughput", "capacity")
 Marks = Sequence[tuple[tuple[Any, ...], Mapping[str, Any]]]
 
 
+@dataclass(frozen=True)
+class MarkerProblem:
+    """What is wrong with a test's perf marker: which marker (None where the test carries
+    both), and the message naming the test and the marker, which is its ``str()``."""
+
+    marker: Literal["throughput", "capacity"] | None
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class PlanError(ValueError):
-    """A malformed marker; the message names the test and the marker."""
+    """A malformed marker; :attr:`problem` says which marker, the message names the test and
+    the marker."""
+
+    def __init__(self, problem: MarkerProblem) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[type[PlanError], tuple[MarkerProblem]]:
+        return type(self), (self.problem,)
+
+
+def malformed_markers(problems: Sequence[MarkerProblem]) -> str:
+    """The collection error for the session's malformed markers, one problem a line: headed
+    ``@capacity`` where every one is a capacity marker's, else ``@throughput``."""
+    kind = "@capacity" if all(p.marker == "capacity" for p in problems) else "@throughput"
+    return f"malformed {kind} marker:\n  " + "\n  ".join(map(str, problems))
 
 
 def plan_test(
@@ -32,13 +60,16 @@ def plan_test(
     None for a test that carries neither; :class:`PlanError` for a malformed one."""
     if throughput and capacity:
         raise PlanError(
-            f"{nodeid}: @throughput and @capacity on one test: a test measures fixed levels "
-            "or searches its capacity, not both"
+            MarkerProblem(
+                None,
+                f"{nodeid}: @throughput and @capacity on one test: a test measures fixed "
+                "levels or searches its capacity, not both",
+            )
         )
     marks = throughput or capacity
     if not marks:
         return None
-    name = "capacity" if capacity else "throughput"
+    name: Literal["throughput", "capacity"] = "capacity" if capacity else "throughput"
     args, kwargs = merge_marker_kwargs(list(marks))
     try:
         if capacity:
@@ -46,7 +77,7 @@ def plan_test(
             return TestPlan(workload, targets, search)
         workload, targets = parse_throughput(args, kwargs, allow_large=allow_large)
     except MarkerError as exc:
-        raise PlanError(f"{nodeid}: @{name} {exc}") from None
+        raise PlanError(MarkerProblem(name, f"{nodeid}: @{name} {exc}")) from None
     return TestPlan(workload, targets)
 
 
