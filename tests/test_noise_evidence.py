@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,7 @@ from pytest_kimi.baseline.provenance import Provenance
 from pytest_kimi.gate.noise_evidence import (
     NoiseEvidence,
     combine,
+    occasion_noise,
     stored_noise,
     with_stored_noise,
 )
@@ -136,3 +138,101 @@ def test_a_multi_start_recording_stores_its_noise_and_the_next_run_uses_it(
     expected = with_stored_noise(replace(GateSettings(), sigma_vouched=False), saved)
     assert used["sigma"] == expected.session_sigma
     run.stdout.fnmatch_lines(["*judged with session noise*the baseline's recording*"])
+
+
+def _level(trials: tuple[float, ...], noise: SessionNoise | None = None) -> LevelBaseline:
+    return LevelBaseline(
+        workload=WorkloadKey.from_dict({"concurrency": 4, "max_tokens": 64}),
+        trials_tok_s=trials,
+        session_noise=noise,
+    )
+
+
+def test_two_occasions_of_one_deployment_are_one_degree_of_freedom_of_session_noise() -> None:
+    from pytest_kimi.gate.session_noise import estimate_session_sigma
+
+    old, new = (100.0, 101.0, 99.0), (95.0, 96.0, 94.0)
+    pooled = occasion_noise(_level(old), _level(new))
+    assert pooled is not None and pooled.df == 1
+    assert pooled.sigma == round(estimate_session_sigma([old, new]), 5)
+    # with what each recording measured itself: weighed by degrees of freedom
+    more = occasion_noise(_level(old, SessionNoise(0.01, 2)), _level(new, SessionNoise(0.02, 3)))
+    expect = math.sqrt((estimate_session_sigma([old, new]) ** 2 + 2 * 0.01**2 + 3 * 0.02**2) / 6)
+    assert more is not None and more.df == 6 and more.sigma == pytest.approx(expect, abs=1e-5)
+    # one trial on each side cannot tell trial noise from session noise
+    assert occasion_noise(_level((100.0,)), _level((95.0,))) is None
+
+
+def _recording(levels: tuple[LevelBaseline, ...], **server_info: object) -> TestBaseline:
+    return TestBaseline(
+        test="t.py::test_x",
+        profile="sim",
+        provenance=Provenance(model="m", server_info={"sim": dict(server_info)}),
+        levels=levels,
+    )
+
+
+def test_a_re_recording_pools_only_for_the_same_deployment() -> None:
+    from pytest_kimi.baseline.merge import merge
+
+    old = _recording((_level((100.0, 101.0, 99.0)),), speed=10, seed=1)
+    again = _recording((_level((95.0, 96.0, 94.0)),), speed=10, seed=2)
+    (level,) = merge(old, again, pool=occasion_noise).levels
+    assert level.session_noise is not None and level.session_noise.df == 1, "a seed is a lottery"
+    tuned = _recording((_level((95.0, 96.0, 94.0)),), speed=12, seed=1)
+    (level,) = merge(old, tuned, pool=occasion_noise).levels
+    assert level.session_noise is None, "a changed deployment starts its noise afresh"
+    (level,) = merge(old, again).levels
+    assert level.session_noise is None, "no pooling asked for"
+
+
+def test_a_level_the_run_decided_changed_is_not_pooled(tmp_path: Path) -> None:
+    from pytest_kimi.baseline.update import update_baselines
+
+    root = tmp_path
+    calls: list[str] = []
+
+    def pool(old: LevelBaseline, new: LevelBaseline) -> SessionNoise | None:
+        calls.append(new.workload.label())
+        return SessionNoise(0.01, 1)
+
+    def test(verdict: str, trials: list[float]) -> dict[str, object]:
+        return {
+            "nodeid": "t.py::test_x",
+            "workload": {"max_tokens": 64},
+            "levels": [
+                {"label": "C=4", "concurrency": 4, "verdict": verdict, "trials_tok_s": trials}
+            ],
+        }
+
+    ok, refused = update_baselines(
+        root, "sim", "on", [test("no-baseline", [100.0, 101.0])], {}, root, pool=pool
+    )
+    assert ok and not refused and not calls, "nothing to pool with on the first recording"
+    update_baselines(root, "sim", "on", [test("improved", [120.0, 121.0])], {}, root, pool=pool)
+    assert not calls, "a decided change is not noise"
+    written, _ = update_baselines(
+        root, "sim", "on", [test("pass", [119.0, 121.0])], {}, root, pool=pool
+    )
+    assert len(calls) == 1 and "session noise 0.0100 on 1 df" in written[0]
+
+
+def test_re_recording_a_deployment_measures_its_noise(pytester: pytest.Pytester) -> None:
+    """No ``--perf-sessions``: each ``--update-baselines`` of the same deployment on another
+    occasion adds a degree of freedom to the level's stored noise, and says so."""
+    pytester.makepyfile(test_suite=SUITE)
+    path = pytester.path / "baselines/sim/test_suite/test_x.yaml"
+    for seed, df in ((5, None), (9, 1), (13, 2)):
+        rec = pytester.runpytest_subprocess(
+            "-p",
+            "no:cacheprovider",
+            f"--endpoint=sim:speed=10,stream_interval=8,noise=0.02,seed={seed}",
+            "--update-baselines",
+        )
+        rec.assert_outcomes(passed=1)
+        (level,) = yaml_io.loads(path.read_text(), source=path).levels
+        if df is None:
+            assert level.session_noise is None
+        else:
+            assert level.session_noise is not None and level.session_noise.df == df
+            rec.stdout.fnmatch_lines([f"*C=4 max_tokens=64: * tok/s (*), session noise * {df} df"])

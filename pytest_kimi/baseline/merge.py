@@ -10,14 +10,42 @@ new ones.  :func:`merge` is that rule, in one place; writing is
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
-from pytest_kimi.baseline.model import ProvenanceConflict, TestBaseline
-from pytest_kimi.baseline.provenance import provenance_diff
+from pytest_kimi.baseline.model import LevelBaseline, ProvenanceConflict, SessionNoise, TestBaseline
+from pytest_kimi.baseline.provenance import deployment_diff, provenance_diff
 
-__all__ = ["merge"]
+__all__ = ["NoisePool", "merge", "pool_noise"]
+
+NoisePool = Callable[[LevelBaseline, LevelBaseline], SessionNoise | None]
+"""(old level, new level) -> the session noise both recordings measure, or None to leave the
+new level's own (:func:`pytest_kimi.gate.noise_evidence.occasion_noise`, passed in by the run:
+the statistics live above this layer)."""
 
 
-def merge(old: TestBaseline | None, new: TestBaseline, *, drop_stale: bool = False) -> TestBaseline:
+def pool_noise(old: TestBaseline, new: TestBaseline, pool: NoisePool) -> TestBaseline:
+    """``new`` with each re-recorded level's session noise pooled with its old recording's,
+    where the two recordings are of the same deployment: a provenance that differs only in
+    volatile fields (session ids, times) or in the launch's lottery (its seed).  A changed deployment (new flags, another model or
+    engine version: an approved tuning) starts its noise afresh, since the distance between
+    the two recordings is then the change, not noise."""
+    if deployment_diff(old.provenance, new.provenance):
+        return new
+    levels = []
+    for level in new.levels:
+        before = old.level_for(level.workload)
+        noise = pool(before, level) if before is not None else None
+        levels.append(level if noise is None else dataclasses.replace(level, session_noise=noise))
+    return dataclasses.replace(new, levels=tuple(levels))
+
+
+def merge(
+    old: TestBaseline | None,
+    new: TestBaseline,
+    *,
+    drop_stale: bool = False,
+    pool: NoisePool | None = None,
+) -> TestBaseline:
     """The file content after recording ``new`` on top of ``old``.
 
     Rule: a level in ``new`` replaces the level with the same workload; levels of ``old`` that
@@ -25,12 +53,15 @@ def merge(old: TestBaseline | None, new: TestBaseline, *, drop_stale: bool = Fal
     ids of both when old levels are kept.  Keeping old levels is refused
     (:class:`ProvenanceConflict`) when the provenance differs in a non-volatile way, since one
     provenance block would then describe numbers it did not produce; ``drop_stale=True``
-    drops those levels instead.
+    drops those levels instead.  With ``pool``, a re-recorded level of the same deployment
+    keeps the session noise both recordings measure (:func:`pool_noise`).
     """
     if old is None:
         return new
     if (old.test, old.profile) != (new.test, new.profile):
         raise ValueError(f"cannot merge {old.test} [{old.profile}] into {new.test} [{new.profile}]")
+    if pool is not None:
+        new = pool_noise(old, new, pool)
     measured = set(new.workloads)
     stale = [level for level in old.levels if level.workload not in measured]
     # a capacity this run did not measure is kept like a level it did not measure

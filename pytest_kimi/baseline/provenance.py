@@ -22,7 +22,14 @@ from typing import Any, ClassVar
 from pytest_kimi.baseline.values import ABSENT, is_number, scalar_text, utc_timestamp
 from pytest_kimi.endpoint.serverinfo import VOLATILE_SERVER_INFO, clean_server_info, is_volatile
 
-__all__ = ["SERVER_INFO_IGNORE", "Provenance", "FieldChange", "provenance_diff", "incomparable"]
+__all__ = [
+    "SERVER_INFO_IGNORE",
+    "Provenance",
+    "FieldChange",
+    "deployment_diff",
+    "provenance_diff",
+    "incomparable",
+]
 
 SERVER_INFO_IGNORE: tuple[str, ...] = VOLATILE_SERVER_INFO
 """Patterns for ``server_info`` entries that :func:`provenance_diff` ignores (their one home
@@ -249,6 +256,21 @@ def provenance_diff(
 
     changes += flat_changes(info(old), info(new))
     return named_once(changes)
+
+
+LAUNCH_LOTTERY = ("seed", "random_seed")
+"""Settings a launch draws afresh (the simulator's ``seed``, SGLang's ``random_seed`` when not
+given): two launches of one deployment differ in them by chance, not by a change."""
+
+
+def deployment_diff(old: Provenance, new: Provenance) -> list[FieldChange]:
+    """:func:`provenance_diff` without the launch's lottery (:data:`LAUNCH_LOTTERY`): what
+    makes two launches two deployments.  Empty: the same deployment, launched again, so the
+    distance between their figures is session noise (the deploy gate's list of changed flags,
+    the pooling of a re-recorded baseline's noise)."""
+    return [
+        c for c in provenance_diff(old, new) if c.field.rsplit(".", 1)[-1] not in LAUNCH_LOTTERY
+    ]
 
 
 _LAUNCH_ARGS = "launch_command.args."

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pytest_kimi.baseline.model import CapacityBaseline, TestBaseline, WorkloadKey
+from pytest_kimi.baseline.model import CapacityBaseline, SessionNoise, TestBaseline, WorkloadKey
 from pytest_kimi.baseline.provenance import FieldChange, provenance_diff
 from pytest_kimi.baseline.values import ABSENT, scalar_text
 
@@ -38,6 +38,8 @@ class LevelChange:
     new_tok_s: float | None
     status: Literal["new", "changed", "unchanged", "removed"]
     label: str
+    noise: SessionNoise | None = None
+    """The session noise the written level holds (its recordings measured it), if any."""
 
     @property
     def delta_pct(self) -> float | None:
@@ -46,6 +48,13 @@ class LevelChange:
         return (self.new_tok_s - self.old_tok_s) / self.old_tok_s * 100.0
 
     def __str__(self) -> str:
+        return self._figures() + (
+            f", session noise {self.noise.sigma:.4f} on {self.noise.df} df"
+            if self.noise is not None and self.status != "removed"
+            else ""
+        )
+
+    def _figures(self) -> str:
         if self.status == "new":
             return f"{self.label}: {self.new_tok_s} tok/s (new)"
         if self.status == "removed":
@@ -138,14 +147,17 @@ def summarize_update(
     for level in new.levels:
         before = old_levels.get(level.workload)
         label = level.workload.label(varying)
+        noise = level.session_noise
         if before is None:
-            changes.append(LevelChange(level.workload, None, level.tok_s, "new", label))
+            changes.append(LevelChange(level.workload, None, level.tok_s, "new", label, noise))
         elif before == level:
             changes.append(
-                LevelChange(level.workload, before.tok_s, level.tok_s, "unchanged", label)
+                LevelChange(level.workload, before.tok_s, level.tok_s, "unchanged", label, noise)
             )
         else:
-            changes.append(LevelChange(level.workload, before.tok_s, level.tok_s, "changed", label))
+            changes.append(
+                LevelChange(level.workload, before.tok_s, level.tok_s, "changed", label, noise)
+            )
     for workload, before in old_levels.items():
         if new.level_for(workload) is None:
             changes.append(

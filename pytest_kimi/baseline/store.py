@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_kimi.baseline.merge import merge
+from pytest_kimi.baseline.merge import NoisePool, merge
 from pytest_kimi.baseline.model import (
     BaselineError,
     BaselineExistsError,
@@ -155,13 +155,14 @@ class BaselineStore:
         drop_stale: bool = False,
         cwd: Path | None = None,
         replace_corrupt: bool = False,
+        pool: NoisePool | None = None,
     ) -> UpdateSummary:
         """Merge ``new`` into the stored file (see :func:`merge`), write it, and summarise.
 
         A corrupt existing file raises :class:`BaselineError` before anything is written,
         unless ``replace_corrupt`` (``--update-baselines=force``): nothing in a file that
         cannot be read can be merged, so ``new`` alone replaces it, and the summary says what
-        was wrong with it (git still has the old text).
+        was wrong with it (git still has the old text).  ``pool``: see :func:`merge`.
         """
         try:
             old = self.load(new.test)
@@ -170,7 +171,7 @@ class BaselineStore:
                 raise
             path = self.save(new, overwrite=True)
             return replaced_summary(summarize_update(None, new, path, cwd=cwd), exc.problem, cwd)
-        merged = merge(old, new, drop_stale=drop_stale)
+        merged = merge(old, new, drop_stale=drop_stale, pool=pool)
         path = self.save(merged, overwrite=old is not None)
         return summarize_update(old, merged, path, cwd=cwd)
 

@@ -18,6 +18,7 @@ from pytest_kimi.baseline.model import (
     TestBaseline,
     WorkloadKey,
 )
+from pytest_kimi.baseline.merge import NoisePool
 from pytest_kimi.baseline.provenance import Provenance
 from pytest_kimi.baseline.store import BaselineStore
 from pytest_kimi.verdicts import Verdict
@@ -32,12 +33,17 @@ def update_baselines(
     tests: list[dict[str, Any]],
     endpoints: dict[str, dict[str, Any]],
     rootdir: Path,
+    pool: NoisePool | None = None,
 ) -> tuple[list[str], list[str]]:
     """Write the baselines of the tests that ran; refuse what must not become a target unless
     forced (:func:`refusal`).  With ``force`` a corrupt baseline file is replaced too, but a
     level whose figure the run itself judged untrustworthy (``invalid``, ``error``,
     ``not-run``) is never recorded: force approves a trade-off, not a broken measurement.
     Each level left out is named, with its verdict and reason, in the refusals.
+
+    ``pool``: a level re-recorded on the same deployment pools its session noise with the
+    old recording's (:func:`pytest_kimi.baseline.merge.pool_noise`), unless the run decided
+    that level changed (``regression``, ``improved``): a decided change is not noise.
 
     Returns the summary lines (old -> new per level, git commands) and the refusals.
     """
@@ -110,7 +116,9 @@ def update_baselines(
             capacity=capacity,
         )
         try:
-            summary = store.update(new, cwd=rootdir, replace_corrupt=force)
+            summary = store.update(
+                new, cwd=rootdir, replace_corrupt=force, pool=_unless_changed(pool, test)
+            )
         except (BaselineError, ProvenanceConflict, OSError) as exc:
             refused.append(f"{test['nodeid']}: not recorded: {exc}")
             continue
@@ -154,6 +162,22 @@ def refusal(test: dict[str, Any]) -> str | None:
         "could not be measured, must not become the target; fix the run, or record it anyway "
         "with --update-baselines=force (an approved trade-off: say so in the pull request)"
     )
+
+
+def _unless_changed(pool: NoisePool | None, test: dict[str, Any]) -> NoisePool | None:
+    """``pool`` for the levels the run did not decide changed against their baseline."""
+    if pool is None:
+        return None
+    changed = {
+        WorkloadKey.from_dict(level_key(lv, test["workload"]))
+        for lv in test.get("levels") or []
+        if Verdict.of(lv.get("verdict")) in (Verdict.REGRESSION, Verdict.IMPROVED)
+    }
+
+    def pooled(old: LevelBaseline, new: LevelBaseline) -> SessionNoise | None:
+        return None if new.workload in changed else pool(old, new)
+
+    return pooled
 
 
 def _session_noise(raw: Any) -> SessionNoise | None:

@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from pytest_kimi.baseline.model import SessionNoise, TestBaseline
+from pytest_kimi.baseline.model import LevelBaseline, SessionNoise, TestBaseline
 from pytest_kimi.gate.policy import GateSettings
-from pytest_kimi.gate.session_noise import PRIOR_DF, gate_sigma
+from pytest_kimi.gate.session_noise import PRIOR_DF, estimate_session_sigma, gate_sigma
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,4 +86,36 @@ def with_stored_noise(settings: GateSettings, baseline: TestBaseline | None) -> 
     )
 
 
-__all__ = ["NoiseEvidence", "PRIOR_DF", "combine", "stored_noise", "with_stored_noise"]
+def occasion_noise(old: LevelBaseline, new: LevelBaseline) -> SessionNoise | None:
+    """A level re-recorded on the same deployment: the session noise both recordings vouch for.
+
+    Two recordings of one deployment on two occasions are two of its sessions: how far their
+    trials' means lie apart, beyond what their trial noise explains, is one degree of freedom
+    of session noise (:func:`~pytest_kimi.gate.session_noise.estimate_session_sigma`, the
+    estimator ``--perf-sessions`` uses), pooled with what each recording measured itself.  So
+    an external endpoint, whose server the plugin cannot restart, gains a measured noise each
+    time its baseline is re-recorded, and a managed one adds its occasions to its launches.
+    The caller decides that the two are the same deployment (same provenance, no change the
+    gate decided); None when neither recording has two trials to tell trial noise from it.
+    """
+    if max(len(old.trials_tok_s), len(new.trials_tok_s)) < 2:
+        return None
+    sigma = estimate_session_sigma([old.trials_tok_s, new.trials_tok_s])
+    evidence = [NoiseEvidence(sigma, 1.0, "two occasions")]
+    evidence += [
+        NoiseEvidence(n.sigma, float(n.df), "a recording's starts")
+        for n in (old.session_noise, new.session_noise)
+        if n is not None
+    ]
+    both = combine(evidence)
+    return SessionNoise(sigma=both.sigma, df=int(round(both.df)))
+
+
+__all__ = [
+    "NoiseEvidence",
+    "PRIOR_DF",
+    "combine",
+    "occasion_noise",
+    "stored_noise",
+    "with_stored_noise",
+]

@@ -273,7 +273,7 @@ def deploy_changes(
     """What the candidate's server reports differently from the reference's (model and the
     provenance allow-list of ``server_info``: ``max_running_requests: 256 -> 2``), as the
     baselines' provenance diff says it; empty when either endpoint is unknown."""
-    from pytest_kimi.baseline.provenance import Provenance, provenance_diff
+    from pytest_kimi.baseline.provenance import Provenance, deployment_diff
 
     ref, cand = endpoints.get(reference), endpoints.get(candidate)
     if not ref or not cand:
@@ -283,12 +283,7 @@ def deploy_changes(
         info = ep.get("server_info")
         return Provenance(model=ep.get("model"), server_info=dict(info) if info else {})
 
-    # a launch's seed (the simulator's, drawn per launch) is the launch's lottery, not the change
-    return [
-        str(c)
-        for c in provenance_diff(of(ref), of(cand))
-        if c.field.rsplit(".", 1)[-1] not in ("seed", "random_seed")
-    ]
+    return [str(c) for c in deployment_diff(of(ref), of(cand))]
 
 
 def decided_block(gate: DeployGate, nodeid: str, failing: frozenset[str]) -> int | None:

@@ -77,6 +77,8 @@ def finish_run(
         def update() -> None:
             pooled = pool_sessions(copy.deepcopy(tests))  # --perf-sessions: all starts in one
             attach_session_noise(pooled, session_noise(tests))  # and the noise they measured
+            from pytest_kimi.gate.noise_evidence import occasion_noise
+
             summary.updates, summary.refused = update_baselines(
                 gate.root,
                 gate.profile,
@@ -84,6 +86,7 @@ def finish_run(
                 pooled,
                 {k: dict(v) for k, v in endpoints.items()},
                 rootdir,
+                pool=occasion_noise,
             )
 
         _sink(summary.problems, f"baselines not updated in {gate.root}", update)
