@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from pytest_kimi.server import ServerStartError, load_profile, open_server
+from support.real_engine_suite import first_run_after_a_launch
 from pytest_kimi.server.procgroup import group_members as _group_members
 
 SUITE = """
@@ -323,3 +324,10 @@ def test_paired_deploy_comparison_names_the_flag(engine_project: pytest.Pytester
     assert all(t.get("warm_up") is not None for t in report["tests"]), "fresh launches, warmed"
     for pid in _server_pids(result.stdout.str()):
         _assert_group_gone(pid)
+
+
+def test_the_first_run_after_a_launch_agrees_with_the_later_ones(
+    engine_project: pytest.Pytester,
+) -> None:
+    """vLLM: :func:`support.real_engine_suite.first_run_after_a_launch`."""
+    first_run_after_a_launch(engine_project, "vllm-cpu-tiny.yaml")

@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 
 import cpu_server
+from support.real_engine_suite import first_run_after_a_launch
 from pytest_kimi.workload.prompts import SIZE_TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -532,41 +533,8 @@ def test_paired_ab_of_a_slower_deploy_is_a_regression_naming_the_flag(
 def test_the_first_run_after_a_launch_agrees_with_the_later_ones(
     pytester: pytest.Pytester, tiny_model_path: Path
 ) -> None:
-    """One launch, the same test three times: the first (warmed until stationary) does not
-    read below the later two beyond their own noise.  The bias a cold first run has is
-    downward (up to 27% at the median before the warm-up); the noise here is the later runs'
-    own: each level's lowest later median, less three standard errors of the trials' log
-    medians (at least 5%).  A later run's median, not their mean, is the bound's anchor: on a
-    shared 2-core machine another job can halve a level's figure for one run (C=4 read 618,
-    261 and 385 tok/s in three runs on one server while the machine was busy), so the first
-    run is held only against what the same server gave later, not to a tighter agreement than
-    the machine allows."""
-    import math
-    import statistics
-
+    """SGLang: :func:`support.real_engine_suite.first_run_after_a_launch`."""
     import yaml
 
     (pytester.path / "tiny.yaml").write_text(yaml.safe_dump(_profile(8, tiny_model_path)))
-    marker = "@throughput(concurrency=[1, 4], max_tokens=128, trials=5, warmup=1)"
-    pytester.makepyfile(
-        test_suite="\n".join(
-            ["from pytest_kimi import throughput", ""]
-            + [f"{marker}\ndef test_{name}():\n    pass\n" for name in ("first", "second", "third")]
-        )
-    )
-    path = pytester.path / "thrice.json"
-    pytester.runpytest("-m", "perf", "--server-profile=tiny.yaml", f"--perf-json={path}")
-    first, *later = json.loads(path.read_text())["tests"]
-    assert first.get("warm_up"), "the first test on a launch is warmed"
-    assert all(t.get("warm_up") is None for t in later), "only the first"
-    print(*(w["text"] for w in first["warm_up"]), sep="\n")
-    for i, level in enumerate(first["levels"]):
-        runs = [level] + [t["levels"][i] for t in later]
-        logs = [[math.log(x) for x in lv["trials_tok_s"]] for lv in runs]
-        # the standard error of a log median: 1.2533 sd / sqrt(n) (normal trials)
-        se = max(1.2533 * statistics.stdev(x) / math.sqrt(len(x)) for x in logs)
-        medians = [statistics.median(x) for x in logs]
-        shortfall = min(medians[1:]) - medians[0]
-        figures = [lv["tok_s"] for lv in runs]
-        print(level["label"], figures, f"se {se:.4f}", f"shortfall {shortfall:+.4f}")
-        assert shortfall <= max(3 * se, 0.05), (level["label"], figures, se)
+    first_run_after_a_launch(pytester, "tiny.yaml")
