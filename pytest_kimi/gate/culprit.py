@@ -1,0 +1,653 @@
+"""Which change did it: a culprit search over a deployment diff, as pure functions over an oracle.
+
+When the deploy gate says a candidate deployment regresses, its diff to the reference is a list
+of atomic changes (server arguments, environment variables, the engine, the model:
+:mod:`pytest_kimi.server.profile_diff`), grouped where they cannot be applied apart.  The
+search names the smallest set of those groups that reproduces the regression, every claim
+backed by a paired comparison with its CI, in few launches, and never names a change whose
+effect it did not test.
+
+The oracle, ``compare(applied, launches_left) -> Probe``, launches the reference with the
+groups ``applied`` and judges it against the reference with the deploy gate's own sequential
+comparison (:func:`pytest_kimi.gate.paired.compare_paired`; :func:`measure_probe` is that
+schedule, pure over a ``launch`` callable).  A subset *reproduces* when its verdict is
+``regression``, is *clean* on ``pass`` or ``improved``, is *undecided* otherwise, and is
+*untestable* when its deployment did not start (:class:`Untestable`, like ``git bisect
+skip``).  No statistics live here: the search only reads verdicts.
+
+The search (:func:`find_culprit`):
+
+1. **Binary splitting, optimistic.**  With one culprit among ``k`` groups, test half of the
+   suspects; the half that reproduces holds it, and a clean half clears itself, so the other
+   half is *inferred* to hold it without a launch.  ``ceil(log2 k)`` probes name a suspect.
+2. **Confirmation.**  The suspect applied alone must reproduce (tested: an inferred step is
+   never a claim), and the candidate without it must recover (clean).  Both probes are
+   needed for a name; one of them is often a probe the splitting already made.  About
+   ``log2(k) + 1.5`` probes for one culprit in all.
+3. **Delta debugging when that fails.**  If the suspect alone does not reproduce, the
+   regression needs several changes together (an interaction): Zeller's ``dd`` with both
+   halves tested at each split; when neither half reproduces alone, it finds the part of one
+   half needed with the other applied, then the part of the other needed with that, each
+   step tested.  Before the second half is searched, the part found in the first is tested
+   alone: if it reproduces already, nothing of the second half is needed or named (so an
+   earlier wrong inference cannot drag a harmless change into the named set).
+4. **Untestable subsets are routed around.**  A split whose tested half does not start tests
+   the other half, then other partitions of the suspects (rotations, interleaving); the
+   untestable subsets are reported as couplings.  Suspects that no partition can separate are
+   named together, as a set whose application was tested, with the coupling noted.
+5. **More than one culprit.**  When the candidate without the named set still regresses,
+   the rest of the changes is searched the same way and the union is confirmed.
+6. **Budget.**  Every probe gets the launches left (``--perf-max-launches``); when they are
+   spent, or a probe cannot decide, the outcome is ``undecided`` with the best hypothesis so
+   far: the suspects the tested steps narrowed the culprit to.
+
+Probes are cached: a subset is never launched twice, and a step the optimistic splitting made
+serves the confirmation and the delta debugging alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pytest_kimi.gate.paired import (
+    DEFAULT_MAX_LAUNCHES,
+    MIN_BLOCKS,
+    PairedComparison,
+    block_order,
+    compare_paired,
+)
+from pytest_kimi.verdicts import Verdict
+
+__all__ = [
+    "CLEAN",
+    "NAMED",
+    "NOTHING_TO_EXPLAIN",
+    "REPRODUCES",
+    "UNDECIDED",
+    "UNSETTLED",
+    "UNTESTABLE",
+    "CulpritOutcome",
+    "Oracle",
+    "Probe",
+    "Step",
+    "Untestable",
+    "find_culprit",
+    "measure_probe",
+]
+
+NAMED = "named"
+UNDECIDED = "undecided"
+NOTHING_TO_EXPLAIN = "nothing-to-explain"
+
+REPRODUCES = "reproduces"
+CLEAN = "clean"
+UNSETTLED = "undecided"
+UNTESTABLE = "untestable"
+
+
+class Untestable(Exception):
+    """The deployment with a subset applied did not start (or gave no trustworthy figure):
+    the oracle raises this, or returns :meth:`Probe.failed`."""
+
+    def __init__(self, reason: str, launches: int = 1) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.launches = launches
+        """Launches the failed attempt cost (a start that failed is a start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What the oracle found for one subset: its paired comparison with the reference."""
+
+    comparison: PairedComparison | None = None
+    """The look that decided (or the last one); None when untestable or never looked at."""
+    launches: int = 0
+    """Launches this probe started, a failed start included, reused reference launches not."""
+    untestable: str | None = None
+    """Why the deployment could not be measured (it did not start), else None."""
+
+    @classmethod
+    def failed(cls, reason: str, launches: int = 1) -> Probe:
+        return cls(None, launches, reason)
+
+    @property
+    def outcome(self) -> str:
+        """:data:`REPRODUCES`, :data:`CLEAN`, :data:`UNSETTLED` or :data:`UNTESTABLE`."""
+        if self.untestable is not None:
+            return UNTESTABLE
+        if self.comparison is None:
+            return UNSETTLED
+        verdict = self.comparison.verdict
+        if verdict is Verdict.REGRESSION:
+            return REPRODUCES
+        if verdict in (Verdict.PASS, Verdict.IMPROVED):
+            return CLEAN
+        return UNSETTLED
+
+
+class Oracle(Protocol):
+    """``compare(applied, launches_left)``: the reference with the groups ``applied`` (indices
+    into the search's changes), judged against the reference, in at most ``launches_left``
+    launches; raises :class:`Untestable` (or returns :meth:`Probe.failed`) when it does not
+    start."""
+
+    def __call__(self, applied: frozenset[int], launches_left: int) -> Probe: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One probe of the search, as every report shows it."""
+
+    applied: frozenset[int]
+    keys: tuple[str, ...]
+    """The applied changes as the profile writes them (``enable-eplb``, ``env:NAME``)."""
+    purpose: str
+    """``candidate`` (the deploy gate's own comparison), ``split``, ``dd``, ``alone`` (the
+    named set applied alone: confirmation) or ``without`` (the candidate without it)."""
+    probe: Probe
+
+    @property
+    def outcome(self) -> str:
+        return self.probe.outcome
+
+    @property
+    def verdict(self) -> str:
+        c = self.probe.comparison
+        if self.probe.untestable is not None:
+            return UNTESTABLE
+        return c.verdict.value if c is not None else Verdict.NOT_RUN.value
+
+    @property
+    def launches(self) -> int:
+        return self.probe.launches
+
+    @property
+    def ratio(self) -> float | None:
+        """The subset's figure over the reference's (geometric means), None when unmeasured."""
+        return None if self.probe.comparison is None else self.probe.comparison.ratio
+
+    @property
+    def ci90(self) -> tuple[float, float] | None:
+        return None if self.probe.comparison is None else self.probe.comparison.ci90
+
+    def change_pct(self) -> float | None:
+        c = self.probe.comparison
+        return None if c is None else round((c.ratio - 1.0) * 100.0, 2)
+
+    def ci90_pct(self) -> list[float] | None:
+        c = self.probe.comparison
+        return None if c is None else [round((x - 1.0) * 100.0, 2) for x in c.ci90]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "applied": list(self.keys),
+            "purpose": self.purpose,
+            "change_pct": self.change_pct(),
+            "ci90": self.ci90_pct(),
+            "verdict": self.verdict,
+            "outcome": self.outcome,
+            "launches": self.launches,
+        }
+        if self.probe.untestable is not None:
+            out["untestable"] = self.probe.untestable
+        return out
+
+    def text(self) -> str:
+        """``enable-eplb+env:A  -14.8% (CI -16.0% .. -13.5%)  regression  [split, 2 launches]``"""
+        subset = "+".join(self.keys) or "(reference)"
+        ci = self.ci90_pct()
+        if self.probe.untestable is not None:
+            effect = f"did not start: {self.probe.untestable}"
+        elif ci is None:
+            effect = "not measured"
+        else:
+            effect = f"{self.change_pct():+.1f}% (CI {ci[0]:+.1f}% .. {ci[1]:+.1f}%)"
+        return f"{subset}  {effect}  {self.verdict}  [{self.purpose}, {self.launches} launches]"
+
+
+@dataclass(frozen=True, slots=True)
+class CulpritOutcome:
+    """The search's answer."""
+
+    status: str
+    """:data:`NAMED`, :data:`UNDECIDED` or :data:`NOTHING_TO_EXPLAIN`."""
+    changes: tuple[tuple[str, ...], ...]
+    """Every group's keys, in the search's order (its indices)."""
+    named: tuple[int, ...]
+    """The groups named (confirmed: applied alone they reproduce, and the candidate without
+    them recovers); empty unless ``status`` is ``named``."""
+    hypothesis: tuple[int, ...]
+    """The best hypothesis: the named groups, or the suspects the search had narrowed the
+    culprit to when it stopped undecided (empty when there is nothing to explain)."""
+    steps: tuple[Step, ...]
+    launches: int
+    """Launches the search started (its probes'); the candidate's own comparison, passed in
+    from the deploy gate, not counted."""
+    probes: int = 0
+    """Paired comparisons the search asked the oracle for (the candidate's, passed in, not
+    counted; a subset is never probed twice)."""
+    notes: tuple[str, ...] = ()
+
+    def keys(self, groups: Sequence[int]) -> list[str]:
+        return [key for g in groups for key in self.changes[g]]
+
+    @property
+    def named_keys(self) -> list[str]:
+        return self.keys(self.named)
+
+    @property
+    def hypothesis_keys(self) -> list[str]:
+        return self.keys(self.hypothesis)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report's ``culprit`` section (``server_s`` is the run layer's to add)."""
+        return {
+            "status": self.status,
+            "changes": [key for group in self.changes for key in group],
+            "groups": [list(group) for group in self.changes],
+            "named": self.named_keys,
+            "hypothesis": self.hypothesis_keys,
+            "steps": [s.to_dict() for s in self.steps],
+            "launches": self.launches,
+            "probes": self.probes,
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        """One line: what was named (or why not), and what it cost."""
+        cost = f"{self.probes} probe(s), {self.launches} launch(es)"
+        if self.status == NAMED:
+            return f"culprit: {' + '.join(self.named_keys)} ({cost})"
+        if self.status == NOTHING_TO_EXPLAIN:
+            return f"culprit: nothing to explain ({cost})"
+        hint = ", ".join(self.hypothesis_keys) or "none"
+        return f"culprit: undecided, best hypothesis {hint} ({cost})"
+
+
+def find_culprit(
+    changes: Sequence[str | Sequence[str]],
+    compare: Oracle,
+    *,
+    max_launches: int,
+    candidate: Probe | None = None,
+) -> CulpritOutcome:
+    """Search the groups ``changes`` (each a key, or the keys of a group applied together) for
+    the smallest set that reproduces the candidate's regression (module docstring).
+
+    ``candidate``: the deploy gate's comparison of the whole candidate (all groups applied);
+    without it the search measures the candidate first.  Only a ``regression`` there is
+    explained; ``pass``, ``improved`` and ``underpowered`` (an estimate within the tolerance)
+    leave nothing to explain, and ``inconclusive`` is ``undecided``: the drop itself is not
+    established.  ``max_launches``: the launches the search may start in all.
+    """
+    if max_launches < 0:
+        raise ValueError(f"max_launches must be >= 0, got {max_launches}")
+    groups = tuple((c,) if isinstance(c, str) else tuple(c) for c in changes)
+    return _Search(groups, compare, max_launches, candidate).run()
+
+
+def measure_probe(
+    launch: Callable[[bool], float],
+    reference: list[float],
+    *,
+    launches_left: int,
+    keep_pace: bool = True,
+    max_blocks: int = DEFAULT_MAX_LAUNCHES // 2,
+    tolerance: float = 0.05,
+    alpha: float = 0.05,
+    power: float = 0.95,
+) -> Probe:
+    """One probe's launches and verdict: the applied deployment launched until the paired
+    comparison decides, against the reference's launches so far.
+
+    ``launch(applied)`` starts the deployment with the subset applied (True) or the reference
+    (False), measures the level and returns its figure (tok/s); it raises :class:`Untestable`
+    when the applied deployment does not start.  ``reference`` is the reference's figures so
+    far (the deploy gate's, then the search's): it is *shared* by every probe, and with
+    ``keep_pace`` grows only when a probe has more launches than it, so a probe costs its own
+    launches and a reference launch now and then (without ``keep_pace`` it is a fixed pool,
+    topped up to :data:`~pytest_kimi.gate.paired.MIN_BLOCKS` only).  A caller that wants
+    every probe paired with its own reference launches (ABBA per probe, twice the launches,
+    immune to a drift over the search) passes a fresh list each time.  Sharing is sound while
+    the launches' speed factors are exchangeable (no drift over the search); the reference
+    launch that keeps pace goes first or second by
+    :func:`~pytest_kimi.gate.paired.block_order`, as the gate's ABBA blocks do.
+
+    Looks from :data:`~pytest_kimi.gate.paired.MIN_BLOCKS` applied launches on, up to
+    ``max_blocks``, each read by :func:`~pytest_kimi.gate.paired.compare_paired` at the
+    balanced design's nominal level; with the reference side a pool of its own size, the
+    false-regression rate at the tolerance stays at or under ``alpha``
+    (``bench/culprit.py`` measures it).  Stops at the first decisive look, at ``max_blocks``
+    or when ``launches_left`` would be overrun.
+    """
+    applied: list[float] = []
+    launches = 0
+    last: PairedComparison | None = None
+    while len(applied) < max_blocks:
+        need_reference = len(reference) < (len(applied) + 1 if keep_pace else MIN_BLOCKS)
+        if launches + 1 + int(need_reference) > launches_left:
+            break
+        first, _ = block_order(len(applied))
+        if need_reference and first == 0:
+            reference.append(launch(False))
+            launches += 1
+        try:
+            applied.append(launch(True))
+        except Untestable as exc:
+            return Probe(None, launches + exc.launches, exc.reason)
+        launches += 1
+        if need_reference and first == 1:
+            reference.append(launch(False))
+            launches += 1
+        if len(applied) >= MIN_BLOCKS:
+            last = compare_paired(
+                reference,
+                applied,
+                max_blocks=max_blocks,
+                tolerance=tolerance,
+                alpha=alpha,
+                power=power,
+            )
+            if last.decided:
+                break
+    return Probe(last, launches)
+
+
+# ---------------------------------------------------------------------- the search
+
+
+class _Exhausted(Exception):
+    """No launch left for the next probe."""
+
+
+class _Stuck(Exception):
+    """A step could not be decided (its probes undecided): stop with these suspects."""
+
+    def __init__(self, suspects: frozenset[int], why: str) -> None:
+        super().__init__(why)
+        self.suspects = suspects
+        self.why = why
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    kind: str
+    """``in`` (``part`` reproduces, tested), ``inferred`` (the other part is clean, so
+    ``part`` holds a lone culprit), ``between`` (both parts clean: an interaction), ``stuck``
+    (no partition decided)."""
+    part: frozenset[int]
+    other: frozenset[int] = frozenset()
+    undecided: bool = False
+
+
+class _Search:
+    def __init__(
+        self,
+        groups: tuple[tuple[str, ...], ...],
+        compare: Oracle,
+        max_launches: int,
+        candidate: Probe | None,
+    ) -> None:
+        self.groups = groups
+        self.all = frozenset(range(len(groups)))
+        self.compare = compare
+        self.max_launches = max_launches
+        self.cache: dict[frozenset[int], Probe] = {}
+        self.steps: list[Step] = []
+        self.launches = 0
+        self.probes = 0
+        self.notes: list[str] = []
+        self.named: frozenset[int] = frozenset()
+        self.suspects: frozenset[int] = self.all
+        if candidate is not None:
+            self._record(self.all, "candidate", candidate)
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def label(self, groups: frozenset[int]) -> str:
+        return "+".join(k for g in sorted(groups) for k in self.groups[g]) or "(nothing)"
+
+    def _record(self, applied: frozenset[int], purpose: str, probe: Probe) -> None:
+        keys = tuple(k for g in sorted(applied) for k in self.groups[g])
+        self.cache[applied] = probe
+        self.steps.append(Step(applied, keys, purpose, probe))
+
+    def test(self, applied: frozenset[int], purpose: str) -> Probe:
+        """The probe of ``applied`` (cached: never launched twice)."""
+        if not applied:
+            raise AssertionError("the empty subset is the reference itself")
+        hit = self.cache.get(applied)
+        if hit is not None:
+            return hit
+        left = self.max_launches - self.launches
+        if left <= 0:
+            raise _Exhausted
+        self.probes += 1
+        try:
+            probe = self.compare(applied, left)
+        except Untestable as exc:
+            probe = Probe.failed(exc.reason, exc.launches)
+        self.launches += probe.launches
+        self._record(applied, purpose, probe)
+        if probe.untestable is not None:
+            self.notes.append(
+                f"{self.label(applied)} applied to the reference did not start "
+                f"({probe.untestable}): untestable, routed around"
+            )
+        elif probe.comparison is None:
+            raise _Exhausted  # the oracle could not afford a single look
+        return probe
+
+    def outcome(self, status: str, *notes: str) -> CulpritOutcome:
+        named = self.named if status == NAMED else frozenset()
+        hypothesis = frozenset() if status == NOTHING_TO_EXPLAIN else self.suspects
+        return CulpritOutcome(
+            status=status,
+            changes=self.groups,
+            named=tuple(sorted(named)),
+            hypothesis=tuple(sorted(hypothesis)),
+            steps=tuple(self.steps),
+            launches=self.launches,
+            probes=self.probes,
+            notes=tuple(self.notes) + notes,
+        )
+
+    # ------------------------------------------------------------ the search
+
+    def run(self) -> CulpritOutcome:
+        try:
+            whole = self.test(self.all, "candidate") if self.all else None
+        except _Exhausted:
+            return self.outcome(UNDECIDED, "no launch left to measure the candidate")
+        if whole is None:
+            if _regressed(self.cache.get(self.all)):
+                return self.outcome(
+                    UNDECIDED,
+                    "the profiles differ in no server argument, variable, engine or model: "
+                    "the regression lies outside them (the machine, the data)",
+                )
+            self.suspects = frozenset()
+            return self.outcome(NOTHING_TO_EXPLAIN, "the profiles do not differ")
+        state = whole.outcome
+        if state == UNTESTABLE:
+            return self.outcome(UNDECIDED, "the candidate itself did not start")
+        if state == CLEAN or (
+            state == UNSETTLED
+            and whole.comparison is not None
+            and whole.comparison.verdict is Verdict.UNDERPOWERED
+        ):
+            self.suspects = frozenset()
+            return self.outcome(NOTHING_TO_EXPLAIN)
+        if state == UNSETTLED:
+            return self.outcome(
+                UNDECIDED,
+                "the candidate's drop is beyond the tolerance but not established "
+                "(inconclusive): more launches of the deploy gate first",
+            )
+        try:
+            return self.explain()
+        except _Exhausted:
+            return self.outcome(UNDECIDED, "the launch budget is spent")
+        except _Stuck as stuck:
+            self.suspects = self.named | stuck.suspects
+            return self.outcome(UNDECIDED, stuck.why)
+
+    def explain(self) -> CulpritOutcome:
+        """Name culprits until the candidate without them recovers."""
+        remaining = self.all
+        while True:
+            found = self.locate(remaining)
+            self.named |= found
+            self.suspects = self.named
+            if self.named != found:
+                alone = self.test(self.named, "alone")
+                if alone.outcome != REPRODUCES:
+                    return self.outcome(
+                        UNDECIDED,
+                        f"{self.label(self.named)} applied alone: {alone.outcome}, though each "
+                        f"part reproduces the regression",
+                    )
+            rest = self.all - self.named
+            if not rest:
+                return self.outcome(NAMED)  # without them the candidate is the reference
+            without = self.test(rest, "without")
+            if without.outcome == CLEAN:
+                return self.outcome(NAMED)
+            if without.outcome == UNTESTABLE:
+                return self.outcome(
+                    UNDECIDED,
+                    f"the candidate without {self.label(self.named)} did not start, so its "
+                    f"recovery is not established: declare what {self.label(self.named)} "
+                    f"cannot be applied without as one group",
+                )
+            if without.outcome != REPRODUCES:
+                return self.outcome(
+                    UNDECIDED,
+                    f"the candidate without {self.label(self.named)}: {without.outcome}; its "
+                    f"recovery is not established",
+                )
+            self.notes.append(
+                f"the candidate without {self.label(self.named)} still regresses: "
+                f"another culprit among {self.label(rest)}"
+            )
+            remaining = rest
+            self.suspects = self.named | rest
+
+    def locate(self, suspects: frozenset[int]) -> frozenset[int]:
+        """A small set of ``suspects`` that reproduces applied alone (tested); the suspects
+        applied alone are known to reproduce."""
+        self.suspects = self.named | suspects
+        guess = self.bisect(suspects)
+        alone = self.test(guess, "alone")
+        if alone.outcome == REPRODUCES:
+            return guess
+        if alone.outcome == UNSETTLED:
+            raise _Stuck(guess, f"{self.label(guess)} applied alone: not decided")
+        if alone.outcome == UNTESTABLE:
+            self.notes.append(
+                f"{self.label(guess)} does not start alone: delta debugging for what it needs"
+            )
+        else:
+            self.notes.append(
+                f"{self.label(guess)} applied alone: {alone.outcome}; the regression needs "
+                f"several changes together: delta debugging"
+            )
+        found = self.dd(suspects, frozenset())
+        check = self.test(found, "alone")
+        if check.outcome != REPRODUCES:
+            raise _Stuck(
+                suspects, f"{self.label(found)} applied alone: {check.outcome}, not confirmed"
+            )
+        return found
+
+    def bisect(self, suspects: frozenset[int]) -> frozenset[int]:
+        """Optimistic binary splitting: a lone culprit's group (or a coupled set)."""
+        while len(suspects) > 1:
+            self.suspects = self.named | suspects
+            split = self.split(suspects, frozenset(), optimistic=True)
+            if split.kind == "stuck":
+                if split.undecided:
+                    raise _Stuck(suspects, f"no split of {self.label(suspects)} decided")
+                self.notes.append(
+                    f"{self.label(suspects)} cannot be tested apart (every split of it is "
+                    f"untestable): tested together"
+                )
+                return suspects
+            suspects = split.part
+        return suspects
+
+    def dd(self, suspects: frozenset[int], context: frozenset[int]) -> frozenset[int]:
+        """Zeller's dd: a part of ``suspects`` that reproduces with ``context`` applied
+        (``suspects | context`` reproduces; ``context`` alone is taken as clean)."""
+        if len(suspects) == 1:
+            return suspects
+        self.suspects = self.named | suspects | context
+        split = self.split(suspects, context, optimistic=False)
+        if split.kind == "in":
+            return self.dd(split.part, context)
+        if split.kind == "between":
+            first = self.dd(split.part, split.other | context)
+            alone = self.test(first | context, "dd")
+            if alone.outcome == REPRODUCES:
+                return first  # the other part was not needed
+            if alone.outcome == UNSETTLED:
+                raise _Stuck(
+                    first | split.other | context,
+                    f"{self.label(first | context)}: not decided",
+                )
+            return first | self.dd(split.other, first | context)
+        if split.undecided:
+            raise _Stuck(suspects | context, f"no split of {self.label(suspects)} decided")
+        self.notes.append(
+            f"{self.label(suspects)} cannot be tested apart (every split of it is untestable): "
+            f"named together"
+        )
+        return suspects
+
+    def split(
+        self, suspects: frozenset[int], context: frozenset[int], *, optimistic: bool
+    ) -> _Split:
+        """Test halves of ``suspects`` (with ``context`` applied) until one partition decides
+        where the culprit lies; a half that does not start sends the test to the other half,
+        then to another partition."""
+        undecided = False
+        for first, second in _partitions(suspects):
+            a = self.test(first | context, "split" if optimistic else "dd").outcome
+            if a == REPRODUCES:
+                return _Split("in", first)
+            if a == CLEAN and optimistic:
+                return _Split("inferred", second)
+            b = self.test(second | context, "split" if optimistic else "dd").outcome
+            if b == REPRODUCES:
+                return _Split("in", second)
+            if a == CLEAN and b == CLEAN:
+                return _Split("between", first, second)
+            if b == CLEAN and optimistic:
+                return _Split("inferred", first)
+            undecided = undecided or UNSETTLED in (a, b)
+        return _Split("stuck", suspects, undecided=undecided)
+
+
+def _regressed(probe: Probe | None) -> bool:
+    return probe is not None and probe.outcome == REPRODUCES
+
+
+def _partitions(suspects: frozenset[int]) -> Iterator[tuple[frozenset[int], frozenset[int]]]:
+    """Ways to halve ``suspects``, the plain halves first: then each rotation of the order and
+    the interleaving, so that two changes that cannot start apart share a half in one of
+    them."""
+    order = sorted(suspects)
+    half = len(order) // 2
+    seen: set[frozenset[frozenset[int]]] = set()
+    candidates = [order[j:] + order[:j] for j in range(len(order))]
+    candidates.append(order[::2] + order[1::2])
+    for arranged in candidates:
+        first, second = frozenset(arranged[:half]), frozenset(arranged[half:])
+        key = frozenset((first, second))
+        if key in seen:
+            continue
+        seen.add(key)
+        yield first, second
