@@ -195,3 +195,19 @@ def test_a_job_that_measured_nothing_fails_under_the_ci_recipe(pytester: pytest.
     nothing = _run(pytester, "--endpoint=sim", "--perf-require-measurement", "-k", "no_such_test")
     assert nothing.ret == 1
     nothing.stdout.fnmatch_lines(["*nothing was measured*"])
+
+
+def test_force_never_records_a_level_the_run_could_not_trust(pytester: pytest.Pytester) -> None:
+    """``--update-baselines=force`` approves a trade-off, not a broken measurement: a server
+    answering half its requests with HTTP 500 gives an ``error`` level (and a ``not-run`` one
+    after it); neither is written, and the summary names each with its verdict and reason."""
+    pytester.makepyfile(test_suite=SWEEP)
+    result = _run(pytester, "--endpoint=sim:speed=10,error_rate=0.5", "--update-baselines=force")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "*level(s) not recorded even with force: C=1 error: * requests failed*not-run*",
+            "*not recorded: no level gave a throughput figure*",
+        ]
+    )
+    assert not list((pytester.path / "baselines").rglob("*.yaml"))
