@@ -27,13 +27,14 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from pytest_kimi.errors import CliError
 from pytest_kimi.printable import printable
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.results import level_key
 from pytest_kimi.report.markdown import test_title
+from pytest_kimi.wire import LevelEntry, NoiseEstimateEntry, Report, ShiftEntry, TestEntry
 
 EXIT_OK = 0
 EXIT_BAD = 1
@@ -52,7 +53,7 @@ def say(*values: object, sep: str = " ", file: Any = None) -> None:
 # ----------------------------------------------------------------------------------- reports
 
 
-def load_report(path: Path) -> dict[str, Any]:
+def load_report(path: Path) -> Report:
     """Read a ``--perf-json`` report, or raise :class:`CliError` saying what is wrong with it."""
     from pytest_kimi.report.json_report import SCHEMA_VERSION
 
@@ -98,15 +99,14 @@ def load_report(path: Path) -> dict[str, Any]:
                 level.get("concurrency") is None and level.get("rate") is None
             ):
                 raise CliError(f"{path}: tests[{i}].levels[{j}] has no 'concurrency' or 'rate'")
-    return data
+    # parsed JSON: the shape the plugin writes, checked above as far as every reader needs it
+    return cast(Report, data)
 
 
 # ----------------------------------------------------------------------------------- compare
 
 
-def level_match_key(
-    test: Mapping[str, Any], level: Mapping[str, Any]
-) -> tuple[tuple[str, str], ...]:
+def level_match_key(test: TestEntry, level: LevelEntry) -> tuple[tuple[str, str], ...]:
     """Identity of a level across reports: its test's workload, its own max_tokens and
     concurrency, and its deployment profile when it has one.
 
@@ -114,8 +114,9 @@ def level_match_key(
     a stand-in, however close.  Values are compared as JSON text so ``8`` and ``8.0`` match.
     """
     key = level_key(level, test.get("workload") or {})
-    if level.get("profile") is not None:
-        key["profile"] = level["profile"]
+    profile = level.get("profile")
+    if profile is not None:
+        key["profile"] = profile
 
     def canon(v: Any) -> str:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -125,7 +126,7 @@ def level_match_key(
     return tuple(sorted((k, canon(v)) for k, v in key.items()))
 
 
-def _samples(level: Mapping[str, Any]) -> list[float]:
+def _samples(level: LevelEntry) -> list[float]:
     values = level.get("trials_tok_s") or []
     out = []
     for v in values:
@@ -138,7 +139,7 @@ def _samples(level: Mapping[str, Any]) -> list[float]:
 class Comparison:
     """The offline comparison, shaped as a report so every renderer can show it."""
 
-    report: dict[str, Any]
+    report: Report
     regressions: list[str] = field(default_factory=list)
     """``nodeid C=N`` of every regressed level."""
     only_old: list[str] = field(default_factory=list)
@@ -147,8 +148,8 @@ class Comparison:
 
 
 def compare_reports(
-    old: Mapping[str, Any],
-    new: Mapping[str, Any],
+    old: Report,
+    new: Report,
     *,
     tolerance: float,
     alpha: float,
@@ -166,6 +167,7 @@ def compare_reports(
     """
     from pytest_kimi.gate import family_verdicts, two_sample
     from pytest_kimi.gate.policy import compared_level, shift_record
+    from pytest_kimi.report.json_report import SCHEMA_VERSION, run_status
     from pytest_kimi.baseline import Provenance, provenance_diff
 
     drop = two_sample.DEFAULT_DETECTABLE_DROP if detectable_drop is None else detectable_drop
@@ -187,38 +189,31 @@ def compare_reports(
     ]
     old_tests = {test_title(t): t for t in old.get("tests", [])}
     new_ids = {test_title(t) for t in new.get("tests", [])}
-    result = Comparison(report={})
-    out_tests: list[dict[str, Any]] = []
+    regressions: list[str] = []
+    only_old: list[str] = []
+    only_new: list[str] = []
+    out_tests: list[TestEntry] = []
     for test in new.get("tests", []):
         nodeid = test_title(test)
         before = old_tests.get(nodeid)
         if before is None:
-            result.only_new.append(nodeid)
+            only_new.append(nodeid)
             continue
         old_levels = {level_match_key(before, lv): lv for lv in before.get("levels", [])}
-        levels: list[dict[str, Any]] = []
-        pending: list[tuple[dict[str, Any], list[float], list[float]]] = []
+        levels: list[LevelEntry] = []
+        pending: list[tuple[int, list[float], list[float]]] = []
         seen: set[tuple[tuple[str, str], ...]] = set()
         for lv in test.get("levels", []):
             key = level_match_key(test, lv)
             seen.add(key)
-            row = {k: v for k, v in lv.items() if k not in _COMPARISON_FIELDS}
-            row.update(
-                baseline_tok_s=None,
-                baseline_trials=None,
-                change_pct=None,
-                ci90=None,
-                p_value=None,
-                reasons=[],
-                errors=list(lv.get("errors") or []),
-            )
+            row = _without_comparison(lv)
             levels.append(row)
             match = old_levels.get(key)
             label = _label(lv, test)
             if match is None:
                 row["verdict"] = Verdict.NO_BASELINE.value
                 row["reasons"].append(f"no level with this workload in {old_name}")
-                result.only_new.append(f"{nodeid} {label}")
+                only_new.append(f"{nodeid} {label}")
                 continue
             bad = next(
                 (
@@ -235,11 +230,11 @@ def compare_reports(
                 row["verdict"] = Verdict.NOT_RUN.value
                 row["reasons"].append(f"not compared: {bad}")
                 continue
-            pending.append((row, base, cur))
+            pending.append((len(levels) - 1, base, cur))
         for key, lv in old_levels.items():
             if key not in seen:
-                result.only_old.append(f"{nodeid} {_label(lv, test)}")
-        shift: dict[str, Any] | None = None
+                only_old.append(f"{nodeid} {_label(lv, test)}")
+        shift: ShiftEntry | None = None
         if pending:
             family = family_verdicts.compare_family(
                 [(b, c) for _, b, c in pending],
@@ -250,42 +245,40 @@ def compare_reports(
             )
             if family.shift is not None:
                 shift = shift_record(family.shift, tolerance, changes)
-            for (row, base, _), cmp in zip(pending, family.levels):
+            for (i, base, _), cmp in zip(pending, family.levels):
                 # the gate's own fields and notes, so a compared level reads as a gated one
                 fields, note = compared_level(
                     cmp, base, tolerance=tolerance, alpha=alpha, changes=changes
                 )
-                row.update(fields.to_dict(), verdict=cmp.verdict.value)
+                row = levels[i] = {**levels[i], **fields.to_dict(), "verdict": cmp.verdict.value}
                 if note:
                     row["reasons"].append(note)
                 if row["verdict"] == Verdict.REGRESSION:
-                    result.regressions.append(f"{nodeid} {_label(row, test)}")
+                    regressions.append(f"{nodeid} {_label(row, test)}")
                 elif row["verdict"] == Verdict.INCONCLUSIVE:  # beyond the tolerance: not green
-                    result.regressions.append(f"{nodeid} {_label(row, test)} (inconclusive)")
+                    regressions.append(f"{nodeid} {_label(row, test)} (inconclusive)")
         judged = (Verdict.REGRESSION.value, Verdict.INCONCLUSIVE.value)
         regressed = any(r["verdict"] in judged for r in levels) or (
             shift is not None and shift["verdict"] in judged
         )
-        out = {
-            k: v
-            for k, v in test.items()
-            if k not in ("levels", "baseline_note", "compared_with", "shift")
-        }
+        out = test.copy()
+        # the comparison's own, or none: no baseline file or profile, no A/B
+        out.pop("baseline_note", None)
+        out.pop("compared_with", None)
+        out.pop("shift", None)
+        out.pop("baseline_profile", None)
+        out.pop("baseline_file", None)
         if shift is not None:
             out["shift"] = shift
+        out["levels"] = levels
+        out["outcome"] = "failed" if regressed else "passed"
         # provenance changes are one list for the whole comparison: said once, in the notes
-        out.update(
-            levels=levels,
-            outcome="failed" if regressed else "passed",
-            provenance_changes=[],
-            baseline_profile=None,
-            baseline_file=None,
-        )
+        out["provenance_changes"] = []
         missing = [_label(lv, test) for k, lv in old_levels.items() if k not in seen]
         if missing:
             out["baseline_note"] = f"levels only in {old_name}: " + ", ".join(missing)
         out_tests.append(out)
-    result.only_old[:0] = [t for t in old_tests if t not in new_ids]
+    only_old[:0] = [t for t in old_tests if t not in new_ids]
     notes = [
         f"Offline comparison: {new_name} against {old_name} as the baseline "
         f"(tolerance {tolerance * 100:g}%, alpha {alpha:g}, session sigma {session_sigma:g}, "
@@ -301,34 +294,36 @@ def compare_reports(
         notes.append(f"tests only in {old_name}: " + ", ".join(only_old_tests))
     if only_new_tests:
         notes.append(f"tests only in {new_name}: " + ", ".join(only_new_tests))
-    result.report = {
-        "schema": new.get("schema"),
-        "plugin_version": new.get("plugin_version"),
+    report: Report = {
+        "schema": new.get("schema", SCHEMA_VERSION),
+        "plugin_version": new.get("plugin_version") or "",
+        "status": run_status(out_tests),
         "endpoint": new_ep,
         "title": "kimi-perf compare",
         "notes": notes,
         "tests": out_tests,
     }
-    return result
+    return Comparison(report, regressions, only_old, only_new)
 
 
-_COMPARISON_FIELDS = frozenset(
-    {
-        "baseline_tok_s",
-        "baseline_trials",
-        "baseline_trials_tok_s",
-        "change_pct",
-        "ci90",
-        "p_value",
-        "min_detectable_drop_pct",
-        "tolerance_pct",
-        "reasons",
-        "errors",
-    }
-)
+def _without_comparison(level: LevelEntry) -> LevelEntry:
+    """NEW's level without its own comparison with a baseline (this one replaces it): the
+    headline fields null, the rest absent, no reasons, its errors kept."""
+    row = level.copy()
+    row.pop("baseline_trials_tok_s", None)
+    row.pop("min_detectable_drop_pct", None)
+    row.pop("tolerance_pct", None)
+    row["baseline_tok_s"] = None
+    row["baseline_trials"] = None
+    row["change_pct"] = None
+    row["ci90"] = None
+    row["p_value"] = None
+    row["reasons"] = []
+    row["errors"] = list(level.get("errors") or [])
+    return row
 
 
-def _label(level: Mapping[str, Any], test: Mapping[str, Any] | None = None) -> str:
+def _label(level: LevelEntry, test: TestEntry | None = None) -> str:
     """``C=8``, with the level's deployment unless the test entry already names it."""
     label = level.get("label") or f"C={level.get('concurrency')}"
     profile = level.get("profile")
@@ -541,7 +536,7 @@ def cmd_calibrate(ns: argparse.Namespace) -> int:
         "max_launches": ns.max_launches,
         "trials": ns.trials,
     }
-    rows: list[tuple[str, dict[str, Any]]] = []
+    rows: list[tuple[str, NoiseEstimateEntry]] = []
     for level in section.get("levels") or []:
         if isinstance(level.get("estimate"), dict):
             where = f"{level.get('nodeid')} {level.get('label')}"

@@ -111,6 +111,10 @@ class KimiOptions:
     """``--perf-max-launches``: judge a deploy change (two ``--server-profile`` s, the reference
     first) by a paired sequential experiment of at most this many launches, in ABBA blocks,
     stopping once decided (:mod:`pytest_kimi.run.deploy_gate`); 0: off."""
+    perf_culprit: bool = False
+    """``--perf-culprit``: when the paired deploy comparison decides a regression, search the
+    two profiles' differences for the change that does it (:mod:`pytest_kimi.run.culprit_run`),
+    in at most ``--perf-max-launches`` more launches."""
     perf_require_baseline: bool = False
     perf_require_measurement: bool = False
     perf_strict: bool = False
@@ -531,6 +535,17 @@ OPTIONS: dict[str, Option[Any]] = {
             "gate' section (default: off; 12 is a good budget)",
             positive_int,
             metavar="N",
+        ),
+        Option(
+            "--perf-culprit",
+            "kimi_perf_culprit",
+            "KIMI_PERF_CULPRIT",
+            "with --perf-max-launches: when the candidate is a decided regression, name the "
+            "change (a server argument, an env variable, the engine, the model) that does it, "
+            "each step a paired comparison of the reference with some of the changes applied, "
+            "in at most --perf-max-launches more launches (the 'culprit' section)",
+            boolean,
+            switch=True,
         ),
         Option(
             "--perf-require-baseline",

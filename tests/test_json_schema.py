@@ -7,10 +7,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
+from pytest_kimi import wire
+
 from pytest_kimi.measure.metrics import LevelFigures, ReasoningFigures
+from pytest_kimi.measure.peer_figures import LATENCIES, RATES, STATS, empty_peer_dict
 from pytest_kimi.measure.results import (
     BaselineComparison,
     LevelResult,
@@ -23,7 +27,15 @@ from pytest_kimi.report.record import TestRecord
 from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "json-report.md"
-PLUGGABLE = {"dataset", "output_tokens_mean", "shared_prefix", "prefix_cache_hit_rate", "server"}
+PLUGGABLE = {
+    "dataset",
+    "output_tokens_mean",
+    "shared_prefix",
+    "prefix_cache_hit_rate",
+    "prefix_cache",
+    "server",
+}
+"""The sections stages contribute to a level (``LevelResult.extra``), documented in prose."""
 
 
 def _documented() -> set[str]:
@@ -33,9 +45,12 @@ def _documented() -> set[str]:
 def _every_field(cls: type, **given: Any) -> Any:
     """An instance with every optional field set to a value of its kind (so to_dict emits it)."""
     values: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in given:
             values[f.name] = given[f.name]
+        elif any(typing.is_typeddict(t) for t in typing.get_args(hints[f.name])):
+            values[f.name] = {"k": 1}  # a section typed by pytest_kimi.wire
         elif "str" in str(f.type):
             values[f.name] = "x"
         elif "float" in str(f.type) and "tuple" in str(f.type):
@@ -134,3 +149,75 @@ def test_a_level_without_a_baseline_reads_null_comparison_fields() -> None:
     data = level.to_dict()
     assert [data[k] for k in ("baseline_tok_s", "change_pct", "ci90", "p_value")] == [None] * 4
     assert "baseline_trials" not in data
+
+
+# ------------------------------------------------------------------- the typed wire vs the doc
+
+INTERNAL_TEST_KEYS = {"endpoint", "perf_sessions"}
+"""``TestEntry`` keys never in a report: the endpoint a worker's record carries until the
+reporter files it (the report has one ``endpoint``), and the sessions a ``--perf-sessions``
+pooled test holds for the baseline update."""
+INTERNAL_LEVEL_KEYS = {"session_noise"}
+"""``LevelEntry`` keys never in a report: the noise a pooled level carries to the baseline."""
+COMPARE_ONLY_KEYS = {"title", "notes"}
+"""``Report`` keys only ``kimi-perf compare``'s report has (``render_markdown`` shows them)."""
+
+
+def _keys(typed: Any) -> set[str]:
+    return set(typed.__required_keys__) | set(typed.__optional_keys__)
+
+
+def _tables(heading: str) -> list[set[str]]:
+    """The field names of each table under ``heading`` (up to the next ``## ``): the
+    backticked names in the first column of every row."""
+    lines = DOC.read_text(encoding="utf-8").splitlines()
+    start = lines.index(heading) + 1
+    tables: list[set[str]] = []
+    previous = ""
+    for line in lines[start:]:
+        if line.startswith("## "):
+            break
+        if line.startswith("|") and not previous.startswith("|"):
+            tables.append(set())
+        cell = line.split("|")[1] if line.startswith("|") else ""
+        if line.startswith("|") and not set(cell.strip()) <= {"-", ":"} and "`" in cell:
+            tables[-1] |= set(re.findall(r"`([a-z_0-9]+)`", cell))
+        previous = line
+    return tables
+
+
+def test_the_typed_wire_has_every_documented_field_and_no_other() -> None:
+    """docs/json-report.md's tables and :mod:`pytest_kimi.wire` name the same keys: the top
+    level, a test, a level (and the sections stages contribute, documented in prose), a trial
+    window, a level's latency and each of its figures; the exceptions are named above."""
+    (top,) = _tables("## Top level")
+    assert top == _keys(wire.Report) - COMPARE_ONLY_KEYS
+    (test,) = _tables("## A test")
+    assert test == _keys(wire.TestEntry) - INTERNAL_TEST_KEYS
+    (level,) = _tables("## A level")
+    assert level | PLUGGABLE == _keys(wire.LevelEntry) - INTERNAL_LEVEL_KEYS
+    assert PLUGGABLE <= _keys(wire.LevelExtra)
+    (window,) = _tables("## A level's trial windows")
+    assert window == _keys(wire.TrialWindowEntry)
+    section, figure = _tables("## A level's latency")
+    assert section == _keys(wire.LatencyEntry)
+    assert figure == _keys(wire.LatencyFigureEntry)
+
+
+def test_what_the_producers_write_is_what_the_wire_types_say() -> None:
+    """Every key the typed results put in the JSON is a key of its ``TypedDict`` (mypy checks
+    the producers' literal keys; this checks the ones made at run time: the peer figures and
+    the stages' sections), and the peer figures' keys are exactly :class:`wire.PeerEntry`'s."""
+    result = _test()
+    record = TestRecord(result.nodeid, "passed", result.workload, result, error="why")
+    report = json.loads(json.dumps(build_report(None, [record.to_json()])))
+    assert set(report) <= _keys(wire.Report)
+    (test,) = report["tests"]
+    assert set(test) <= _keys(wire.TestEntry)
+    (level,) = test["levels"]
+    assert set(level) <= _keys(wire.LevelEntry)
+    assert set(level["trial_windows"][0]) == _keys(wire.TrialWindowEntry)
+    peer = {f"{n}_{s}" for n in LATENCIES for s in STATS} | set(RATES) | {"peer_counts"}
+    assert peer == _keys(wire.PeerEntry) == set(empty_peer_dict())
+    assert _keys(wire.PeerEntry) <= set(_level().to_dict())
+    assert set(_level().to_dict()["peer_counts"] or {}) <= _keys(wire.PeerCounts)

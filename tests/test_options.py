@@ -50,6 +50,7 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "perf_max_trials": 10,
     "perf_sessions": 1,
     "perf_max_launches": 0,
+    "perf_culprit": False,
     "perf_require_baseline": False,
     "perf_require_measurement": False,
     "perf_strict": False,

@@ -39,8 +39,10 @@ pytest_plugins = ["pytester"]
 HANG = """
 from pytest_kimi import throughput
 
-# 1024 tokens: a stationary box of 161 steps a stream, more than the 20 tokens a stream gets
-@throughput(concurrency=2, max_tokens=1024, trials=3, warmup=2)
+# 256 tokens: a stationary box of 41 steps a stream (1 + 8 settling + a 32-step window), and
+# whole requests of 256, more than the 20 tokens a stream gets; short, because the limit this
+# waits for is 4x the expected trial plus 5 s
+@throughput(concurrency=2, max_tokens=256, trials=3, warmup=2)
 def test_hang():
     pass
 """

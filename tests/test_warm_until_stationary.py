@@ -73,7 +73,7 @@ def test_a_cold_server_is_measured_warm(pytester: pytest.Pytester) -> None:
 
 
 def test_a_server_still_rising_at_the_bound_is_said_to_be(pytester: pytest.Pytester) -> None:
-    cold = _run(pytester, "sim:speed=10,stream_interval=8,cold_steps=3000,cold_slowdown=3")
+    cold = _run(pytester, "sim:speed=10,stream_interval=8,cold_steps=1500,cold_slowdown=3")
     up = cold["tests"][0]["warm_up"][0]
     assert not up["stationary"] and len(up["tok_s"]) + up["void"] == MAX_WARM_TRIALS
     assert "still rising" in up["text"] and "may read low" in up["text"]

@@ -6,6 +6,7 @@ xdist controller from what the workers sent.  No pytest here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,15 @@ from pytest_kimi.baseline.store import BaselineStore
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.latency import KINDS
 from pytest_kimi.measure.results import ThroughputResult, level_key, workload_dict
+from pytest_kimi.wire import CapacityEntry, LevelEntry, PooledNoise, TestEntry
 
 
 def update_baselines(
     root: Path,
     default_profile: str,
     mode: str,
-    tests: list[dict[str, Any]],
-    endpoints: dict[str, dict[str, Any]],
+    tests: Sequence[TestEntry],
+    endpoints: Mapping[str, Mapping[str, Any]],
     rootdir: Path,
     pool: NoisePool | None = None,
 ) -> tuple[list[str], list[str]]:
@@ -76,14 +78,14 @@ def update_baselines(
         if isinstance(cap, dict):
             # a @capacity test records its capacity, not the levels its search happened to pick
             try:
-                capacity = capacity_record(test["capacity"])
+                capacity = capacity_record(cap)
             except (KeyError, TypeError, ValueError) as exc:
                 refused.append(f"{test['nodeid']}: not recorded: capacity: {exc}")
                 continue
         levels = [
             LevelBaseline(
                 workload=WorkloadKey.from_dict(level_key(lv, test["workload"])),
-                trials_tok_s=lv["trials_tok_s"],
+                trials_tok_s=tuple(lv["trials_tok_s"]),
                 request_tok_s=_summary(p50=lv.get("request_tok_s_p50")),
                 ttft_s={
                     **_summary(p50=lv.get("ttft_s_p50"), p95=lv.get("ttft_s_p95")),
@@ -130,7 +132,7 @@ REASON_CHARS = 200
 """How much of a verdict's first reason a refusal quotes (the full text is in the reports)."""
 
 
-def refusal(test: dict[str, Any]) -> str | None:
+def refusal(test: TestEntry) -> str | None:
     """Why a test's figures may not become its baseline without ``--update-baselines=force``,
     or None when they may.
 
@@ -164,7 +166,7 @@ def refusal(test: dict[str, Any]) -> str | None:
     )
 
 
-def _unless_changed(pool: NoisePool | None, test: dict[str, Any]) -> NoisePool | None:
+def _unless_changed(pool: NoisePool | None, test: TestEntry) -> NoisePool | None:
     """``pool`` for the levels the run did not decide changed against their baseline."""
     if pool is None:
         return None
@@ -180,7 +182,7 @@ def _unless_changed(pool: NoisePool | None, test: dict[str, Any]) -> NoisePool |
     return pooled
 
 
-def _session_noise(raw: Any) -> SessionNoise | None:
+def _session_noise(raw: PooledNoise | None) -> SessionNoise | None:
     """The noise a multi-session recording measured for the level (absent: None)."""
     if not isinstance(raw, dict):
         return None
@@ -211,7 +213,7 @@ def _reason(reasons: Any) -> str:
     return ""
 
 
-def capacity_record(capacity: dict[str, Any]) -> CapacityBaseline:
+def capacity_record(capacity: CapacityEntry) -> CapacityBaseline:
     """A report's ``capacity`` object as its baseline record (:class:`CapacityBaseline`)."""
     levels = capacity.get("levels") or []
     return CapacityBaseline(
@@ -227,9 +229,7 @@ def capacity_record(capacity: dict[str, Any]) -> CapacityBaseline:
     )
 
 
-def latency_record(
-    level: dict[str, Any], kind: str
-) -> tuple[dict[str, float], dict[str, list[float]]]:
+def latency_record(level: LevelEntry, kind: str) -> tuple[dict[str, float], dict[str, list[float]]]:
     """A report level's latency of ``kind`` (``ttft_s``/``itl_s``) as a baseline stores it: the
     pooled figure per percentile and each trial's, from its ``latency`` section (empty for a
     level without one, such as a report written before the latency gate)."""
@@ -241,8 +241,9 @@ def latency_record(
         if not (isinstance(figure, dict) and name.startswith(kind + "_")):
             continue
         stat = name[len(kind) + 1 :]
-        if figure.get("value") is not None and figure["value"] > 0:
-            pooled[stat] = figure["value"]
+        value = figure.get("value")
+        if value is not None and value > 0:
+            pooled[stat] = value
         if figure.get("trials"):
             trials[stat] = list(figure["trials"])
     return pooled, trials

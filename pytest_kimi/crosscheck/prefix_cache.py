@@ -45,6 +45,7 @@ from pytest_kimi.crosscheck.metrics_page import (
     ServerMetricsError,
 )
 from pytest_kimi.crosscheck.prometheus_text import parse_metrics
+from pytest_kimi.wire import PrefixCacheSection
 
 PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
     ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
@@ -102,7 +103,9 @@ def read_cache_counters(text: str) -> CacheCounters | None:
     return None
 
 
-def hit_rate(before: CacheCounters | None, after: CacheCounters | None) -> dict[str, Any] | None:
+def hit_rate(
+    before: CacheCounters | None, after: CacheCounters | None
+) -> PrefixCacheSection | None:
     """The level's ``prefix_cache`` entry: prompt tokens looked up and served over the level,
     and their ratio; None without two readings of the same pair, or when no prompt token was
     counted between them."""
@@ -112,7 +115,7 @@ def hit_rate(before: CacheCounters | None, after: CacheCounters | None) -> dict[
     hits = after.hits - before.hits
     if queries <= 0 or hits < 0:
         return None
-    entry: dict[str, Any] = {
+    entry: PrefixCacheSection = {
         "hit_rate": round(hits / queries, 4),
         "prompt_tokens": round(queries),
         "cached_tokens": round(hits),

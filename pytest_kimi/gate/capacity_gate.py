@@ -55,6 +55,7 @@ from pytest_kimi.measure.results import spec_key
 from pytest_kimi.workload.capacity_marker import CapacitySpec
 from pytest_kimi.workload.workload_spec import Workload
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.wire import CapacityComparisonEntry, CapacityEntry
 
 MIN_SLOPE = 0.02
 """Floor of the slope the session term divides by: a latency flat in load (slope near 0)
@@ -240,7 +241,7 @@ class CapacityVerdict:
 
     verdict: str
     reasons: list[str]
-    fields: dict[str, Any]
+    fields: CapacityComparisonEntry
 
 
 def judge_capacity(
@@ -255,7 +256,7 @@ def judge_capacity(
     broke), then the baseline comparison; an absolute failure is the stronger claim."""
     label = capacity.label
     reasons: list[str] = []
-    fields: dict[str, Any] = {
+    fields: CapacityComparisonEntry = {
         "baseline": None,
         "baseline_low": None,
         "baseline_high": None,
@@ -308,13 +309,15 @@ def judge_capacity(
         if compared is not cmp.verdict:
             reasons.append(UNVOUCHED_NOTE.format(sigma=settings.session_sigma))
         fields.update(
-            baseline=round_load(baseline.value) if baseline.value is not None else None,
-            baseline_low=baseline.low,
-            baseline_high=baseline.high,
-            baseline_estimate=baseline.estimate,
-            change_pct=round((cmp.ratio - 1) * 100, 2),
-            change_ci90=[round((x - 1) * 100, 2) for x in cmp.ci90],
-            p_value=round(cmp.p_regression, 6),
+            {
+                "baseline": round_load(baseline.value) if baseline.value is not None else None,
+                "baseline_low": baseline.low,
+                "baseline_high": baseline.high,
+                "baseline_estimate": baseline.estimate,
+                "change_pct": round((cmp.ratio - 1) * 100, 2),
+                "change_ci90": [round((x - 1) * 100, 2) for x in cmp.ci90],
+                "p_value": round(cmp.p_regression, 6),
+            }
         )
         change = (
             f"{(cmp.ratio - 1) * 100:+.1f}% (90% CI {(cmp.ci90[0] - 1) * 100:+.1f}% .. "
@@ -388,9 +391,9 @@ def capacity_dict(
     capacity: CapacitySpec,
     key: Mapping[str, Any],
     judged: CapacityVerdict,
-) -> dict[str, Any]:
+) -> CapacityEntry:
     """The report's ``capacity`` object (docs/json-report.md)."""
-    out: dict[str, Any] = {
+    out: CapacityEntry = {
         "metric": estimate.metric,
         "value": round_load(estimate.value) if estimate.value is not None else None,
         "low": round_load(estimate.low) if estimate.low is not None else None,
@@ -417,7 +420,7 @@ def capacity_dict(
     return out
 
 
-def capacity_failure(capacity: Mapping[str, Any] | None, failing: frozenset[str]) -> str | None:
+def capacity_failure(capacity: CapacityEntry | None, failing: frozenset[str]) -> str | None:
     """The failing test's headline for its capacity (None when the capacity does not fail)."""
     if not isinstance(capacity, Mapping) or capacity.get("verdict") not in failing:
         return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,6 +38,7 @@ from pytest_kimi.gate.two_sample import (
     _verdicts,
 )
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.wire import ShiftEntry
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -86,7 +87,7 @@ class ShiftComparison:
     df: float
     min_detectable_drop: float = math.nan
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ShiftEntry:
         return {
             "change_pct": _pct_round(self.ratio),
             "ci90": [_pct_round(self.ci90[0]), _pct_round(self.ci90[1])],

@@ -38,9 +38,10 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.wire import PairedComparisonEntry
 
 if TYPE_CHECKING:
     import numpy as np
@@ -146,7 +147,7 @@ class PairedComparison:
     min_detectable_drop: float
     """The true drop the regression test flags with probability ``power`` at this look."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PairedComparisonEntry:
         def pct(r: float) -> float | None:
             return round((r - 1.0) * 100.0, 2) if math.isfinite(r) else None
 

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from pytest_kimi.gate import family_verdicts, trial_decision, two_sample
 from pytest_kimi.gate.session_noise import PRIOR_DF
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.wire import ShiftEntry
 from pytest_kimi.baseline import (
     FieldChange,
     Provenance,
@@ -272,7 +273,7 @@ def apply_gate(
 
 def shift_record(
     shift: family_verdicts.ShiftComparison, tolerance: float, changes: Sequence[object] = ()
-) -> dict[str, Any]:
+) -> ShiftEntry:
     """The test's common shift as its JSON object (``shift``), with the sentence the reports
     print: the levels as one hypothesis (:mod:`pytest_kimi.gate.family`)."""
     out = shift.to_dict()

@@ -50,11 +50,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from pytest_kimi.gate import two_sample
+from pytest_kimi.wire import NoiseEstimateEntry
 
 DEFAULT_CONFIDENCE = 0.90
 """Two-sided, 5% in each tail: the confidence of the gate's own intervals (``two_sample.CI_LEVEL``)."""
@@ -110,7 +111,7 @@ class NoiseEstimate:
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> NoiseEstimateEntry:
         """The JSON shape (the reports read it back with :func:`from_dict`)."""
         return {
             "sigma": round(self.sigma, 6),
@@ -126,7 +127,7 @@ class NoiseEstimate:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> NoiseEstimate:
+    def from_dict(cls, data: NoiseEstimateEntry) -> NoiseEstimate:
         return cls(
             sigma=float(data["sigma"]),
             low=float(data["low"]),

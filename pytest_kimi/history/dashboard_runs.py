@@ -37,6 +37,7 @@ from pytest_kimi.report.htmlkit import levels_table, page, safe_name
 from pytest_kimi.report.markdown import VERDICT_HELP, level_label, workload_text
 from pytest_kimi.report.svg import tok as _tok
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.wire import StoredTest
 
 
 def _anchors(series: Sequence[LevelSeries]) -> list[str]:
@@ -249,7 +250,7 @@ def _report_verdict(verdict: str) -> str:
     )
 
 
-def _report_test(test: Mapping[str, Any], site: _Site, run_id: int) -> str:
+def _report_test(test: StoredTest, site: _Site, run_id: int) -> str:
     """One test of the run as its report had it: the HTML report's columns (the Markdown
     column model, so the run page, the job summary and ``--perf-html`` agree), the reasons
     behind each verdict, and links to the test's charts."""
@@ -336,7 +337,8 @@ def _run_page(site: _Site, run_id: int, neighbours: tuple[int | None, int | None
     tests = details.get("tests")
     if isinstance(tests, list) and tests:
         body.append("<h2>Tests and verdicts</h2>")
-        body += [_report_test(t, site, run_id) for t in tests if isinstance(t, Mapping)]
+        stored: list[StoredTest] = tests  # the store's run details: JSON
+        body += [_report_test(t, site, run_id) for t in stored if isinstance(t, Mapping)]
     else:
         body.append("<h2>Levels and verdicts</h2>")
         body.append(_levels_table(site, run_id))

@@ -53,6 +53,7 @@ from pytest_kimi.baseline.provenance import (
 )
 from pytest_kimi.endpoint.serverinfo import clean_server_info
 from pytest_kimi.scrub import scrub, scrub_text
+from pytest_kimi.wire import CapacityEntry, LevelEntry, Report
 
 __all__ = [
     "CapacityRow",
@@ -104,7 +105,7 @@ class RunMeta:
     @classmethod
     def collect(
         cls,
-        report: Mapping[str, Any],
+        report: Report,
         *,
         suite_dir: Path | None,
         deployment: str | None,
@@ -229,7 +230,7 @@ def series_test(nodeid: str, strip: Iterable[str]) -> str:
     return nodeid
 
 
-def measured_anything(report: Mapping[str, Any]) -> bool:
+def measured_anything(report: Report) -> bool:
     """Whether a run has anything to store: some test with at least one level.  A run whose
     tests all failed before measuring (no endpoint, a server that did not start) has not."""
     return any(test.get("levels") for test in report.get("tests") or ())
@@ -314,7 +315,7 @@ class RunRows:
         return model if isinstance(model, str) else None
 
 
-def build_rows(report: Mapping[str, Any], meta: RunMeta) -> RunRows:
+def build_rows(report: Report, meta: RunMeta) -> RunRows:
     """The rows of one run: every ``server_info`` allow-listed, everything scrubbed once more
     and made JSON-safe first."""
     # The baseline's own key function and the sessions' parameter ids; they bring the load
@@ -322,7 +323,7 @@ def build_rows(report: Mapping[str, Any], meta: RunMeta) -> RunRows:
     from pytest_kimi.measure.results import level_key
     from pytest_kimi.measure.results import PERF_SESSION, session_id
 
-    clean: dict[str, Any] = clean_json(scrub(_allow_listed(dict(report))))
+    clean: Report = clean_json(scrub(_allow_listed(dict(report))))
     tests = [t for t in clean.get("tests") or () if isinstance(t, Mapping)]
     profiles = {t.get("profile") for t in tests if t.get("profile")}
     rows = []
@@ -343,8 +344,8 @@ def build_rows(report: Mapping[str, Any], meta: RunMeta) -> RunRows:
                 strip.append(f"{profile}-{session_id(session)}")
         nodeid = str(test.get("nodeid", ""))
         workload = test.get("workload") or {}
-        capacity = test.get("capacity")
-        capacity = capacity_row(capacity) if isinstance(capacity, Mapping) else None
+        raw_capacity = test.get("capacity")
+        capacity = capacity_row(raw_capacity) if isinstance(raw_capacity, Mapping) else None
         levels = tuple(
             _level_row(i, lv, level_key(lv, workload), probe=capacity is not None)
             for i, lv in enumerate(test.get("levels") or ())
@@ -409,7 +410,7 @@ def _scrubbed(meta: RunMeta) -> RunMeta:
     )
 
 
-def capacity_label(capacity: Mapping[str, Any]) -> str:
+def capacity_label(capacity: CapacityEntry) -> str:
     """The capacity series' name beside its test: ``capacity under p95 end-to-end <= 6.6 s``
     (the ceilings are what tell two capacities of one test apart)."""
     from pytest_kimi.report.capacity_cells import slo_text
@@ -420,7 +421,7 @@ def capacity_label(capacity: Mapping[str, Any]) -> str:
         return "capacity"
 
 
-def capacity_row(capacity: Mapping[str, Any]) -> CapacityRow:
+def capacity_row(capacity: CapacityEntry) -> CapacityRow:
     """A report's ``capacity`` object as its series' row (fields missing or malformed: None)."""
     metric = capacity.get("metric")
     verdict = capacity.get("verdict")
@@ -455,7 +456,7 @@ def _pair(value: Any) -> tuple[float | None, float | None]:
 
 
 def _level_row(
-    position: int, level: Mapping[str, Any], key: dict[str, Any], *, probe: bool = False
+    position: int, level: LevelEntry, key: dict[str, Any], *, probe: bool = False
 ) -> LevelRow:
     trials = [float(x) for x in level.get("trials_tok_s") or () if _is_number(x)]
     return LevelRow(

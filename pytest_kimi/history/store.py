@@ -27,7 +27,6 @@ import os
 import shlex
 import stat
 import threading
-from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,6 +50,7 @@ from pytest_kimi.history.urls import (
     with_sqlite_path,
 )
 from pytest_kimi.scrub import scrub_text
+from pytest_kimi.wire import Report
 
 __all__ = [
     "HistoryError",
@@ -333,7 +333,7 @@ class HistoryStore:
 
     # ---------------------------------------------------------------------------- writing
 
-    def record_run(self, report: Mapping[str, Any], meta: RunMeta) -> int:
+    def record_run(self, report: Report, meta: RunMeta) -> int:
         """Store one run (the JSON report dict, see :mod:`pytest_kimi.history.rows`) in one
         transaction; returns its id."""
         rows = build_rows(report, meta)

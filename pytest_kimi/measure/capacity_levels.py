@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 from pytest_kimi.logscale import MIN_LOG_SD
 from pytest_kimi.workload.capacity_marker import (
@@ -40,6 +40,7 @@ from pytest_kimi.workload.capacity_marker import (
     DEFAULT_RESOLUTION,
     ItlStatistic,
 )
+from pytest_kimi.wire import CapacityLevelEntry
 
 
 Metric = Literal["concurrency", "rate"]
@@ -162,7 +163,7 @@ class CapacityLevel:
     jitter: float | None = None
     replaced: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CapacityLevelEntry:
         return {
             "load": _load_out(self.load),
             "order": self.order,
@@ -179,10 +180,8 @@ class CapacityLevel:
         }
 
 
-def _load_out(load: float | None) -> float | int | None:
+def _load_out(load: float) -> float:
     """A load for reports: concurrency as an int, rates as they were measured."""
-    if load is None:
-        return None
     return int(load) if float(load).is_integer() else load
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence, overload
 
 from pytest_kimi.measure.capacity_latency import (
     min_gaps_for,
@@ -26,6 +26,7 @@ from pytest_kimi.measure.capacity_latency import (
 )
 from pytest_kimi.measure.metrics import LevelFigures, TrialResult
 from pytest_kimi.measure.stream_timing import percentile
+from pytest_kimi.wire import LatencyEntry, LatencyFigureEntry
 
 KINDS = ("ttft_s", "itl_s")
 """The latencies the gate compares: time to first token, inter-token latency (seconds)."""
@@ -235,7 +236,7 @@ class LatencyFigure:
         """``TTFT p95``: how reasons and reports name it."""
         return f"{NAMES.get(self.kind, self.kind)} {self.stat}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LatencyFigureEntry:
         return {
             "value": _round(self.value),
             "trials": [_round(x) for x in self.trials],
@@ -270,7 +271,7 @@ class LevelLatency:
     def figure(self, kind: str, stat: str) -> LatencyFigure | None:
         return next((f for f in self.figures if f.kind == kind and f.stat == stat), None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LatencyEntry:
         return {
             "percentile": self.percentile,
             "tolerance_pct": self.tolerance_pct,
@@ -305,6 +306,18 @@ def level_latency(
                 )
             )
     return out
+
+
+@overload
+def _round(x: float) -> float: ...
+
+
+@overload
+def _round(x: None) -> None: ...
+
+
+@overload
+def _round(x: float | None) -> float | None: ...
 
 
 def _round(x: float | None) -> float | None:

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Sequence
+from typing import Sequence, cast
 
 import numpy as np
 
@@ -67,6 +67,7 @@ from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.measure.metrics import TrialResult
 from pytest_kimi.measure.steady_state import tokens_between
 from pytest_kimi.measure.stream_timing import inter_token_latencies
+from pytest_kimi.wire import PeerEntry
 
 STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
 """The statistics of each latency: ``vllm bench serve`` prints mean, median, std and its
@@ -132,9 +133,9 @@ class PeerFigures:
         dist: Distribution = getattr(self, name)
         return dist
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PeerEntry:
         """The JSON keys (docs/json-report.md), latencies rounded as the level's others."""
-        out: dict[str, Any] = {}
+        out: dict[str, float | None] = {}
         for name in LATENCIES:
             digits = 6 if name in ("itl_s", "tpot_s") else 5
             dist = self.latency(name)
@@ -143,20 +144,30 @@ class PeerFigures:
         out["requests_per_s"] = _round(self.requests_per_s, 4)
         out["input_tok_s"] = _round(self.input_tok_s, 2)
         out["total_tok_s"] = _round(self.total_tok_s, 2)
-        out["peer_counts"] = {
-            **{name.removesuffix("_s"): self.latency(name).count for name in LATENCIES},
+        entry = _peer_entry(out)
+        entry["peer_counts"] = {
+            "ttft": self.ttft_s.count,
+            "itl": self.itl_s.count,
+            "tpot": self.tpot_s.count,
+            "e2e": self.e2e_s.count,
             "window_tokens": round(self.window_tokens, 1),
             "window_requests": round(self.window_requests, 3),
         }
-        return out
+        return entry
 
 
-def empty_peer_dict() -> dict[str, Any]:
+def empty_peer_dict() -> PeerEntry:
     """The keys of a level measured without records (not run): every figure null."""
-    out: dict[str, Any] = {f"{n}_{s}": None for n in LATENCIES for s in STATS}
+    out: dict[str, float | None] = {f"{n}_{s}": None for n in LATENCIES for s in STATS}
     out.update(dict.fromkeys(RATES))
-    out["peer_counts"] = None
-    return out
+    return _peer_entry(out)
+
+
+def _peer_entry(figures: dict[str, float | None]) -> PeerEntry:
+    """``figures`` (every ``LATENCIES`` x ``STATS`` key and the ``RATES``) as the typed entry,
+    ``peer_counts`` null until set.  The keys are made from those tuples, so mypy cannot see
+    them: ``tests/test_json_schema.py`` holds them against :class:`PeerEntry`'s."""
+    return cast(PeerEntry, {**figures, "peer_counts": None})
 
 
 def tpot(rec: RequestRecord) -> float | None:

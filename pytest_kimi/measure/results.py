@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final, cast
 
-from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload, ratio_fields
+from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
 from pytest_kimi.measure.latency import LevelLatency, mark_latency_void, voided_note
 from pytest_kimi.measure.windows import TrialWindow
 from pytest_kimi.measure.peer_figures import PeerFigures, empty_peer_dict, peer_figures
@@ -23,6 +23,28 @@ from pytest_kimi.measure.metrics import (
     level_figures,
 )
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.wire import (
+    CapacityEntry,
+    CapacityLevelEntry,
+    ClientSummary,
+    ComparisonEntry,
+    LevelCore,
+    LevelEntry,
+    LevelTail,
+    MeasuredEntry,
+    OpenLoopEntry,
+    PerfServer,
+    PromptTokens,
+    ReasoningEntry,
+    ServerClock,
+    ServerExitEntry,
+    ShiftEntry,
+    TestEntry,
+    TestSessionNoise,
+    TurnEntry,
+    WarmUpEntry,
+    WorkloadEntry,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +71,7 @@ class BaselineComparison:
     min_detectable_drop_pct: float | None = None
     tolerance_pct: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ComparisonEntry:
         if not self.found:
             return {"baseline_tok_s": None, "change_pct": None, "ci90": None, "p_value": None}
         return {
@@ -83,9 +105,9 @@ class LevelResult:
     # -- the measurement (measure/trials.py, measure/capacity_run.py)
     server_time_s: float | None = None
     """What the level cost, in the server's seconds: first request to last, every trial."""
-    prompt_tokens: dict[str, Any] | None = None
+    prompt_tokens: PromptTokens | None = None
     """What the server counted as the prompts' lengths (mean, min, max)."""
-    turns: list[dict[str, Any]] | None = None
+    turns: list[TurnEntry] | None = None
     """A multi-turn level's prompt tokens and TTFT per turn."""
     fill_up: str | None = None
     """An open-loop level whose window is short against a request's length."""
@@ -93,7 +115,7 @@ class LevelResult:
     """How ``input_tokens`` were sized: the server's tokenizer, or an estimate."""
     replaced_trials: list[str] = field(default_factory=list)
     """Trials voided for a transient reason (a stalled client) and measured again."""
-    capacity_level: dict[str, Any] | None = None
+    capacity_level: CapacityLevelEntry | None = None
     """A ``@capacity`` search's point: whether every ceiling held, by what margin."""
     trial_windows: list[TrialWindow] = field(default_factory=list)
     """Every trial measured, replaced ones included, in order: its window's bounds, clock
@@ -122,9 +144,9 @@ class LevelResult:
     def max_tokens(self) -> int:
         return self.spec.max_tokens
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LevelEntry:
         f = self.figures
-        out: dict[str, Any] = {
+        core: LevelCore = {
             "label": self.label,
             "concurrency": self.spec.concurrency,
             "rate": self.spec.rate,
@@ -133,7 +155,7 @@ class LevelResult:
             "prompts": self.prompts_key,
             "protocol": self.protocol,
             "tok_s": _round(f.tok_s, 2),
-            "trials_tok_s": [_round(x, 2) for x in f.trials_tok_s],
+            "trials_tok_s": [round(x, 2) for x in f.trials_tok_s],
             "spread_pct": _round(f.spread_pct, 2),
             "request_tok_s_p50": _round(f.request_tok_s_p50, 2),
             "ttft_s_p50": _round(f.ttft_s_p50, 5),
@@ -154,36 +176,62 @@ class LevelResult:
             "trial_windows": [w.to_dict() for w in self.trial_windows],
             "client": _client_summary(self.trials),
         }
-        # the peers' figures; the ones the level had before (ttft_s_p50, ttft_s_p95,
-        # itl_s_p50) keep their own values (the same definition: equal)
         peer = empty_peer_dict() if self.peer is None else self.peer.to_dict()
-        out.update((k, v) for k, v in peer.items() if k not in out)
-        if f.reasoning is not None:
-            out.update(reasoning_dict(f.reasoning))
+        reasoning: ReasoningEntry = {} if f.reasoning is None else reasoning_dict(f.reasoning)
+        open_loop: OpenLoopEntry = {}
         if self.spec.rate is not None:
             # the load asked for, the rate the client sent at, and the rate the server
             # finished requests at in the window: a step of a ramp past the server's capacity
             # shows completed well below offered (docs/workloads.md, "Rate ramps")
-            out["offered_rate"] = self.spec.rate
-            out["achieved_rate"] = _round(f.achieved_rate, 3)
-            out["completed_rate"] = _round(f.completed_rate, 3)
-        optional: dict[str, Any] = {
-            "server_time_s": self.server_time_s,
-            "prompt_tokens": self.prompt_tokens,
-            "turns": self.turns,
-            "fill_up": self.fill_up,
-            "input_tokens_sizing": self.input_tokens_sizing,
-            "replaced_trials": list(self.replaced_trials) or None,
-            "capacity_level": self.capacity_level,
-            "profile": self.deployment,
+            open_loop = {
+                "offered_rate": self.spec.rate,
+                "achieved_rate": _round(f.achieved_rate, 3),
+                "completed_rate": _round(f.completed_rate, 3),
+            }
+        measured: MeasuredEntry = {}
+        if self.server_time_s is not None:
+            measured["server_time_s"] = self.server_time_s
+        if self.prompt_tokens is not None:
+            measured["prompt_tokens"] = self.prompt_tokens
+        if self.turns is not None:
+            measured["turns"] = self.turns
+        if self.fill_up is not None:
+            measured["fill_up"] = self.fill_up
+        if self.input_tokens_sizing is not None:
+            measured["input_tokens_sizing"] = self.input_tokens_sizing
+        if self.replaced_trials:
+            measured["replaced_trials"] = list(self.replaced_trials)
+        if self.capacity_level is not None:
+            measured["capacity_level"] = self.capacity_level
+        if self.deployment is not None:
+            measured["profile"] = self.deployment
+        comparison: ComparisonEntry = {} if self.comparison is None else self.comparison.to_dict()
+        tail: LevelTail = {} if self.latency is None else {"latency": self.latency.to_dict()}
+        out: LevelEntry = {
+            **core,
+            # the peers' figures; the ones the level had before (ttft_s_p50, ttft_s_p95,
+            # itl_s_p50) keep their own values (the same definition: equal)
+            **peer,
+            "ttft_s_p50": core["ttft_s_p50"],
+            "ttft_s_p95": core["ttft_s_p95"],
+            "itl_s_p50": core["itl_s_p50"],
+            **reasoning,
+            **open_loop,
+            **measured,
+            **comparison,
+            **tail,
         }
-        out.update((k, v) for k, v in optional.items() if v is not None)
-        if self.comparison is not None:
-            out.update(self.comparison.to_dict())
-        if self.latency is not None:
-            out["latency"] = self.latency.to_dict()
-        out.update(self.extra)
-        return out
+        return _with_sections(out, self.extra)
+
+
+def _with_sections(level: LevelEntry, extra: Mapping[str, Any]) -> LevelEntry:
+    """``level`` with the sections pluggable stages contributed (``LevelResult.extra``:
+    :class:`~pytest_kimi.wire.LevelExtra`'s keys).  The stages hand them over as plain dicts
+    (``MeasureSpec``'s observer and probe protocols), so here they enter the typed wire
+    unchecked: the one place a level's keys are not mypy's."""
+    if not extra:
+        return level
+    return cast(LevelEntry, {**level, **extra})
 
 
 @dataclass(slots=True)
@@ -194,7 +242,7 @@ class ServerExit:
     log: str
     log_tail: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ServerExitEntry:
         return {"returncode": self.returncode, "log": self.log, "log_tail": self.log_tail}
 
 
@@ -216,7 +264,7 @@ class ThroughputResult:
     server_time_s: float | None = None
     """The measurement's cost in the server's seconds: warm-up and every level."""
     warmup_server_time_s: float | None = None
-    server_clock: dict[str, Any] | None = None
+    server_clock: ServerClock | None = None
     """The simulator's clock (``kind``, ``speed``) where figures are in its seconds."""
     # -- what it was judged against (run/conductor.py)
     baseline_file: str | None = None
@@ -231,8 +279,8 @@ class ThroughputResult:
     """The server profile measured (JSON ``profile``); None without ``--server-profile``."""
     compared_with: str | None = None
     """Same-run A/B: what a deployment was compared with (the reference, or its baseline)."""
-    capacity: dict[str, Any] | None = None
-    shift: dict[str, Any] | None = None
+    capacity: CapacityEntry | None = None
+    shift: ShiftEntry | None = None
     """The common shift of the test's compared levels (two or more): ``change_pct``,
     ``ci90``, ``p_value``, ``verdict``, ``levels``, ``text`` (:func:`gate.policy.shift_record`).
     A ``regression`` here fails the test even where no single level is significant."""
@@ -247,12 +295,12 @@ class ThroughputResult:
     """Wall-clock (start, end) of the measurement: a report shows runs did not overlap."""
     perf_session: int | None = None
     """``--perf-sessions``: the server start (0-based) that measured it."""
-    perf_server: dict[str, Any] | None = None
+    perf_server: PerfServer | None = None
     """``--perf-sessions``: which start that was (``pid``; the simulator's ``seed``)."""
-    session_noise: dict[str, Any] | None = None
+    session_noise: TestSessionNoise | None = None
     """The session noise this test was judged with where it is not the session's: ``sigma``
     and ``source`` (its baseline's recording measured one: ``gate/noise_evidence.py``)."""
-    warm_up: list[dict[str, Any]] | None = None
+    warm_up: list[WarmUpEntry] | None = None
     """The first test on a fresh server: each level's warm trials until stationary, in level
     order (:class:`pytest_kimi.measure.warm.WarmUp`)."""
 
@@ -297,45 +345,62 @@ class ThroughputResult:
             return "regression beyond noise across the levels"
         return f"{verdict} across the levels ({self.shift.get('text') if self.shift else ''})"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TestEntry:
         """The test's object in ``--perf-json`` (docs/json-report.md): fields left unset are
         absent, as they always were."""
-        out: dict[str, Any] = {
+        out: TestEntry = {
             "nodeid": self.nodeid,
             "workload": workload_dict(self.workload),
             "levels": [lv.to_dict() for lv in self.levels],
         }
-        optional: dict[str, Any] = {
-            "server_time_s": self.server_time_s,
-            "warmup_server_time_s": self.warmup_server_time_s,
-            "warm_up": self.warm_up,
-            "session_noise": self.session_noise,
-            "server_clock": self.server_clock,
-            "capacity": self.capacity,
-            "shift": self.shift,
-            "baseline_file": self.baseline_file,
-            "baseline_profile": self.baseline_profile,
-            "session_id": self.session_id,
-            "baseline_note": self.baseline_note,
-            "profile": self.deployment,
-            "compared_with": self.compared_with,
-            "cache_flush": self.cache_flush,
-            "server_exit": None if self.server_exit is None else self.server_exit.to_dict(),
-            "interrupted": self.interrupted,
-            "measured": None if self.measured is None else [round(x, 3) for x in self.measured],
-            PERF_SESSION: self.perf_session,
-            PERF_SERVER: self.perf_server,
-            "provenance_changes": self.provenance_changes,
-        }
-        out.update((k, v) for k, v in optional.items() if v is not None)
+        if self.server_time_s is not None:
+            out["server_time_s"] = self.server_time_s
+        if self.warmup_server_time_s is not None:
+            out["warmup_server_time_s"] = self.warmup_server_time_s
+        if self.warm_up is not None:
+            out["warm_up"] = self.warm_up
+        if self.session_noise is not None:
+            out["session_noise"] = self.session_noise
+        if self.server_clock is not None:
+            out["server_clock"] = self.server_clock
+        if self.capacity is not None:
+            out["capacity"] = self.capacity
+        if self.shift is not None:
+            out["shift"] = self.shift
+        if self.baseline_file is not None:
+            out["baseline_file"] = self.baseline_file
+        if self.baseline_profile is not None:
+            out["baseline_profile"] = self.baseline_profile
+        if self.session_id is not None:
+            out["session_id"] = self.session_id
+        if self.baseline_note is not None:
+            out["baseline_note"] = self.baseline_note
+        if self.deployment is not None:
+            out["profile"] = self.deployment
+        if self.compared_with is not None:
+            out["compared_with"] = self.compared_with
+        if self.cache_flush is not None:
+            out["cache_flush"] = self.cache_flush
+        if self.server_exit is not None:
+            out["server_exit"] = self.server_exit.to_dict()
+        if self.interrupted is not None:
+            out["interrupted"] = self.interrupted
+        if self.measured is not None:
+            out["measured"] = [round(x, 3) for x in self.measured]
+        if self.perf_session is not None:
+            out[PERF_SESSION] = self.perf_session
+        if self.perf_server is not None:
+            out[PERF_SERVER] = self.perf_server
+        if self.provenance_changes is not None:
+            out["provenance_changes"] = self.provenance_changes
         return out
 
 
-PERF_SESSION = "perf_session"
+PERF_SESSION: Final = "perf_session"
 """Key of a test's JSON object: the ``--perf-sessions`` start (0-based) it ran in; present only
 with ``--perf-sessions`` > 1.  The history store reads it: do not rename."""
 
-PERF_SERVER = "perf_server"
+PERF_SERVER: Final = "perf_server"
 """Key of a test's JSON object: which server start measured it (``pid``; ``seed`` for the
 simulator)."""
 
@@ -345,9 +410,9 @@ def session_id(index: int) -> str:
     return f"s{index + 1}"
 
 
-def workload_dict(workload: Workload) -> dict[str, Any]:
+def workload_dict(workload: Workload) -> WorkloadEntry:
     """What is common to every level of the test (the levels carry their own lengths and load)."""
-    out: dict[str, Any] = {"api": workload.api, "ignore_eos": workload.ignore_eos}
+    out: WorkloadEntry = {"api": workload.api, "ignore_eos": workload.ignore_eos}
     if workload.turns > 1:
         out["turns"] = workload.turns  # a conversation's turns re-send its history: keyed
     if workload.shared_prefix_tokens is not None:
@@ -358,8 +423,13 @@ def workload_dict(workload: Workload) -> dict[str, Any]:
     # the load knobs of docs/workloads.md, each keyed only where it is set (an old baseline
     # has none of them and still matches a test without them)
     if workload.range_ratio is not None:
-        # the drawn lengths are the workload: the ratio and the seed that drew them
-        out.update(ratio_fields(workload.range_ratio))
+        # the drawn lengths are the workload: the ratio and the seed that drew them; key fields
+        # are scalars: ``range_ratio`` where input and output share it, else one for each
+        low, high = workload.range_ratio
+        if low == high:
+            out["range_ratio"] = low
+        else:
+            out["range_ratio_input"], out["range_ratio_output"] = low, high
         out["seed"] = workload.seed
     if workload.burstiness != 1.0:
         out["burstiness"] = workload.burstiness  # 1: Poisson, the schedule before the knob
@@ -399,7 +469,7 @@ def level_key(level: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str
     return {k: v for k, v in key.items() if v is not None}
 
 
-def reasoning_dict(r: ReasoningFigures) -> dict[str, Any]:
+def reasoning_dict(r: ReasoningFigures) -> ReasoningEntry:
     """The JSON keys of a level whose streams separated reasoning from content (absent
     otherwise, so a report without reasoning reads as before).  ``tok_s`` beside them still
     counts every output token, thinking included."""
@@ -418,7 +488,7 @@ def _round(x: float | None, digits: int) -> float | None:
     return None if x is None else round(x, digits)
 
 
-def _client_summary(trials: list[TrialResult]) -> dict[str, float]:
+def _client_summary(trials: list[TrialResult]) -> ClientSummary:
     if not trials:
         return {}
     return {

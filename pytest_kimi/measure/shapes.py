@@ -22,6 +22,7 @@ from statistics import median
 from typing import Any, Sequence
 
 from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.wire import TurnEntry
 
 FILL_UP_FACTOR = 2.0
 """An open-loop window shorter than this many request times (p50, first send to end) is
@@ -29,7 +30,7 @@ mostly fill-up: the steady state needs about one request time after the first co
 to set in, so a window of two leaves at least half of it steady."""
 
 
-def turn_figures(trials: Sequence[TrialResult], clock: float = 1.0) -> list[dict[str, Any]]:
+def turn_figures(trials: Sequence[TrialResult], clock: float = 1.0) -> list[TurnEntry]:
     """One entry per turn that had a successful request: ``turn``, ``requests``,
     ``prompt_tokens_mean`` (None where no request carried a usage count) and ``ttft_s_p50``."""
     by_turn: dict[int, list[Any]] = {}
@@ -37,7 +38,7 @@ def turn_figures(trials: Sequence[TrialResult], clock: float = 1.0) -> list[dict
         for r in t.records:
             if r.ok and r.turn > 0 and not r.cut:
                 by_turn.setdefault(r.turn, []).append(r)
-    out = []
+    out: list[TurnEntry] = []
     for turn in sorted(by_turn):
         records = by_turn[turn]
         prompts = [r.prompt_tokens for r in records if not r.tokens_approx and r.prompt_tokens]

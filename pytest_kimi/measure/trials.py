@@ -26,6 +26,7 @@ from pytest_kimi.measure.shapes import fill_up_note, turn_figures
 from pytest_kimi.measure.trial_limits import OVER_LIMIT
 from pytest_kimi.measure.windows import TrialWindow, trial_window, unix_offset
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.wire import PromptTokens, WarmUpEntry
 
 MAX_REPLACED_TRIALS = 2
 """Per level: trials voided only by the moment (a client stall) that another trial replaces.
@@ -65,7 +66,7 @@ def _replaceable(trial: TrialResult) -> bool:
     )
 
 
-def prompt_tokens_summary(trials: Sequence[TrialResult]) -> dict[str, float | int] | None:
+def prompt_tokens_summary(trials: Sequence[TrialResult]) -> PromptTokens | None:
     """Mean and range of the prompt tokens the server's ``usage`` reported for the level's
     successful requests: what was really sent, whatever ``input_tokens`` asked for (None when
     no request carried a usage count)."""
@@ -318,7 +319,7 @@ async def measure_test(
     return result
 
 
-async def _warm_level(client: TrialClient, spec: MeasureSpec, level: LevelSpec) -> dict[str, Any]:
+async def _warm_level(client: TrialClient, spec: MeasureSpec, level: LevelSpec) -> WarmUpEntry:
     """Trials of ``level`` that count for nothing, until its figures are stationary
     (:mod:`pytest_kimi.measure.warm`)."""
     from pytest_kimi.measure.warm import warm_until_stationary

@@ -23,9 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
 from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.wire import WarmUpEntry
 
 WARM_RISE = 0.005
 """A new high of the log tok/s above the best before it by more than this (half a percent)
@@ -63,7 +62,7 @@ class WarmUp:
         void = f", {self.void} void" if self.void else ""
         return f"warm-up on a fresh server: {self.level} {figures} tok/s, {state}{void}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> WarmUpEntry:
         return {
             "level": self.level,
             "tok_s": [round(x, 2) for x in self.tok_s],

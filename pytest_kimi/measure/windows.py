@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
 from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.wire import TrialWindowEntry
 
 
 def unix_offset() -> float:
@@ -80,7 +79,7 @@ class TrialWindow:
             return None
         return self.start_monotonic + self.unix_offset
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TrialWindowEntry:
         """The JSON entry.  Bounds unrounded (a rounded end would move ``tok_s`` on a short
         window); ``tok_s`` rounded as ``trials_tok_s`` is, so the two compare equal."""
         start_unix = self.start_unix

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pytest_kimi.run.conductor import conduct
     from pytest_kimi.run.measurer import KimiLoad, Measurer
     from pytest_kimi.server import ServerProfile
+    from pytest_kimi.wire import CapacityEntry, PerfServer
 else:
 
     def conduct(*args: Any, **kwargs: Any) -> Any:
@@ -305,7 +306,7 @@ def _where(request: pytest.FixtureRequest, result: ThroughputResult, perf_sessio
     info = endpoint.server_info or {}
     sim = info.get("sim")
     sim = sim if isinstance(sim, dict) else {}
-    who: dict[str, Any] = {"pid": getattr(server, "pid", None) or endpoint.server_pid}
+    who: PerfServer = {"pid": getattr(server, "pid", None) or endpoint.server_pid}
     if "seed" in sim:
         who["seed"] = sim["seed"]
     result.perf_session = perf_session
@@ -327,7 +328,7 @@ def throughput_result(
 
 
 @pytest.fixture
-def capacity_result(throughput_result: ThroughputResult) -> dict[str, Any]:
+def capacity_result(throughput_result: ThroughputResult) -> CapacityEntry:
     """A ``@capacity`` test's capacity: the report's ``capacity`` object (value, bracket,
     boundary estimate, the search's levels, baseline and verdict)."""
     capacity = throughput_result.capacity

@@ -146,9 +146,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _load_deployments(config: pytest.Config, opts: KimiOptions) -> int:
     """``--server-profile`` deployments into the stash, checked with ``--perf-sessions`` and
-    ``--perf-max-launches``; the number of sessions.  Without those options there is nothing
-    to load or refuse, and the run stage is not imported."""
-    if not (opts.server_profile or opts.perf_sessions != 1 or opts.perf_max_launches):
+    ``--perf-max-launches`` (and ``--perf-culprit``); the number of sessions.  Without those
+    options there is nothing to load or refuse, and the run stage is not imported."""
+    if not (
+        opts.server_profile
+        or opts.perf_sessions != 1
+        or opts.perf_max_launches
+        or opts.perf_culprit
+    ):
         config.stash[DEPLOYMENTS] = []
         return 1
     from pytest_kimi.run.setup import SetupError, check_server_starts, load_deployments

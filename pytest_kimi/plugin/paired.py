@@ -14,12 +14,13 @@ from __future__ import annotations
 import pytest
 
 from pytest_kimi.plugin.nodeids import baseline_id
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pytest_kimi.plugin.state import DEPLOYMENTS, GATE, PLAN, RESULT, STATE, kimi_options
 
 if TYPE_CHECKING:
     from pytest_kimi.run.deploy_gate import DeployGate
+    from pytest_kimi.wire import TestEntry
 
 
 class PairedLaunches:
@@ -71,7 +72,7 @@ class PairedLaunches:
                 pytrace=False,
             )
 
-    def _judge(self, tests: Sequence[Mapping[str, Any]]) -> DeployGate | None:
+    def _judge(self, tests: Sequence[TestEntry]) -> DeployGate | None:
         from pytest_kimi.run.deploy_gate import judge
 
         config = self.config

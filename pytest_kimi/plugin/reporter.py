@@ -26,6 +26,7 @@ from pytest_kimi.scrub import scrub, scrub_text
 if TYPE_CHECKING:  # the run stage is imported where a perf test's record needs it
     from pytest_kimi.measure.results import ThroughputResult
     from pytest_kimi.run.finish import RunSummary
+    from pytest_kimi.wire import TestEntry
 
 REPORTER_NAME = "kimi-perf-reporter"
 
@@ -42,9 +43,9 @@ class PerfReporter:
         self.state = config.stash[STATE]
         self.summary: RunSummary | None = None
 
-    def collect(self, data: dict[str, Any]) -> None:
+    def collect(self, data: TestEntry) -> None:
         """One test's JSON object: filed under its deployment's endpoint."""
-        data = dict(data)
+        data = data.copy()
         endpoint = data.pop("endpoint", None)
         if endpoint is not None:
             self.state.endpoints.setdefault(data.get("profile") or "", endpoint)
@@ -134,6 +135,12 @@ class PerfReporter:
                 )
                 for text in summary.deploy_failed:
                     write(f"  {text}", red=True)
+        if summary.culprit is not None:
+            from pytest_kimi.report.culprit_text import format_culprit
+
+            terminalreporter.section("pytest-kimi culprit")
+            for line in format_culprit(scrub(summary.culprit.to_dict()), width):
+                write(line)
         if summary.updates or summary.refused:
             terminalreporter.section("pytest-kimi baselines")
             for text in summary.updates:
@@ -158,6 +165,14 @@ class PerfReporter:
         baselines, the history row and the reports would never be written."""
         if is_worker(self.config):
             return  # the controller writes, from the reports the workers sent
+        culprit = None
+        if self.state.tests and kimi_options(self.config).perf_culprit:
+            # before the reports are written, while Ctrl-C still stops the session
+            from pytest_kimi.plugin.culprit import junit_culprit, run_culprit
+
+            culprit = run_culprit(session, self.state.tests)
+            if culprit is not None:
+                junit_culprit(self.config, culprit)
         interrupts = self.config.stash.get(INTERRUPTS, None)
         if interrupts is not None:
             # the tests are over: a signal from now on must not cut the reports, a server's
@@ -183,6 +198,7 @@ class PerfReporter:
                 rootdir=Path(self.config.rootpath),
                 deployments=names,
                 interrupted=interrupted,
+                culprit=culprit,
             )
         except Exception as exc:  # finish_run guards each sink; this is the last line
             self.summary = RunSummary(
@@ -258,7 +274,7 @@ def _printable_repr(longrepr: Any) -> None:
 
 
 def interruption(
-    config: pytest.Config, session: pytest.Session, tests: list[dict[str, Any]]
+    config: pytest.Config, session: pytest.Session, tests: list[TestEntry]
 ) -> str | None:
     """What stopped the run before its end, as the reports say it; None when nothing did.
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the keys' types only: a session without perf tests loads no
     from pytest_kimi.run.gating import GateContext
     from pytest_kimi.server import ServerProfile
     from pytest_kimi.server.interrupts import Interrupts
+    from pytest_kimi.wire import TestEntry
 
 REPORT_ATTR = "kimi_perf"
 """Attribute on TestReport carrying a test's JSON object (serialised by xdist with the report)."""
@@ -34,7 +35,7 @@ class RunState:
     current_endpoint: dict[str, Any] | None = None
     """The endpoint opened last in this process: the one the tests running now measure (each
     deployment's, in an A/B), which their records carry."""
-    tests: list[dict[str, Any]] = field(default_factory=list)
+    tests: list[TestEntry] = field(default_factory=list)
     endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Endpoint (URL, model, server info) per deployment name ('' without profiles)."""
     references: dict[str, TestBaseline] = field(default_factory=dict)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping, Sequence
 
+from pytest_kimi.wire import CapacityEntry, CapacityLevelEntry, TestEntry
+
 LATENCY_NAMES = {"ttft_s": "TTFT", "itl_s": "ITL", "e2e_s": "end-to-end"}
 
 
-def _load(capacity: Mapping[str, Any], load: Any) -> str:
+def _load(capacity: CapacityEntry, load: Any) -> str:
     if load is None:
         return "-"
     if capacity.get("metric") == "rate":
@@ -27,14 +29,14 @@ def _num(x: Any, fmt: str = ".4g") -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def slo_text(capacity: Mapping[str, Any]) -> str:
+def slo_text(capacity: CapacityEntry) -> str:
     """``p95 ITL <= 0.05 s, TTFT <= 2 s``: the ceilings the capacity is under."""
     ceilings = capacity.get("ceilings") or {}
     parts = [f"{LATENCY_NAMES.get(k, k)} <= {v:g} s" for k, v in ceilings.items()]
     return f"p{capacity.get('percentile', 95):g} " + ", ".join(parts)
 
 
-def headline(capacity: Mapping[str, Any]) -> str:
+def headline(capacity: CapacityEntry) -> str:
     """``capacity C=40 under p95 ITL <= 0.05 s: C=40 held, C=44 broke; boundary 41.2 (90% CI
     40.7..41.7) [pass]``."""
     low, high = capacity.get("low"), capacity.get("high")
@@ -64,7 +66,7 @@ def headline(capacity: Mapping[str, Any]) -> str:
     return text + f" [{verdict}]"
 
 
-def baseline_text(capacity: Mapping[str, Any]) -> str | None:
+def baseline_text(capacity: CapacityEntry) -> str | None:
     """``baseline C=40 [40..44] boundary 41.3; change -9.9% (90% CI -15.2% .. -4.3%), p=0.002``."""
     if capacity.get("baseline") is None and capacity.get("baseline_high") is None:
         return None
@@ -76,14 +78,14 @@ def baseline_text(capacity: Mapping[str, Any]) -> str | None:
         text += f" boundary {capacity['baseline_estimate']:.4g}"
     change = capacity.get("change_pct")
     if change is not None:
-        ci = capacity.get("change_ci90") or [None, None]
-        text += f"; change {change:+.1f}% (90% CI {_num(ci[0], '+.1f')}% .. {_num(ci[1], '+.1f')}%)"
+        lo, hi = capacity.get("change_ci90") or (None, None)
+        text += f"; change {change:+.1f}% (90% CI {_num(lo, '+.1f')}% .. {_num(hi, '+.1f')}%)"
     if capacity.get("p_value") is not None:
         text += f", p={capacity['p_value']:.3g}"
     return text
 
 
-def level_text(capacity: Mapping[str, Any], level: Mapping[str, Any]) -> str:
+def level_text(capacity: CapacityEntry, level: CapacityLevelEntry) -> str:
     """``C=48 broke -24.3% (ITL, 3 trials, jitter)``: one level of the search (``jitter``: its
     per-gap ITL tail carries the client's timing; ``1 re-measured``: trials voided by a client
     stall and measured again)."""
@@ -91,8 +93,9 @@ def level_text(capacity: Mapping[str, Any], level: Mapping[str, Any]) -> str:
     word = "held" if held else ("broke" if held is False else "not judged")
     margin = level.get("margin_pct")
     parts = [f"{level.get('trials', 0)} trial{'s' if level.get('trials') != 1 else ''}"]
-    if level.get("binding"):
-        parts.insert(0, LATENCY_NAMES.get(level["binding"], level["binding"]))
+    binding = level.get("binding")
+    if binding:
+        parts.insert(0, LATENCY_NAMES.get(binding, binding))
     if any(str(w).startswith("client jitter") for w in level.get("warnings") or ()):
         parts.append("jitter")
     if level.get("replaced"):
@@ -101,8 +104,8 @@ def level_text(capacity: Mapping[str, Any], level: Mapping[str, Any]) -> str:
     return f"{_load(capacity, level.get('load'))} {word}{shown} ({', '.join(parts)})"
 
 
-def search_text(capacity: Mapping[str, Any]) -> str:
-    levels: Sequence[Mapping[str, Any]] = capacity.get("levels") or []
+def search_text(capacity: CapacityEntry) -> str:
+    levels: Sequence[CapacityLevelEntry] = capacity.get("levels") or []
     step = capacity.get("step")
     head = (
         f"search: {len(levels)} level{'s' if len(levels) != 1 else ''}, stop {capacity.get('stop')}"
@@ -111,7 +114,7 @@ def search_text(capacity: Mapping[str, Any]) -> str:
     return head + ": " + ", ".join(level_text(capacity, lv) for lv in levels)
 
 
-def capacity_lines(test: Mapping[str, Any]) -> list[str]:
+def capacity_lines(test: TestEntry) -> list[str]:
     """The terminal's lines for a ``@capacity`` test (none for others)."""
     capacity = test.get("capacity")
     if not isinstance(capacity, Mapping):
@@ -130,7 +133,7 @@ MARGIN_HELP = (
 )
 
 
-def note_text(level: Mapping[str, Any]) -> str:
+def note_text(level: CapacityLevelEntry) -> str:
     """The note column: why a level was not judged or broke without a figure, then what its
     figures carry (client jitter, trials re-measured for a client stall), shortened to what a
     table cell holds; the level's reasons below the table have the whole text."""
@@ -145,7 +148,7 @@ def note_text(level: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _rows(capacity: Mapping[str, Any]) -> list[list[str]]:
+def _rows(capacity: CapacityEntry) -> list[list[str]]:
     ceilings = capacity.get("ceilings") or {}
     rows = []
     for lv in capacity.get("levels") or []:
@@ -167,7 +170,7 @@ def _rows(capacity: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _header(capacity: Mapping[str, Any]) -> list[str]:
+def _header(capacity: CapacityEntry) -> list[str]:
     pct = f"p{capacity.get('percentile', 95):g}"
     ceilings = capacity.get("ceilings") or {}
     itl = (capacity.get("workload") or {}).get("itl")
@@ -190,7 +193,7 @@ def _header(capacity: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def capacity_markdown(test: Mapping[str, Any], marker: Any, cell: Any, text: Any) -> list[str]:
+def capacity_markdown(test: TestEntry, marker: Any, cell: Any, text: Any) -> list[str]:
     """The Markdown section: the capacity line, the baseline line, and the search as a table
     in the order it was measured (``marker``, ``cell`` and ``text`` are the Markdown report's
     own escaping and verdict marking, so the section reads like the rest)."""
@@ -217,7 +220,7 @@ def capacity_markdown(test: Mapping[str, Any], marker: Any, cell: Any, text: Any
     return lines
 
 
-def capacity_html(test: Mapping[str, Any], verdict_class: str) -> str:
+def capacity_html(test: TestEntry, verdict_class: str) -> str:
     """The HTML section (``verdict_class``: the page's class for the capacity's verdict)."""
     capacity = test.get("capacity")
     if not isinstance(capacity, Mapping):

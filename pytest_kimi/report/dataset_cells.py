@@ -8,7 +8,9 @@ naming the dataset sample and how its lengths were obtained.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
+
+from pytest_kimi.wire import LevelEntry, TestEntry
 
 CACHE_HEADER = "cache hit"
 NOTABLE_HIT_RATE = 0.05
@@ -16,14 +18,14 @@ NOTABLE_HIT_RATE = 0.05
 and the column stays out of the table unless the workload shares prefixes on purpose."""
 
 
-def cache_hit_cell(level: Mapping[str, Any]) -> str:
+def cache_hit_cell(level: LevelEntry) -> str:
     """The server's prefix-cache hit rate over the level, e.g. ``95.3%``; ``-`` where the
     server exposes no counters."""
     rate = level.get("prefix_cache_hit_rate")
     return "-" if not isinstance(rate, (int, float)) else f"{100 * rate:.1f}%"
 
 
-def has_cache_column(levels: Sequence[Mapping[str, Any]]) -> bool:
+def has_cache_column(levels: Sequence[LevelEntry]) -> bool:
     """Show the column for a shared-prefix workload, or where the cache served a notable share."""
     return any(
         lv.get("shared_prefix")
@@ -35,7 +37,7 @@ def has_cache_column(levels: Sequence[Mapping[str, Any]]) -> bool:
     )
 
 
-def dataset_lines(test: Mapping[str, Any]) -> list[str]:
+def dataset_lines(test: TestEntry) -> list[str]:
     """One line per dataset sample (and shared prefix) of the test, as plain text."""
     lines: list[str] = []
     for lv in test.get("levels") or []:

@@ -4,16 +4,15 @@ same lines."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from pytest_kimi.printable import printable
 from pytest_kimi.report.terminal import fit_lines
+from pytest_kimi.wire import DeployGateEntry
 
 _GREEN = frozenset({"pass", "improved"})
 """The verdicts a deploy gate says nothing more about: decided within the tolerance, or faster."""
 
 
-def format_deploy_gate(section: Mapping[str, Any], width: int) -> list[str]:
+def format_deploy_gate(section: DeployGateEntry, width: int) -> list[str]:
     """The section's lines: how the experiment ran, one line per level with its verdict, the
     change and its interval, the launches it rests on and the smallest drop it could have
     caught, then the notes and one line that says what the job's colour means."""

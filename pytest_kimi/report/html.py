@@ -34,14 +34,15 @@ from pytest_kimi.report.markdown import (
 from pytest_kimi.report.terminal import price_text
 from pytest_kimi.report.plots import PlotImage, render_test
 from pytest_kimi.report.svg import standalone
+from pytest_kimi.wire import LevelEntry, Report, TestEntry
 
 INDEX_NAME = "index.html"
 
 _STATUS_CLASS = {"FAILED": "s-failed", "PASSED": "s-passed", "INTERRUPTED": "s-interrupted"}
 
 
-def _table(levels: list[Mapping[str, Any]], failing: frozenset[str]) -> str:
-    def verdict_cell(lv: Mapping[str, Any]) -> str:
+def _table(levels: list[LevelEntry], failing: frozenset[str]) -> str:
+    def verdict_cell(lv: LevelEntry) -> str:
         verdict = str(lv.get("verdict", "?"))
         shown = verdict.upper() if verdict in failing else verdict
         return (
@@ -59,7 +60,7 @@ def _figure(image: PlotImage, filename: str) -> str:
 
 
 def _test_section(
-    test: Mapping[str, Any], failing: frozenset[str], figures: list[tuple[PlotImage, str]]
+    test: TestEntry, failing: frozenset[str], figures: list[tuple[PlotImage, str]]
 ) -> str:
     nodeid = str(test.get("nodeid", "?"))
     outcome = str(test.get("outcome", "?"))
@@ -134,7 +135,7 @@ def _test_section(
 
 
 def render_html(
-    report: Mapping[str, Any],
+    report: Report,
     figures: Mapping[str, list[tuple[PlotImage, str]]] | None = None,
     *,
     failing_verdicts: Iterable[str] | None = None,
@@ -194,6 +195,9 @@ def render_html(
         f"<dt>{_e(v)}</dt><dd>{_e(meaning)}{' <b>(fails the run)</b>' if v in failing else ''}</dd>"
         for v, meaning in VERDICT_HELP.items()
     )
+    culprit = report.get("culprit")
+    if isinstance(culprit, Mapping):
+        sections.append(_culprit_section(culprit))
     body = (
         "\n".join(head)
         + "\n"
@@ -205,18 +209,33 @@ def render_html(
     return page(f"{title}: {status}", body)
 
 
-def plot_tests(tests: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _culprit_section(section: Mapping[str, Any]) -> str:
+    """``--perf-culprit``: the search's steps as a table, then its answer (the terminal's
+    lines, :func:`pytest_kimi.report.culprit_text.format_culprit`, one row per step)."""
+    from pytest_kimi.report.culprit_text import format_culprit
+
+    head, *steps, answer = format_culprit(section, 10_000)
+    rows = "".join(f"<li><code>{_e(line.strip())}</code></li>" for line in steps)
+    return (
+        f'<h2 id="culprit">Which change did it</h2><p>{_e(head)}</p>'
+        f"<ul>{rows}</ul><p><b>{_e(answer)}</b></p>"
+    )
+
+
+def plot_tests(tests: Iterable[TestEntry]) -> list[TestEntry]:
     """One entry per nodeid to plot: the entries of a same-run A/B (one per deployment, each
     with a test-level ``profile``) merged, their levels tagged with that profile, so a figure
     shows the deployments side by side as one series each."""
-    merged: dict[str, dict[str, Any]] = {}
+    merged: dict[str, TestEntry] = {}
     for test in tests:
         nodeid = str(test.get("nodeid", "?"))
         profile = test.get("profile")
-        levels = [
-            dict(lv, profile=lv.get("profile", profile)) if profile else dict(lv)
-            for lv in test.get("levels") or []
-        ]
+        levels: list[LevelEntry] = []
+        for lv in test.get("levels") or []:
+            level = lv.copy()
+            if profile:
+                level["profile"] = lv.get("profile", profile)
+            levels.append(level)
         if nodeid in merged:
             merged[nodeid]["levels"] += levels
         else:
@@ -225,7 +244,7 @@ def plot_tests(tests: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_html(
-    report: Mapping[str, Any],
+    report: Report,
     out_dir: Path,
     *,
     plots: bool = True,

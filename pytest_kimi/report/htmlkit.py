@@ -21,10 +21,11 @@ from __future__ import annotations
 import hashlib
 import html
 import re
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from pytest_kimi.report.markdown import is_warning, summary_columns
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.wire import LevelEntry
 
 FONT = 'system-ui,-apple-system,"Segoe UI",sans-serif'
 
@@ -134,8 +135,8 @@ def verdict_class(verdict: str, failing: frozenset[str]) -> str:
 
 
 def levels_table(
-    levels: Sequence[Mapping[str, Any]],
-    verdict_cell: Callable[[Mapping[str, Any]], str],
+    levels: Sequence[LevelEntry],
+    verdict_cell: Callable[[LevelEntry], str],
 ) -> str:
     """A test's levels as a table: the Markdown report's columns (so the HTML report, the job
     summary and the dashboard's run pages never disagree), then a verdict column whose

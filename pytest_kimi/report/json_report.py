@@ -9,27 +9,28 @@ from typing import Any
 
 from pytest_kimi import __version__
 from pytest_kimi.files import write_atomic
+from pytest_kimi.wire import EndpointEntry, GateEntry, Report, SessionNoiseSection, TestEntry
 
 SCHEMA_VERSION = 1
 
 
 def build_report(
-    endpoint: dict[str, Any] | None,
-    tests: list[dict[str, Any]],
-    session_noise: dict[str, Any] | None = None,
-    gate: dict[str, Any] | None = None,
+    endpoint: Mapping[str, Any] | None,
+    tests: list[TestEntry],
+    session_noise: SessionNoiseSection | None = None,
+    gate: GateEntry | None = None,
     *,
     interrupted: str | None = None,
-) -> dict[str, Any]:
+) -> Report:
     """The report dict; ``session_noise`` (``--perf-sessions``, see
     :func:`pytest_kimi.run.server_starts.session_noise`) only when there is one; ``gate``:
     the settings the verdicts were judged by, the session noise and its source among them;
     ``interrupted``: what stopped the run before its end (a signal), when something did."""
-    report: dict[str, Any] = {
+    report: Report = {
         "schema": SCHEMA_VERSION,
         "plugin_version": __version__,
         "status": run_status(tests, interrupted=interrupted is not None),
-        "endpoint": endpoint or {},
+        "endpoint": endpoint_entry(endpoint),
         "tests": tests,
     }
     if interrupted is not None:
@@ -41,7 +42,21 @@ def build_report(
     return report
 
 
-def run_status(tests: Sequence[Mapping[str, Any]], *, interrupted: bool = False) -> str:
+def endpoint_entry(endpoint: Mapping[str, Any] | None) -> EndpointEntry:
+    """The report's ``endpoint`` from the plugin's (``Endpoint.public``): its URL, model and
+    server info, each where it is known (an empty object without an endpoint)."""
+    out: EndpointEntry = {}
+    if endpoint:
+        if "url" in endpoint:
+            out["url"] = endpoint["url"]
+        if "model" in endpoint:
+            out["model"] = endpoint["model"]
+        if "server_info" in endpoint:
+            out["server_info"] = endpoint["server_info"]
+    return out
+
+
+def run_status(tests: Sequence[TestEntry], *, interrupted: bool = False) -> str:
     """The run's one word, every report's headline: ``interrupted``, ``failed``, ``passed`` or
     ``no-tests``.
 
@@ -58,7 +73,7 @@ def run_status(tests: Sequence[Mapping[str, Any]], *, interrupted: bool = False)
     return "passed" if tests else "no-tests"
 
 
-def write_json(path: Path, report: dict[str, Any]) -> None:
+def write_json(path: Path, report: Report) -> None:
     write_text(path, json.dumps(report, indent=2) + "\n")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_kimi.wire import LevelEntry, TestEntry
+
 JUNIT_FIELDS = (
     "tok_s",
     "request_tok_s_p50",
@@ -30,9 +32,7 @@ LATENCY_SUFFIXES = {"": "value", "_baseline": "baseline", "_target": "target"}
 ``..._change_pct`` and ``..._verdict`` where it was compared."""
 
 
-def _latency_properties(
-    prefix: str, level: dict[str, Any], taken: set[str]
-) -> list[tuple[str, Any]]:
+def _latency_properties(prefix: str, level: LevelEntry, taken: set[str]) -> list[tuple[str, Any]]:
     """A level's TTFT and ITL figures (p50 and the marker's percentile) from its ``latency``
     section, each with its baseline and target; a name the level's fields gave already (the
     pooled ``ttft_s_p95``) is not repeated."""
@@ -46,19 +46,21 @@ def _latency_properties(
         keys = {**LATENCY_SUFFIXES, "_change_pct": "change_pct", "_verdict": "verdict"}
         for suffix, key in keys.items():
             prop = name + suffix
-            if figure.get(key) is not None and prop not in taken:
-                props.append((f"{prefix}.{prop}", figure[key]))
+            if (value := figure.get(key)) is not None and prop not in taken:
+                props.append((f"{prefix}.{prop}", value))
     return props
 
 
-def junit_properties(test: dict[str, Any]) -> list[tuple[str, Any]]:
+def junit_properties(test: TestEntry) -> list[tuple[str, Any]]:
     """Per-level figures as ``kimi.C<c>.<field>`` properties: ``--junitxml`` carries them (also via xdist)."""
     props: list[tuple[str, Any]] = []
     for lv in test["levels"]:
         name = (lv.get("label") or f"C={lv['concurrency']}").replace("=", "").replace(" ", ".")
         prefix = f"kimi.{lv['profile']}.{name}" if lv.get("profile") else f"kimi.{name}"
         props += [
-            (f"{prefix}.{name}", lv[name]) for name in JUNIT_FIELDS if lv.get(name) is not None
+            (f"{prefix}.{field}", value)
+            for field in JUNIT_FIELDS
+            if (value := lv.get(field)) is not None
         ]
         props += _latency_properties(prefix, lv, {name for name in JUNIT_FIELDS if lv.get(name)})
     capacity = test.get("capacity")

@@ -13,16 +13,18 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping, Sequence
 
+from pytest_kimi.wire import LatencyEntry, LatencyFigureEntry, LevelEntry, TestEntry
+
 NAMES = {"ttft_s": "TTFT", "itl_s": "ITL"}
 _MS = {"itl_s"}
 """Shown in milliseconds (as the main table's ITL column), the others in seconds."""
 
 
-def has_latency(levels: Sequence[Mapping[str, Any]]) -> bool:
+def has_latency(levels: Sequence[LevelEntry]) -> bool:
     return any(isinstance(lv.get("latency"), Mapping) for lv in levels)
 
 
-def _names(levels: Sequence[Mapping[str, Any]]) -> list[str]:
+def _names(levels: Sequence[LevelEntry]) -> list[str]:
     """The figures any level carries, in the sections' order (``ttft_s_p50``, ``ttft_s_p95``...)."""
     names: list[str] = []
     for lv in levels:
@@ -45,7 +47,7 @@ def _value(x: Any, kind: str) -> str:
     return f"{x * 1e3:.4g}" if kind in _MS else f"{x:.4g}"
 
 
-def figure_cell(name: str, figure: Mapping[str, Any] | None) -> str:
+def figure_cell(name: str, figure: LatencyFigureEntry | None) -> str:
     """``0.0735 (max 0.1) vs 0.0261 +158.9% REGRESSION``: measured, ceiling, baseline, change."""
     if not isinstance(figure, Mapping):
         return "-"
@@ -63,7 +65,7 @@ def figure_cell(name: str, figure: Mapping[str, Any] | None) -> str:
     return out
 
 
-def verdict_cell(section: Mapping[str, Any]) -> str:
+def verdict_cell(section: LatencyEntry) -> str:
     """``regression (TTFT p95)``, ``pass`` or ``not compared``."""
     figures = section.get("figures") or {}
     slow = [
@@ -76,7 +78,7 @@ def verdict_cell(section: Mapping[str, Any]) -> str:
     return "pass" if section.get("compared") else "not compared"
 
 
-def latency_table(levels: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
+def latency_table(levels: Sequence[LevelEntry]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the levels that carry a latency section; plain text, unescaped."""
     names = _names(levels)
     header = ["level", *(_header(n) for n in names), "latency vs baseline"]
@@ -95,7 +97,7 @@ def latency_table(levels: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[
     return header, rows
 
 
-def latency_title(levels: Sequence[Mapping[str, Any]]) -> str:
+def latency_title(levels: Sequence[LevelEntry]) -> str:
     """``Latency (measured vs baseline, tolerance +25%)``: what the table compares."""
     tolerances = {
         lv["latency"].get("tolerance_pct")
@@ -106,7 +108,7 @@ def latency_title(levels: Sequence[Mapping[str, Any]]) -> str:
     return f"latency: measured (max: the marker's ceiling) vs baseline, change per trial{tol}"
 
 
-def latency_notes(levels: Sequence[Mapping[str, Any]]) -> list[str]:
+def latency_notes(levels: Sequence[LevelEntry]) -> list[str]:
     """Why latency was not compared, once per distinct reason with the levels it concerns."""
     by_note: dict[str, list[str]] = {}
     for lv in levels:
@@ -117,7 +119,7 @@ def latency_notes(levels: Sequence[Mapping[str, Any]]) -> list[str]:
     return [f"{', '.join(labels)}: {note}" for note, labels in by_note.items()]
 
 
-def latency_lines(test: Mapping[str, Any]) -> list[str]:
+def latency_lines(test: TestEntry) -> list[str]:
     """The terminal's (and a failure message's) latency table and notes; empty without one."""
     levels = list(test.get("levels") or [])
     if not has_latency(levels):
@@ -131,7 +133,7 @@ def latency_lines(test: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def latency_markdown(test: Mapping[str, Any], cell: Any, text: Any) -> list[str]:
+def latency_markdown(test: TestEntry, cell: Any, text: Any) -> list[str]:
     """The Markdown table (``cell``/``text``: the summary's escaping), with a blank line first."""
     levels = list(test.get("levels") or [])
     if not has_latency(levels):
@@ -147,7 +149,7 @@ def latency_markdown(test: Mapping[str, Any], cell: Any, text: Any) -> list[str]
     return out
 
 
-def latency_html(test: Mapping[str, Any]) -> str:
+def latency_html(test: TestEntry) -> str:
     """The HTML table and notes; empty without a latency section."""
     levels = list(test.get("levels") or [])
     if not has_latency(levels):

@@ -47,6 +47,13 @@ from pytest_kimi.report.terminal import (
     session_text,
     tok_s_cell as _current,
 )
+from pytest_kimi.wire import (
+    LevelEntry,
+    NoiseEstimateEntry,
+    Report,
+    SessionNoiseSection,
+    TestEntry,
+)
 
 VERDICT_HELP: dict[str, str] = {v.value: v.meaning for v in Verdict}
 """What each verdict means, for the reports' legends (the words live on :class:`Verdict`)."""
@@ -126,7 +133,7 @@ def is_warning(verdict: str) -> bool:
 # ------------------------------------------------------------------------------- column model
 
 
-def _change(level: Mapping[str, Any]) -> str:
+def _change(level: LevelEntry) -> str:
     change = level.get("change_pct")
     if change is None:
         return "-"
@@ -135,14 +142,14 @@ def _change(level: Mapping[str, Any]) -> str:
     return f"{change:+.1f}% ({lo} .. {hi})"
 
 
-def _first_tokens(level: Mapping[str, Any]) -> str:
+def _first_tokens(level: LevelEntry) -> str:
     """TTFT/TTFC at the level's percentile: the wait for any token vs for the answer."""
     if level.get("reasoning_tokens_mean") is None:
         return "-"
     return f"{_num(level.get('ttft_s_pct'), '.3f')}/{_num(level.get('ttfc_s_pct'), '.3f')}"
 
 
-def _trials(level: Mapping[str, Any]) -> str:
+def _trials(level: LevelEntry) -> str:
     base = level.get("baseline_trials")
     if isinstance(base, list):  # a report that carries the samples themselves
         base = len(base)
@@ -154,11 +161,11 @@ class Column:
     """One table column: header, cell text (plain, unescaped) and alignment."""
 
     header: str
-    value: Callable[[Mapping[str, Any]], str]
+    value: Callable[[LevelEntry], str]
     numeric: bool = True
 
 
-def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
+def summary_columns(levels: Sequence[LevelEntry]) -> list[Column]:
     """The per-level columns of the summary table.
 
     Columns that would be all dashes are dropped (profile, max_tokens, target, failed
@@ -218,7 +225,7 @@ def summary_columns(levels: Sequence[Mapping[str, Any]]) -> list[Column]:
     return cols
 
 
-def level_label(level: Mapping[str, Any], test: Mapping[str, Any] | None = None) -> str:
+def level_label(level: LevelEntry, test: TestEntry | None = None) -> str:
     """``C=8`` or ``ep8 C=8``: how reasons name a level (no profile when the test entry is
     already the one deployment's)."""
     label = level.get("label") or f"C={level.get('concurrency', '?')}"
@@ -228,7 +235,7 @@ def level_label(level: Mapping[str, Any], test: Mapping[str, Any] | None = None)
     return f"{profile} {label}"
 
 
-def test_title(test: Mapping[str, Any]) -> str:
+def test_title(test: TestEntry) -> str:
     """``nodeid``, or ``nodeid on <deployment>`` for the entries of a same-run A/B, where one
     nodeid appears once per deployment (test-level ``profile``)."""
     profile = test.get("profile")
@@ -251,11 +258,11 @@ def workload_text(workload: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------------------ headline
 
 
-def outcome_counts(tests: Sequence[Mapping[str, Any]]) -> Counter[str]:
+def outcome_counts(tests: Sequence[TestEntry]) -> Counter[str]:
     return Counter(str(t.get("outcome", "unknown")) for t in tests)
 
 
-def headline(report: Mapping[str, Any]) -> tuple[str, str]:
+def headline(report: Report) -> tuple[str, str]:
     """(status word, one-line summary) shared with the HTML report.
 
     The word is the report's ``status`` (:func:`~pytest_kimi.report.json_report.run_status`;
@@ -280,7 +287,7 @@ def headline(report: Mapping[str, Any]) -> tuple[str, str]:
     return status, summary
 
 
-def run_facts(report: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
+def run_facts(report: Report) -> list[tuple[str, str, bool]]:
     """What the run was against, as (label, value, value is code): endpoint, model, server
     version and plugin version, those that are known; both the Markdown and the HTML head."""
     endpoint = report.get("endpoint") or {}
@@ -293,7 +300,7 @@ def run_facts(report: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
     return [(label, str(value), is_code) for label, value, is_code in facts if value]
 
 
-def gate_line(report: Mapping[str, Any]) -> str | None:
+def gate_line(report: Report) -> str | None:
     """What the verdicts were judged by, the session noise and where it came from (None for
     a report without the ``gate`` object: older versions, ``kimi-perf compare``)."""
     gate = report.get("gate")
@@ -306,16 +313,14 @@ def gate_line(report: Mapping[str, Any]) -> str | None:
     )
 
 
-def verdict_counts(tests: Sequence[Mapping[str, Any]]) -> Counter[str]:
+def verdict_counts(tests: Sequence[TestEntry]) -> Counter[str]:
     return Counter(str(lv.get("verdict", "?")) for t in tests for lv in t.get("levels") or [])
 
 
 # ------------------------------------------------------------------------------------- render
 
 
-def render_markdown(
-    report: Mapping[str, Any], *, failing_verdicts: Iterable[str] | None = None
-) -> str:
+def render_markdown(report: Report, *, failing_verdicts: Iterable[str] | None = None) -> str:
     """The whole summary as GitHub-flavoured Markdown (ends with a newline).
 
     ``failing_verdicts`` is the set the run was judged by (``GateSettings.failing_verdicts()``)
@@ -353,13 +358,18 @@ def render_markdown(
     noise = report.get("session_noise")
     if isinstance(noise, Mapping):
         out += ["", *render_session_noise(noise)]
+    culprit = report.get("culprit")
+    if isinstance(culprit, Mapping):
+        from pytest_kimi.report.culprit_text import markdown_culprit
+
+        out += ["", *markdown_culprit(culprit)]
     out += ["", "---", "", LEGEND, ""]
     # the last guard: whatever a helper above missed, no control character but the newline
     # and the tab reaches the file
     return printable("\n".join(out), None, lines=True)
 
 
-def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
+def _render_test(test: TestEntry, failing: frozenset[str]) -> list[str]:
     outcome = str(test.get("outcome", "?"))
     shown = f"**{outcome.upper()}**" if outcome in ("failed", "error") else text(outcome)
     where = f" on {code(str(test['profile']))}" if test.get("profile") else ""
@@ -433,11 +443,11 @@ def _render_test(test: Mapping[str, Any], failing: frozenset[str]) -> list[str]:
     return lines
 
 
-def _interval(estimate: Mapping[str, Any]) -> tuple[str, str]:
+def _interval(estimate: NoiseEstimateEntry) -> tuple[str, str]:
     return f"{estimate['sigma']:.3f}", f"{estimate['low']:.3f} .. {estimate['high']:.3f}"
 
 
-def render_session_noise(section: Mapping[str, Any]) -> list[str]:
+def render_session_noise(section: SessionNoiseSection) -> list[str]:
     """``--perf-sessions``: the session noise per level, pooled per deployment, and the
     recommended ``--perf-session-sigma`` (the JSON's ``session_noise`` section)."""
     confidence = float(section.get("confidence", 0.9))

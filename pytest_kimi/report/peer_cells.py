@@ -14,6 +14,8 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from pytest_kimi.wire import LevelEntry, TestEntry
+
 MIN_WIDTH = 40
 """Below this pytest's terminal writer assumes a broken size report and uses 80; so do we."""
 
@@ -25,12 +27,12 @@ def terminal_width() -> int:
     return width if width >= MIN_WIDTH else 80
 
 
-def has_peer(levels: Sequence[Mapping[str, Any]]) -> bool:
+def has_peer(levels: Sequence[LevelEntry]) -> bool:
     """Whether any level carries the peer figures (a report saved before them does not)."""
     return any(isinstance(lv.get("peer_counts"), Mapping) for lv in levels)
 
 
-def _label(lv: Mapping[str, Any]) -> str:
+def _label(lv: LevelEntry) -> str:
     label = str(lv.get("label") or f"C={lv.get('concurrency', '?')}")
     return f"{lv['profile']} {label}" if lv.get("profile") else label
 
@@ -56,15 +58,15 @@ _UNIT: dict[str, Callable[[Any], str]] = {
 _NAME = {"ttft_s": "TTFT", "itl_s": "ITL", "tpot_s": "TPOT", "e2e_s": "E2E"}
 
 
-def _stat_cell(name: str, stat: str) -> Callable[[Mapping[str, Any]], str]:
+def _stat_cell(name: str, stat: str) -> Callable[[LevelEntry], str]:
     return lambda lv: _UNIT[name](lv.get(f"{name}_{stat}"))
 
 
-def _summary_cell(name: str) -> Callable[[Mapping[str, Any]], str]:
+def _summary_cell(name: str) -> Callable[[LevelEntry], str]:
     """``12.1/15.3/20.4 (13.0)``: p50/p90/p99 and the mean."""
     fmt = _UNIT[name]
 
-    def cell(lv: Mapping[str, Any]) -> str:
+    def cell(lv: LevelEntry) -> str:
         if lv.get(f"{name}_p50") is None:
             return "-"
         tail = "/".join(fmt(lv.get(f"{name}_{q}")) for q in ("p50", "p90", "p99"))
@@ -80,7 +82,7 @@ def _unit(name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class PeerColumn:
     header: str
-    value: Callable[[Mapping[str, Any]], str]
+    value: Callable[[LevelEntry], str]
     rank: int
     """Importance in the terminal: 0 is never dropped; the highest goes first."""
 
@@ -126,15 +128,13 @@ TITLE = (
 
 
 def _rows(
-    levels: Sequence[Mapping[str, Any]], columns: Sequence[PeerColumn]
+    levels: Sequence[LevelEntry], columns: Sequence[PeerColumn]
 ) -> tuple[list[str], list[list[str]]]:
     shown = [lv for lv in levels if isinstance(lv.get("peer_counts"), Mapping)]
     return [c.header for c in columns], [[c.value(lv) for c in columns] for lv in shown]
 
 
-def fit_columns(
-    levels: Sequence[Mapping[str, Any]], width: int, indent: int = 0
-) -> list[PeerColumn]:
+def fit_columns(levels: Sequence[LevelEntry], width: int, indent: int = 0) -> list[PeerColumn]:
     """The terminal's columns that fit ``width`` (less ``indent``), least important dropped
     first; the level's label always stays."""
     columns = list(TERMINAL_COLUMNS)
@@ -147,7 +147,7 @@ def fit_columns(
     return columns
 
 
-def peer_lines(test: Mapping[str, Any], width: int | None = None, indent: int = 2) -> list[str]:
+def peer_lines(test: TestEntry, width: int | None = None, indent: int = 2) -> list[str]:
     """The terminal's peer table, every line at most ``width`` (default: the terminal's)
     including the ``indent`` the caller adds; empty when no level carries the figures."""
     levels = list(test.get("levels") or [])
@@ -165,7 +165,7 @@ def peer_lines(test: Mapping[str, Any], width: int | None = None, indent: int = 
     return lines
 
 
-def peer_markdown(test: Mapping[str, Any], cell: Any, text: Any) -> list[str]:
+def peer_markdown(test: TestEntry, cell: Any, text: Any) -> list[str]:
     """The Markdown table (``cell``/``text``: the summary's escaping), a blank line first."""
     levels = list(test.get("levels") or [])
     if not has_peer(levels):
@@ -178,7 +178,7 @@ def peer_markdown(test: Mapping[str, Any], cell: Any, text: Any) -> list[str]:
     return out
 
 
-def peer_html(test: Mapping[str, Any]) -> str:
+def peer_html(test: TestEntry) -> str:
     """The HTML table; empty when no level carries the figures."""
     levels = list(test.get("levels") or [])
     if not has_peer(levels):

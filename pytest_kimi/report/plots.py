@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from pytest_kimi.report import svg
 from pytest_kimi.report.htmlkit import safe_name
 from pytest_kimi.report.svg import GREY, VERMILLION, Key, Scale
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.wire import LevelEntry, TestEntry
 
 FAILING = Verdict.failing()
 """Levels drawn with a red ring: the verdicts that fail a run whatever the flags."""
@@ -50,12 +51,12 @@ def _finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) and value > 0 else None
 
 
-def _series(levels: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+def _series(levels: Sequence[LevelEntry]) -> dict[str, list[LevelEntry]]:
     """Levels grouped by ``profile`` (deployment) and swept lengths, each sorted by concurrency.
 
     Open-loop (rate) levels have no concurrency and are left out of these figures.
     """
-    groups: dict[str, list[Mapping[str, Any]]] = {}
+    groups: dict[str, list[LevelEntry]] = {}
     swept = [k for k in ("max_tokens", "input_tokens") if len({lv.get(k) for lv in levels}) > 1]
     for lv in levels:
         if _finite(lv.get("concurrency")) is None:
@@ -66,16 +67,23 @@ def _series(levels: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, 
             name = lengths if name == _NO_PROFILE else f"{name} {lengths}"
         groups.setdefault(name, []).append(lv)
     for group in groups.values():
-        group.sort(key=lambda lv: float(lv["concurrency"]))
+        group.sort(key=lambda lv: _x(lv))
     return groups
 
 
+def _x(level: LevelEntry) -> float:
+    """The concurrency a figure plots a level at (:func:`_series` keeps only levels that
+    have one)."""
+    c = level["concurrency"]
+    return math.nan if c is None else float(c)
+
+
 def _points(
-    xs: Sequence[float], group: Sequence[Mapping[str, Any]], key: str
-) -> list[tuple[float, float, Mapping[str, Any]]]:
+    xs: Sequence[float], group: Sequence[LevelEntry], key: str
+) -> list[tuple[float, float, LevelEntry]]:
     """(x, level[key], level) for the levels where ``key`` holds a positive finite number:
     an errored level has no figures and is left out of a line instead of breaking it."""
-    out: list[tuple[float, float, Mapping[str, Any]]] = []
+    out: list[tuple[float, float, LevelEntry]] = []
     for x, lv in zip(xs, group):
         y = _finite(lv.get(key))
         if y is not None and math.isfinite(x):
@@ -83,7 +91,7 @@ def _points(
     return out
 
 
-def _baseline_samples(level: Mapping[str, Any]) -> list[float]:
+def _baseline_samples(level: LevelEntry) -> list[float]:
     """Baseline trial samples when the report carries them (``baseline_trials_tok_s``, or
     ``baseline_trials`` as a list); today's reports carry only their count."""
     for key in ("baseline_trials_tok_s", "baseline_trials"):
@@ -93,7 +101,7 @@ def _baseline_samples(level: Mapping[str, Any]) -> list[float]:
     return []
 
 
-def _trials(level: Mapping[str, Any]) -> list[float]:
+def _trials(level: LevelEntry) -> list[float]:
     return [v for v in (_finite(s) for s in level.get("trials_tok_s") or []) if v is not None]
 
 
@@ -101,18 +109,18 @@ def _short(nodeid: str, limit: int = 70) -> str:
     return nodeid if len(nodeid) <= limit else "…" + nodeid[-(limit - 1) :]
 
 
-def _concurrency(level: Mapping[str, Any]) -> str:
+def _concurrency(level: LevelEntry) -> str:
     return f"C={level.get('concurrency')}"
 
 
-def _verdict_note(level: Mapping[str, Any]) -> str:
+def _verdict_note(level: LevelEntry) -> str:
     """``REGRESSION -12.3%``: the label of a failing level."""
     change = level.get("change_pct")
     number = isinstance(change, (int, float)) and not isinstance(change, bool)
     return str(level.get("verdict", "")).upper() + (f" {change:+.1f}%" if number else "")
 
 
-def _header(test: Mapping[str, Any], subtitle: str) -> str:
+def _header(test: TestEntry, subtitle: str) -> str:
     return svg.text(12, 20, _short(str(test.get("nodeid", "?"))), "ctitle") + svg.text(
         12, 38, subtitle, "csub"
     )
@@ -127,14 +135,14 @@ def _trial_dots(colour: str) -> str:
 # ------------------------------------------------------------------------------- throughput
 
 
-def throughput_svg(test: Mapping[str, Any], ident: str = "throughput") -> str:
+def throughput_svg(test: TestEntry, ident: str = "throughput") -> str:
     """Aggregate output tok/s against concurrency (log2): trials as dots, medians as a line,
     baseline median dashed (with the min-max band of its trials when the report has them),
     absolute targets as black dashes, failing levels ringed in red with their verdict."""
     left, right, plot_h = 76, _W - _RIGHT, 300.0
     top, bottom = _TOP, _TOP + plot_h
     groups = _series(list(test.get("levels") or []))
-    all_c = [float(lv["concurrency"]) for g in groups.values() for lv in g]
+    all_c = [_x(lv) for g in groups.values() for lv in g]
     xs_scale = (
         Scale(min(all_c) / 1.5, max(all_c) * 1.5, left, right, log=True)
         if all_c
@@ -160,7 +168,7 @@ def throughput_svg(test: Mapping[str, Any], ident: str = "throughput") -> str:
     for i, (profile, group) in enumerate(groups.items()):
         colour = svg.SERIES[i % len(svg.SERIES)]
         name = profile or "current"
-        xs = [float(lv["concurrency"]) for lv in group]
+        xs = [_x(lv) for lv in group]
         # trials: slight horizontal offsets so repeated values stay visible
         dots = []
         for x, lv in zip(xs, group):
@@ -344,7 +352,7 @@ def throughput_svg(test: Mapping[str, Any], ident: str = "throughput") -> str:
 # --------------------------------------------------------------------------------- latency
 
 
-def latency_svg(test: Mapping[str, Any], ident: str = "latency") -> str:
+def latency_svg(test: TestEntry, ident: str = "latency") -> str:
     """The latency/throughput trade-off: per-request tok/s p50 (top) and TTFT p95 (bottom)
     against aggregate tok/s, one point per level labelled ``C=N``, one line per profile.
 
@@ -363,7 +371,7 @@ def latency_svg(test: Mapping[str, Any], ident: str = "latency") -> str:
         ("ttft_s_p95", factor_ttft, f"TTFT p95 ({unit})", -6.0, "end"),
     )
     # per group and panel: (aggregate tok/s, figure, level)
-    drawn: dict[tuple[int, int], list[tuple[float, float, Mapping[str, Any]]]] = {}
+    drawn: dict[tuple[int, int], list[tuple[float, float, LevelEntry]]] = {}
     for i, group in enumerate(groups.values()):
         aggregate = [_finite(lv.get("tok_s")) for lv in group]
         for j, (key, factor, *_rest) in enumerate(panels):
@@ -490,7 +498,7 @@ def latency_svg(test: Mapping[str, Any], ident: str = "latency") -> str:
 # ---------------------------------------------------------------------------------- render
 
 
-def render_test(test: Mapping[str, Any], stem: str | None = None) -> list[PlotImage]:
+def render_test(test: TestEntry, stem: str | None = None) -> list[PlotImage]:
     """Both figures of one test; ``stem`` (default: from its nodeid) names their ids, so two
     tests' charts in one page never share one."""
     nodeid = str(test.get("nodeid", "?"))

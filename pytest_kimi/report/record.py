@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pytest_kimi.measure.results import PERF_SESSION, ThroughputResult, workload_dict
+from pytest_kimi.wire import TestEntry
 from pytest_kimi.workload.workload_spec import Workload
 
 Outcome = Literal["passed", "failed", "skipped", "error", "interrupted"]
@@ -38,7 +39,7 @@ class TestRecord:
     """The endpoint (URL, model, server info) it measured; the reporter files it per deployment
     and drops it from the test's object (the report has one ``endpoint``)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TestEntry:
         if self.result is not None:
             out = self.result.to_dict()
         else:

@@ -42,6 +42,7 @@ from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.measure.results import LevelResult
 from pytest_kimi.measure.windows import TrialWindow
 from pytest_kimi.scrub import scrub_text
+from pytest_kimi.wire import TestEntry
 
 LOCK_NAME = "requests.lock"
 """The lock file's name in ``<rootdir>/.kimi/``, beside the measurement's own lock."""
@@ -183,7 +184,7 @@ def _records(window: TrialWindow) -> Iterable[RequestRecord]:
     return window.result.records if window.result is not None else ()
 
 
-def problems_in(tests: Iterable[Mapping[str, Any]]) -> list[str]:
+def problems_in(tests: Iterable[TestEntry]) -> list[str]:
     """The failed writes the run's levels noted (also a worker's, on its test's record): one
     line each for the summary, which then fails the run like any failed sink."""
     found: list[str] = []

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from pytest_kimi.crosscheck.contamination import NOTE_STARTS as CONTAMINATION_NOTES
 from pytest_kimi.printable import DEFAULT_LIMIT, printable
@@ -33,8 +33,15 @@ from pytest_kimi.report.dataset_cells import (
     dataset_lines,
     has_cache_column,
 )
+from pytest_kimi.wire import (
+    LevelEntry,
+    NoiseEstimateEntry,
+    SessionNoiseSection,
+    SessionServer,
+    TestEntry,
+)
 
-Column = tuple[str, Callable[[dict[str, Any]], str]]
+Column = tuple[str, Callable[[LevelEntry], str]]
 
 
 def num(value: float | None, fmt: str) -> str:
@@ -42,7 +49,7 @@ def num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def tok_s_cell(level: Mapping[str, Any]) -> str:
+def tok_s_cell(level: LevelEntry) -> str:
     """Median tok/s with ± half the trials' range."""
     tok_s = level.get("tok_s")
     if tok_s is None:
@@ -51,16 +58,16 @@ def tok_s_cell(level: Mapping[str, Any]) -> str:
     return f"{tok_s:.1f}" + (f" ±{spread / 2:.1f}%" if spread is not None else "")
 
 
-def _ttft(level: dict[str, Any]) -> str:
+def _ttft(level: LevelEntry) -> str:
     return f"{num(level.get('ttft_s_p50'), '.3f')}/{num(level.get('ttft_s_p95'), '.3f')}"
 
 
-def _itl(level: dict[str, Any]) -> str:
+def _itl(level: LevelEntry) -> str:
     itl = level.get("itl_s_p50")
     return "-" if itl is None else f"{itl * 1e3:.2f}"
 
 
-def _change(level: dict[str, Any]) -> str:
+def _change(level: LevelEntry) -> str:
     change = level.get("change_pct")
     if change is None:
         return "-"
@@ -69,13 +76,13 @@ def _change(level: dict[str, Any]) -> str:
     return f"{change:+.1f}% ({lo}..{hi})"
 
 
-def server_tok_s_cell(level: Mapping[str, Any]) -> str:
+def server_tok_s_cell(level: LevelEntry) -> str:
     """``--perf-server-metrics``: the server's own median tok/s over the steady-state windows."""
     server = level.get("server") or {}
     return num(server.get("tok_s"), ".1f")
 
 
-def server_tokens_cell(level: Mapping[str, Any]) -> str:
+def server_tokens_cell(level: LevelEntry) -> str:
     """The server's count of generated tokens, ``(exact)`` when it equals the client's."""
     server = level.get("server") or {}
     tokens = server.get("tokens")
@@ -85,7 +92,7 @@ def server_tokens_cell(level: Mapping[str, Any]) -> str:
     return f"{tokens} (exact)" if tokens == client else f"{tokens} (client {client})"
 
 
-def prompt_tokens_cell(level: Mapping[str, Any]) -> str:
+def prompt_tokens_cell(level: LevelEntry) -> str:
     """Prompt tokens the server's ``usage`` reported: mean and range, e.g. ``87 (75-119)``.
 
     What was really sent: ``input_tokens`` is sized with the server's tokenizer where it has
@@ -104,7 +111,7 @@ contamination check's, and how long arrivals queued under a rate's concurrency c
 rate is not the offered one, which the operator must see where they look)."""
 
 
-def prompt_notes(test: Mapping[str, Any]) -> list[str]:
+def prompt_notes(test: TestEntry) -> list[str]:
     """Where prompt lengths are estimates, the dataset sample and shared prefix, the
     contamination check's notes (zombies waited for, a check not possible), arrivals queued
     under ``max_concurrency``, and a prefix-cache
@@ -132,14 +139,14 @@ PROMPT_COLUMNS: list[Column] = [("prompt tok", prompt_tokens_cell)]
 """Shown after ITL when any level carries the prompt tokens its requests' usage reported."""
 
 
-def reasoning_tokens_cell(level: Mapping[str, Any]) -> str:
+def reasoning_tokens_cell(level: LevelEntry) -> str:
     """Reasoning/content tokens per request, e.g. ``412/88``: where the output went."""
     if level.get("reasoning_tokens_mean") is None:
         return "-"
     return f"{num(level.get('reasoning_tokens_mean'), '.0f')}/{num(level.get('content_tokens_mean'), '.0f')}"
 
 
-def _ttfc(level: dict[str, Any]) -> str:
+def _ttfc(level: LevelEntry) -> str:
     if level.get("reasoning_tokens_mean") is None:
         return "-"
     return f"{num(level.get('ttfc_s_p50'), '.3f')}/{num(level.get('ttfc_s_p95'), '.3f')}"
@@ -176,7 +183,7 @@ COLUMNS: list[Column] = [
 ]
 
 
-def columns_for(levels: Sequence[dict[str, Any]]) -> list[Column]:
+def columns_for(levels: Sequence[LevelEntry]) -> list[Column]:
     """:data:`COLUMNS`, with :data:`SERVER_COLUMNS` after ``tok/s`` and
     :data:`REASONING_COLUMNS` after TTFT when any level has them."""
     columns = COLUMNS
@@ -336,7 +343,7 @@ def _blocks(header: list[str], cells: list[list[str]], width: int) -> list[list[
 
 
 def format_table(
-    levels: Sequence[dict[str, Any]],
+    levels: Sequence[LevelEntry],
     columns: Sequence[Column] | None = None,
     width: int | None = None,
 ) -> list[str]:
@@ -367,7 +374,7 @@ def format_table(
     return lines
 
 
-def _lengths(levels: Sequence[dict[str, Any]]) -> str:
+def _lengths(levels: Sequence[LevelEntry]) -> str:
     """The test's lengths and prompts once in the title, unless levels sweep them."""
     parts = []
     for name in ("max_tokens", "input_tokens", "prompts"):
@@ -377,15 +384,15 @@ def _lengths(levels: Sequence[dict[str, Any]]) -> str:
     return " ".join(parts)
 
 
-def price_text(test: Mapping[str, Any]) -> str | None:
+def price_text(test: TestEntry) -> str | None:
     """What the test's measurement cost the server, and the clock its figures are in (the
     simulator's: wall seconds times its speed), for every report's test heading."""
     spent = test.get("server_time_s")
-    clock = test.get("server_clock") or {}
+    clock = test.get("server_clock")
     if spent is None:
         return None
     out = f"server time {spent:.1f} s"
-    speed = clock.get("speed")
+    speed = clock.get("speed") if clock else None
     if speed:
         out += (
             f" in the simulator's clock (wall x {speed:g}); tok/s and latencies are in that "
@@ -394,13 +401,13 @@ def price_text(test: Mapping[str, Any]) -> str | None:
     return out
 
 
-def session_text(test: Mapping[str, Any]) -> str:
+def session_text(test: TestEntry) -> str:
     """`` (s2)`` after a test's title when it ran in one of several ``--perf-sessions``."""
     k = test.get("perf_session")
     return f" (s{k + 1})" if isinstance(k, int) else ""
 
 
-def format_test(test: dict[str, Any], width: int | None = None) -> list[str]:
+def format_test(test: TestEntry, width: int | None = None) -> list[str]:
     """A test's lines in the terminal summary (and a failed test's message), every one
     printable and at most ``width`` columns (default: :func:`summary_width`)."""
     width = summary_width() if width is None else width
@@ -446,12 +453,12 @@ def format_test(test: dict[str, Any], width: int | None = None) -> list[str]:
     return fit_lines(lines, width)
 
 
-def _estimate_text(estimate: Mapping[str, Any]) -> str:
+def _estimate_text(estimate: NoiseEstimateEntry) -> str:
     """``0.071 (0.041..0.21)``: the estimate of ``--perf-session-sigma`` and its interval."""
     return f"{estimate['sigma']:.3f} ({estimate['low']:.3f}..{estimate['high']:.3f})"
 
 
-def _server_text(server: Mapping[str, Any]) -> str:
+def _server_text(server: SessionServer) -> str:
     k = server.get("perf_session")
     parts = [f"s{k + 1}" if isinstance(k, int) else "?"]
     if server.get("pid") is not None:
@@ -461,7 +468,7 @@ def _server_text(server: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def format_session_noise(section: Mapping[str, Any], width: int | None = None) -> list[str]:
+def format_session_noise(section: SessionNoiseSection, width: int | None = None) -> list[str]:
     """``--perf-sessions``: the session noise per level and deployment, pooled, and the
     ``--perf-session-sigma`` it recommends (the ``session_noise`` section of the JSON); every
     line printable and at most ``width`` columns (default: :func:`summary_width`)."""

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from pytest_kimi.wire import LevelEntry
+
 RATES_HEADER = "req/s offered/sent/done"
 
 
@@ -24,7 +26,7 @@ def _rate(value: Any) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{value:.3g}"
 
 
-def rates_cell(level: Mapping[str, Any]) -> str:
+def rates_cell(level: LevelEntry) -> str:
     """``offered/sent/done`` requests per second of an open-loop level (``-`` otherwise)."""
     offered = level.get("offered_rate", level.get("rate"))
     if offered is None:
@@ -32,11 +34,11 @@ def rates_cell(level: Mapping[str, Any]) -> str:
     return f"{offered:g}/{_rate(level.get('achieved_rate'))}/{_rate(level.get('completed_rate'))}"
 
 
-def has_rates(levels: Sequence[Mapping[str, Any]]) -> bool:
+def has_rates(levels: Sequence[LevelEntry]) -> bool:
     return any(lv.get("rate") is not None for lv in levels)
 
 
-def turns_text(level: Mapping[str, Any]) -> str | None:
+def turns_text(level: LevelEntry) -> str | None:
     """``turn 1: 25 tok, TTFT 0.120 s; turn 2: 51 tok, 0.180 s; ...`` or None."""
     turns = level.get("turns")
     if not isinstance(turns, list) or not turns:
@@ -56,7 +58,7 @@ def turns_text(level: Mapping[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
-def shape_lines(levels: Sequence[Mapping[str, Any]]) -> list[str]:
+def shape_lines(levels: Sequence[LevelEntry]) -> list[str]:
     """One line per multi-turn level (``C=4 by turn: turn 1: ...``) and per open-loop level
     whose window was short against its requests (``rate=8/s note: the window ...``)."""
     out = []

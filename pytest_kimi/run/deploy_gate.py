@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from pytest_kimi.gate.paired import MIN_BLOCKS, SequentialOutcome, run_sequential
 from pytest_kimi.measure.results import PERF_SESSION
 from pytest_kimi.verdicts import Verdict
+from pytest_kimi.wire import DeployGateEntry, DeployLevelEntry, TestEntry
 
 DEFAULT_POWER = 0.95
 """The power the minimum detectable drop is stated at: a drop of that size is caught this often."""
@@ -111,8 +112,8 @@ class PairedLevel:
             f"{c.launch_sigma * 100.0:.2f}%, could catch a drop of {mdd}; {state}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> DeployLevelEntry:
+        out: DeployLevelEntry = {
             "candidate": self.candidate,
             "nodeid": self.nodeid,
             "label": self.label,
@@ -152,7 +153,7 @@ class DeployGate:
             lv for lv in self.levels if lv.verdict in failing and (lv.decided or not lv.budget_left)
         ]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> DeployGateEntry:
         return {
             "reference": self.reference,
             "max_launches": self.max_launches,
@@ -165,7 +166,7 @@ class DeployGate:
 
 
 def launch_figures(
-    tests: Iterable[Mapping[str, Any]], reference: str, candidate: str
+    tests: Iterable[TestEntry], reference: str, candidate: str
 ) -> tuple[list[LaunchFigures], list[str]]:
     """Every level's figure per block on the two deployments, and a note for each launch's
     level left out (not trustworthy: no figure to pair)."""
@@ -232,7 +233,7 @@ def judge_pair(
 
 
 def judge(
-    tests: Sequence[Mapping[str, Any]],
+    tests: Sequence[TestEntry],
     deployments: Sequence[str],
     *,
     max_launches: int,

@@ -26,10 +26,12 @@ from pytest_kimi.baseline.update import update_baselines
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.report.json_report import build_report, write_json, write_text
 from pytest_kimi.report.requests_file import problems_in
+from pytest_kimi.run.culprit_run import CulpritReport
 from pytest_kimi.run.deploy_gate import DeployGate, deploy_changes, judge
 from pytest_kimi.run.gating import GateContext
 from pytest_kimi.run.server_starts import attach_session_noise, pool_sessions, session_noise
 from pytest_kimi.scrub import scrub, scrub_text
+from pytest_kimi.wire import Report, SessionNoiseSection, TestEntry
 
 _T = TypeVar("_T")
 
@@ -38,7 +40,7 @@ _T = TypeVar("_T")
 class RunSummary:
     """What the terminal summary says after the run's reports were written."""
 
-    session_noise: dict[str, Any] | None = None
+    session_noise: SessionNoiseSection | None = None
     updates: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     """Baselines ``--update-baselines`` refused to write: the run then exits non-zero."""
@@ -53,23 +55,27 @@ class RunSummary:
     ``deploy_gate``)."""
     deploy_failed: list[str] = field(default_factory=list)
     """The paired comparison's failing levels, one line each: the run then exits non-zero."""
+    culprit: CulpritReport | None = None
+    """``--perf-culprit``: the search for the change behind the deploy gate's regression
+    (also the report's ``culprit``)."""
 
 
 def finish_run(
     opts: KimiOptions,
     gate: GateContext,
     endpoint: Mapping[str, Any] | None,
-    tests: Sequence[Mapping[str, Any]],
+    tests: Sequence[TestEntry],
     endpoints: Mapping[str, Mapping[str, Any]],
     *,
     rootdir: Path,
     deployments: Sequence[str],
     interrupted: str | None = None,
+    culprit: CulpritReport | None = None,
 ) -> RunSummary:
     """Write every sink from the run's test records (the ``--perf-json`` test objects), in
     the order baselines, history, reports, each on its own; ``interrupted`` (what stopped the
     run, when a signal did) heads every report."""
-    summary = RunSummary(interrupted=interrupted)
+    summary = RunSummary(interrupted=interrupted, culprit=culprit)
     tests = list(tests)
     mode = gate.update
     if mode is not None and tests:
@@ -91,11 +97,11 @@ def finish_run(
 
         _sink(summary.problems, f"baselines not updated in {gate.root}", update)
 
-    def build() -> dict[str, Any]:
+    def build() -> Report:
         summary.session_noise = session_noise(tests, current_sigma=opts.perf_session_sigma)
         report = build_report(
             dict(endpoint) if endpoint else None,
-            [dict(t) for t in tests],
+            [t.copy() for t in tests],
             summary.session_noise,
             gate.report_fields(),
             interrupted=interrupted,
@@ -119,6 +125,8 @@ def finish_run(
                     f"{lv.nodeid} {lv.label} on {lv.candidate}: {lv.verdict}"
                     for lv in summary.deploy_gate.failing(gate.settings.failing_verdicts())
                 ]
+        if culprit is not None:
+            report["culprit"] = culprit.to_dict()
         return report
 
     report = _sink(summary.problems, "run report not built (no history row, no report)", build)
@@ -144,7 +152,7 @@ def _sink(problems: list[str], what: str, write: Callable[[], _T]) -> _T | None:
 
 def write_reports(
     opts: KimiOptions,
-    report: dict[str, Any],
+    report: Report,
     failing: frozenset[str],
     environ: Mapping[str, str],
 ) -> list[str]:
@@ -208,7 +216,7 @@ def write_reports(
 def store_history(
     opts: KimiOptions,
     gate: GateContext,
-    report: dict[str, Any],
+    report: Report,
     endpoints: Mapping[str, Mapping[str, Any]],
     rootdir: Path,
     deployments: Sequence[str],

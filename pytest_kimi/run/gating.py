@@ -16,6 +16,7 @@ from pytest_kimi.gate import two_sample
 from pytest_kimi.gate.policy import GateSettings
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.run.noise_source import choose_session_sigma
+from pytest_kimi.wire import GateEntry
 from pytest_kimi.workload.workload_spec import Targets
 
 
@@ -55,7 +56,7 @@ class GateContext:
             allow_large=opts.perf_allow_large,
         )
 
-    def report_fields(self) -> dict[str, object]:
+    def report_fields(self) -> GateEntry:
         """The report's ``gate`` object: the settings every verdict was judged by."""
         s = self.settings
         return {

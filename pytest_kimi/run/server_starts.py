@@ -31,6 +31,15 @@ from pytest_kimi.gate.session_noise import (
 )
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.measure.results import PERF_SERVER, PERF_SESSION, level_key, session_id
+from pytest_kimi.wire import (
+    LevelEntry,
+    NoiseDeploymentEntry,
+    NoiseLevelEntry,
+    PooledNoise,
+    SessionNoiseSection,
+    SessionServer,
+    TestEntry,
+)
 
 
 def run_order(deployments: int, sessions: int) -> list[tuple[int, int]]:
@@ -64,15 +73,15 @@ class _Cell:
     trials: dict[int, list[float]]
 
 
-def _key(level: Mapping[str, Any], test: Mapping[str, Any]) -> str:
+def _key(level: LevelEntry, test: TestEntry) -> str:
     return json.dumps(level_key(level, test.get("workload") or {}), sort_keys=True)
 
 
-def _session_tests(tests: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _session_tests(tests: Iterable[TestEntry]) -> list[TestEntry]:
     return [t for t in tests if isinstance(t.get(PERF_SESSION), int)]
 
 
-def _cells(tests: Sequence[Mapping[str, Any]]) -> tuple[list[_Cell], list[str]]:
+def _cells(tests: Sequence[TestEntry]) -> tuple[list[_Cell], list[str]]:
     """The levels' trials per session, and a note for every level left out of a session."""
     cells: dict[tuple[str | None, str, str], _Cell] = {}
     notes: list[str] = []
@@ -128,11 +137,11 @@ def _deployment_levels(cells: Sequence[_Cell]) -> tuple[list[_Cell], list[int]]:
 
 
 def session_noise(
-    tests: Iterable[Mapping[str, Any]],
+    tests: Iterable[TestEntry],
     *,
     current_sigma: float | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
-) -> dict[str, Any] | None:
+) -> SessionNoiseSection | None:
     """The reports' ``session_noise`` section; None when no test ran in two sessions.
 
     Per level and deployment: ``sigma`` (the estimate of ``--perf-session-sigma``), ``low``,
@@ -146,9 +155,9 @@ def session_noise(
     if not chosen_tests:
         return None
     cells, notes = _cells(chosen_tests)
-    levels: list[dict[str, Any]] = []
+    levels: list[NoiseLevelEntry] = []
     for cell in cells:
-        row: dict[str, Any] = {
+        row: NoiseLevelEntry = {
             "profile": cell.profile,
             "nodeid": cell.nodeid,
             "label": cell.label,
@@ -161,13 +170,13 @@ def session_noise(
             where = f" on {cell.profile}" if cell.profile else ""
             notes.append(f"{cell.nodeid}{where} {cell.label}: no estimate ({exc})")
         levels.append(row)
-    deployments: list[dict[str, Any]] = []
+    deployments: list[NoiseDeploymentEntry] = []
     pool_input: list[list[list[list[float]]]] = []
     profiles = list(dict.fromkeys(c.profile for c in cells))
     for profile in profiles:
         mine = [c for c in cells if c.profile == profile]
         chosen, shared = _deployment_levels(mine)
-        entry: dict[str, Any] = {
+        entry: NoiseDeploymentEntry = {
             "profile": profile,
             "sessions": sorted(
                 {int(t[PERF_SESSION]) for t in chosen_tests if t.get("profile") == profile}
@@ -183,7 +192,7 @@ def session_noise(
             except ValueError as exc:
                 notes.append(f"{profile or 'the deployment'}: no pooled estimate ({exc})")
         deployments.append(entry)
-    section: dict[str, Any] = {
+    section: SessionNoiseSection = {
         "confidence": confidence,
         "deployments": deployments,
         "levels": levels,
@@ -201,9 +210,9 @@ def session_noise(
     return section
 
 
-def _servers(tests: Sequence[Mapping[str, Any]], profile: str | None) -> list[dict[str, Any]]:
+def _servers(tests: Sequence[TestEntry], profile: str | None) -> list[SessionServer]:
     """Which server start ran each session of a deployment (first test of each session)."""
-    seen: dict[int, dict[str, Any]] = {}
+    seen: dict[int, SessionServer] = {}
     for test in tests:
         if test.get("profile") != profile:
             continue
@@ -214,7 +223,7 @@ def _servers(tests: Sequence[Mapping[str, Any]], profile: str | None) -> list[di
     return [seen[k] for k in sorted(seen)]
 
 
-def estimate_of(section: Mapping[str, Any]) -> NoiseEstimate | None:
+def estimate_of(section: SessionNoiseSection) -> NoiseEstimate | None:
     """The pooled estimate of a report's ``session_noise`` section, if it has one."""
     data = section.get("pooled")
     return NoiseEstimate.from_dict(data) if isinstance(data, dict) else None
@@ -223,7 +232,7 @@ def estimate_of(section: Mapping[str, Any]) -> NoiseEstimate | None:
 # ---------------------------------------------------------------------------- the baselines
 
 
-def pool_sessions(tests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def pool_sessions(tests: Sequence[TestEntry]) -> list[TestEntry]:
     """One test dict per test and deployment, every session's trials pooled per level.
 
     What ``--update-baselines`` records from a run with ``--perf-sessions N``.  Pooled, not one
@@ -238,14 +247,14 @@ def pool_sessions(tests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     and the median of the sessions' request rates and TTFTs.
     Tests without ``perf_session`` pass through unchanged.
     """
-    groups: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[Any, Any], list[TestEntry]] = {}
     for test in tests:
         if isinstance(test.get(PERF_SESSION), int):
             groups.setdefault((test.get("profile"), test.get("nodeid")), []).append(test)
-    out: list[dict[str, Any]] = []
+    out: list[TestEntry] = []
     for test in tests:
         if not isinstance(test.get(PERF_SESSION), int):
-            out.append(dict(test))
+            out.append(test.copy())
             continue
         members = groups.pop((test.get("profile"), test.get("nodeid")), None)
         if members is not None:  # at the first session's place; the others are in it
@@ -253,15 +262,13 @@ def pool_sessions(tests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def attach_session_noise(
-    pooled: Sequence[dict[str, Any]], section: Mapping[str, Any] | None
-) -> None:
+def attach_session_noise(pooled: Sequence[TestEntry], section: SessionNoiseSection | None) -> None:
     """Give each pooled level (:func:`pool_sessions`) the session noise its sessions measured
     (``session_noise``'s per-level estimate: ``sigma`` and ``df``, the sessions less one), so
     the baseline recorded from them stores it (:class:`pytest_kimi.baseline.model.SessionNoise`)."""
     if not section:
         return
-    found: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    found: dict[tuple[Any, Any, Any], PooledNoise] = {}
     for row in section.get("levels") or []:
         est = row.get("estimate")
         if isinstance(est, Mapping) and int(est.get("df_between") or 0) >= 1:
@@ -277,31 +284,37 @@ def attach_session_noise(
                 level["session_noise"] = noise
 
 
-def _pooled_test(members: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    first = dict(members[0])
+def _pooled_test(members: Sequence[TestEntry]) -> TestEntry:
+    first = members[0].copy()
     first.pop(PERF_SESSION, None)
     first.pop(PERF_SERVER, None)
     first["perf_sessions"] = [int(t[PERF_SESSION]) for t in members]
-    by_key: dict[str, list[Mapping[str, Any]]] = {}
+    by_key: dict[str, list[LevelEntry]] = {}
     for test in members:
         for level in test.get("levels") or []:
             by_key.setdefault(_key(level, test), []).append(level)
     levels = []
     for same in by_key.values():
-        level = dict(same[0])
+        level = same[0].copy()
         level["trials_tok_s"] = [x for lv in same for x in lv.get("trials_tok_s") or []]
         level["trials"] = len(level["trials_tok_s"])
         bad = [lv for lv in same if not _recordable(lv.get("verdict"))]
         if bad:
-            level["verdict"] = bad[0].get("verdict")
-        for name in ("request_tok_s_p50", "ttft_s_p50", "ttft_s_p95"):
-            values = [lv[name] for lv in same if lv.get(name) is not None]
-            level[name] = statistics.median(values) if values else None
+            level["verdict"] = bad[0]["verdict"]
+        level["request_tok_s_p50"] = _median([lv.get("request_tok_s_p50") for lv in same])
+        level["ttft_s_p50"] = _median([lv.get("ttft_s_p50") for lv in same])
+        level["ttft_s_p95"] = _median([lv.get("ttft_s_p95") for lv in same])
         if level["trials_tok_s"]:
             level["tok_s"] = round(statistics.median(level["trials_tok_s"]), 2)
         levels.append(level)
     first["levels"] = levels
     return first
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    """The median of the sessions' figures that are there (None: none is)."""
+    present = [x for x in values if x is not None]
+    return statistics.median(present) if present else None
 
 
 def _recordable(verdict: Any) -> bool:

@@ -79,6 +79,12 @@ def check_server_starts(opts: KimiOptions, deployments: list[ServerProfile]) -> 
     external ``--endpoint`` URL (or a profile with only ``url:``) would give N runs against
     one server start, whose scatter says nothing about the noise between starts.
     """
+    if opts.perf_culprit and not opts.perf_max_launches:
+        raise SetupError(
+            f"{opts.source('perf_culprit')}: the culprit search explains a regression the "
+            "paired deploy comparison decided; give two --server-profile (the reference first) "
+            "and --perf-max-launches N (12 is a good budget)"
+        )
     if opts.perf_max_launches:
         return check_paired(opts, deployments)
     n = opts.perf_sessions
@@ -129,6 +135,13 @@ def check_paired(opts: KimiOptions, deployments: list[ServerProfile]) -> int:
         raise SetupError(
             f"{given} with {opts.source('perf_sessions')} = {opts.perf_sessions}: the paired "
             "experiment sets the launches itself; drop --perf-sessions"
+        )
+    external = [d.name for d in deployments if d.external]
+    if opts.perf_culprit and external:
+        raise SetupError(
+            f"{opts.source('perf_culprit')}: server profile {', '.join(external)} is external "
+            "(url:): the culprit search launches deployments between the two profiles itself, "
+            "so both must be profiles the plugin starts (command/args)"
         )
     if opts.update_baselines is not None:
         raise SetupError(

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pytest_kimi.files import described
+from pytest_kimi.wire import DatasetSection
 from pytest_kimi.workload.prompts import (
     Tokenizer,
     WorkloadError,
@@ -491,7 +492,7 @@ class DatasetSample:
         """Each request's ``max_tokens`` at a level: its own length, capped by the level's."""
         return [min(n, max_tokens) if n else max_tokens for n in self.output_tokens]
 
-    def summary(self, max_tokens: int) -> dict[str, Any]:
+    def summary(self, max_tokens: int) -> DatasetSection:
         """The level's ``dataset`` entry in the JSON report (the output lengths at its cap)."""
         lengths = self.lengths_for(max_tokens)
         return {

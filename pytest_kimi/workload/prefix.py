@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_kimi.load.records import Api
+from pytest_kimi.wire import SharedPrefixSection
 from pytest_kimi.workload.prompts import (
     SIZE_TOLERANCE,
     TOKENS_PER_WORD,
@@ -90,7 +91,7 @@ class SharedPrefixes:
             return None
         return f"shared_prefix_tokens={self.tokens} is an {self.sizing}"
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> SharedPrefixSection:
         """The level's ``shared_prefix`` entry in the JSON report."""
         return {
             "tokens": self.tokens,

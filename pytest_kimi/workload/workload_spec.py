@@ -227,11 +227,3 @@ def ratio_key(ratios: tuple[float, float] | None) -> float | dict[str, float] | 
     if ratios[0] == ratios[1]:
         return ratios[0]
     return {"input": ratios[0], "output": ratios[1]}
-
-
-def ratio_fields(ratios: tuple[float, float]) -> dict[str, float]:
-    """``range_ratio`` as baseline key fields, which are scalars: ``range_ratio`` where input
-    and output share it, else ``range_ratio_input`` and ``range_ratio_output``."""
-    if ratios[0] == ratios[1]:
-        return {"range_ratio": ratios[0]}
-    return {"range_ratio_input": ratios[0], "range_ratio_output": ratios[1]}

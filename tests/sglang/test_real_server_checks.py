@@ -478,14 +478,25 @@ def test_ab():
 
 
 def _paired(
-    pytester: pytest.Pytester, tiny_model_path: Path, profiles: dict[str, int], launches: int
+    pytester: pytest.Pytester,
+    tiny_model_path: Path,
+    profiles: dict[str, int],
+    launches: int,
+    *extra: str,
+    changes: dict[str, Any] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """A paired deploy comparison of managed profiles (name: ``max-running-requests``), the
-    first the reference, at most ``launches`` launches."""
+    first the reference, at most ``launches`` launches; ``changes``: more arguments (and an
+    ``env`` dict) for the last profile."""
     import yaml
 
-    for name, n in profiles.items():
-        (pytester.path / f"{name}.yaml").write_text(yaml.safe_dump(_profile(n, tiny_model_path)))
+    for i, (name, n) in enumerate(profiles.items()):
+        data = _profile(n, tiny_model_path)
+        if changes and i == len(profiles) - 1:
+            more = dict(changes)
+            data["env"] = {**data.get("env", {}), **more.pop("env", {})}
+            data["args"].update(more)
+        (pytester.path / f"{name}.yaml").write_text(yaml.safe_dump(data))
     pytester.makepyfile(test_suite=PAIRED_SUITE)
     path = pytester.path / "paired.json"
     result = pytester.runpytest(
@@ -495,6 +506,7 @@ def _paired(
         f"--perf-max-launches={launches}",
         "-v",
         f"--perf-json={path}",
+        *extra,
     )
     return result, json.loads(path.read_text())
 
@@ -515,12 +527,26 @@ def test_paired_aa_of_one_deployment_is_not_a_regression(
     assert result.ret in (0, 1)  # undecided after 4 launches is inconclusive or underpowered
 
 
-def test_paired_ab_of_a_slower_deploy_is_a_regression_naming_the_flag(
+def test_paired_ab_of_a_slower_deploy_is_a_regression_and_its_culprit_is_named(
     pytester: pytest.Pytester, tiny_model_path: Path
 ) -> None:
-    """``--max-running-requests 2`` against 8 at C=8: about a quarter of the throughput, a
-    ``regression`` decided by the launches, with the one flag that changed named."""
-    result, report = _paired(pytester, tiny_model_path, {"tiny-mrr8": 8, "tiny-mrr2": 2}, 6)
+    """``--max-running-requests 2`` against 8 at C=8 (about a quarter of the throughput), hidden
+    among three harmless changes (``--log-level``, ``--schedule-policy``, an env variable
+    SGLang never reads): the paired comparison decides a ``regression`` with the flag named in
+    its list of changes, and ``--perf-culprit`` names it alone, each step a paired comparison
+    of fresh launches of the real engine."""
+    result, report = _paired(
+        pytester,
+        tiny_model_path,
+        {"tiny-mrr8": 8, "tiny-mrr2": 2},
+        8,
+        "--perf-culprit",
+        changes={
+            "log-level": "warning",
+            "schedule-policy": "lpm",
+            "env": {"KIMI_HARMLESS_SETTING": "1"},
+        },
+    )
     gate = report["deploy_gate"]
     (level,) = gate["levels"]
     print(json.dumps(level, indent=1))
@@ -528,6 +554,13 @@ def test_paired_ab_of_a_slower_deploy_is_a_regression_naming_the_flag(
     assert any("max_running_requests" in c for c in gate["changes"]["tiny-mrr2"]), gate
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*changed on tiny-mrr2:*max_running_requests*"])
+    culprit = report["culprit"]
+    print(json.dumps(culprit, indent=1))
+    assert sorted(culprit["changes"]) == sorted(
+        ["max-running-requests", "log-level", "schedule-policy", "env:KIMI_HARMLESS_SETTING"]
+    )
+    assert culprit["status"] == "named" and culprit["named"] == ["max-running-requests"], culprit
+    result.stdout.fnmatch_lines(["*pytest-kimi culprit*", "*named: max-running-requests (*"])
 
 
 def test_the_first_run_after_a_launch_agrees_with_the_later_ones(

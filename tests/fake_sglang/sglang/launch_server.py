@@ -42,13 +42,27 @@ every failure a real deployment has shown:
 ``FAKE_SGLANG_STARTUP_S``
     Seconds of simulated loading before the server listens (default 0.5).
 ``FAKE_SGLANG_SPEED`` / ``FAKE_SGLANG_SLOWDOWN``
-    Simulator time scale (default 20) and step multiplier (default 1.8 with
-    ``--enable-eplb``, the ratio seen between EP8 and EP8+EPLB, else 1.0).
+    Simulator time scale (default 20) and step multiplier (default: the product of the flag
+    effects below, 1.0 without any; ``FAKE_SGLANG_SLOWDOWN`` replaces it).
+
 ``FAKE_SGLANG_LAUNCH_NOISE`` / ``FAKE_SGLANG_SEED_FILE`` / ``FAKE_SGLANG_SEED_BASE``
     Per-launch speed noise: each launch draws its own speed factor exp(N(0, noise)) (the
     simulator's ``noise=``), as a real deployment's placement, clocks and autotuning do.  The
     seed is ``FAKE_SGLANG_SEED_BASE`` (default 0) plus a launch counter kept in
     ``FAKE_SGLANG_SEED_FILE`` (so a test's launches draw known factors), else random.
+
+Flag effects (:data:`FLAG_EFFECTS`, :func:`flag_slowdown`): what the culprit search's tests
+hide among harmless changes.  Each multiplies every decode step's time:
+
+* ``--enable-eplb``: 1.8 (EP8 -> EP8+EPLB: 1538 -> 862 tok/s at the peak);
+* ``--enable-torch-compile``: 1.15;
+* ``--enable-two-batch-overlap`` with ``--enable-single-batch-overlap``: 1.15 together,
+  nothing alone (an interaction);
+* env ``FAKE_SGLANG_SLOW_KERNELS=1``: 1.15;
+* anything else (``--log-level``, ``--schedule-policy``, ``--stream-interval``,
+  ``--num-continuous-decode-steps``...): nothing.
+
+``--max-running-requests`` caps the running batch, as SGLang's does.
 
 The simulator always binds 127.0.0.1, whatever ``--host`` says.
 """
@@ -208,13 +222,37 @@ def launch_seed() -> int:
     return int(os.environ.get("FAKE_SGLANG_SEED_BASE", "0")) + n
 
 
+FLAG_EFFECTS: dict[str, float] = {"enable_eplb": 1.8, "enable_torch_compile": 1.15}
+"""A flag's step-time multiplier on this fake (module docstring), by its argparse dest."""
+PAIR_EFFECT = (("enable_two_batch_overlap", "enable_single_batch_overlap"), 1.15)
+"""Two flags that slow the fake only together: the interaction the culprit search must name."""
+ENV_EFFECTS: dict[str, float] = {"FAKE_SGLANG_SLOW_KERNELS": 1.15}
+"""An environment variable set to ``1`` and its multiplier."""
+
+
+def flag_slowdown(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> float:
+    """The step-time multiplier of the flags and env this launch got (:data:`FLAG_EFFECTS`)."""
+    env = os.environ if environ is None else environ
+    factor = 1.0
+    for dest, effect in FLAG_EFFECTS.items():
+        if getattr(ns, dest, False):
+            factor *= effect
+    pair, effect = PAIR_EFFECT
+    if all(getattr(ns, dest, False) for dest in pair):
+        factor *= effect
+    for name, effect in ENV_EFFECTS.items():
+        if env.get(name) == "1":
+            factor *= effect
+    return factor
+
+
 def sim_profile(
     ns: argparse.Namespace, mode: str, argv: list[str] | None = None, startup_s: float = 0.0
 ) -> Any:
     from pytest_kimi.sim import SimConfig
 
     slowdown_env = os.environ.get("FAKE_SGLANG_SLOWDOWN")
-    slowdown = float(slowdown_env) if slowdown_env else (1.8 if ns.enable_eplb else 1.0)
+    slowdown = float(slowdown_env) if slowdown_env else flag_slowdown(ns)
     kwargs: dict[str, Any] = dict(
         speed=float(os.environ.get("FAKE_SGLANG_SPEED", "20")),
         slowdown=slowdown,
