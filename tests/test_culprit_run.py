@@ -131,19 +131,17 @@ def test_no_regression_leaves_nothing_to_explain(pytester: pytest.Pytester) -> N
 
 
 def test_a_spent_budget_leaves_the_best_hypothesis(pytester: pytest.Pytester) -> None:
-    """Four launches for the gate, four for the search: four changes need more, so the search
-    stops undecided and says what it narrowed the culprit to, never naming an untested one."""
+    """Four launches for the gate, four for the search: sixteen changes need at least four
+    splits and two confirmations, so the search stops undecided and says what it narrowed
+    the culprit to, never naming an untested one."""
+    harmless = {f"FAKE_SGLANG_HARMLESS_{i}": "1" for i in range(14)}
     result, data = _run(
         pytester,
         "--perf-max-launches=4",
-        **{
-            "log-level": "debug",
-            "enable-torch-compile": True,
-            "schedule-policy": "lpm",
-            "env": {"FAKE_SGLANG_HARMLESS": "1"},
-        },
+        **{"log-level": "debug", "enable-torch-compile": True, "env": harmless},
     )
     culprit = data["culprit"]
+    assert len(culprit["changes"]) == 16
     assert culprit["status"] == "undecided" and not culprit["named"], culprit
     assert "enable-torch-compile" in culprit["hypothesis"]
     assert culprit["launches"] <= 4

@@ -147,6 +147,7 @@ def search_culprit(
         report.problem = f"no search: {exc}"
         return report
     pool = list(level.reference_tok_s)  # the gate's reference launches start the pool
+    others: list[list[float]] = []  # every probe's launches: the pooled launch noise
     start = time.monotonic()
 
     def compare(applied: frozenset[int], launches_left: int) -> Probe:
@@ -163,6 +164,8 @@ def search_culprit(
             launch,
             pool,
             launches_left=launches_left,
+            candidate=list(level.candidate_tok_s),
+            others=others,
             max_blocks=max(gate.max_launches // 2, 2),
             tolerance=gate.tolerance,
             alpha=gate.alpha,
