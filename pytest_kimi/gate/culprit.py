@@ -188,10 +188,20 @@ class Step:
 
     @property
     def verdict(self) -> str:
+        """The word the reports print: the paired comparison's verdict at the tolerance
+        (``regression``, ``pass``, ...), but for a subset the two-point test *classified*, its
+        class (``reproduces``: like the candidate; ``clean``: like the reference).  A class is
+        a claim against the two measured ends, not against the tolerance: one launch of a
+        clean subset may carry an interval wider than the tolerance, and ``pass`` beside it
+        would claim what the data do not vouch for."""
         c = self.probe.comparison
         if self.probe.untestable is not None:
             return UNTESTABLE
-        return c.verdict.value if c is not None else Verdict.NOT_RUN.value
+        if c is None:
+            return Verdict.NOT_RUN.value
+        if isinstance(c, ProbeComparison) and c.decided:
+            return self.outcome
+        return c.verdict.value
 
     @property
     def launches(self) -> int:
