@@ -171,6 +171,29 @@ def test_an_interacting_pair_is_named_together(pytester: pytest.Pytester) -> Non
     assert sorted(culprit["named"]) == ["enable-single-batch-overlap", "enable-two-batch-overlap"]
 
 
+def test_an_untestable_subset_is_routed_around(pytester: pytest.Pytester) -> None:
+    """``tp-size 4`` without ``ep-size 4`` does not start (the fake places experts as SGLang
+    0.5 does: EP 8 over TP 4 divides by zero): the search meets a subset that cannot launch,
+    reports it as untestable with the reason, tests another partition and still names the
+    slowing flag, never one of the coupled pair."""
+    result, data = _run(
+        pytester,
+        "--perf-max-launches=16",
+        **{
+            "tp-size": 4,
+            "ep-size": 4,
+            "enable-torch-compile": True,
+        },
+    )
+    culprit = data["culprit"]
+    print(json.dumps(culprit, indent=1))
+    assert culprit["status"] == "named", culprit
+    assert culprit["named"] == ["enable-torch-compile"]
+    untestable = [s for s in culprit["steps"] if s["verdict"] == "untestable"]
+    assert untestable and all(s["untestable"] for s in untestable), culprit["steps"]
+    assert all("ep-size" not in s["applied"] for s in untestable)
+
+
 def test_the_search_needs_the_paired_comparison(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest_subprocess(

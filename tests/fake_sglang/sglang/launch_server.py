@@ -480,6 +480,11 @@ def main(argv: list[str] | None = None) -> int:
         tp, ep = ns.tp_size, max(ns.ep_size, ns.tp_size * 2)  # force the impossible split
         log(f"Initializing expert placement for tp_size={tp}, ep_size={ep}", "TP0")
         place_experts(tp, ep)  # raises: uncaught, Python prints the traceback, exit 1
+    elif (ns.ep_size or 1) > (ns.tp_size or 1):
+        # as SGLang 0.5 places experts: EP wider than TP does not start, in any mode (the
+        # culprit search's untestable subsets: tp-size changed without its ep-size)
+        log(f"Initializing expert placement for tp_size={ns.tp_size}, ep_size={ns.ep_size}", "TP0")
+        place_experts(ns.tp_size, ns.ep_size)
     if mode == "never-ready":
         pct = 0
         while True:
