@@ -73,6 +73,11 @@ The search (:func:`find_culprit`):
 
 Probes are cached: a subset is launched again only for a re-test (point 4), and a step the
 optimistic splitting made serves the confirmation and the delta debugging alike.
+
+Why one module above 700 lines: the search is one state machine (``_Search``) whose steps, the
+probe records it caches and the probe that measures them (:func:`measure_probe`) change
+together; the statistics it needs live apart (:mod:`pytest_kimi.gate.probe_stats`,
+:mod:`pytest_kimi.gate.paired`).
 """
 
 from __future__ import annotations
