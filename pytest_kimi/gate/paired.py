@@ -188,8 +188,8 @@ def compare_paired(
         raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
     if not 0.5 <= power < 1.0:
         raise ValueError(f"power must be in [0.5, 1), got {power}")
-    ya = _logs("reference", reference)
-    yb = _logs("candidate", candidate)
+    ya = log_figures("reference", reference)
+    yb = log_figures("candidate", candidate)
     if min(ya.size, yb.size) < MIN_BLOCKS:
         raise ValueError(
             f"{ya.size} reference and {yb.size} candidate launches: "
@@ -198,9 +198,7 @@ def compare_paired(
     from scipy import stats as st
 
     a_nom = nominal_alpha(alpha, max_blocks)
-    df = ya.size + yb.size - 2
-    ss = float(((ya - ya.mean()) ** 2).sum() + ((yb - yb.mean()) ** 2).sum())
-    sigma = math.sqrt(ss / df)
+    sigma, df = pooled_sd([ya, yb])
     se = max(sigma * math.sqrt(1.0 / ya.size + 1.0 / yb.size), 1e-12)
     d = float(yb.mean() - ya.mean())
     m = math.log1p(-tolerance)
@@ -249,7 +247,22 @@ def look_mdd(se: float, df: int, a_nom: float, *, tolerance: float, power: float
     return -math.expm1(math.log1p(-tolerance) - q * se)
 
 
-def _logs(name: str, values: Sequence[float]) -> np.ndarray:
+def pooled_sd(groups: Sequence[Sequence[float] | np.ndarray]) -> tuple[float, int]:
+    """The pooled within-group sd of log figures (one-way ANOVA's) and its degrees of freedom;
+    ``(nan, 0)`` when no group has two.  The one launch-noise estimate of the paired
+    comparison, the culprit probes and the race."""
+    import numpy as np
+
+    arrays = [np.asarray(g, dtype=np.float64) for g in groups if len(g)]
+    df = sum(a.size - 1 for a in arrays)
+    if df < 1:
+        return math.nan, 0
+    ss = sum(float(((a - a.mean()) ** 2).sum()) for a in arrays)
+    return math.sqrt(ss / df), df
+
+
+def log_figures(name: str, values: Sequence[float]) -> np.ndarray:
+    """Launch figures as logs, refused (naming ``name``) unless finite and positive."""
     import numpy as np
 
     arr = np.asarray(list(values), dtype=np.float64)

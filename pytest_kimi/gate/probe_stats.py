@@ -95,10 +95,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_kimi.gate.paired import log_figures, pooled_sd
 from pytest_kimi.verdicts import Verdict
 
 if TYPE_CHECKING:
-    import numpy as np
+    pass
 
 # numpy and scipy are imported where a probe is read, as in pytest_kimi.gate.paired
 
@@ -215,13 +216,13 @@ def classify_probe(
     """
     if not 0.0 < tolerance < 1.0:
         raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
-    ys = _logs("subset", subset)
-    ya = _logs("reference", reference)
-    yc = _logs("candidate", candidate)
+    ys = log_figures("subset", subset)
+    ya = log_figures("reference", reference)
+    yc = log_figures("candidate", candidate)
     if min(ys.size, ya.size, yc.size) == 0:
         return None
-    groups = [ya, ys, yc] + [_logs("other", g) for g in others if len(g)]
-    df = sum(g.size - 1 for g in groups)
+    groups = [ya, ys, yc] + [log_figures("other", g) for g in others if len(g)]
+    sigma, df = pooled_sd(groups)
     if df < 1:
         return None
     margin = math.log1p(-tolerance)
@@ -230,8 +231,6 @@ def classify_probe(
         return None
     from scipy import stats as st
 
-    ss = sum(float(((g - g.mean()) ** 2).sum()) for g in groups)
-    sigma = math.sqrt(ss / df)
     floor = 1e-12
     m, n_a, n_c = ys.size, ya.size, yc.size
     se_r = max(sigma * math.sqrt(1.0 / m + 1.0 / n_a), floor)
@@ -273,12 +272,3 @@ def classify_probe(
         df=df,
         se_log=se_r,
     )
-
-
-def _logs(name: str, values: Sequence[float]) -> np.ndarray:
-    import numpy as np
-
-    arr = np.asarray(list(values), dtype=np.float64)
-    if arr.ndim != 1 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"{name} launch figures must be finite and positive, got {list(values)}")
-    return np.log(arr)

@@ -222,13 +222,6 @@ def _log(name: str, figure: float) -> float:
     return math.log(figure)
 
 
-def _pooled(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
-    """The pooled within-group sd of log figures and its degrees of freedom (0: none)."""
-    ss = sum(sum((y - sum(g) / len(g)) ** 2 for y in g) for g in groups if g)
-    df = sum(len(g) - 1 for g in groups if g)
-    return (math.sqrt(ss / df), df) if df else (math.nan, 0)
-
-
 @dataclass(frozen=True, slots=True)
 class RaceEntry:
     """One deployment's standing in the race."""
@@ -521,7 +514,7 @@ class Race:
         if self._round < MIN_ROUNDS:
             return
         deps = [self._deps[n] for n in alive]
-        s, df = _pooled([d.logs for d in deps])
+        s, df = paired.pooled_sd([d.logs for d in deps])
         if df == 0:
             return
         s = max(s, 1e-12)
@@ -587,7 +580,7 @@ class Race:
         stop = self._stop
         survivor_status = {WINNER: WINNER, TIE: TIE, BUDGET: "undecided"}.get(stop or "", "racing")
         everyone = [self._deps[n] for n in self.names]
-        s, df = _pooled([d.logs for d in everyone])
+        s, df = paired.pooled_sd([d.logs for d in everyone])
         sigma = s if df else None
 
         def key(d: _Deployment) -> tuple[int, int, float, int]:
