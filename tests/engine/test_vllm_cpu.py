@@ -124,10 +124,40 @@ def _measure_external(pytester: pytest.Pytester, url: str, suite: str) -> tuple[
     """Run ``suite`` against the external server with the engine gate: (its one test, report)."""
     pytester.makepyfile(test_suite=suite)
     path = pytester.path / "perf.json"
-    result = pytester.runpytest("-m", "perf", f"--endpoint={url}", *GATE, f"--perf-json={path}")
+    for attempt in (1, 2):
+        result = pytester.runpytest("-m", "perf", f"--endpoint={url}", *GATE, f"--perf-json={path}")
+        if result.ret == 0 or attempt == 2 or not _client_starved(path):
+            break
+    assert result.ret == 0, _why_failed(path, result)
     result.assert_outcomes(passed=1)
     (test,) = _report(path).values()
     return test, json.loads(path.read_text())
+
+
+def _failing_levels(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    tests = json.loads(path.read_text()).get("tests") or []
+    return [lv for t in tests for lv in t.get("levels", []) if lv.get("verdict") != "no-baseline"]
+
+
+def _client_starved(path: Path) -> bool:
+    """Every failing level failed on the load client (descheduled or saturated on a machine
+    whose two cores vLLM keeps busy), not on anything the server did: the check the test
+    makes (counters against the client) cannot be made from such a run, so it is rerun once."""
+    failing = _failing_levels(path)
+    return bool(failing) and all(
+        lv.get("reasons") and all("load client" in r for r in lv["reasons"]) for lv in failing
+    )
+
+
+def _why_failed(path: Path, result: pytest.RunResult) -> str:
+    """The inner run's failing levels and their reasons, short enough for a CI log's tail."""
+    lines = [
+        f"C={lv.get('concurrency')}: {lv.get('verdict')}: {'; '.join(lv.get('reasons') or [])}"
+        for lv in _failing_levels(path)
+    ]
+    return "\n".join(lines or [line for line in result.outlines if line.startswith("E ")][:20])
 
 
 def test_external_endpoint_matches_the_server_counters(
