@@ -2,10 +2,43 @@
 simulation over a table of deployments of known speed.
 
 Each run races eight deployments (:func:`pytest_kimi.gate.race.run_race`) whose every launch
-draws a lognormal speed factor (the launch noise: 1%, 2%) about the deployment's true speed.
-The flag-effect table (the issue's write-ups: an operator's EP8 / EP4 / TP8 variants; the
-speeds are the bench's, not measurements, chosen so that two lie within 2% of each other and
-the rest step away by 7% to 40%):
+draws a lognormal speed factor exp(N(0, noise)) about the deployment's true speed (the launch
+noise: 1%, 2%; the fake SGLang's ``FAKE_SGLANG_LAUNCH_NOISE``).
+
+**The deployments** (``--table fake-sglang``, the default) are a grid profile over the fake
+SGLang's flags (``tests/fake_sglang/sglang/launch_server.py``), expanded by the plugin's own
+grid code (:func:`pytest_kimi.server.profile_grid.parse_grid`)::
+
+    name: kimi
+    engine: sglang
+    args:
+      model-path: /m
+      enable-mixed-chunk: [false, true]
+      enable-torch-compile: [false, true]
+      enable-eplb: [false, true]
+
+and each deployment's true speed is the fake's own: the command line the plugin would launch
+(:func:`pytest_kimi.server.profile.argv`) is parsed by the fake's parser (``build_parser()``,
+SGLang 0.5.23's flags) and the speed is ``1 / flag_slowdown(ns)`` (its ``FLAG_EFFECTS``,
+step-time multipliers: ``enable_eplb`` 1.8, ``enable_torch_compile`` 1.15,
+``enable_mixed_chunk`` 1.02; multiplied together).  The flag-effect table this gives (printed
+at the start of every run; names shortened here, ``kimi-`` and the ``no-<flag>`` labels
+dropped):
+
+    deployment                                  flags                  speed
+    (no flags)                                  -                      1.000   the best
+    enable-mixed-chunk                          --enable-mixed-chunk   0.980   1.96% slower
+    enable-torch-compile                        --enable-torch-compile 0.870
+    enable-mixed-chunk-enable-torch-compile     both                   0.853
+    enable-eplb                                 --enable-eplb          0.556
+    enable-mixed-chunk-enable-eplb              both                   0.545
+    enable-torch-compile-enable-eplb            both                   0.483
+    all three                                   all three              0.474
+
+Two lie within 2% of each other (no flags, mixed chunk); the other six are 13% or more
+slower than the best.  ``--table operator`` races the earlier hand-written table instead (the
+issue's write-ups: an operator's EP8 / EP4 / TP8 variants; speeds chosen, not derived, two
+within 2%, the rest 7% to 40% slower):
 
     deployment           speed   what it is
     ep8-tuned            1.000   EP8, max-running-requests 256, decode graphs to 256: the best
@@ -37,27 +70,91 @@ default tolerance (the race ends in a tie) and with a tolerance too small to tie
 runs to its budget: every look of the Pocock calibration is exercised); their ``best``
 columns read the table's first deployment.
 
+``--launch-check N`` first launches the ``N`` fastest deployments (the best first) as real
+fake-SGLang processes through the plugin's own launcher (``pytest_kimi.server.open_server``:
+``python -m sglang.launch_server`` with the fake first on ``PYTHONPATH``, no launch noise),
+drives each with a short closed loop (8 clients, 3 non-streamed requests of 128 tokens each,
+``ignore_eos``) and prints its tok/s relative to the first one beside the table's speed: the
+table is the speed the fake really serves at (within 0.7%; about 3 s a launch).  The races
+themselves stay simulated: 100 races of 17-23 launches a cell would be hours of processes.
+
     python bench/race.py [--runs 100] [--seed 1] [--tolerance 0.05] [--alpha 0.05]
-                         [--max-rounds 10] [--margin 0]
+                         [--max-rounds 10] [--margin 0] [--table fake-sglang|operator]
+                         [--launch-check 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import sys
+import tempfile
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+FAKE = REPO / "tests" / "fake_sglang"
+sys.path.insert(0, str(REPO))
 
 from pytest_kimi.gate import paired  # noqa: E402
 from pytest_kimi.gate import race as racing  # noqa: E402
+from pytest_kimi.server.profile import ServerProfile, argv  # noqa: E402
+from pytest_kimi.server.profile_grid import parse_grid  # noqa: E402
 
-TABLE: tuple[tuple[str, float], ...] = (
+Table = tuple[tuple[str, float], ...]
+
+GRID: dict[str, Any] = {
+    "name": "kimi",
+    "engine": "sglang",
+    "args": {
+        "model-path": "/m",
+        "enable-mixed-chunk": [False, True],
+        "enable-torch-compile": [False, True],
+        "enable-eplb": [False, True],
+    },
+    "env": {
+        "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}",  # `-m sglang.launch_server` is the fake
+        "FAKE_SGLANG_STARTUP_S": "0.2",
+        "FAKE_SGLANG_SPEED": "5",
+    },
+    "startup_timeout_s": 60,
+    "stop_timeout_s": 3,
+}
+"""The deployments of ``--table fake-sglang``: a grid profile over the fake SGLang's flags
+(module docstring); the ``env`` only matters to ``--launch-check``'s real launches."""
+
+
+def fake_sglang_table() -> tuple[Table, dict[str, str], list[ServerProfile]]:
+    """The grid's deployments, each with its true speed by the fake's own code: its argv (as
+    the plugin would launch it) through the fake's parser, ``1 / flag_slowdown``.  Returns the
+    table, each deployment's flags (the words besides ``--model-path``, host and port), and
+    the profiles."""
+    sys.path.insert(0, str(FAKE))
+    try:
+        from sglang.launch_server import build_parser, flag_slowdown
+    finally:
+        sys.path.remove(str(FAKE))
+    parser = build_parser()
+    table, flags, profiles = [], {}, []
+    for profile, point in parse_grid(GRID, source="bench/race.py", default_name="kimi"):
+        words = argv(profile, port=30000)[len(profile.command) :]
+        ns = parser.parse_args(words)
+        table.append((point.name, 1.0 / flag_slowdown(ns, environ={})))
+        given = [w for w in words[2:] if w.startswith("--") and w not in ("--host", "--port")]
+        flags[point.name] = " ".join(given) or "-"
+        profiles.append(profile)
+    return tuple(table), flags, profiles
+
+
+OPERATOR: Table = (
     ("ep8-tuned", 1.000),
     ("ep8-tuned-eplb", 0.985),
     ("tp8-cuda-graph", 0.930),
@@ -67,6 +164,17 @@ TABLE: tuple[tuple[str, float], ...] = (
     ("tp8", 0.700),
     ("tp8-no-cuda-graph", 0.600),
 )
+"""``--table operator``: the earlier hand-written table (module docstring)."""
+OPERATOR_NOTES = {
+    "ep8-tuned": "EP8, max-running-requests 256, decode graphs to 256",
+    "ep8-tuned-eplb": "the same with --enable-eplb",
+    "tp8-cuda-graph": "TP8 with decode CUDA graphs",
+    "ep8": "EP8 with SGLang's defaults",
+    "ep8-chunked-4k": "EP8, chunked-prefill-size 4096",
+    "ep4": "EP4",
+    "tp8": "TP8 with SGLang's defaults",
+    "tp8-no-cuda-graph": "TP8, CUDA graphs disabled",
+}
 BEST_TOK_S = 1000.0
 NOISES = (0.01, 0.02)
 START_S = 600.0
@@ -108,7 +216,7 @@ class Tally:
 
 
 def one_race(
-    table: tuple[tuple[str, float], ...],
+    table: Table,
     noise: float,
     rng: np.random.Generator,
     options: dict[str, float | int],
@@ -140,7 +248,7 @@ def one_race(
 
 
 def cell(
-    table: tuple[tuple[str, float], ...],
+    table: Table,
     noise: float,
     runs: int,
     rng: np.random.Generator,
@@ -168,6 +276,55 @@ def cell(
     return tally
 
 
+def measure_tok_s(url: str, model: str, streams: int = 8, requests: int = 3) -> float:
+    """Generated tok/s of a closed loop: ``streams`` clients, each sending ``requests``
+    non-streamed chat requests of 128 tokens (``ignore_eos``) one after another."""
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 128,
+            "ignore_eos": True,
+        }
+    ).encode()
+
+    def client(_: int) -> int:
+        tokens = 0
+        for _ in range(requests):
+            req = urllib.request.Request(
+                f"{url}/v1/chat/completions", body, {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                tokens += json.load(resp)["usage"]["completion_tokens"]
+        return tokens
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        tokens = sum(pool.map(client, range(streams)))
+    return tokens / (time.perf_counter() - started)
+
+
+def launch_check(profiles: list[ServerProfile], table: Table) -> None:
+    """Launch the deployments as real fake-SGLang processes (the plugin's launcher), measure
+    each, and print its tok/s relative to the first (the fastest) beside its table speed."""
+    from pytest_kimi.server import open_server
+
+    print(f"# launch check: {len(table)} real fake-SGLang launches, no launch noise")
+    wn = max(len(n) for n, _ in table)
+    print(f"{'deployment':<{wn}}  {'tok/s':>8} {'measured':>9} {'table':>6} {'error':>7}")
+    first: tuple[float, float] | None = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for profile, (name, speed) in zip(profiles, table, strict=True):
+            server = open_server(profile, Path(tmp) / "logs").launch()
+            try:
+                tok_s = measure_tok_s(server.url, str(profile.args["model-path"]))
+            finally:
+                server.stop()
+            first = first or (tok_s, speed)
+            rel = tok_s / first[0] * first[1]
+            print(f"{name:<{wn}}  {tok_s:>8.0f} {rel:>9.3f} {speed:>6.3f} {rel / speed - 1:>+7.2%}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=100)
@@ -176,7 +333,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alpha", type=float, default=racing.DEFAULT_ALPHA)
     ap.add_argument("--max-rounds", type=int, default=racing.DEFAULT_MAX_ROUNDS)
     ap.add_argument("--margin", type=float, default=0.0, help="the elimination's margin")
+    ap.add_argument(
+        "--table",
+        choices=("fake-sglang", "operator"),
+        default="fake-sglang",
+        help="the deployments: the fake SGLang's flag grid, or the hand-written table",
+    )
+    ap.add_argument(
+        "--launch-check",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first launch the grid's first N deployments as real fake-SGLang processes",
+    )
     args = ap.parse_args(argv)
+    if args.table == "fake-sglang":
+        table, notes, profiles = fake_sglang_table()
+        source = "the fake SGLang's flag grid, speed = 1 / flag_slowdown"
+    else:
+        table, notes, profiles = OPERATOR, OPERATOR_NOTES, []
+        source = "the hand-written operator table"
+    best = max(s for _, s in table)
+    by_speed = sorted(range(len(table)), key=lambda i: -table[i][1])
+    wn, wf = max(len(n) for n, _ in table), max(len(f) for f in notes.values())
+    print(f"# deployments: {source}")
+    what = "flags" if profiles else "what it is"
+    print(f"{'deployment':<{wn}}  {what:<{wf}}  {'speed':>6} {'vs best':>8}")
+    for i in by_speed:
+        name, speed = table[i]
+        print(f"{name:<{wn}}  {notes[name]:<{wf}}  {speed:>6.3f} {speed / best - 1:>+8.2%}")
+    if args.launch_check:
+        if not profiles:
+            ap.error("--launch-check needs --table fake-sglang")
+        fastest = by_speed[: args.launch_check]
+        launch_check([profiles[i] for i in fastest], tuple(table[i] for i in fastest))
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
     options: dict[str, float | int] = {
@@ -184,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         "alpha": args.alpha,
         "margin": args.margin,
     }
-    n = len(TABLE)
+    n = len(table)
     print(
         f"# {args.runs} seeded runs a cell, seed {args.seed}; {n} deployments, tolerance "
         f"{args.tolerance:.0%}, alpha {args.alpha:.0%}, margin {args.margin:.0%}, at most "
@@ -199,12 +389,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     worst_right, worst_ratio, bad = 1.0, 0.0, 0
     for noise in NOISES:
-        t = cell(TABLE, noise, args.runs, rng, options, args.max_rounds)
+        t = cell(table, noise, args.runs, rng, options, args.max_rounds)
         print(t.row("race", noise))
         worst_right = min(worst_right, t.best_or_tie / t.runs)
         worst_ratio = max(worst_ratio, t.server_s / t.grid_s)
         bad += t.bad_winner
-    equal = tuple((name, 1.0) for name, _ in TABLE)
+    equal = tuple((name, 1.0) for name, _ in table)
     null_runs = 2 * args.runs
     t = cell(equal, 0.02, null_runs, rng, options, args.max_rounds)
     print(t.row("null", 0.02))

@@ -115,6 +115,13 @@ class KimiOptions:
     """``--perf-culprit``: when the paired deploy comparison decides a regression, search the
     two profiles' differences for the change that does it (:mod:`pytest_kimi.run.culprit_run`),
     in at most ``--perf-max-launches`` more launches."""
+    perf_race: bool = False
+    """``--perf-race``: find the best of several deployments (``--server-profile`` s, or a grid
+    profile's) for the one selected perf test's objective (:mod:`pytest_kimi.run.race_run`)."""
+    perf_race_rounds: int = 10
+    """Launches of one deployment at most in a race (its budget)."""
+    perf_race_objective: str = "tok_s"
+    """What the race maximises (:func:`pytest_kimi.gate.race_objective.parse_objective`)."""
     perf_require_baseline: bool = False
     perf_require_measurement: bool = False
     perf_strict: bool = False
@@ -301,6 +308,17 @@ def update_mode(text: str) -> UpdateMode:
             "test paths before a bare --update-baselines)"
         )
     return cast(UpdateMode, text)
+
+
+def race_rounds(text: str) -> int:
+    return _number(text, int, lambda v: v >= 2, "an integer >= 2 (the first look needs two)")
+
+
+def race_objective(text: str) -> str:
+    from pytest_kimi.gate.race_objective import parse_objective
+
+    parse_objective(text)  # raises with what is accepted
+    return text.strip()
 
 
 def non_empty(text: str) -> str:
@@ -546,6 +564,35 @@ OPTIONS: dict[str, Option[Any]] = {
             "in at most --perf-max-launches more launches (the 'culprit' section)",
             boolean,
             switch=True,
+        ),
+        Option(
+            "--perf-race",
+            "kimi_perf_race",
+            "KIMI_PERF_RACE",
+            "find the best deployment for the selected perf test: several --server-profile "
+            "(or one whose args hold lists: a grid) raced in rounds of fresh launches, those "
+            "significantly worse than the best eliminated, until one is left or the rest tie "
+            "within the tolerance (the 'race' section)",
+            boolean,
+            switch=True,
+        ),
+        Option(
+            "--perf-race-rounds",
+            "kimi_perf_race_rounds",
+            "KIMI_PERF_RACE_ROUNDS",
+            "with --perf-race: launches of one deployment at most (default {default})",
+            race_rounds,
+            metavar="N",
+        ),
+        Option(
+            "--perf-race-objective",
+            "kimi_perf_race_objective",
+            "KIMI_PERF_RACE_OBJECTIVE",
+            "with --perf-race: what is best: tok_s (the peak over the test's levels, or "
+            "tok_s:C=64 for one), tok_s_per_gpu, frontier:RATE (tok/s per GPU at the highest "
+            "load whose per-request tok/s stays >= RATE) or capacity (default {default})",
+            race_objective,
+            metavar="OBJECTIVE",
         ),
         Option(
             "--perf-require-baseline",

@@ -687,6 +687,73 @@ class ReportCore(TypedDict):
     tests: list[TestEntry]
 
 
+class RaceObjectiveEntry(TypedDict):
+    """``race.objective``: what the race ranked by (``gate.race_objective.Objective``)."""
+
+    kind: str
+    text: str
+    test: str
+    level: str | None
+    min_request_tok_s: float | None
+
+
+class RaceRankingEntry(TypedDict):
+    """One deployment of ``race.ranking`` (``gate.race.RaceEntry.to_dict`` and the run's)."""
+
+    deployment: str
+    value: float | None
+    ci90: list[float] | None
+    eliminated_in_round: int | None
+    status: str
+    launches: int
+    vs_best_pct: float | None
+    vs_best_ci90_pct: list[float | None] | None
+    p_best: float | None
+    reason: str | None
+    gpus: int | None
+    launch_values: list[float | None]
+
+
+class RaceFrontierPoint(TypedDict):
+    """One level of a deployment on the throughput-interactivity plane, over its launches."""
+
+    label: str
+    concurrency: int | None
+    tok_s_per_user: float
+    tok_s_per_gpu: float
+    tok_s_per_gpu_ci90: list[float] | None
+    launches: int
+
+
+class RaceFrontier(TypedDict):
+    deployment: str
+    gpus: int | None
+    points: list[RaceFrontierPoint]
+
+
+class RaceSection(TypedDict, total=False):
+    """``--perf-race``: which deployment is best (``run.race_run.RaceReport.to_dict``)."""
+
+    objective: RaceObjectiveEntry
+    ranking: list[RaceRankingEntry]
+    winner: str | None
+    tie: list[str]
+    undecided: list[str]
+    stop: str
+    rounds: int
+    launches: int
+    max_rounds: int
+    server_s: float
+    grid_server_s: float | None
+    tolerance: float
+    alpha: float
+    nominal_alpha: float
+    launch_sigma: float | None
+    winner_profile: str | None
+    frontier: list[RaceFrontier]
+    problem: str
+
+
 class Report(ReportCore, total=False):
     """The ``--perf-json`` report (docs "Top level"), as every report sink reads it."""
 
@@ -697,6 +764,8 @@ class Report(ReportCore, total=False):
     culprit: dict[str, Any]
     """``--perf-culprit``: the search for the change behind the deploy gate's regression
     (``run.culprit_run.CulpritReport.to_dict``)."""
+    race: RaceSection
+    """``--perf-race``: which deployment is best (docs "The race")."""
     title: str
     """``kimi-perf compare``'s report: its title, in place of the default."""
     notes: list[str]

@@ -30,6 +30,7 @@ from pytest_kimi.plugin.fixtures import (
 )
 from pytest_kimi.plugin.hooks import (
     pytest_addoption,
+    pytest_collection_finish,
     pytest_collection_modifyitems,
     pytest_configure,
     pytest_generate_tests,
@@ -54,6 +55,7 @@ __all__ = [
     "kimi_perf_session",
     "kimi_server",
     "pytest_addoption",
+    "pytest_collection_finish",
     "pytest_collection_modifyitems",
     "pytest_configure",
     "pytest_configure_node",

@@ -24,8 +24,9 @@ from pytest_kimi.plugin.state import (
     STATE,
     gate_context,
     kimi_options,
-    paired,
+    measured_only,
     perf_sessions,
+    racing,
 )
 from pytest_kimi.plugin.uncaptured import progress_printer, say
 from pytest_kimi.plugin.xdist import one_measurement_at_a_time
@@ -121,6 +122,8 @@ def kimi_server(
             f"server profile {kimi_deployment.name} ({kimi_deployment.source}) did not start: {exc}"
         )
     if problem is not None:
+        if racing(pytestconfig):  # eliminated in the race's first round, with this reason
+            pytest.skip(scrub_text(f"race: {problem}"))
         pytest.fail(scrub_text(problem), pytrace=False)
     try:
         yield server
@@ -218,6 +221,7 @@ def _kimi_measure(
     from pytest_kimi.run.conductor import (
         Conditions,
         GateProblem,
+        RACE_COMPARISON,
         JudgedAgainst,
         MeasurementInterrupted,
     )
@@ -229,12 +233,16 @@ def _kimi_measure(
     deployments = config.stash[DEPLOYMENTS]
     nodeid = baseline_id(item)
     name = kimi_deployment.name if kimi_deployment is not None else None
+    race = racing(config)
     comparison = JudgedAgainst(
         store=gate.store(name),
         deployment=name,
-        reference=deployments[0].name if len(deployments) > 1 and not paired(config) else None,
+        reference=deployments[0].name
+        if len(deployments) > 1 and not measured_only(config)
+        else None,
         references=config.stash[STATE].references,
-        paired=paired(config),
+        paired=measured_only(config),
+        **({"judged_by": RACE_COMPARISON} if race else {}),
     )
     conditions = Conditions(
         rootdir=Path(config.rootpath),

@@ -40,8 +40,10 @@ from pytest_kimi.plugin.state import (
     gate_context,
     is_worker,
     kimi_options,
+    measured_only,
     paired,
     perf_sessions,
+    racing,
 )
 from pytest_kimi.plugin.uncaptured import say
 from pytest_kimi.plugin.xdist import PERF_GROUP, group_perf_tests, worker_groups
@@ -153,6 +155,7 @@ def _load_deployments(config: pytest.Config, opts: KimiOptions) -> int:
         or opts.perf_sessions != 1
         or opts.perf_max_launches
         or opts.perf_culprit
+        or opts.perf_race
     ):
         config.stash[DEPLOYMENTS] = []
         return 1
@@ -160,9 +163,14 @@ def _load_deployments(config: pytest.Config, opts: KimiOptions) -> int:
 
     try:
         config.stash[DEPLOYMENTS] = load_deployments(opts)
-        return check_server_starts(opts, config.stash[DEPLOYMENTS])
+        sessions = check_server_starts(opts, config.stash[DEPLOYMENTS])
     except SetupError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if opts.perf_race:
+        from pytest_kimi.plugin.race import check_race_process
+
+        check_race_process(config)
+    return sessions
 
 
 def _check_report_paths(config: pytest.Config, opts: KimiOptions) -> None:
@@ -297,6 +305,13 @@ def _is_perf(node: pytest.Item) -> bool:
     return any(node.get_closest_marker(name) is not None for name in PERF_MARKERS)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if kimi_options(session.config).perf_race:
+        from pytest_kimi.plugin.race import check_race_session
+
+        check_race_session(session.config, session.items)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     worker_groups(config)
@@ -370,7 +385,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         from pytest_kimi.report.terminal import format_test
 
         verdicts = gate_context(item.config).settings.failing_verdicts()
-        if paired(item.config):  # a launch is judged with the others, in the deploy gate
+        if measured_only(item.config):  # a launch is judged with the others (deploy gate, race)
             verdicts = verdicts - {Verdict.NO_BASELINE.value}
         failing = result.failing_levels(verdicts)
         capacity = capacity_failure(result.capacity, verdicts)  # a @capacity test's own verdict
@@ -428,20 +443,27 @@ def _record(item: pytest.Item, report: pytest.TestReport) -> TestRecord | None:
     ):
         outcome = report.outcome if report.when == "call" else "error"
         return TestRecord(result.nodeid, outcome, result.workload, result)
-    if plan is not None and report.when == "setup" and report.failed:
-        session = getattr(getattr(item, "callspec", None), "params", {}).get("kimi_perf_session")
+    skipped_start = report.skipped and racing(item.config)  # a race's failed start
+    if plan is not None and report.when == "setup" and (report.failed or skipped_start):
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        session = params.get("kimi_perf_session")
+        deployment = getattr(params.get("kimi_deployment"), "name", None)
         return TestRecord(
             baseline_id(item),
-            "error",
+            "skipped" if skipped_start else "error",
             plan.workload,
             error=scrub_text(_error_text(report))[:2000],
             perf_session=session if isinstance(session, int) else None,
+            profile=deployment if isinstance(deployment, str) else None,
         )
     return None
 
 
 def _error_text(report: pytest.TestReport) -> str:
-    """What went wrong, without the traceback: the exception line, or a pytest.fail message."""
+    """What went wrong, without the traceback: the exception line, a pytest.fail message, or
+    a skip's reason."""
+    if isinstance(report.longrepr, tuple):  # a skip: (path, line, reason)
+        return str(report.longrepr[-1]).removeprefix("Skipped: ").strip()
     crash = getattr(report.longrepr, "reprcrash", None)
     message = getattr(crash, "message", None)
     if isinstance(message, str) and message:

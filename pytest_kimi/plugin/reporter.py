@@ -141,6 +141,12 @@ class PerfReporter:
             terminalreporter.section("pytest-kimi culprit")
             for line in format_culprit(scrub(summary.culprit.to_dict()), width):
                 write(line)
+        if summary.race is not None:
+            from pytest_kimi.report.race_text import format_race
+
+            terminalreporter.section("pytest-kimi race")
+            for line in format_race(scrub(summary.race.to_dict()), width):
+                write(line)
         if summary.updates or summary.refused:
             terminalreporter.section("pytest-kimi baselines")
             for text in summary.updates:
@@ -173,6 +179,13 @@ class PerfReporter:
             culprit = run_culprit(session, self.state.tests)
             if culprit is not None:
                 junit_culprit(self.config, culprit)
+        race = None
+        if self.state.tests and kimi_options(self.config).perf_race:
+            from pytest_kimi.plugin.race import junit_race, run_race
+
+            race = run_race(session, self.state.tests)
+            if race is not None:
+                junit_race(self.config, race)
         interrupts = self.config.stash.get(INTERRUPTS, None)
         if interrupts is not None:
             # the tests are over: a signal from now on must not cut the reports, a server's
@@ -199,6 +212,7 @@ class PerfReporter:
                 deployments=names,
                 interrupted=interrupted,
                 culprit=culprit,
+                race=race,
             )
         except Exception as exc:  # finish_run guards each sink; this is the last line
             self.summary = RunSummary(

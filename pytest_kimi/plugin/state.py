@@ -93,6 +93,17 @@ def paired(config: pytest.Config) -> bool:
     return bool(kimi_options(config).perf_max_launches) and len(config.stash[DEPLOYMENTS]) == 2
 
 
+def racing(config: pytest.Config) -> bool:
+    """``--perf-race``: the session's launches are a race's first round."""
+    return kimi_options(config).perf_race and len(config.stash[DEPLOYMENTS]) >= 2
+
+
+def measured_only(config: pytest.Config) -> bool:
+    """A launch is measured, not judged on its own: the deploy gate or the race judges the
+    launches together (no baseline, no same-run reference)."""
+    return paired(config) or racing(config)
+
+
 def is_worker(config: pytest.Config) -> bool:
     """An xdist worker: it measures, the controller reports."""
     return hasattr(config, "workerinput")

@@ -198,6 +198,9 @@ def render_html(
     culprit = report.get("culprit")
     if isinstance(culprit, Mapping):
         sections.append(_culprit_section(culprit))
+    race = report.get("race")
+    if isinstance(race, Mapping):
+        sections.append(_race_section(race))
     body = (
         "\n".join(head)
         + "\n"
@@ -220,6 +223,34 @@ def _culprit_section(section: Mapping[str, Any]) -> str:
         f'<h2 id="culprit">Which change did it</h2><p>{_e(head)}</p>'
         f"<ul>{rows}</ul><p><b>{_e(answer)}</b></p>"
     )
+
+
+def _race_section(section: Mapping[str, Any]) -> str:
+    """``--perf-race``: the ranking as a table (the Markdown summary's rows,
+    :func:`pytest_kimi.report.race_text.race_rows`), the answer, then the frontier chart
+    (:func:`pytest_kimi.report.race_chart.frontier_svg`) when the race measured one."""
+    from pytest_kimi.report.race_chart import frontier_svg
+    from pytest_kimi.report.race_text import HEADER, answer_text, head_text, race_rows
+
+    head = "".join(f"<th>{_e(h)}</th>" for h in HEADER)
+    rows = "".join(
+        "<tr>"
+        + "".join(
+            f"<td><b>{_e(c)}</b></td>" if row[-1] == "winner" and i == 1 else f"<td>{_e(c)}</td>"
+            for i, c in enumerate(row)
+        )
+        + "</tr>"
+        for row in race_rows(section)
+    )
+    parts = [
+        f'<h2 id="race">Which deployment is best</h2><p>{_e(head_text(section))}</p>',
+        f'<table class="race"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>',
+        f"<p><b>{_e(answer_text(section))}</b></p>",
+    ]
+    frontier = [c for c in section.get("frontier") or [] if isinstance(c, Mapping)]
+    if any(c.get("points") for c in frontier):
+        parts.append(f"<figure>{frontier_svg(section)}</figure>")
+    return "\n".join(parts)
 
 
 def plot_tests(tests: Iterable[TestEntry]) -> list[TestEntry]:

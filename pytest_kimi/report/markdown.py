@@ -363,6 +363,11 @@ def render_markdown(report: Report, *, failing_verdicts: Iterable[str] | None = 
         from pytest_kimi.report.culprit_text import markdown_culprit
 
         out += ["", *markdown_culprit(culprit)]
+    race = report.get("race")
+    if isinstance(race, Mapping):
+        from pytest_kimi.report.race_text import markdown_race
+
+        out += ["", *markdown_race(race)]
     out += ["", "---", "", LEGEND, ""]
     # the last guard: whatever a helper above missed, no control character but the newline
     # and the tab reaches the file

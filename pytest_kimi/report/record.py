@@ -35,6 +35,9 @@ class TestRecord:
     baseline); ``error`` then says why."""
     error: str | None = None
     perf_session: int | None = None
+    profile: str | None = None
+    """The deployment it was to measure, when nothing was measured (``result`` carries it
+    otherwise): a race reads a deployment's failed start from it."""
     endpoint: dict[str, Any] | None = None
     """The endpoint (URL, model, server info) it measured; the reporter files it per deployment
     and drops it from the test's object (the report has one ``endpoint``)."""
@@ -46,6 +49,8 @@ class TestRecord:
             out = {"nodeid": self.nodeid, "workload": workload_dict(self.workload), "levels": []}
             if self.perf_session is not None:
                 out[PERF_SESSION] = self.perf_session
+            if self.profile is not None:
+                out["profile"] = self.profile
         out["outcome"] = self.outcome
         if self.error is not None:
             out["error"] = self.error

@@ -108,6 +108,8 @@ class TestPlan:
 
 PAIRED_COMPARISON = "the paired deploy comparison (its section of the summary)"
 """What a launch of a paired experiment is compared with: not one baseline, all the launches."""
+RACE_COMPARISON = "the race (its section of the summary)"
+"""What a raced launch is compared with: every launch of every deployment, not a baseline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +124,10 @@ class JudgedAgainst:
     """Same-run A/B: the reference deployment's results so far, by test id (filled here)."""
     paired: bool = False
     """``--perf-max-launches``: every launch is measured, not judged on its own; the paired
-    deploy comparison judges the launches together (:mod:`pytest_kimi.run.deploy_gate`)."""
+    deploy comparison judges the launches together (:mod:`pytest_kimi.run.deploy_gate`); so
+    does the race (:mod:`pytest_kimi.run.race_run`)."""
+    judged_by: str = PAIRED_COMPARISON
+    """``paired``: the experiment that judges the launches (the result's ``compared_with``)."""
 
     @property
     def is_candidate(self) -> bool:
@@ -325,7 +330,7 @@ def prepare(
             allow_large=conditions.allow_large,
         )
         if comparison.paired:
-            baseline, compared_with = None, PAIRED_COMPARISON
+            baseline, compared_with = None, comparison.judged_by
         elif comparison.is_candidate:
             baseline = (comparison.references or {}).get(nodeid)
             compared_with = f"deployment {comparison.reference} (same run)"

@@ -197,43 +197,22 @@ def launch_and_measure(
     conductor as the deploy gate's launches were (fresh, warmed until stationary, judged by
     nothing but the paired comparison), stop it; its level's tok/s.  A start that fails, or a
     level the run cannot trust, is :class:`~pytest_kimi.gate.culprit.Untestable`."""
-    from pytest_kimi.endpoint.discovery import EndpointError
-    from pytest_kimi.run.conductor import GateProblem, JudgedAgainst, conduct
-    from pytest_kimi.run.measurer import Measurer
-    from pytest_kimi.run.setup import open_endpoint
-    from pytest_kimi.server import ServerStartError, open_server
+    from pytest_kimi.run.one_launch import LaunchFailed, launch_once
 
-    server = open_server(profile, rootdir / ".kimi" / "logs")
-    measurer = Measurer(workers=opts.perf_workers)
     try:
-        try:
-            server.launch(progress=(lambda m: say(f"[kimi {profile.name}] {m}")) if say else None)
-        except ServerStartError as exc:
-            raise Untestable(f"{profile.name} did not start: {exc}") from None
-        try:
-            endpoint = open_endpoint(opts, measurer, server, rootdir=rootdir)
-        except EndpointError as exc:
-            raise Untestable(f"{profile.name}: {exc}") from None
-        try:
-            result = conduct(
-                plan,
-                nodeid,
-                measurer,
-                endpoint.info,
-                settings,
-                JudgedAgainst(store=store, deployment=profile.name, paired=True),
-                conditions,
-                server=server,
-            )
-        except GateProblem as exc:
-            raise Untestable(f"{profile.name}: {exc}") from None
-        finally:
-            endpoint.close()
-    finally:
-        try:
-            measurer.close()
-        finally:
-            server.stop()
+        result = launch_once(
+            profile,
+            plan,
+            nodeid,
+            settings=settings,
+            conditions=conditions,
+            opts=opts,
+            rootdir=rootdir,
+            store=store,
+            say=say,
+        )
+    except LaunchFailed as exc:
+        raise Untestable(str(exc)) from None
     (level,) = result.levels
     known = Verdict.of(level.verdict)
     tok_s = level.figures.tok_s

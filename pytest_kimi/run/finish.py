@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_kimi.baseline.update import update_baselines
 from pytest_kimi.options import KimiOptions
@@ -32,6 +32,9 @@ from pytest_kimi.run.gating import GateContext
 from pytest_kimi.run.server_starts import attach_session_noise, pool_sessions, session_noise
 from pytest_kimi.scrub import scrub, scrub_text
 from pytest_kimi.wire import Report, SessionNoiseSection, TestEntry
+
+if TYPE_CHECKING:  # a run without --perf-race never loads the race
+    from pytest_kimi.run.race_run import RaceReport
 
 _T = TypeVar("_T")
 
@@ -58,6 +61,22 @@ class RunSummary:
     culprit: CulpritReport | None = None
     """``--perf-culprit``: the search for the change behind the deploy gate's regression
     (also the report's ``culprit``)."""
+    race: RaceReport | None = None
+    """``--perf-race``: which deployment is best (also the report's ``race``)."""
+
+
+def winner_tests(race: RaceReport, tests: Sequence[TestEntry]) -> tuple[list[TestEntry], list[str]]:
+    """``--perf-race --update-baselines`` (the approved-tuning flow): the winner's record of
+    the raced test is what may become its baseline (under its own name, every refusal rule
+    still applying); a race without a winner records nothing, and says so."""
+    if race.winner is None:
+        stop = race.result.stop if race.result is not None else "not run"
+        return [], [
+            f"race: no baseline recorded: the race has no winner ({stop}); record the "
+            "deployment you choose with a run of its profile and --update-baselines"
+        ]
+    mine = [t for t in tests if t.get("profile") == race.winner and t.get("nodeid") == race.nodeid]
+    return mine, []
 
 
 def finish_run(
@@ -71,18 +90,23 @@ def finish_run(
     deployments: Sequence[str],
     interrupted: str | None = None,
     culprit: CulpritReport | None = None,
+    race: RaceReport | None = None,
 ) -> RunSummary:
     """Write every sink from the run's test records (the ``--perf-json`` test objects), in
     the order baselines, history, reports, each on its own; ``interrupted`` (what stopped the
     run, when a signal did) heads every report."""
-    summary = RunSummary(interrupted=interrupted, culprit=culprit)
+    summary = RunSummary(interrupted=interrupted, culprit=culprit, race=race)
     tests = list(tests)
     mode = gate.update
-    if mode is not None and tests:
+    recorded = tests
+    if race is not None and mode is not None:
+        recorded, refused = winner_tests(race, tests)
+        summary.refused.extend(refused)
+    if mode is not None and recorded:
 
         def update() -> None:
-            pooled = pool_sessions(copy.deepcopy(tests))  # --perf-sessions: all starts in one
-            attach_session_noise(pooled, session_noise(tests))  # and the noise they measured
+            pooled = pool_sessions(copy.deepcopy(recorded))  # --perf-sessions: all starts in one
+            attach_session_noise(pooled, session_noise(recorded))  # and the noise they measured
             from pytest_kimi.gate.noise_evidence import occasion_noise
 
             summary.updates, summary.refused = update_baselines(
@@ -127,6 +151,8 @@ def finish_run(
                 ]
         if culprit is not None:
             report["culprit"] = culprit.to_dict()
+        if race is not None:
+            report["race"] = race.to_dict()
         return report
 
     report = _sink(summary.problems, "run report not built (no history row, no report)", build)

@@ -25,7 +25,6 @@ from pytest_kimi.server import (
     ProfileError,
     ServerProfile,
     described_server_info,
-    load_profile,
 )
 
 NOTHING_MEASURED = (
@@ -53,7 +52,7 @@ def load_deployments(opts: KimiOptions) -> list[ServerProfile]:
     profiles = []
     for path in opts.server_profile:
         try:
-            profiles.append(load_profile(path, allow_large=opts.perf_allow_large))
+            profiles.extend(_read_deployments(Path(path), opts))
         except ProfileError as exc:
             raise SetupError(f"{source}: {exc}") from None
     for profile in profiles:
@@ -68,6 +67,32 @@ def load_deployments(opts: KimiOptions) -> list[ServerProfile]:
             "give a server profile or an endpoint, not both"
         )
     return profiles
+
+
+def _read_deployments(path: Path, opts: KimiOptions) -> list[ServerProfile]:
+    """One ``--server-profile`` file's deployments: itself, or with ``--perf-race`` every
+    deployment of a grid profile (:mod:`pytest_kimi.server.profile_grid`); elsewhere a grid
+    file is refused, saying that only a race expands it."""
+    from pytest_kimi.server.profile import parse_profile, read_profile_data
+    from pytest_kimi.server.profile_grid import is_grid, parse_grid
+
+    data = read_profile_data(path, allow_large=opts.perf_allow_large)
+    if is_grid(data):
+        if not opts.perf_race:
+            try:
+                return [parse_profile(data, source=str(path), default_name=path.stem, path=path)]
+            except ProfileError as exc:
+                raise ProfileError(
+                    f"{exc} (a grid profile, whose args hold lists or which has exclude: or "
+                    "gpus:, expands to its deployments only with --perf-race)"
+                ) from None
+        return [
+            dataclasses.replace(profile, grid=point)
+            for profile, point in parse_grid(
+                data, source=str(path), default_name=path.stem, path=path
+            )
+        ]
+    return [parse_profile(data, source=str(path), default_name=path.stem, path=path)]
 
 
 def check_server_starts(opts: KimiOptions, deployments: list[ServerProfile]) -> int:
@@ -85,6 +110,8 @@ def check_server_starts(opts: KimiOptions, deployments: list[ServerProfile]) -> 
             "paired deploy comparison decided; give two --server-profile (the reference first) "
             "and --perf-max-launches N (12 is a good budget)"
         )
+    if opts.perf_race:
+        return check_race(opts, deployments)
     if opts.perf_max_launches:
         return check_paired(opts, deployments)
     n = opts.perf_sessions
@@ -108,6 +135,36 @@ def check_server_starts(opts: KimiOptions, deployments: list[ServerProfile]) -> 
             f"plugin never starts or stops), so it cannot be restarted between sessions; {fix}"
         )
     return n
+
+
+def check_race(opts: KimiOptions, deployments: list[ServerProfile]) -> int:
+    """``--perf-race``: one session (its launches are the race's first round); a SetupError
+    where a race cannot run: fewer than two deployments, one the plugin cannot launch afresh,
+    or another experiment asked for at once."""
+    given = opts.source("perf_race")
+    if len(deployments) < 2:
+        raise SetupError(
+            f"{given}: a race needs two or more deployments: give several --server-profile, or "
+            f"one whose args hold lists (a grid), got {len(deployments)}"
+        )
+    if opts.perf_max_launches or opts.perf_culprit:
+        raise SetupError(
+            f"{given} with {opts.source('perf_max_launches')}: a race and a paired deploy "
+            "comparison are two experiments; run them as two pytest runs"
+        )
+    if opts.perf_sessions != 1:
+        raise SetupError(
+            f"{given} with {opts.source('perf_sessions')} = {opts.perf_sessions}: the race "
+            "sets the launches itself (--perf-race-rounds); drop --perf-sessions"
+        )
+    fixed = [d.name for d in deployments if d.external and d.start is None]
+    if fixed:
+        raise SetupError(
+            f"{given}: server profile {', '.join(fixed)} has only url: (a running server the "
+            "plugin never starts), so the race cannot launch it afresh each round; give "
+            "profiles with command/args (or start:/stop:)"
+        )
+    return 1
 
 
 def check_paired(opts: KimiOptions, deployments: list[ServerProfile]) -> int:

@@ -129,6 +129,10 @@ class ServerProfile:
     every cycle the client (a few percent of a core) does not use.  The launcher applies it to
     the server's whole session as well (its autogroup, :func:`procgroup.nice_session`): under
     autogroup scheduling a process's nice alone does not weigh against other sessions."""
+    grid: Any = field(default=None, compare=False, repr=False)
+    """A grid profile's deployment (``--perf-race``): its
+    :class:`~pytest_kimi.server.profile_grid.GridPoint` (the axes' values, the GPUs, the
+    mapping that writes it out as a profile of its own); None for a profile file."""
     engine_version: str | None = None
     """SGLang: the release ``args`` are checked against (default
     :data:`sglang_flags.DEFAULT_VERSION`, the parser the plugin ships); a release without
@@ -159,7 +163,18 @@ class ServerProfile:
 
 
 def load_profile(path: str | Path, *, allow_large: bool = False) -> ServerProfile:
-    """Read and validate a profile file; :class:`ProfileError` on any problem.
+    """Read and validate a profile file; :class:`ProfileError` on any problem
+    (:func:`read_profile_data`, then :func:`parse_profile`)."""
+    p = Path(path)
+    return parse_profile(
+        read_profile_data(p, allow_large=allow_large), source=str(p), default_name=p.stem, path=p
+    )
+
+
+def read_profile_data(path: str | Path, *, allow_large: bool = False) -> object:
+    """A profile file's YAML, read and parsed but not validated (a grid profile,
+    :mod:`pytest_kimi.server.profile_grid`, is validated per deployment); :class:`ProfileError`
+    when it cannot be read or is not YAML.
 
     Read only when it is a regular file (symlinks followed) of at most
     :data:`pytest_kimi.yamlstrict.MAX_CHARS` bytes, checked before a byte is read
@@ -199,7 +214,7 @@ def load_profile(path: str | Path, *, allow_large: bool = False) -> ServerProfil
             f"{p}: the file is empty; a server profile needs at least "
             f"'args:' (managed server) or 'url:' (external server)"
         )
-    return parse_profile(data, source=str(p), default_name=p.stem, path=p)
+    return data
 
 
 def parse_profile(

@@ -56,6 +56,7 @@ hide among harmless changes.  Each multiplies every decode step's time:
 
 * ``--enable-eplb``: 1.8 (EP8 -> EP8+EPLB: 1538 -> 862 tok/s at the peak);
 * ``--enable-torch-compile``: 1.15;
+* ``--enable-mixed-chunk``: 1.02 (within the race's 2% row: a near-tie);
 * ``--enable-two-batch-overlap`` with ``--enable-single-batch-overlap``: 1.15 together,
   nothing alone (an interaction);
 * env ``FAKE_SGLANG_SLOW_KERNELS=1``: 1.15;
@@ -222,7 +223,11 @@ def launch_seed() -> int:
     return int(os.environ.get("FAKE_SGLANG_SEED_BASE", "0")) + n
 
 
-FLAG_EFFECTS: dict[str, float] = {"enable_eplb": 1.8, "enable_torch_compile": 1.15}
+FLAG_EFFECTS: dict[str, float] = {
+    "enable_eplb": 1.8,
+    "enable_torch_compile": 1.15,
+    "enable_mixed_chunk": 1.02,
+}
 """A flag's step-time multiplier on this fake (module docstring), by its argparse dest."""
 PAIR_EFFECT = (("enable_two_batch_overlap", "enable_single_batch_overlap"), 1.15)
 """Two flags that slow the fake only together: the interaction the culprit search must name."""
