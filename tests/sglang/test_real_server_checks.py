@@ -571,3 +571,46 @@ def test_the_first_run_after_a_launch_agrees_with_the_later_ones(
 
     (pytester.path / "tiny.yaml").write_text(yaml.safe_dump(_profile(8, tiny_model_path)))
     first_run_after_a_launch(pytester, "tiny.yaml")
+
+
+# ------------------------------------------------------------------ the race (issue 37)
+
+
+def test_a_race_of_three_real_deployments_eliminates_the_clearly_worse_one(
+    pytester: pytest.Pytester, tiny_model_path: Path
+) -> None:
+    """Three managed profiles of the real CPU engine, ``--max-running-requests`` 8, 8 with a
+    harmless ``--log-level``, and 2 (about a quarter of the throughput at C=8): the session is
+    round 1, the race launches round 2 itself, and the clearly worse deployment leaves the
+    race with the deployment that beat it named, and one of the two equal ones leads."""
+    import yaml
+
+    profiles = {"race-mrr8": (8, {}), "race-mrr8-quiet": (8, {"log-level": "warning"})}
+    profiles["race-mrr2"] = (2, {})
+    for name, (n, more) in profiles.items():
+        data = _profile(n, tiny_model_path)
+        data["args"].update(more)
+        data["name"] = name
+        (pytester.path / f"{name}.yaml").write_text(yaml.safe_dump(data))
+    pytester.makepyfile(test_suite=PAIRED_SUITE)
+    path = pytester.path / "race.json"
+    result = pytester.runpytest(
+        "-m",
+        "perf",
+        *(f"--server-profile={name}.yaml" for name in profiles),
+        "--perf-race",
+        "--perf-race-rounds=2",
+        f"--perf-json={path}",
+    )
+    race = json.loads(path.read_text())["race"]
+    print(json.dumps(race, indent=1))
+    ranking = {e["deployment"]: e for e in race["ranking"]}
+    worse = ranking["race-mrr2"]
+    assert worse["status"] == "eliminated" and worse["eliminated_in_round"] == 2, worse
+    assert worse["vs_best_ci90_pct"][1] < -30, worse
+    assert "race-mrr8" in worse["reason"], worse
+    assert race["ranking"][0]["deployment"] in ("race-mrr8", "race-mrr8-quiet"), race
+    # two rounds of three is the full grid at this budget: the saving is the rounds not run
+    assert race["launches"] == 6 and race["server_s"] <= race["grid_server_s"]
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*pytest-kimi race*"])
