@@ -204,6 +204,16 @@ def test_the_typed_wire_has_every_documented_field_and_no_other() -> None:
     assert figure == _keys(wire.LatencyFigureEntry)
 
 
+def test_the_race_section_is_documented_as_the_wire_types_say() -> None:
+    """docs/json-report.md "The race": the section, a ranking entry and a frontier point name
+    the keys of their ``TypedDict``s (what a race writes is checked against the same types in
+    tests/test_race_objective.py)."""
+    section, entry, point = _tables("## The race")
+    assert section == _keys(wire.RaceSection)
+    assert entry == _keys(wire.RaceRankingEntry)
+    assert point == _keys(wire.RaceFrontierPoint)
+
+
 def test_what_the_producers_write_is_what_the_wire_types_say() -> None:
     """Every key the typed results put in the JSON is a key of its ``TypedDict`` (mypy checks
     the producers' literal keys; this checks the ones made at run time: the peer figures and

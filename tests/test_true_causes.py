@@ -278,3 +278,44 @@ def test_an_inconclusive_note_carries_why_its_trials_stopped() -> None:
     _, note = compared_level(cmp, base, tolerance=0.05, alpha=0.05, stopped=stopped)
     assert note is not None and f"after 3 trials ({stopped})" in note
     assert "raise --perf-max-trials" not in note
+
+
+# ------------------------------------------------------- a C=1 stream read in one lump
+
+
+def _lumped(stall_s: float) -> TrialRecords:
+    """One C=1 stream of 32 tokens sent at 100.0 whose every token the client read at one
+    instant, 1.0 s later; the client's loop had been held ``stall_s`` just before that read."""
+    rec = RequestRecord(index=0, worker=0, scheduled=100.0, sent=100.0, status=200)
+    rec.completion_tokens = 32
+    rec.first_token = 101.0
+    rec.chunk_times = array("d", [101.0] * 32)
+    rec.chunk_events = array("I", [1] * 32)
+    rec.end = 101.0
+    return TrialRecords(records=[rec], started=100.0, ended=101.0, concurrency=1)
+
+
+def _held(stall_s: float) -> ClientSignals:
+    times = array("d", [100.0 + 0.005 * i for i in range(int(1.0 / 0.005) - 1)])
+    values = array("d", [0.001] * len(times))
+    if stall_s:  # one sample at the read says the loop did not run during the stall before it
+        times, values = array("d", [t for t in times if t < 101.0 - stall_s]), array("d")
+        values.extend([0.001] * len(times))
+        times.append(101.0 + 0.001)
+        values.append(stall_s)
+    return ClientSignals(loop_lag_max_s=stall_s, cpu_share=0.05, lag_times=times, lag_values=values)
+
+
+def test_a_lump_read_after_the_client_was_held_is_the_clients_doing() -> None:
+    """A C=1 stream whose tokens all came at one instant: a server that buffers its stream
+    (a hostile guard: the trial is invalid), unless the client's own loop was held for most
+    of the stream's time just before it read them, when the tokens waited in its socket: then
+    the trial is void for the moment (transient) and another replaces it."""
+    level = LevelSpec(concurrency=1, rate=None, max_tokens=32)
+    held = summarize_trial(0, level, _lumped(0.9), client=_held(0.9), ignore_eos=True)
+    (reason,) = [m for m in held.invalid if m.startswith("no steady-state window")]
+    assert "event loop had been held 899 ms" in reason and reason in held.transient
+    for stall in (0.0, 0.2):  # no stall, or one far shorter than the stream: the server's
+        trial = summarize_trial(0, level, _lumped(stall), client=_held(stall), ignore_eos=True)
+        (reason,) = [m for m in trial.invalid if m.startswith("no steady-state window")]
+        assert "came at one instant, with no span" in reason and not trial.transient

@@ -248,6 +248,22 @@ def client_late(
     )
 
 
+def _held_before_lump(ok: Sequence[RequestRecord], client: ClientSignals | None) -> float | None:
+    """How long the client's event loop had been held when it read a stream's one lump, where
+    that stall covers at least half the stream's time from its send (so the tokens may have
+    streamed while nobody read them); None where no stream's lump is so explained."""
+    if client is None:
+        return None
+    held = []
+    for r in ok:
+        if r.first_token is None or not r.sent:
+            continue
+        stall = client.stall_before(r.first_token)
+        if stall > CLIENT_LAG_LIMIT_S and stall >= 0.5 * (r.first_token - r.sent):
+            held.append(stall)
+    return max(held) if held else None
+
+
 def no_window_cause(
     ok: Sequence[RequestRecord],
     tr: TrialRecords,
@@ -326,6 +342,17 @@ def _no_window(
             False,
         )
     if concurrency == 1 or len(started) < 2:
+        held = _held_before_lump(ok, client)
+        if held is not None:
+            # the tokens waited in the client's socket while its loop could not run: the
+            # client's doing, void for the moment; a server that buffers does it again
+            return (
+                "each stream's tokens came at one instant, read after the load client's event "
+                f"loop had been held {held * 1e3:.0f} ms (most of the stream's time): the "
+                "client's doing, not the server's; give the client a quieter core",
+                True,
+                False,
+            )
         return (
             "each stream's tokens came at one instant, with no span between its first and "
             "last token to time",

@@ -49,14 +49,7 @@ def run_culprit(session: pytest.Session, tests: Sequence[TestEntry]) -> CulpritR
         return None
     plans = {baseline_id(item): item.stash[PLAN] for item in session.items if PLAN in item.stash}
     rootdir = Path(config.rootpath)
-    conditions = Conditions(
-        rootdir=rootdir,
-        trials=opts.perf_trials,
-        protocol=opts.perf_protocol,
-        server_metrics=opts.perf_server_metrics,
-        latency_tolerance=opts.perf_latency_tolerance,
-        allow_large=opts.perf_allow_large,
-    )
+    conditions = Conditions.of(opts, rootdir)
 
     def tell(text: str) -> None:
         say(config, f"[kimi culprit] {text}")

@@ -244,15 +244,11 @@ def _kimi_measure(
         paired=measured_only(config),
         **({"judged_by": RACE_COMPARISON} if race else {}),
     )
-    conditions = Conditions(
-        rootdir=Path(config.rootpath),
-        trials=opts.perf_trials,
-        protocol=opts.perf_protocol,
-        server_metrics=opts.perf_server_metrics,
-        latency_tolerance=opts.perf_latency_tolerance,
+    conditions = Conditions.of(
+        opts,
+        Path(config.rootpath),
         replace_corrupt=gate.update == "force",
         level_done=_requests_of(config, nodeid, name, kimi_perf_session),
-        allow_large=opts.perf_allow_large,
     )
     problem: str | None = None
     endpoint = request.getfixturevalue("kimi_endpoint")  # the lock is the endpoint's

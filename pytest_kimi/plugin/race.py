@@ -82,14 +82,7 @@ def run_race(session: pytest.Session, tests: Sequence[TestEntry]) -> RaceReport 
     (nodeid, plan), *_ = plans.items()
     objective = parse_objective(opts.perf_race_objective)
     rootdir = Path(config.rootpath)
-    conditions = Conditions(
-        rootdir=rootdir,
-        trials=opts.perf_trials,
-        protocol=opts.perf_protocol,
-        server_metrics=opts.perf_server_metrics,
-        latency_tolerance=opts.perf_latency_tolerance,
-        allow_large=opts.perf_allow_large,
-    )
+    conditions = Conditions.of(opts, rootdir)
 
     def tell(text: str) -> None:
         say(config, f"[kimi race] {text}")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_kimi.printable import printable
+from pytest_kimi.report.markdown_cell import CELL_LIMIT, cell
 from pytest_kimi.verdicts import Verdict
 from pytest_kimi.report.capacity_cells import capacity_markdown
 from pytest_kimi.report.latency_cells import latency_markdown
@@ -73,26 +74,11 @@ LEGEND = (
 # ------------------------------------------------------------------------------------ escaping
 
 
-CELL_LIMIT = 500
-"""Characters of one table cell or code span kept: any figure, label or model id fits."""
-
 TEXT_LIMIT = 2000
 """Characters of one paragraph or list item kept: a reason fits, a server's error page not."""
 
 ERROR_LIMIT = 5000
 """Characters of a test's error block kept (its lines kept too)."""
-
-
-def cell(text: str) -> str:
-    """One Markdown table cell: pipes escaped, no line breaks, no HTML tags, printable."""
-    return printable(
-        text.replace("\\", "\\\\")
-        .replace("|", "\\|")
-        .replace("<", "&lt;")
-        .replace("\r", " ")
-        .replace("\n", " "),
-        CELL_LIMIT,
-    )
 
 
 def text(value: str) -> str:

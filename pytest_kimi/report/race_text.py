@@ -11,7 +11,7 @@ answer says how much.
 
 The rows are built once (:func:`race_rows`) as plain printable text, and each sink only lays
 them out: the terminal as lines, Markdown as a table (cells escaped as
-:func:`pytest_kimi.report.markdown.cell` does), HTML as a table (escaped by the page kit), so the
+:func:`pytest_kimi.report.markdown_cell.cell`), HTML as a table (escaped by the page kit), so the
 three never disagree.  Deployment names come from profile files and reasons quote servers, so
 every one goes through :func:`~pytest_kimi.printable.printable` here, before any sink.
 """
@@ -22,6 +22,7 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from pytest_kimi.printable import printable
+from pytest_kimi.report.markdown_cell import cell
 from pytest_kimi.report.terminal import fit_lines
 
 NAME_LIMIT = 120
@@ -37,8 +38,6 @@ UNITS = {
 gives one): ``frontier`` ranks tok/s per GPU at the per-user floor; a capacity is a load
 level whose kind (concurrency or rate) the objective's text says."""
 
-CELL_LIMIT = 500
-"""Characters of one Markdown cell kept (the Markdown report's own limit)."""
 
 HEADER = (
     "rank",
@@ -275,29 +274,14 @@ def markdown_race(section: Mapping[str, Any]) -> list[str]:
     lines = [
         "### Which deployment is best",
         "",
-        _cell(head_text(section)),
+        cell(head_text(section)),
         "",
         _md_row(HEADER),
         "|" + "---|" * len(HEADER),
     ]
-    lines += [_md_row(row, _cell) for row in race_rows(section)]
-    lines += ["", f"**{_cell(answer_text(section))}**", ""]
+    lines += [_md_row(row, cell) for row in race_rows(section)]
+    lines += ["", f"**{cell(answer_text(section))}**", ""]
     return lines
-
-
-def _cell(value: str) -> str:
-    """One Markdown table cell, as :func:`pytest_kimi.report.markdown.cell` writes it (pipes
-    and backslashes escaped, no tag, one line, printable): a copy, because the Markdown report
-    imports this module and sibling modules of the report may not import each other both
-    ways (``.importlinter``)."""
-    return printable(
-        value.replace("\\", "\\\\")
-        .replace("|", "\\|")
-        .replace("<", "&lt;")
-        .replace("\r", " ")
-        .replace("\n", " "),
-        CELL_LIMIT,
-    )
 
 
 def _md_row(cells: Sequence[str], escape: Callable[[str], str] | None = None) -> str:

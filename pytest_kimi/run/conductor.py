@@ -31,6 +31,7 @@ from pytest_kimi.baseline.update import reference_baseline
 from pytest_kimi.crosscheck.metrics_page import ServerMetricsError
 from pytest_kimi.crosscheck.server_metrics import ServerMetricsObserver
 from pytest_kimi.endpoint.discovery import EndpointInfo
+from pytest_kimi.options import KimiOptions
 from pytest_kimi.gate.capacity_gate import (
     capacity_dict,
     capacity_key,
@@ -156,6 +157,20 @@ class Conditions:
     """Called with each level once it is final (``--perf-requests``: ``MeasureSpec.level_done``)."""
     allow_large: bool = False
     """``--perf-allow-large``: lifts the size bounds on dataset and prompts files."""
+
+    @classmethod
+    def of(cls, opts: KimiOptions, rootdir: Path, **more: Any) -> Conditions:
+        """The session's conditions from its options (``more``: the per-test fields), one
+        place for every caller: the perf tests' fixture, the culprit search, the race."""
+        return cls(
+            rootdir=rootdir,
+            trials=opts.perf_trials,
+            protocol=opts.perf_protocol,
+            server_metrics=opts.perf_server_metrics,
+            latency_tolerance=opts.perf_latency_tolerance,
+            allow_large=opts.perf_allow_large,
+            **more,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,27 +214,18 @@ def race_deployments(
 
 
 def write_winner_profile(mapping: Mapping[str, Any], directory: Path, name: str) -> Path:
-    """The winning grid deployment as a profile file of its own (``--server-profile`` takes
-    it as it is), written atomically under ``directory``."""
-    import os
-    import tempfile
-
+    """The winning grid deployment as a profile of its own (``--server-profile`` takes it as
+    it is), written atomically under ``directory``."""
     import yaml
 
-    directory.mkdir(parents=True, exist_ok=True)
+    from pytest_kimi.files import write_atomic
+
     path = directory / f"{name}.yaml"
-    text = (
+    write_atomic(
+        path,
         "# the winner of a pytest-kimi race, written out from its grid profile\n"
-        + yaml.safe_dump(dict(mapping), sort_keys=False, allow_unicode=True)
+        + yaml.safe_dump(dict(mapping), sort_keys=False, allow_unicode=True),
     )
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

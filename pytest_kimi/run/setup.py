@@ -20,7 +20,7 @@ from pytest_kimi.gate.paired import MIN_BLOCKS
 from pytest_kimi.options import KimiOptions
 from pytest_kimi.run.measurer import Measurer
 from pytest_kimi.scrub import register_secret
-from pytest_kimi.server.profile import profile_secrets
+from pytest_kimi.server.profile import parse_profile, profile_secrets, read_profile_data
 from pytest_kimi.server import (
     ProfileError,
     ServerProfile,
@@ -73,26 +73,22 @@ def _read_deployments(path: Path, opts: KimiOptions) -> list[ServerProfile]:
     """One ``--server-profile`` file's deployments: itself, or with ``--perf-race`` every
     deployment of a grid profile (:mod:`pytest_kimi.server.profile_grid`); elsewhere a grid
     file is refused, saying that only a race expands it."""
-    from pytest_kimi.server.profile import parse_profile, read_profile_data
     from pytest_kimi.server.profile_grid import is_grid, parse_grid
 
     data = read_profile_data(path, allow_large=opts.perf_allow_large)
-    if is_grid(data):
-        if not opts.perf_race:
-            try:
-                return [parse_profile(data, source=str(path), default_name=path.stem, path=path)]
-            except ProfileError as exc:
-                raise ProfileError(
-                    f"{exc} (a grid profile, whose args hold lists or which has exclude: or "
-                    "gpus:, expands to its deployments only with --perf-race)"
-                ) from None
-        return [
-            dataclasses.replace(profile, grid=point)
-            for profile, point in parse_grid(
-                data, source=str(path), default_name=path.stem, path=path
-            )
-        ]
-    return [parse_profile(data, source=str(path), default_name=path.stem, path=path)]
+    source, name = str(path), path.stem
+    if opts.perf_race and is_grid(data):
+        points = parse_grid(data, source=source, default_name=name, path=path)
+        return [dataclasses.replace(p, grid=point) for p, point in points]
+    try:
+        return [parse_profile(data, source=source, default_name=name, path=path)]
+    except ProfileError as exc:
+        if not is_grid(data):
+            raise
+        raise ProfileError(
+            f"{exc} (a grid profile, whose args hold lists or which has exclude: or gpus:, "
+            "expands to its deployments only with --perf-race)"
+        ) from None
 
 
 def check_server_starts(opts: KimiOptions, deployments: list[ServerProfile]) -> int:
