@@ -319,9 +319,68 @@ class PrefixCacheSection(_PrefixCacheRequired, total=False):
     cached_metric_absent: bool
 
 
+class ServerCheckTrial(TypedDict):
+    """One trial of ``server.trials``: the server's counters against the client's."""
+
+    trial: int
+    tokens: int
+    client_tokens: int
+    exact: bool | None
+    tok_s: float | None
+    client_tok_s: float | None
+    client_span_tok_s: float | None
+    deviation_pct: float | None
+    allowed_pct: float | None
+    window_samples: int
+    counting: str
+    settle_s: float
+    prompt_tokens: int | None
+    client_prompt_tokens: int
+    requests: int | None
+    client_requests: int
+    notes: list[str]
+
+
+class ServerCheckSection(TypedDict):
+    """``server``: ``--perf-server-metrics``' summary of a level (docs/server-metrics.md)."""
+
+    metric: str
+    tokens: int
+    client_tokens: int
+    exact: bool | None
+    tok_s: float | None
+    client_tok_s: float | None
+    max_deviation_pct: float | None
+    tolerance_pct: float
+    counting: str
+    prompt_tokens: int | None
+    client_prompt_tokens: int
+    requests: int | None
+    client_requests: int
+    trials: list[ServerCheckTrial]
+
+
+class _ContaminationRequired(TypedDict):
+    checked: bool
+
+
+class ContaminationSection(_ContaminationRequired, total=False):
+    """``contamination``: what the contamination check met over a level
+    (docs/server-metrics.md); ``why`` alone where it could not check."""
+
+    why: str
+    gauges: list[str]
+    trials: int
+    void: int
+    drain_waits_s: list[float]
+    undrained_waits_s: list[float]
+    stale_gauges: int
+
+
 class LevelExtra(TypedDict, total=False):
     """The sections pluggable stages contribute under their own keys (``LevelResult.extra``):
-    the workload's, the prefix-cache probe's, the server-counter check's."""
+    the workload's, the prefix-cache probe's, the server-counter check's, the contamination
+    check's."""
 
     dataset: DatasetSection
     output_tokens_mean: float
@@ -330,8 +389,16 @@ class LevelExtra(TypedDict, total=False):
     client_queue: ClientQueue
     prefix_cache_hit_rate: float
     prefix_cache: PrefixCacheSection
-    server: dict[str, Any]
-    """``--perf-server-metrics``' summary (docs/server-metrics.md)."""
+    server: ServerCheckSection
+    contamination: ContaminationSection
+
+
+class LevelSummary(LevelExtra, total=False):
+    """What a watcher or probe hands a level at its end (``TrialObserver.level_summary``,
+    ``LevelProbe.end_level``): its sections, and ``notes`` for the level's reports (merged
+    into the level's notes, never into its JSON)."""
+
+    notes: list[str]
 
 
 class PooledNoise(TypedDict):

@@ -7,6 +7,7 @@ sets: a count that does not drain, one that never moves (a gauge published late)
 
 from __future__ import annotations
 
+import typing
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from time import perf_counter
 import pytest
 from aiohttp import web
 
+from pytest_kimi import wire
 from pytest_kimi.crosscheck.contamination import (
     DRAIN_MIN_S,
     ContaminationCheck,
@@ -227,6 +229,10 @@ async def test_cut_streams_that_do_not_drain_void_the_next_trial_as_zombies() ->
         summary = check.level_summary()
         assert summary["contamination"]["void"] == 1
         assert len(summary["contamination"]["undrained_waits_s"]) == 1
+        # every key it wrote is one the typed wire declares
+        assert set(summary["contamination"]) <= set(
+            typing.get_type_hints(wire.ContaminationSection)
+        )
     finally:
         await check.close()
         await runner.cleanup()

@@ -34,6 +34,7 @@ PLUGGABLE = {
     "prefix_cache_hit_rate",
     "prefix_cache",
     "server",
+    "contamination",
 }
 """The sections stages contribute to a level (``LevelResult.extra``), documented in prose."""
 

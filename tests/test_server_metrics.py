@@ -4,6 +4,7 @@ client that makes the counts disagree, a server without ``/metrics``)."""
 
 from __future__ import annotations
 
+import typing
 import json
 import threading
 from array import array
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from pytest_kimi import wire
 from pytest_kimi.load.trial import TrialRecords
 from pytest_kimi.workload.workload_spec import LevelSpec
 from pytest_kimi.measure.client_signals import ClientSignals
@@ -275,6 +277,9 @@ def test_level_summary_keys() -> None:
     assert summary["prompt_tokens"] is None and summary["client_prompt_tokens"] == 120
     assert len(summary["trials"]) == 2 and summary["trials"][0]["tokens"] == 1200
     json.dumps(summary)
+    # the keys the typed wire declares, no more, no fewer (mypy checks the readers against them)
+    assert set(summary) == set(typing.get_type_hints(wire.ServerCheckSection))
+    assert set(summary["trials"][0]) == set(typing.get_type_hints(wire.ServerCheckTrial))
 
 
 def test_reports_show_server_columns_only_when_present() -> None:

@@ -40,13 +40,14 @@ import asyncio
 from dataclasses import dataclass, field
 from statistics import median
 from time import perf_counter
-from typing import Any, Sequence
+from typing import Sequence
 
 from pytest_kimi.crosscheck.counter_scraper import GENERATION_COUNTERS
 from pytest_kimi.crosscheck.metrics_page import MetricsPage, ServerMetricsError, stop_sampler
 from pytest_kimi.crosscheck.prometheus_text import parse_metrics
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.wire import ContaminationSection, LevelSummary
 
 GAUGES: tuple[tuple[str, str], ...] = (
     ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
@@ -319,7 +320,7 @@ class ContaminationCheck:
 
     # ------------------------------------------------------------------ the level
 
-    def level_summary(self) -> dict[str, Any]:
+    def level_summary(self) -> LevelSummary:
         """``{"contamination": {...}, "notes": [...]}`` for the level (notes: its reports)."""
         log, self._level = self._level, _LevelLog()
         notes: list[str] = []
@@ -350,7 +351,7 @@ class ContaminationCheck:
                 f"while this run had nothing in flight ({len(log.stale)} trial(s)): taken for "
                 "gauges published late, not load; those trials were not compared during the run"
             )
-        entry: dict[str, Any] = {
+        entry: ContaminationSection = {
             "checked": True,
             "gauges": list(self.reader.gauges or ()),
             "trials": log.checked,

@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from pytest_kimi.crosscheck.counter_scraper import Scrape, generation_rise
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.measure.metrics import TrialResult
+from pytest_kimi.wire import ServerCheckSection, ServerCheckTrial
 
 RATE_TOLERANCE = 0.02
 """Largest relative difference allowed between the server's and the client's steady-state
@@ -137,7 +138,7 @@ class TrialCheck:
     reads fewer) does that, only a counter updated late over a short span (vLLM counts a step
     after it streamed it); the trial is void but may be replaced."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ServerCheckTrial:
         return {
             "trial": self.trial,
             "tokens": self.tokens,
@@ -306,7 +307,7 @@ def check_trial(
     return check, reasons
 
 
-def level_summary(checks: Sequence[TrialCheck], metric: str) -> dict[str, Any]:
+def level_summary(checks: Sequence[TrialCheck], metric: str) -> ServerCheckSection:
     """The level's ``server`` entry of the JSON report.  Stable keys:
 
     ``tokens``/``client_tokens`` (sums over the trials), ``tok_s`` (median of the trials'

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 
 from pytest_kimi.crosscheck.metrics_page import (
@@ -45,7 +44,7 @@ from pytest_kimi.crosscheck.metrics_page import (
     ServerMetricsError,
 )
 from pytest_kimi.crosscheck.prometheus_text import parse_metrics
-from pytest_kimi.wire import PrefixCacheSection
+from pytest_kimi.wire import LevelSummary, PrefixCacheSection
 
 PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
     ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
@@ -152,12 +151,12 @@ class PrefixCacheProbe:
         """The counters before a level's first trial (after the warm-up's requests)."""
         self._before = await self.read()
 
-    async def end_level(self) -> dict[str, Any]:
+    async def end_level(self) -> LevelSummary:
         """``prefix_cache_hit_rate`` and ``prefix_cache`` for the level's JSON, or nothing;
         ``notes`` (for the level's reports) when the page was over the size cap."""
         before, self._before = self._before, None
         entry = hit_rate(before, await self.read()) if before is not None else None
-        out: dict[str, Any] = {}
+        out: LevelSummary = {}
         if entry is not None:
             out = {"prefix_cache_hit_rate": entry["hit_rate"], "prefix_cache": entry}
         if self._untold is not None:

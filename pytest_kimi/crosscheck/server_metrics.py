@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 from time import perf_counter
-from typing import Any, Sequence
+from typing import Sequence
 
 from pytest_kimi.crosscheck.counter_check import (
     MIN_WINDOW_SAMPLES,
@@ -64,6 +64,7 @@ from pytest_kimi.crosscheck.metrics_page import (
 )
 from pytest_kimi.measure.metrics import TrialResult
 from pytest_kimi.measure.trial_causes import GAUGE_UNREAD, gauge_finding
+from pytest_kimi.wire import LevelSummary
 
 __all__ = ["METRICS_MAX_BYTES", "RATE_TOLERANCE", "ServerMetricsObserver"]
 """The documented names (docs/server-metrics.md) stay importable from here."""
@@ -206,7 +207,7 @@ class ServerMetricsObserver:
             trial.transient.append(check.counter_behind)
         self._checks.append(check)
 
-    def level_summary(self) -> dict[str, Any]:
+    def level_summary(self) -> LevelSummary:
         checks, self._checks = self._checks, []
         if not checks:
             return {}

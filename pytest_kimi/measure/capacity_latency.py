@@ -60,6 +60,7 @@ from pytest_kimi.measure.client_signals import CLIENT_LAG_LIMIT_S
 from pytest_kimi.measure.metrics import TrialResult
 from pytest_kimi.measure.stream_timing import inter_token_latencies, read_gap_p50
 from pytest_kimi.workload.capacity_marker import ItlStatistic
+from pytest_kimi.wire import LevelSummary
 
 REQUEST_ITL_MIN_GAPS = 8
 """Gaps between reads a request needs for its mean ITL to count: one late read moves a mean of
@@ -281,7 +282,7 @@ class ProbeStallCheck:
             trial.invalid.append(why)
             trial.transient.append(why)
 
-    def level_summary(self) -> dict[str, Any]:
+    def level_summary(self) -> LevelSummary:
         return self.inner.level_summary() if self.inner is not None else {}
 
     async def close(self) -> None:

@@ -167,7 +167,8 @@ def _merged(first: Any, more: Any, spec: Any) -> Any:
         first.spec, spec.workload, spec.targets, trials, first.prompts_key, spec.clock
     )
     level.protocol = first.protocol
-    level.extra = {**first.extra, **more.extra}
+    level.extra = first.extra.copy()
+    level.extra.update(more.extra)
     for name in ("turns", "fill_up", "input_tokens_sizing"):
         setattr(level, name, getattr(more, name) or getattr(first, name))
     level.server_time_s = round((first.server_time_s or 0.0) + (more.server_time_s or 0.0), 3)

@@ -26,6 +26,7 @@ from pytest_kimi.workload.prompts import length_bounds
 from pytest_kimi.measure.metrics import TrialResult
 from pytest_kimi.measure.pace import Pace
 from pytest_kimi.measure.results import LevelResult, ThroughputResult
+from pytest_kimi.wire import ClientQueue, LengthDraws, LengthRange, LevelExtra, LevelSummary
 
 DEFAULT_TRIALS = 3
 
@@ -57,7 +58,7 @@ class TrialObserver(Protocol):
 
     async def after_trial(self, trial: TrialResult) -> None: ...
 
-    def level_summary(self) -> dict[str, Any]: ...
+    def level_summary(self) -> LevelSummary: ...
 
     async def close(self) -> None: ...
 
@@ -70,7 +71,7 @@ class LevelProbe(Protocol):
 
     async def start_level(self) -> None: ...
 
-    async def end_level(self) -> dict[str, Any]: ...
+    async def end_level(self) -> LevelSummary: ...
 
 
 @dataclass(slots=True)
@@ -140,7 +141,7 @@ class MeasureSpec:
     """Under ``max_concurrency``: per (level, trial index) how long each arrival waited for a
     slot, wall seconds (a replaced trial's are overwritten by the trial that replaces it);
     :meth:`annotate_level` summarises and drops them."""
-    level_info: Callable[[LevelSpec], tuple[dict[str, Any], list[str]]] | None = None
+    level_info: Callable[[LevelSpec], tuple[LevelExtra, list[str]]] | None = None
     """Per level: fields for its JSON (a dataset's sample at the level's cap, the shared
     prefix) and notes for its reports (estimated lengths, a sample too small for C)."""
     level_probe: LevelProbe | None = None
@@ -186,29 +187,18 @@ class MeasureSpec:
             for raw, n in zip(raws, lengths)
         ]
 
-    def length_info(self, level: LevelSpec) -> dict[str, Any]:
+    def length_info(self, level: LevelSpec) -> LevelExtra:
         """``range_ratio``'s draws at this level, for its JSON (``length_range``): the ratio,
         the ranges drawn from, and what the draws came to (empty without a range)."""
         w = self.workload
         if w.range_ratio is None:
             return {}
-        out: dict[str, Any] = {"range_ratio": ratio_key(w.range_ratio)}
-        drawn = {
-            "input_tokens": w.input_lengths(level.input_tokens),
-            "max_tokens": w.output_lengths(level.max_tokens),
-        }
-        for (name, lengths), value, ratio in zip(
-            drawn.items(), (level.input_tokens, level.max_tokens), w.range_ratio
-        ):
-            if lengths is None or value is None:
-                continue
-            out[name] = {
-                "range": list(length_bounds(value, ratio)),
-                "draws": len(lengths),
-                "mean": round(sum(lengths) / len(lengths), 1),
-                "min": min(lengths),
-                "max": max(lengths),
-            }
+        out: LengthRange = {"range_ratio": ratio_key(w.range_ratio)}
+        in_ratio, out_ratio = w.range_ratio
+        if draws := _draws(w.input_lengths(level.input_tokens), level.input_tokens, in_ratio):
+            out["input_tokens"] = draws
+        if draws := _draws(w.output_lengths(level.max_tokens), level.max_tokens, out_ratio):
+            out["max_tokens"] = draws
         return {"length_range": out}
 
     def stationary_openers(self, level: LevelSpec, offset: int) -> tuple[list[bytes], list[int]]:
@@ -253,7 +243,7 @@ class MeasureSpec:
         def pct(q: float) -> float:
             return ranked[min(len(ranked) - 1, max(0, math.ceil(q / 100 * len(ranked)) - 1))]
 
-        summary = {
+        summary: ClientQueue = {
             "max_concurrency": cap,
             "arrivals": len(waits),
             "queued": len(queued),
@@ -286,6 +276,19 @@ class MeasureSpec:
         self.trial_serial += 1
         serial = (self.trial_serial + self.unique_salt) % (1 << (48 - TRIAL_ID_BITS))
         return {"unique_slot": self.unique_slot, "unique_base": serial << TRIAL_ID_BITS}
+
+
+def _draws(lengths: Sequence[int] | None, value: int | None, ratio: float) -> LengthDraws | None:
+    """One length's draws under ``range_ratio`` for the level's JSON (None: not drawn)."""
+    if lengths is None or value is None:
+        return None
+    return {
+        "range": list(length_bounds(value, ratio)),
+        "draws": len(lengths),
+        "mean": round(sum(lengths) / len(lengths), 1),
+        "min": min(lengths),
+        "max": max(lengths),
+    }
 
 
 MAX_TOKENS_SLOT = b'"max_tokens":0'

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
 from pytest_kimi.measure.latency import LevelLatency, mark_latency_void, voided_note
@@ -30,6 +30,7 @@ from pytest_kimi.wire import (
     ComparisonEntry,
     LevelCore,
     LevelEntry,
+    LevelExtra,
     LevelTail,
     MeasuredEntry,
     OpenLoopEntry,
@@ -131,7 +132,7 @@ class LevelResult:
     """TTFT and ITL at p50 and pNN per trial, against the baseline's (gate/latency_gate.py)."""
     deployment: str | None = None
     """The server profile measured (JSON ``profile``)."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: LevelExtra = field(default_factory=lambda: LevelExtra())
     """Sections pluggable stages contribute, each under its own keys: the workload's
     (``dataset``, ``shared_prefix``, ``output_tokens_mean``), the prefix-cache probe's
     (``prefix_cache_hit_rate``) and the server-counter check's (``server``)."""
@@ -220,18 +221,10 @@ class LevelResult:
             **measured,
             **comparison,
             **tail,
+            # the sections pluggable stages contributed, under their own keys
+            **self.extra,
         }
-        return _with_sections(out, self.extra)
-
-
-def _with_sections(level: LevelEntry, extra: Mapping[str, Any]) -> LevelEntry:
-    """``level`` with the sections pluggable stages contributed (``LevelResult.extra``:
-    :class:`~pytest_kimi.wire.LevelExtra`'s keys).  The stages hand them over as plain dicts
-    (``MeasureSpec``'s observer and probe protocols), so here they enter the typed wire
-    unchecked: the one place a level's keys are not mypy's."""
-    if not extra:
-        return level
-    return cast(LevelEntry, {**level, **extra})
+        return out
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Callable, Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 from pytest_kimi.load.trial import LiveTrial, TrialClient
 from pytest_kimi.workload.workload_spec import STATIONARY, LevelSpec
@@ -26,7 +26,7 @@ from pytest_kimi.measure.shapes import fill_up_note, turn_figures
 from pytest_kimi.measure.trial_limits import OVER_LIMIT
 from pytest_kimi.measure.windows import TrialWindow, trial_window, unix_offset
 from pytest_kimi.verdicts import Verdict
-from pytest_kimi.wire import PromptTokens, WarmUpEntry
+from pytest_kimi.wire import LevelSummary, PromptTokens, WarmUpEntry
 
 MAX_REPLACED_TRIALS = 2
 """Per level: trials voided only by the moment (a client stall) that another trial replaces.
@@ -141,7 +141,7 @@ def _watchers(spec: MeasureSpec) -> list[TrialObserver]:
     return [o for o in (spec.guard, spec.observer) if o is not None]
 
 
-def _merge_summary(result: LevelResult, summary: dict[str, Any]) -> None:
+def _merge_summary(result: LevelResult, summary: LevelSummary) -> None:
     """An observer's or probe's level summary into the level: its ``notes`` as notes, the
     rest into the level's JSON."""
     notes = summary.pop("notes", None) or []
@@ -332,16 +332,17 @@ async def _warm_level(client: TrialClient, spec: MeasureSpec, level: LevelSpec) 
     return warm.to_dict()
 
 
-def _in_server_clock(summary: dict[str, Any], clock: float) -> dict[str, Any]:
+def _in_server_clock(summary: LevelSummary, clock: float) -> LevelSummary:
     """An observer's level summary with its rates in the server's clock, like the level's own
     figures (the observer compares wall-clock rates with wall-clock rates, as it must)."""
     server = summary.get("server")
-    if clock == 1.0 or not isinstance(server, dict):
+    if clock == 1.0 or server is None:
         return summary
-    for entry in (server, *server.get("trials", [])):
-        for key in ("tok_s", "client_tok_s"):
-            if isinstance(entry.get(key), (int, float)):
-                entry[key] = round(entry[key] / clock, 2)
+    for entry in (server, *server["trials"]):
+        if (tok_s := entry["tok_s"]) is not None:
+            entry["tok_s"] = round(tok_s / clock, 2)
+        if (client_tok_s := entry["client_tok_s"]) is not None:
+            entry["client_tok_s"] = round(client_tok_s / clock, 2)
     return summary
 
 

@@ -78,17 +78,16 @@ def _change(level: LevelEntry) -> str:
 
 def server_tok_s_cell(level: LevelEntry) -> str:
     """``--perf-server-metrics``: the server's own median tok/s over the steady-state windows."""
-    server = level.get("server") or {}
-    return num(server.get("tok_s"), ".1f")
+    server = level.get("server")
+    return num(server["tok_s"] if server is not None else None, ".1f")
 
 
 def server_tokens_cell(level: LevelEntry) -> str:
     """The server's count of generated tokens, ``(exact)`` when it equals the client's."""
-    server = level.get("server") or {}
-    tokens = server.get("tokens")
-    if tokens is None:
+    server = level.get("server")
+    if server is None:
         return "-"
-    client = server.get("client_tokens")
+    tokens, client = server["tokens"], server["client_tokens"]
     return f"{tokens} (exact)" if tokens == client else f"{tokens} (client {client})"
 
 

@@ -42,6 +42,7 @@ from pytest_kimi.workload.dataset import DatasetSample, TextTokenizer, prepare_d
 from pytest_kimi.workload.prefix import SharedPrefixes, SystemTokenizer, shared_prefixes
 from pytest_kimi.crosscheck.contamination import ContaminationCheck
 from pytest_kimi.crosscheck.prefix_cache import PrefixCacheProbe
+from pytest_kimi.wire import LevelExtra
 
 
 T = TypeVar("T")
@@ -282,14 +283,14 @@ window ends when the first stream has run out of the sample's requests."""
 
 def _level_info(
     workload: Workload, sample: DatasetSample | None, prefixes: SharedPrefixes | None
-) -> Callable[[LevelSpec], tuple[dict[str, Any], list[str]]] | None:
+) -> Callable[[LevelSpec], tuple[LevelExtra, list[str]]] | None:
     """What every level's JSON says about its dataset sample (at the level's cap: the mean
     output length it asked for) and its shared prefix, and the notes its reports carry."""
     if sample is None and prefixes is None:
         return None
 
-    def info(level: LevelSpec) -> tuple[dict[str, Any], list[str]]:
-        out: dict[str, Any] = {}
+    def info(level: LevelSpec) -> tuple[LevelExtra, list[str]]:
+        out: LevelExtra = {}
         notes: list[str] = []
         if sample is not None:
             out["dataset"] = sample.summary(level.max_tokens)
