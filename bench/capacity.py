@@ -20,7 +20,7 @@ an ITL ceiling (stationary trials) the truth is the simulator's mean time per to
 decode step ``step_time(C)`` plus its prefill of the requests it admits (``C / (max_tokens + 1)``
 a step, each the prompt's ``prefill_time``), which is what each request's mean ITL measures
 (``--itl request``, the default).  ``--itl token`` judges the per-gap percentile instead, which
-carries the client's own read timing (``docs/workloads.md``, *ITL ceilings and the client*).
+carries the client's own read timing (``docs/guide/workloads.md``, *ITL ceilings and the client*).
 From the second run on, each run's capacity is compared with the first's by the capacity gate
 (default tolerance, alpha and session sigma): an unchanged rerun, so it must pass.
 

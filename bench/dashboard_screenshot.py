@@ -5,7 +5,7 @@
                                          [--out docs/img/dashboard.png] [--site DIR]
 
 ``python bench/dashboard_screenshot.py`` with no arguments is the one command that makes
-``docs/img/dashboard.png`` (docs/history.md, *Dashboard*).
+``docs/img/dashboard.png`` (docs/guide/history.md, *Dashboard*).
 
 What it does, all on this machine (nothing is downloaded; the browser reads ``file://``):
 

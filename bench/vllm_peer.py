@@ -21,7 +21,7 @@ Run it in the engine environment (``tox -e engine`` makes ``.tox/engine``)::
 
 ``--context-cost`` measures instead what a decode step costs against the KV length (why a
 stationary trial's per-request rate and ``vllm bench serve``'s TPOT differ at long outputs,
-docs/benchmarks.md): C requests with prompts of exactly that many token ids and
+docs/evidence/engines.md): C requests with prompts of exactly that many token ids and
 ``--max-tokens`` output tokens, the lengths alternated round by round so a busy moment of the
 machine hits each alike, and each length's median TPOT as a ratio to the first length's in
 the same round.

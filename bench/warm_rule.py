@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ns = ap.parse_args()
     draw = random.Random(ns.seed)
-    # the cold simulator's warm trials, relative to its steady 205.9 tok/s (docs/measurement.md)
+    # the cold simulator's warm trials, relative to its steady 205.9 tok/s (docs/guide/measurement.md)
     cold = (113.5 / 205.9, 129.1 / 205.9, 158.0 / 205.9, 204.0 / 205.9)
     print(
         "server   trial noise | this rule: warm trials, bound reached, stopped in the rise "

@@ -1,4 +1,4 @@
-"""The JSON report's shape (docs/json-report.md) as ``TypedDict`` s: the typed wire.
+"""The JSON report's shape (docs/reference/json-report.md) as ``TypedDict`` s: the typed wire.
 
 The measurement's typed results become JSON once (``ThroughputResult.to_dict``,
 ``TestRecord.to_json``, ``build_report``); every reader after that (the report sinks, the
@@ -342,7 +342,7 @@ class ServerCheckTrial(TypedDict):
 
 
 class ServerCheckSection(TypedDict):
-    """``server``: ``--perf-server-metrics``' summary of a level (docs/server-metrics.md)."""
+    """``server``: ``--perf-server-metrics``' summary of a level (docs/guide/server-metrics.md)."""
 
     metric: str
     tokens: int
@@ -366,7 +366,7 @@ class _ContaminationRequired(TypedDict):
 
 class ContaminationSection(_ContaminationRequired, total=False):
     """``contamination``: what the contamination check met over a level
-    (docs/server-metrics.md); ``why`` alone where it could not check."""
+    (docs/guide/server-metrics.md); ``why`` alone where it could not check."""
 
     why: str
     gauges: list[str]

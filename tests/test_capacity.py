@@ -6,7 +6,7 @@ is unsure of get more trials; the gate's verdicts follow its statistics.  Then t
 sessions against the simulator: the found capacity against the simulator's true boundary
 (``SimConfig.expected_e2e_s``), recorded as a baseline, and a slower simulator flagged as a
 regression.  What the search and the gate cost and how often they err is measured by
-``bench/capacity.py`` (``docs/workloads.md``, *Capacity under an SLO*).
+``bench/capacity.py`` (``docs/guide/workloads.md``, *Capacity under an SLO*).
 """
 
 from __future__ import annotations

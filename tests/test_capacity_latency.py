@@ -8,7 +8,7 @@ level's reasons and the capacity's.  Then one session against the simulator with
 (``step_jitter``), whose per-gap ITL tail is wide while each request's mean is the step's:
 the note reaches the terminal and the capacity is still the simulator's.  What these
 statistics measure on the simulator is ``bench/capacity.py jitter`` and ``truth``
-(``docs/benchmarks.md``, *Capacity*).
+(``docs/evidence/accuracy.md``, *Capacity under an ITL ceiling*).
 """
 
 from __future__ import annotations

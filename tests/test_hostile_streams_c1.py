@@ -40,7 +40,7 @@ from pytest_kimi.measure.trial_causes import (
     FLOOD_BYTES_PER_EVENT,
 )
 from pytest_kimi.measure.usage_checks import count_cut_tokens
-from pytest_kimi.measure.measure_spec import MeasureSpec
+from pytest_kimi.measure.measure_spec import MeasureSpec, SendSpec, Watchers
 from pytest_kimi.measure.pace import Pace
 from pytest_kimi.measure.trial_limits import TRIAL_LIMIT_FACTOR, TRIAL_LIMIT_SLACK_S, TrialLimit
 from pytest_kimi.measure.trials import measure_level
@@ -450,16 +450,15 @@ async def test_every_trial_of_the_adaptive_loop_is_held_to_the_levels_bound() ->
     workload, targets = parse_throughput(
         (), {"concurrency": 1, "max_tokens": 16, "protocol": "whole-requests", "trials": 1}
     )
-    spec = MeasureSpec(
+    send = SendSpec(
         nodeid="t",
         target=Target(url="http://127.0.0.1:1/v1/chat/completions"),
         workload=workload,
         targets=targets,
         bodies={None: [b'{"max_tokens":0}']},
         prompts_keys={None: "k"},
-        trials=1,
-        policy=_AlwaysMore(6),
     )
+    spec = MeasureSpec(send, Watchers(policy=_AlwaysMore(6)), trials=1)
     walls = [1.0, 3.0, 9.0, 27.0, 0.5, 2.0]
     client = _GrowingServer(walls)
     await measure_level(client, spec, workload.levels[0])

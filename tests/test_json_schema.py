@@ -1,4 +1,4 @@
-"""The JSON report's documented schema (docs/json-report.md) against the typed results that
+"""The JSON report's documented schema (docs/reference/json-report.md) against the typed results that
 produce it: every key a test or level object can carry is documented, and the JSON is what
 the dataclasses say (no field reaches it except through them)."""
 
@@ -26,7 +26,7 @@ from pytest_kimi.report.json_report import SCHEMA_VERSION, build_report
 from pytest_kimi.report.record import TestRecord
 from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "json-report.md"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "reference" / "json-report.md"
 PLUGGABLE = {
     "dataset",
     "output_tokens_mean",
@@ -129,9 +129,9 @@ def test_every_field_a_test_or_level_carries_is_documented() -> None:
     documented = _documented()
     assert not set(data) - documented
     (test,) = data["tests"]
-    assert not set(test) - documented, "document these in docs/json-report.md"
+    assert not set(test) - documented, "document these in docs/reference/json-report.md"
     (level,) = test["levels"]
-    assert not set(level) - documented, "document these in docs/json-report.md"
+    assert not set(level) - documented, "document these in docs/reference/json-report.md"
     (window,) = level["trial_windows"]
     assert not set(window) - documented, "document the trial windows' keys there too"
     assert PLUGGABLE <= documented  # the sections stages contribute through LevelResult.extra
@@ -188,7 +188,7 @@ def _tables(heading: str) -> list[set[str]]:
 
 
 def test_the_typed_wire_has_every_documented_field_and_no_other() -> None:
-    """docs/json-report.md's tables and :mod:`pytest_kimi.wire` name the same keys: the top
+    """docs/reference/json-report.md's tables and :mod:`pytest_kimi.wire` name the same keys: the top
     level, a test, a level (and the sections stages contribute, documented in prose), a trial
     window, a level's latency and each of its figures; the exceptions are named above."""
     (top,) = _tables("## Top level")
@@ -206,7 +206,7 @@ def test_the_typed_wire_has_every_documented_field_and_no_other() -> None:
 
 
 def test_the_race_section_is_documented_as_the_wire_types_say() -> None:
-    """docs/json-report.md "The race": the section, a ranking entry and a frontier point name
+    """docs/reference/json-report.md "The race": the section, a ranking entry and a frontier point name
     the keys of their ``TypedDict``s (what a race writes is checked against the same types in
     tests/test_race_objective.py)."""
     section, entry, point = _tables("## The race")

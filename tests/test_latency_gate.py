@@ -308,7 +308,9 @@ def test_a_report_says_when_latency_was_not_compared() -> None:
 
 def test_every_latency_key_is_documented_in_the_json_schema() -> None:
     """tests/test_json_schema.py builds a level without a latency section: this checks its keys."""
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "json-report.md").read_text()
+    doc = (
+        Path(__file__).resolve().parent.parent / "docs" / "reference" / "json-report.md"
+    ).read_text()
     documented = set(re.findall(r"`([a-z_0-9]+)`", doc))
     current = _result(0.04)
     apply_latency_gate(current, _baseline())

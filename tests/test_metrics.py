@@ -146,7 +146,7 @@ def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
 
     from pytest_kimi.load.request import Target
     from pytest_kimi.workload.workload_spec import Targets, Workload
-    from pytest_kimi.measure.measure_spec import MeasureSpec
+    from pytest_kimi.measure.measure_spec import MeasureSpec, SendSpec
     from pytest_kimi.measure.trials import MAX_REPLACED_TRIALS, measure_level
 
     level = LevelSpec(2, None, 101)
@@ -175,15 +175,15 @@ def test_a_trial_voided_by_a_client_stall_is_replaced_and_reported() -> None:
             )
 
     def spec() -> MeasureSpec:
-        return MeasureSpec(
+        send = SendSpec(
             nodeid="t",
             target=Target("http://127.0.0.1:9/v1/chat/completions"),
             workload=Workload(levels=(level,), warmup=0),
             targets=Targets(),
             bodies={None: [b'{"max_tokens":0}']},
             prompts_keys={None: "k"},
-            trials=3,
         )
+        return MeasureSpec(send, trials=3)
 
     client = StallingClient(stalls=1)
     result = asyncio.run(measure_level(client, spec(), level))

@@ -5,7 +5,7 @@ tables match the code, and their links and the paths they name exist.
   simulator;
 * every ``python`` block of a page under docs/ that uses ``@throughput`` or ``@capacity`` is a
   test file that collects as perf tests (as the README's does);
-* docs/reference.md lists every option with its ini key, environment variable and default,
+* docs/reference/reference.md lists every option with its ini key, environment variable and default,
   and every marker argument;
 * every relative link of README.md and docs/*.md reaches a file and, with ``#anchor``, one of
   its headings; every ``pytest_kimi/``, ``bench/``, ``tests/`` and ``servers/`` path they name
@@ -24,7 +24,7 @@ from pytest_kimi.options import OPTIONS, default_of
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-PAGES = [README, *sorted(DOCS.glob("*.md"))]
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 
 IMPORTS = "from pytest_kimi import capacity, ramp, throughput\n\n"
 """Prepended to a doc example that does not import the markers itself."""
@@ -120,10 +120,10 @@ def _first_cells(section: str) -> list[str]:
 
 
 def test_reference_lists_every_option_with_its_sources_and_default() -> None:
-    options = _section(DOCS / "reference.md", "Options")
+    options = _section(DOCS / "reference" / "reference.md", "Options")
     for name, opt in OPTIONS.items():
         row = re.search(rf"^\| `{re.escape(opt.flag)}[ `\[].*$", options, re.M)
-        assert row is not None, f"docs/reference.md has no row for {opt.flag}"
+        assert row is not None, f"docs/reference/reference.md has no row for {opt.flag}"
         cells = [c.strip() for c in row.group(0).split("|")[1:-1]]
         assert cells[1] == (f"`{opt.ini}`" if opt.ini else ""), (opt.flag, cells[1])
         assert cells[2] == (f"`{opt.env}`" if opt.env else ""), (opt.flag, cells[2])
@@ -131,7 +131,7 @@ def test_reference_lists_every_option_with_its_sources_and_default() -> None:
         said = re.search(r"\bdefault:? `?([^`),;]+)`?[),;]", cells[3])
         if isinstance(value, bool) or value in (None, ()):
             continue
-        assert said is not None, f"docs/reference.md states no default for {opt.flag}"
+        assert said is not None, f"docs/reference/reference.md states no default for {opt.flag}"
         if isinstance(value, (int, float)):
             assert float(said.group(1)) == value, (opt.flag, said.group(0))
         elif isinstance(value, Path):
@@ -150,7 +150,7 @@ def _marker_args() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def test_reference_lists_every_marker_argument() -> None:
     allowed, capacity_only = _marker_args()
-    reference = DOCS / "reference.md"
+    reference = DOCS / "reference" / "reference.md"
     listed = {
         name
         for cell in _first_cells(_section(reference, "`@throughput` arguments"))
@@ -213,6 +213,6 @@ def test_named_paths_exist(page: Path) -> None:
 def test_docs_index_lists_every_page() -> None:
     index = DOCS / "README.md"
     linked = {link.partition("#")[0] for link in _links(index)}
-    pages = {p.name for p in DOCS.glob("*.md")} - {"README.md"}
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")} - {"README.md"}
     assert pages <= linked, sorted(pages - linked)
     assert "docs/README.md" in README.read_text()

@@ -308,11 +308,15 @@ def test_a_path_that_cannot_be_written_is_refused_at_the_start(
 
 
 def test_every_key_a_line_can_carry_is_documented() -> None:
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "json-report.md").read_text()
+    doc = (
+        Path(__file__).resolve().parent.parent / "docs" / "reference" / "json-report.md"
+    ).read_text()
     section = doc[doc.index("## The requests file") :]
     documented = set(re.findall(r"`([a-z_0-9]+)`", section))
     level = asyncio.run(measure_level(StallingClient(0), _spec(trials=1), LEVEL))
     rec = RequestRecord(index=0, worker=0, scheduled=1.0, turn=2, reasoning_tokens=3)
     line = request_line(rec, level.trial_windows[0], level, {"nodeid": "t", "profile": "p"})
-    assert not set(line) - documented - {"perf_session"}, "document them in docs/json-report.md"
+    assert not set(line) - documented - {"perf_session"}, (
+        "document them in docs/reference/json-report.md"
+    )
     assert "perf_session" in documented

@@ -245,7 +245,9 @@ def runs(sim: SimProcess, pytestconfig: pytest.Config) -> Iterator[dict[str, Any
             before = _get(sim.url + "/sim/stats")
             result = session.measure(spec)
             after = _get(sim.url + "/sim/stats")
-            first = [json.loads(b)["messages"][0] for b in next(iter(spec.bodies.values()))[:2]]
+            first = [
+                json.loads(b)["messages"][0] for b in next(iter(spec.send.bodies.values()))[:2]
+            ]
             prefixes = [m["content"] for m in first if m["role"] == "system"]
             out[name] = (result.levels[0], after, before, prefixes)
         yield out

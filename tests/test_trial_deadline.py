@@ -21,7 +21,7 @@ from pytest_kimi.load.request import Target
 from pytest_kimi.load.runner import LoadClient
 from pytest_kimi.load.trial import TrialPlan, TrialRecords
 from pytest_kimi.load.workers import ShardedClient
-from pytest_kimi.measure.measure_spec import MeasureSpec
+from pytest_kimi.measure.measure_spec import MeasureSpec, SendSpec
 from pytest_kimi.measure.pace import Pace
 from pytest_kimi.measure.trial_limits import (
     OVER_LIMIT,
@@ -171,7 +171,7 @@ def test_a_limit_must_be_positive_seconds(limit: float) -> None:
 
 def _spec(**marker: Any) -> MeasureSpec:
     workload, targets = parse_throughput((), {"max_tokens": 100, "timeout_s": 30, **marker})
-    return MeasureSpec(
+    send = SendSpec(
         nodeid="t",
         target=Target(url="http://127.0.0.1:1/v1/chat/completions", headers={}, api="chat"),
         workload=workload,
@@ -179,18 +179,19 @@ def _spec(**marker: Any) -> MeasureSpec:
         bodies={None: [b"{}"]},
         prompts_keys={None: "k"},
     )
+    return MeasureSpec(send)
 
 
 def test_the_limit_follows_the_levels_trial_before_the_pace_or_the_timeout() -> None:
     spec = _spec(concurrency=[8], protocol="whole-requests", requests=16)
-    level = spec.workload.levels[0]
+    level = spec.send.workload.levels[0]
     # nothing seen yet: a stream's two requests may each take the request timeout
     first = trial_limit(spec, level)
     assert (first.expected_s, first.factor) == (60.0, 1.0)
     assert first.limit_s == 60.0 + TRIAL_LIMIT_SLACK_S
     # at the pace of a warm-up with 2 streams (10 ms a token, 0.2 s to the first) the 8
     # streams' requests are priced 4x slower: linear in the batch, more than a server's step grows
-    spec.pace = Pace(token_s=0.01, ttft_s=0.2, streams=2)
+    spec.state.pace = Pace(token_s=0.01, ttft_s=0.2, streams=2)
     paced = trial_limit(spec, level)
     assert paced.expected_s == pytest.approx(2 * 4 * (100 * 0.01 + 0.2))
     assert paced.limit_s == pytest.approx(
@@ -199,7 +200,7 @@ def test_the_limit_follows_the_levels_trial_before_the_pace_or_the_timeout() -> 
     # the level's own trial before says it best
     assert trial_limit(spec, level, previous_s=3.0).expected_s == 3.0
     # stationary: the time box's steps (and never under its minimum duration)
-    box = trial_limit(_spec(concurrency=[2]), _spec(concurrency=[2]).workload.levels[0])
+    box = trial_limit(_spec(concurrency=[2]), _spec(concurrency=[2]).send.workload.levels[0])
     assert box.source == "the request timeout" and box.expected_s > 30.0
 
 

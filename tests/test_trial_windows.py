@@ -28,7 +28,7 @@ from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import summarize_trial
 from pytest_kimi.measure.steady_state import steady_window
 from pytest_kimi.measure.results import LevelResult
-from pytest_kimi.measure.measure_spec import MeasureSpec
+from pytest_kimi.measure.measure_spec import MeasureSpec, SendSpec
 from pytest_kimi.measure.trials import MAX_REPLACED_TRIALS, measure_level
 from pytest_kimi.measure.windows import trial_window, unix_offset
 from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
@@ -69,16 +69,16 @@ class StallingClient:
 
 
 def _spec(clock: float = 1.0, trials: int = 3) -> MeasureSpec:
-    return MeasureSpec(
+    send = SendSpec(
         nodeid="t",
         target=Target("http://127.0.0.1:9/v1/chat/completions"),
         workload=Workload(levels=(LEVEL,), warmup=0),
         targets=Targets(),
         bodies={None: [b'{"max_tokens":0}']},
         prompts_keys={None: "k"},
-        trials=trials,
         clock=clock,
     )
+    return MeasureSpec(send, trials=trials)
 
 
 def _measured(stalls: int, clock: float = 1.0, trials: int = 3) -> LevelResult:

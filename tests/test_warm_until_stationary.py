@@ -7,12 +7,20 @@ the level reads what the same server reads warm.  The rule itself is pure and te
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from pytest_kimi.measure.warm import MAX_WARM_TRIALS, WARM_RISE, settled
+from pytest_kimi.measure.warm import (
+    MAX_WARM_TRIALS,
+    VOID_IN_A_ROW,
+    WARM_RISE,
+    settled,
+    warm_until_stationary,
+)
 
 pytest_plugins = ["pytester"]
 
@@ -39,6 +47,33 @@ def test_the_rule_stops_when_the_rise_is_over() -> None:
     # one noisy dip does not end the warm-up of a server still rising (vLLM: 293 -> 148)
     assert not settled([293.0, 148.0, 310.0])
     assert not settled([83.7, 60.0, 127.1, 140.4])
+
+
+def _warm(figures: list[float | None]) -> tuple[Any, int]:
+    """The warm-up over trials reading ``figures`` (None: a void trial), and how many ran."""
+    ran: list[int] = []
+
+    async def run(index: int, offset: int) -> Any:
+        figure = figures[len(ran)]
+        ran.append(index)
+        # what the rule reads of a trial (metrics.TrialResult): its validity and its figure
+        return SimpleNamespace(valid=figure is not None, tok_s=figure)
+
+    return asyncio.run(warm_until_stationary(run, "C=1")), len(ran)
+
+
+def test_trials_that_give_no_figure_end_the_warm_up_at_once() -> None:
+    """A server that hangs gives no warm figure; each such trial lasts its whole wall-clock
+    limit, so the warm-up stops after two in a row, not after the bound."""
+    warm, ran = _warm([None] * MAX_WARM_TRIALS)
+    assert ran == VOID_IN_A_ROW and warm.no_figure and not warm.stationary
+    assert "the last 2 gave no figure" in warm.text()
+    # one void trial (a stalled client) between figures does not end it
+    warm, ran = _warm([100.0, None, 120.0, 120.1, 119.0, 119.5, 119.2, 119.0])
+    assert warm.stationary and not warm.no_figure and ran == 5 and warm.void == 1
+    # a rise, then two void trials: stopped, the figures kept
+    warm, ran = _warm([100.0, 120.0, None, None, 130.0, 130.0, 130.0, 130.0])
+    assert ran == 4 and warm.no_figure and warm.tok_s == [100.0, 120.0]
 
 
 def _run(pytester: pytest.Pytester, endpoint: str) -> dict[str, Any]:

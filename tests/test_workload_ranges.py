@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pytest
 
 from pytest_kimi.measure.results import spec_key, workload_dict
-from pytest_kimi.measure.measure_spec import MeasureSpec
+from pytest_kimi.measure.measure_spec import MeasureSpec, SendSpec
 from pytest_kimi.load.request import Target
 from pytest_kimi.sim.config import SimConfig
 from pytest_kimi.workload.capacity_marker import parse_capacity
@@ -214,7 +214,7 @@ def _spec(workload: Workload, tmp_path: Path, input_tokens: int | None = None) -
     bodies = encode_bodies(
         source, model="m", api="chat", max_tokens=0, ignore_eos=True, unique="0123abcd"
     )
-    return MeasureSpec(
+    send = SendSpec(
         nodeid="t",
         target=Target("http://127.0.0.1:1/v1/chat/completions"),
         workload=workload,
@@ -222,6 +222,7 @@ def _spec(workload: Workload, tmp_path: Path, input_tokens: int | None = None) -
         bodies={input_tokens: bodies},
         prompts_keys={input_tokens: source.key},
     )
+    return MeasureSpec(send)
 
 
 @pytest.mark.parametrize("protocol", ["stationary", "whole-requests"])
@@ -231,11 +232,11 @@ def test_each_body_carries_its_own_drawn_max_tokens(tmp_path: Path, protocol: st
     )
     spec = _spec(workload, tmp_path)
     (level,) = workload.levels
-    bodies = spec.bodies_for(level)
+    bodies = spec.send.bodies_for(level)
     drawn = workload.output_lengths(64)
     assert drawn is not None and len(bodies) == RANGE_DRAWS  # five prompts, cycled
     assert [json.loads(b)["max_tokens"] for b in bodies] == list(drawn)
-    assert spec.lengths_for(level) == list(drawn)
+    assert spec.send.lengths_for(level) == list(drawn)
     assert [json.loads(b)["messages"][0]["content"].split(" ", 1)[1] for b in bodies[:6]] == [
         *workload_prompts(),
         workload_prompts()[0],
@@ -255,7 +256,7 @@ def test_stationary_openers_are_staggered_over_their_own_draws(tmp_path: Path) -
     drawn = workload.output_lengths(100)
     assert drawn is not None
     for offset in (0, 3):
-        first, lengths = spec.stationary_openers(level, offset)
+        first, lengths = spec.send.stationary_openers(level, offset)
         own = drawn[offset:] + drawn[:offset]
         assert lengths == [math.ceil((w + 0.5) / 8 * own[w]) for w in range(8)]
         assert [json.loads(b)["max_tokens"] for b in first] == lengths
@@ -267,14 +268,14 @@ def test_ranged_inputs_are_one_prompt_per_drawn_length(tmp_path: Path) -> None:
     )
     spec = _spec(workload, tmp_path, 400)
     (level,) = workload.levels
-    bodies = spec.bodies_for(level)
+    bodies = spec.send.bodies_for(level)
     ins = workload.input_lengths(400)
     assert ins is not None and len(bodies) == RANGE_DRAWS
     words = [len(json.loads(b)["messages"][0]["content"].split()) for b in bodies]
     # the estimate (no tokenizer here): 1.3 tokens per word, so words follow the draws
     # "Request <v>:" then the words, after the lead (one word)
     assert words == [2 + max(1, round(n / 1.3)) for n in ins]
-    info = spec.length_info(level)["length_range"]
+    info = spec.send.length_info(level)["length_range"]
     assert info["range_ratio"] == 0.5
     assert info["input_tokens"]["range"] == [200, 600] and info["max_tokens"]["range"] == [16, 48]
     assert info["input_tokens"]["mean"] == round(statistics.fmean(ins), 1)

@@ -401,7 +401,7 @@ def _optional_positive(name: str, value: Any) -> float | None:
 
 @dataclass(frozen=True)
 class CapacityBaseline:
-    """A ``@capacity`` test's recorded capacity (``docs/workloads.md``, *Capacity under an SLO*).
+    """A ``@capacity`` test's recorded capacity (``docs/guide/workloads.md``, *Capacity under an SLO*).
 
     ``workload`` keys it like a level: the metric searched (``concurrency`` or ``rate``), the
     ceilings and their percentile, the lengths, prompts, api and protocol.  A run that asks

@@ -5,8 +5,8 @@ Two things put other requests into the server's batch without the client seeing 
 
 - **zombies**: the stationary protocol ends every trial by cutting the streams in flight; a
   server (or a proxy in front of it) that keeps decoding a request whose client disconnected
-  carries them into the next trial, which shares its batch with them (a tester's trials read
-  184, 94 and 102 tok/s: reported ``102 ±44%``, passed);
+  carries them into the next trial, which shares its batch with them (a tester's scattered
+  trials passed: docs/evidence/engines.md, "Observed on real servers");
 - **foreign load**: another client on the same server (a second run got a false regression).
 
 The server's own gauges say how many requests it holds: SGLang's ``sglang:num_running_reqs`` +

@@ -67,7 +67,7 @@ from pytest_kimi.measure.trial_causes import GAUGE_UNREAD, gauge_finding
 from pytest_kimi.wire import LevelSummary
 
 __all__ = ["METRICS_MAX_BYTES", "RATE_TOLERANCE", "ServerMetricsObserver"]
-"""The documented names (docs/server-metrics.md) stay importable from here."""
+"""The documented names (docs/guide/server-metrics.md) stay importable from here."""
 
 
 def _answer_running(trial: TrialResult, samples: Sequence[Scrape]) -> None:

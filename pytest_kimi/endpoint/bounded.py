@@ -2,8 +2,9 @@
 
 Why: the plugin asks the server under test about itself (``/v1/models``, ``/server_info``,
 ``/get_server_info``, ``/version``, ``/metrics``) before and during a run, and such a server
-may be broken, misconfigured or hostile.  Read whole, a 200 MB answer held the run silent for
-115 s at 546 MB until it was killed; parsed whole, a ``/server_info`` nested a few thousand
+may be broken, misconfigured or hostile.  Read whole, a 200 MB answer held the run silent
+until it was killed (docs/evidence/engines.md, "Observed on real servers"); parsed whole, a
+``/server_info`` nested a few thousand
 levels deep ended the run in a raw ``RecursionError`` (``json`` recurses per level, and so
 does every walk over ``server_info`` after it).  So every such GET reads its body in blocks
 and gives up as soon as it passes a cap (one announced by ``Content-Length`` is refused

@@ -2,7 +2,7 @@
 
 A capacity is judged like a throughput figure -- a drop beyond the tolerance that noise cannot
 explain is a ``regression`` -- but its noise has two sources of its own, and the statistics
-(``docs/workloads.md``, *Capacity under an SLO*) say how each enters:
+(``docs/guide/workloads.md``, *Capacity under an SLO*) say how each enters:
 
 * **Trial noise** of the two levels that bracket the boundary.  The boundary estimate ``u =
   ln(estimate)`` is interpolated from their margins; its standard error ``log_se`` comes from
@@ -392,7 +392,7 @@ def capacity_dict(
     key: Mapping[str, Any],
     judged: CapacityVerdict,
 ) -> CapacityEntry:
-    """The report's ``capacity`` object (docs/json-report.md)."""
+    """The report's ``capacity`` object (docs/reference/json-report.md)."""
     out: CapacityEntry = {
         "metric": estimate.metric,
         "value": round_load(estimate.value) if estimate.value is not None else None,

@@ -28,7 +28,7 @@ as slow as the candidate is called ``pass`` with probability below ``alpha`` (un
 over the looks); given the gate's flag, which selects its launches, below ``alpha /
 P(flag)``.  With a candidate drop many launch-noises wide, as a regression worth explaining
 is, the gate flags it nearly always and the actual rates are far lower (``bench/culprit.py``
-measures them: none in 2000 probes at 15%, about 1% at 8% and 2% launch noise).  A subset
+measures them: docs/evidence/gate.md, "Culprit search").  A subset
 that lands significantly between the two (a partial effect: one of two culprits, an
 interaction half applied), or that the two-point test cannot place, goes on to the deploy
 gate's tolerance-based paired comparison (:func:`pytest_kimi.gate.paired.compare_paired`,

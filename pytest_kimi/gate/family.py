@@ -1,8 +1,8 @@
 """The levels of one test as one family: closed testing over common shifts.
 
 Why not Holm.  Holm rejects a level only when its p-value is below ``alpha / m``, so a sweep
-whose levels all drop by 10% together was *less* sensitive than one of its levels alone (three
-levels at -10%: Holm p = 0.099, ``pass``; the same level alone: ``regression``).  Yet levels
+whose levels all drop by 10% together was *less* sensitive than one of its levels alone
+(docs/evidence/gate.md, "The gate's error rates, simulated").  Yet levels
 that move together are the common case -- a slower kernel, clock or build slows every load --
 and the levels of one session are not independent: they share its session factor.
 
@@ -41,8 +41,9 @@ fall back to Holm over the single levels (``2**L`` subsets).
 Adaptive trials.  The trial policy extends a level whose estimate lies beyond the tolerance
 while its regression is not significant (``undecided``) to ``max_trials``.  That look reads
 the estimate, and testing the final data at the full alpha as if the trial count were fixed
-would raise the false-alarm rate at the tolerance to 5.6%, against 4.6% with the correction
-(40,000 simulations: ``python bench/stat_power.py --sims 40000 --drops 0.05 [--no-design]``).
+would raise the false-alarm rate at the tolerance above alpha (``python bench/stat_power.py
+--sims 40000 --drops 0.05 [--no-design]``; docs/evidence/gate.md, "The gate's error rates,
+simulated").
 So a subset with an extendable level is tested against the null distribution of *the
 procedure*: :func:`adaptive_pvalues` simulates, at the boundary ``delta_i = m`` and with the
 variances estimated, the interim estimate, the extension rule and the final mean, with one

@@ -60,10 +60,10 @@ The search runs only after the gate flagged the candidate, and the flag *selects
 launches: a drop that looked larger than it is (the winner's curse), a reference that looked
 faster.  Given the flag, an error rate is at most the exact one over the chance of the flag,
 ``alpha / P(flag)``: the bound carries over where the gate has power against the candidate's
-drop (a 15% drop at 1-2% launch noise is flagged at the first look nearly always, and no probe
-erred in the bench), and loosens for a drop that the gate only just caught (a drop near the
-tolerance at a noise near the drop: ``bench/culprit.py`` prints the gate's flag rate beside
-the probes' errors, e.g. 6% at 2% noise).  There the search's own defences carry the weight:
+drop (a drop many launch-noises wide is flagged at the first look nearly always), and loosens
+for a drop that the gate only just caught (a drop near the tolerance at a noise near the drop:
+``bench/culprit.py`` prints the gate's flag rate beside the probes' errors; the figures are in
+docs/evidence/gate.md, "Culprit search").  There the search's own defences carry the weight:
 no change is named on one probe (:mod:`pytest_kimi.gate.culprit`).  Only the midpoint of the
 two means is untouched by the gate's selection (its launches are balanced, and its decisions
 read the difference and the scatter only); a test on it alone would not depend on the flag

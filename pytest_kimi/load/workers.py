@@ -1,7 +1,8 @@
 """A load client past one core: :class:`ShardedClient` runs a trial over N worker processes.
 
 Why processes: one :class:`~pytest_kimi.load.runner.LoadClient` is one event loop on one
-core, and it saturates at a few hundred thousand streamed tokens/s (``docs/benchmarks.md``).
+core, and it saturates at a few hundred thousand streamed tokens/s
+(``docs/evidence/client.md``).
 Threads would share the GIL, so the only way past one core is more interpreters.
 
 How a trial runs (the parent is whatever loop enters ``async with ShardedClient(n)``):

@@ -3,10 +3,10 @@
 A ``@capacity`` level is judged on a latency percentile, so whatever the load client adds to
 a latency moves the capacity.  At ``sim:speed=10`` that is a lot: a 5 ms wait of the client's
 event loop (another process took its core, it worked through a burst of reads) is a 50 ms ITL
-in the simulator's clock, and the per-gap ITL p95 of a stationary trial read 62-79 ms at C=41
-where every one of the simulator's steps took 49.8 ms (p95/p50 1.24-1.59, ``python
-bench/capacity.py jitter``).  Three things here keep that out of the capacity, or say it is
-there:
+in the simulator's clock, and the per-gap ITL p95 of a stationary trial read well above every
+one of the simulator's steps (``python bench/capacity.py jitter``; docs/evidence/accuracy.md,
+"Capacity under an ITL ceiling").  Three things here keep that out of the capacity, or say it
+is there:
 
 **The ITL statistic** (:func:`probe_latencies`).  A request's ITL is its *mean* time per output
 token after the first read, ``(last read - first read) / tokens after the first read``: the
@@ -15,9 +15,9 @@ TPOT of serving benchmarks, and exactly the ITL ``goodput`` already holds a requ
 *across requests*.  Why not the per-gap percentile ``@throughput`` reports: a client that
 reads late lengthens one gap and shortens the next (the tokens waited in the socket), so the
 gaps' tail is the client's timing, while a request's span only moves by a delay at its first
-or last read; the same run's per-request p95 read 49.9-50.1 ms at C=41.  A server that really
-is slower -- larger steps, prefill stalling decode -- lengthens every request's span, so it
-still shows; what the mean does not show is a tail of single long steps in under 5% of a
+or last read, and the same run's per-request p95 read about the simulator's step.  A server
+that really is slower -- larger steps, prefill stalling decode -- lengthens every request's
+span, so it still shows; what the mean does not show is a tail of single long steps in under 5% of a
 request's gaps, which a p95 of gaps shows only as long as the client's own tail is smaller.
 Requests with fewer than :data:`REQUEST_ITL_MIN_GAPS` gaps between reads are left out (a
 stationary trial's staggered first requests and the streams its time box cut just after they
@@ -38,11 +38,10 @@ percentile by more than :data:`LATENCY_STALL_LIMIT` the trial is void for the mo
 leave the level invalid and the search says why.
 
 **Jitter** (:func:`jitter`).  The simulator's ITL is one step per token, constant at a load,
-so with a client that keeps up the per-gap p95/p50 of a level is about 1: 1.00-1.13 measured
-at ``speed=2`` and at ``speed=10,stream_interval=8`` (``python bench/capacity.py jitter``; one
-C=1 level at speed 2, whose 7.7 ms steps a 3 ms read delay already stretches, read 1.47).  At
-``speed=10`` with one token per event the client's read timing took it to 1.09-1.73, 1.22-1.56
-at the levels that bracketed the boundary.  A level above :data:`JITTER_RATIO` gets a note
+so with a client that keeps up the per-gap p95/p50 of a level is about 1, and at ``speed=10``
+with one token per event the client's read timing takes it well above (``python
+bench/capacity.py jitter``; docs/evidence/accuracy.md, "Capacity under an ITL ceiling").  A
+level above :data:`JITTER_RATIO` gets a note
 saying the client's timing is in its latency tails (in TTFT and end-to-end latency too, which
 have no per-request mean to fall back on).  On a real server the ratio also holds the server's
 own step variation (prefill between decode steps), so it is a note, not a verdict.

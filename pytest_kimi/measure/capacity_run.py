@@ -12,10 +12,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_kimi.measure.capacity_levels import CapacityLevel, LevelOutcome, SearchSettings
 from pytest_kimi.measure.capacity_search import CapacityEstimate, CapacitySearch
+
+if TYPE_CHECKING:
+    from pytest_kimi.measure.measure_spec import MeasureSpec
 
 
 def outcome_of(level: Any, settings: SearchSettings) -> LevelOutcome:
@@ -85,7 +88,7 @@ class CapacityRun:
 
 async def run_capacity(
     client: Any,
-    spec: Any,
+    spec: MeasureSpec,
     settings: SearchSettings,
     progress: Any = None,
 ) -> CapacityRun:
@@ -95,8 +98,9 @@ async def run_capacity(
     one level (lengths and prompts: the template); each probe measures that level at the
     probe's load with :func:`~pytest_kimi.measure.trials.measure_level`, the protocol the test
     runs with (stationary by default), after one warm-up.  A top-up measures the extra trials
-    and re-judges the level on all its trials.  The levels are left on ``spec.partial`` as they
-    finish, so an interrupted search still reports them.  Each trial passes
+    and re-judges the level on all its trials.  The levels are left on ``spec.state.partial``
+    as they finish, so an interrupted search still reports them.  Each probe measures with a
+    copy of ``spec`` (its trials, its workload's seed) that shares the spec's trial state.  Each trial passes
     :class:`~pytest_kimi.measure.capacity_latency.ProbeStallCheck` (around the test's own
     observer): a trial whose judged latency a client stall inflated is measured again.
     """
@@ -105,22 +109,21 @@ async def run_capacity(
     from pytest_kimi.measure.one_trial import warm_up
     from pytest_kimi.measure.trials import _account, close_guard, measure_level
 
-    template = spec.workload.levels[0]
-    base_workload = spec.workload
-    result = ThroughputResult(spec.nodeid, spec.workload, spec.targets)
-    spec.partial = result
+    send = spec.send
+    template = send.workload.levels[0]
+    result = ThroughputResult(send.nodeid, send.workload, send.targets)
+    spec.state.partial = result
     search = CapacitySearch(settings)
     measured: dict[float, Any] = {}
-    own_observer = spec.observer
     observer = ProbeStallCheck(
-        own_observer, settings.ceilings, settings.percentile, spec.clock, settings.itl
+        spec.watch.observer, settings.ceilings, settings.percentile, send.clock, settings.itl
     )
-    spec.observer = observer
+    spec = dataclasses.replace(spec, watch=dataclasses.replace(spec.watch, observer=observer))
     try:
         await observer.open()
         warm_start = perf_counter()
         await warm_up(client, spec)
-        result.warmup_server_time_s = round((perf_counter() - warm_start) * spec.clock, 3)
+        result.warmup_server_time_s = round((perf_counter() - warm_start) * send.clock, 3)
         while (probe := search.next_probe()) is not None:
             level_spec = dataclasses.replace(
                 template,
@@ -130,32 +133,30 @@ async def run_capacity(
             previous = measured.get(probe.load) if probe.top_up else None
             done = len(previous.trials) if previous is not None else 0
             # top-ups continue the trial numbering (open-loop arrivals are seeded by it)
-            spec.workload = dataclasses.replace(base_workload, seed=base_workload.seed + done)
-            spec.trials = probe.trials
-            try:
-                level = await measure_level(client, spec, level_spec, progress)
-            finally:
-                spec.workload = base_workload
+            workload = dataclasses.replace(send.workload, seed=send.workload.seed + done)
+            probe_spec = dataclasses.replace(
+                spec, send=dataclasses.replace(send, workload=workload), trials=probe.trials
+            )
+            level = await measure_level(client, probe_spec, level_spec, progress)
             if previous is not None:
                 level = _merged(previous, level, spec)
             measured[probe.load] = level
             judged = search.tell(probe.load, outcome_of(level, settings))
             _label_level(level, judged, settings)
             result.levels = sorted(measured.values(), key=lambda lv: lv.spec.load)
-            if spec.level_done is not None:
-                spec.level_done(level)
+            if spec.watch.level_done is not None:
+                spec.watch.level_done(level)
         estimate = search.estimate()
     finally:
         try:
             await observer.close()
         finally:
             await close_guard(spec)
-            spec.observer = own_observer
-            _account(result, spec.clock)
+            _account(result, send.clock)
     return CapacityRun(result, estimate)
 
 
-def _merged(first: Any, more: Any, spec: Any) -> Any:
+def _merged(first: Any, more: Any, spec: MeasureSpec) -> Any:
     """One level from two measurements of the same load: re-judged on all the trials."""
     from pytest_kimi.measure.results import judge_level
     from pytest_kimi.measure.trials import prompt_tokens_summary
@@ -164,7 +165,12 @@ def _merged(first: Any, more: Any, spec: Any) -> Any:
         trial.index = len(first.trials) + i
     trials = [*first.trials, *more.trials]
     level = judge_level(
-        first.spec, spec.workload, spec.targets, trials, first.prompts_key, spec.clock
+        first.spec,
+        spec.send.workload,
+        spec.send.targets,
+        trials,
+        first.prompts_key,
+        spec.send.clock,
     )
     level.protocol = first.protocol
     level.extra = first.extra.copy()

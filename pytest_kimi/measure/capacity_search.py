@@ -14,7 +14,7 @@ model in tests and ``bench/capacity.py`` alike.
 How a level is judged (it holds, its margin, how sure it is) is in
 :mod:`pytest_kimi.measure.capacity_levels`; a search interpolates on its margins.
 
-**The search** (``docs/workloads.md``, *Capacity under an SLO*):
+**The search** (``docs/guide/workloads.md``, *Capacity under an SLO*):
 
 1. measure the bottom of the range; if it breaks, the capacity is below the range;
 2. grow: the next load is where the held levels' margins extrapolate the boundary to be (in

@@ -1,10 +1,12 @@
-"""What a test's measurement is asked to do (:class:`MeasureSpec`): the target, the workload,
-its pre-encoded bodies and how each level's bodies are built from them (``max_tokens``
-written in, the stationary openers, the unique-prompt numbering), plus the hooks that plug
-into it (:class:`TrialPolicy`, :class:`TrialObserver`, :class:`LevelProbe`).
+"""What a test's measurement is asked to do (:class:`MeasureSpec`), in three parts: what to
+send (:class:`SendSpec`: the target, the workload, its pre-encoded bodies and how each level's
+bodies are built from them), what watches it (:class:`Watchers`: the hooks that plug in,
+:class:`TrialPolicy`, :class:`TrialObserver`, :class:`LevelProbe`) and what the trials leave
+for the next ones (:class:`TrialState`).
 
-On its own because the conductor builds it, and the trial limits, one trial and the level loop
-all read it: its body building is data work with no trial logic in it.
+Split so that only the state changes under a measurement: the conductor builds the rest once
+per test, and a ``@capacity`` probe derives a copy instead of patching fields.  On its own
+because the trial limits, one trial and the level loop all read it.
 """
 
 from __future__ import annotations
@@ -84,9 +86,11 @@ class FixedTrials:
         return 0
 
 
-@dataclass(slots=True)
-class MeasureSpec:
-    """Everything :func:`~pytest_kimi.measure.trials.measure_test` needs besides the client."""
+@dataclass(frozen=True, slots=True)
+class SendSpec:
+    """What a test sends: the target, the workload, its pre-encoded bodies and how each level's
+    bodies are built from them.  Frozen: built once before any load (``build_send``), read by
+    every trial; a ``@capacity`` probe that varies the workload's seed derives a copy."""
 
     nodeid: str
     target: Target
@@ -101,28 +105,9 @@ class MeasureSpec:
     None: bodies are sent as encoded, repeating every pass (prefix-cache hits)."""
     sizing: dict[int | None, str] = field(default_factory=dict)
     """How synthetic prompts of each input_tokens were sized (reports show it)."""
-    trial_serial: int = 0
-    """Trials (and warm-ups) started so far: each gets its own range of request numbers, so
-    prompts stay unique across trials and levels."""
     unique_salt: int = 0
     """Offsets this measurement's trial ranges (from its run token), so another test's
     requests start with other ids as well as another token."""
-    trials: int = DEFAULT_TRIALS
-    policy: TrialPolicy = field(default_factory=FixedTrials)
-    observer: TrialObserver | None = None
-    """Checks each trial against another source (the server's counters); None: none."""
-    min_window_s: float = 0.0
-    """Wall seconds a stationary window lasts at least whatever its time box, for the
-    observer's sake: the server-counter check needs a few of its scrapes inside the window
-    (:attr:`~pytest_kimi.crosscheck.server_metrics.ServerMetricsObserver.min_window_s`)."""
-    guard: TrialObserver | None = None
-    """The contamination check every perf test carries
-    (:class:`~pytest_kimi.crosscheck.contamination.ContaminationCheck`), beside ``observer``:
-    opened and closed around each level by :func:`~pytest_kimi.measure.trials.measure_level`
-    itself, so every path that measures levels (a sweep, a capacity search) has it; None: none."""
-    pace: Pace | None = None
-    """How fast the server answered so far (the warm-up, the trials): sizes each trial's
-    wall-clock limit before the level has a trial of its own."""
     protocol: str = DEFAULT_PROTOCOL
     """Closed-loop trial protocol where the marker leaves it open (``--perf-protocol``)."""
     clock: float = 1.0
@@ -130,32 +115,12 @@ class MeasureSpec:
     and figures are in the server's clock: an open-loop rate of 2/s is sent at ``2 * clock``
     per wall second, a duration of 60 s lasts ``60 / clock`` wall seconds, and tok/s and
     latencies are converted back, so targets mean the same on the simulator and on EP8."""
-    partial: ThroughputResult | None = None
-    """Set by :func:`~pytest_kimi.measure.trials.measure_test`: the result it fills level by
-    level, so an interrupted measurement (Ctrl-C, SIGTERM) can still report the levels it
-    finished."""
     output_tokens: dict[int | None, list[int]] = field(default_factory=dict)
     """A dataset's own output length of each body (0: the level's ``max_tokens``); a level
     caps them at its ``max_tokens`` (:meth:`lengths_for`).  Empty: every body has the level's."""
-    queue_waits: dict[tuple[LevelSpec, int], list[float]] = field(default_factory=dict)
-    """Under ``max_concurrency``: per (level, trial index) how long each arrival waited for a
-    slot, wall seconds (a replaced trial's are overwritten by the trial that replaces it);
-    :meth:`annotate_level` summarises and drops them."""
-    level_info: Callable[[LevelSpec], tuple[LevelExtra, list[str]]] | None = None
-    """Per level: fields for its JSON (a dataset's sample at the level's cap, the shared
-    prefix) and notes for its reports (estimated lengths, a sample too small for C)."""
-    level_probe: LevelProbe | None = None
-    """Reads the server around each level (its prefix-cache hit rate); None: nothing read."""
     warmup_bodies: int = 2
     """Distinct bodies the warm-up cycles through: one per shared-prefix group, so the groups'
     system prompts are in the server's cache before the first level."""
-    level_done: Callable[[LevelResult], None] | None = None
-    """Called with each level once it is final, before the next one starts
-    (``--perf-requests`` appends its requests there, so an interrupted run keeps the levels it
-    finished); a capacity top-up calls it again with the merged level.  It must not raise."""
-    fresh_server: bool = False
-    """The first test on a server just started (or first seen): warm it until its figures
-    are stationary before the levels (:mod:`pytest_kimi.measure.warm`)."""
 
     def _raws(self, level: LevelSpec) -> list[bytes]:
         """The level's encoded bodies (at ``max_tokens`` 0); under an output range at least
@@ -222,19 +187,88 @@ class MeasureSpec:
         ]
         return bodies, lengths
 
+    def prompts_key(self, level: LevelSpec) -> str:
+        return self.prompts_keys[level.input_tokens]
+
+
+@dataclass(frozen=True, slots=True)
+class Watchers:
+    """What plugs into a measurement around its trials and levels: the trial policy, the
+    observers, the level probe and the level sinks.  Frozen: the conductor builds them once
+    per test (:func:`~pytest_kimi.run.measurer.watchers_for`); a ``@capacity`` search derives a
+    copy with its stall check around the observer."""
+
+    policy: TrialPolicy = field(default_factory=FixedTrials)
+    observer: TrialObserver | None = None
+    """Checks each trial against another source (the server's counters); None: none."""
+    min_window_s: float = 0.0
+    """Wall seconds a stationary window lasts at least whatever its time box, for the
+    observer's sake: the server-counter check needs a few of its scrapes inside the window
+    (:attr:`~pytest_kimi.crosscheck.server_metrics.ServerMetricsObserver.min_window_s`)."""
+    guard: TrialObserver | None = None
+    """The contamination check every perf test carries
+    (:class:`~pytest_kimi.crosscheck.contamination.ContaminationCheck`), beside ``observer``:
+    opened and closed around each level by :func:`~pytest_kimi.measure.trials.measure_level`
+    itself, so every path that measures levels (a sweep, a capacity search) has it; None: none."""
+    level_info: Callable[[LevelSpec], tuple[LevelExtra, list[str]]] | None = None
+    """Per level: fields for its JSON (a dataset's sample at the level's cap, the shared
+    prefix) and notes for its reports (estimated lengths, a sample too small for C)."""
+    level_probe: LevelProbe | None = None
+    """Reads the server around each level (its prefix-cache hit rate); None: nothing read."""
+    level_done: Callable[[LevelResult], None] | None = None
+    """Called with each level once it is final, before the next one starts
+    (``--perf-requests`` appends its requests there, so an interrupted run keeps the levels it
+    finished); a capacity top-up calls it again with the merged level.  It must not raise."""
+
+
+@dataclass(slots=True)
+class TrialState:
+    """What a measurement's trials leave for the next ones: the only mutable part of a
+    :class:`MeasureSpec`, shared by the copies a ``@capacity`` search derives."""
+
+    trial_serial: int = 0
+    """Trials (and warm-ups) started so far: each gets its own range of request numbers, so
+    prompts stay unique across trials and levels."""
+    pace: Pace | None = None
+    """How fast the server answered so far (the warm-up, the trials): sizes each trial's
+    wall-clock limit before the level has a trial of its own."""
+    partial: ThroughputResult | None = None
+    """Set by :func:`~pytest_kimi.measure.trials.measure_test`: the result it fills level by
+    level, so an interrupted measurement (Ctrl-C, SIGTERM) can still report the levels it
+    finished."""
+    queue_waits: dict[tuple[LevelSpec, int], list[float]] = field(default_factory=dict)
+    """Under ``max_concurrency``: per (level, trial index) how long each arrival waited for a
+    slot, wall seconds (a replaced trial's are overwritten by the trial that replaces it);
+    :meth:`MeasureSpec.annotate_level` summarises and drops them."""
+
+
+@dataclass(frozen=True, slots=True)
+class MeasureSpec:
+    """Everything :func:`~pytest_kimi.measure.trials.measure_test` needs besides the client:
+    what to send (frozen), what watches it (frozen), how many trials a level starts with,
+    and the trials' state (the one mutable part)."""
+
+    send: SendSpec
+    watch: Watchers = field(default_factory=Watchers)
+    trials: int = DEFAULT_TRIALS
+    fresh_server: bool = False
+    """The first test on a server just started (or first seen): warm it until its figures
+    are stationary before the levels (:mod:`pytest_kimi.measure.warm`)."""
+    state: TrialState = field(default_factory=TrialState)
+
     def annotate_level(self, result: LevelResult, trials: Sequence[TrialResult]) -> None:
         """The workload knobs' part of a finished level: ``range_ratio``'s draws
         (``length_range``) and, under ``max_concurrency``, how late the cap let the arrivals
         go (``client_queue``, server seconds, and a note that reports show)."""
         level = result.spec
-        result.extra.update(self.length_info(level))
-        cap = self.workload.max_concurrency
+        result.extra.update(self.send.length_info(level))
+        cap = self.send.workload.max_concurrency
         if cap is None or level.rate is None:
             return
-        kept = [self.queue_waits.pop((level, t.index), []) for t in trials]
-        waits = [x * self.clock for trial_waits in kept for x in trial_waits]
-        for key in [k for k in self.queue_waits if k[0] == level]:
-            del self.queue_waits[key]
+        kept = [self.state.queue_waits.pop((level, t.index), []) for t in trials]
+        waits = [x * self.send.clock for trial_waits in kept for x in trial_waits]
+        for key in [k for k in self.state.queue_waits if k[0] == level]:
+            del self.state.queue_waits[key]
         if not waits:
             return
         ranked = sorted(waits)
@@ -266,16 +300,14 @@ class MeasureSpec:
             note = f"max_concurrency={cap}: no arrival waited for a slot{sent}"
         result.errors.append(f"note: {note}")
 
-    def prompts_key(self, level: LevelSpec) -> str:
-        return self.prompts_keys[level.input_tokens]
-
     def next_unique(self) -> dict[str, Any]:
         """Plan fields for the next trial's unique prompts (none when the spec repeats bodies)."""
-        if self.unique_slot is None:
+        send, state = self.send, self.state
+        if send.unique_slot is None:
             return {}
-        self.trial_serial += 1
-        serial = (self.trial_serial + self.unique_salt) % (1 << (48 - TRIAL_ID_BITS))
-        return {"unique_slot": self.unique_slot, "unique_base": serial << TRIAL_ID_BITS}
+        state.trial_serial += 1
+        serial = (state.trial_serial + send.unique_salt) % (1 << (48 - TRIAL_ID_BITS))
+        return {"unique_slot": send.unique_slot, "unique_base": serial << TRIAL_ID_BITS}
 
 
 def _draws(lengths: Sequence[int] | None, value: int | None, ratio: float) -> LengthDraws | None:

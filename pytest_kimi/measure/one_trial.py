@@ -79,17 +79,17 @@ async def run_trial(
     """One trial of ``level``; ``previous_s``: the wall length of the level's fastest trial
     before (it sizes this one's wall-clock limit,
     :func:`~pytest_kimi.measure.trial_limits.trial_limit`)."""
-    w = spec.workload
+    w = spec.send.workload
     requests = w.requests_for(level)
-    duration_s = w.duration_s / spec.clock if w.duration_s is not None else None
-    bodies = rotated(spec.bodies_for(level), offset)
-    max_failures = _max_failures(w, requests, _in_flight(level, spec.clock))
+    duration_s = w.duration_s / spec.send.clock if w.duration_s is not None else None
+    bodies = rotated(spec.send.bodies_for(level), offset)
+    max_failures = _max_failures(w, requests, _in_flight(level, spec.send.clock))
     limit = trial_limit(spec, level, previous_s)
     limit_s = limit.limit_s
-    box = stationary_box(level, spec.pace)  # before the trial: its pace is the trials' before
-    if level.concurrency is not None and w.protocol_for(level, spec.protocol) == STATIONARY:
+    box = stationary_box(level, spec.state.pace)  # before the trial: its pace is the trials' before
+    if level.concurrency is not None and w.protocol_for(level, spec.send.protocol) == STATIONARY:
         c = level.concurrency
-        first, first_max = spec.stationary_openers(level, offset)
+        first, first_max = spec.send.stationary_openers(level, offset)
         plan = TrialPlan(
             concurrency=c,
             bodies=bodies,
@@ -100,11 +100,11 @@ async def run_trial(
             # the first step's tokens come before every stream is in, and the window starts
             # once the start-up backlog has settled
             token_budget=box.token_budget(c),
-            min_duration_s=box_min_s(box, spec.min_window_s),
+            min_duration_s=box_min_s(box, spec.watch.min_window_s),
             wall_limit_s=limit_s,
             **spec.next_unique(),
         )
-        tr = await client.run_trial(spec.target, plan, live)
+        tr = await client.run_trial(spec.send.target, plan, live)
     elif level.concurrency is not None:
         plan = TrialPlan(
             concurrency=level.concurrency,
@@ -118,10 +118,10 @@ async def run_trial(
             wall_limit_s=limit_s,
             **spec.next_unique(),
         )
-        tr = await client.run_trial(spec.target, plan, live)
+        tr = await client.run_trial(spec.send.target, plan, live)
     else:
         open_plan = OpenLoopPlan(
-            rate=(level.rate or 1.0) * spec.clock,
+            rate=(level.rate or 1.0) * spec.send.clock,
             bodies=bodies,
             requests=requests,
             duration_s=duration_s,
@@ -133,12 +133,12 @@ async def run_trial(
             wall_limit_s=limit_s,
             **spec.next_unique(),
         )
-        tr = await client.run_open_loop(spec.target, open_plan, live)
+        tr = await client.run_open_loop(spec.send.target, open_plan, live)
         if open_plan.max_concurrency is not None:
-            spec.queue_waits[(level, index)] = queue_waits(
+            spec.state.queue_waits[(level, index)] = queue_waits(
                 tr.records, open_plan.arrivals(), tr.started
             )
-    lengths = spec.lengths_for(level)
+    lengths = spec.send.lengths_for(level)
     trial = summarize_trial(
         index,
         level,
@@ -151,7 +151,7 @@ async def run_trial(
         check_own_lengths(trial, rotated(lengths, offset))
     if (over := limit.reason(tr)) is not None:
         trial.invalid.append(over)
-    spec.pace = Pace.of(tr) or spec.pace
+    spec.state.pace = Pace.of(tr) or spec.state.pace
     return trial
 
 
@@ -180,28 +180,28 @@ def check_own_lengths(trial: TrialResult, lengths: Sequence[int]) -> None:
 async def warm_up(client: TrialClient, spec: MeasureSpec) -> list[str]:
     """Short requests that absorb one-time costs (JIT, CUDA graphs) and put each shared-prefix
     group's system prompt in the server's cache; their errors are returned."""
-    n = spec.workload.warmup
+    n = spec.send.workload.warmup
     if n <= 0:
         return []
-    first = next(iter(spec.bodies.values()))
-    if spec.warmup_bodies > 2:
-        n = max(n, spec.warmup_bodies)  # one request per shared-prefix group at least
+    first = next(iter(spec.send.bodies.values()))
+    if spec.send.warmup_bodies > 2:
+        n = max(n, spec.send.warmup_bodies)  # one request per shared-prefix group at least
     plan = TrialPlan(
         concurrency=min(n, 8),
-        bodies=_warmup_bodies(first, spec.warmup_bodies),
+        bodies=_warmup_bodies(first, spec.send.warmup_bodies),
         requests=n,
         duration_s=None,
-        timeout_s=spec.workload.timeout_s,
+        timeout_s=spec.send.workload.timeout_s,
         max_failures=n,
         warmup=0,
         # no pace known yet: each of a slot's requests may take up to the request timeout
         wall_limit_s=TrialLimit(
-            math.ceil(n / min(n, 8)) * spec.workload.timeout_s, TIMEOUT_SOURCE, 1
+            math.ceil(n / min(n, 8)) * spec.send.workload.timeout_s, TIMEOUT_SOURCE, 1
         ).limit_s,
         **spec.next_unique(),
     )
-    tr = await client.run_trial(spec.target, plan)
-    spec.pace = Pace.of(tr) or spec.pace
+    tr = await client.run_trial(spec.send.target, plan)
+    spec.state.pace = Pace.of(tr) or spec.state.pace
     errors = [r.error for r in tr.records if r.error]
     if tr.over_limit_s is not None:
         errors.append(f"the warm-up {OVER_LIMIT} of {tr.over_limit_s:.1f} s")

@@ -8,7 +8,7 @@ compared.  They are computed after the level ends, from the same records and in 
 clock as the level's other figures (:func:`~pytest_kimi.measure.metrics.level_figures`):
 latencies multiplied by ``clock`` (server seconds per wall second), rates divided by it.
 
-Which requests count (docs/json-report.md, "Peer figures"), under every protocol:
+Which requests count (docs/reference/json-report.md, "Peer figures"), under every protocol:
 
 * failed requests count in none of them (``requests_failed`` counts them, as peers' "failed");
 * **TTFT**: every successful request with a first token, including the streams a stationary
@@ -49,8 +49,9 @@ workload's requests (the rest of each lies after the cut or "before" the trial, 
 stagger stands in for), so each counts by its tokens against a whole request's length: the
 level's ``max_tokens`` under ``ignore_eos``, else the median of its trial's whole requests (at
 least the tokens it had).  Counted as whole requests, the short openers would put the figure
-up to ``C`` requests per trial above the server's rate for the workload (+3.5% at C=8 and 128
-tokens on the simulator), which a peer running the same workload does not see.  A request whose usage gave no
+up to ``C`` requests per trial above the server's rate for the workload
+(docs/evidence/accuracy.md, "Peer figures: counting a stationary trial's requests"), which a
+peer running the same workload does not see.  A request whose usage gave no
 prompt tokens (a cut stream's running usage need not carry them) counts with the median of
 its trial's requests that had them.
 """
@@ -134,7 +135,7 @@ class PeerFigures:
         return dist
 
     def to_dict(self) -> PeerEntry:
-        """The JSON keys (docs/json-report.md), latencies rounded as the level's others."""
+        """The JSON keys (docs/reference/json-report.md), latencies rounded as the level's others."""
         out: dict[str, float | None] = {}
         for name in LATENCIES:
             digits = 6 if name in ("itl_s", "tpot_s") else 5

@@ -183,7 +183,7 @@ class LevelResult:
         if self.spec.rate is not None:
             # the load asked for, the rate the client sent at, and the rate the server
             # finished requests at in the window: a step of a ramp past the server's capacity
-            # shows completed well below offered (docs/workloads.md, "Rate ramps")
+            # shows completed well below offered (docs/guide/workloads.md, "Rate ramps")
             open_loop = {
                 "offered_rate": self.spec.rate,
                 "achieved_rate": _round(f.achieved_rate, 3),
@@ -339,7 +339,7 @@ class ThroughputResult:
         return f"{verdict} across the levels ({self.shift.get('text') if self.shift else ''})"
 
     def to_dict(self) -> TestEntry:
-        """The test's object in ``--perf-json`` (docs/json-report.md): fields left unset are
+        """The test's object in ``--perf-json`` (docs/reference/json-report.md): fields left unset are
         absent, as they always were."""
         out: TestEntry = {
             "nodeid": self.nodeid,
@@ -413,7 +413,7 @@ def workload_dict(workload: Workload) -> WorkloadEntry:
         # ``prompts``: content hash, sample size, seed)
         out["shared_prefix_tokens"] = workload.shared_prefix_tokens
         out["prefix_groups"] = workload.prefix_groups or 1
-    # the load knobs of docs/workloads.md, each keyed only where it is set (an old baseline
+    # the load knobs of docs/guide/workloads.md, each keyed only where it is set (an old baseline
     # has none of them and still matches a test without them)
     if workload.range_ratio is not None:
         # the drawn lengths are the workload: the ratio and the seed that drew them; key fields

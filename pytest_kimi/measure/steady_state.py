@@ -16,13 +16,13 @@ all in or all out.  A server hands every running stream its token(s) in one deco
 reads arrive in *bursts* (one read per stream, microseconds apart) separated by pauses of
 about a step.  The first worker's last token is just one read of the final step's burst: the
 other streams' reads of that step come a moment later, and ending the window at that read
-dropped C - 1 tokens of a step whose time the window already held (-0.34% at C=8 and 256
-tokens).  So each end is moved to the *first read of the burst that holds it*, and the window
-is half-open, [start, end): it holds every read of the bursts from the one where the last
-stream started up to, not including, the one where the first stream ended, and its length is
-first read to first read, as many steps as it holds.  First reads, not last ones: a burst's
-later reads are late by the client's own work on the earlier ones (a stream's end costs it
-more), which differs between the two ends.  A burst ends at a pause of at least half the
+dropped C - 1 tokens of a step whose time the window already held (docs/evidence/accuracy.md,
+"The window's edges").  So each end is moved to the *first read of the burst that holds
+it*, and the window is half-open, [start, end): it holds every read of the bursts from the one
+where the last stream started up to, not including, the one where the first stream ended, and
+its length is first read to first read, as many steps as it holds.  First reads, not last
+ones: a burst's later reads are late by the client's own work on the earlier ones (a stream's
+end costs it more), which differs between the two ends.  A burst ends at a pause of at least half the
 median per-token gap of the streams (about a step); an end whose burst shows no such pause
 within a few steps (a client too slow to tell the steps apart) stays where it was.
 
@@ -35,9 +35,9 @@ rate is its per-request decode rate, (tokens - 1) / (last - first).
 What each read brought is the record's own count (:meth:`RequestRecord.read_tokens`: the
 stream's running usage where the server sends it, else its events' text), never the stream's
 mean per event: SGLang sends a first event of one token, then ``stream_interval`` at a time,
-the rest with the finish, and a mean put every stream's edges a few tokens off (-3.1% at
-interval 8, C=4, 256 tokens).  A closed-loop window counts the tokens its steps generated,
-each dated back from the read that brought it (:func:`tokens_in_steps`).
+the rest with the finish, and a mean put every stream's edges a few tokens off (same
+section).  A closed-loop window counts the tokens its steps generated, each dated back from the
+read that brought it (:func:`tokens_in_steps`).
 
 """
 

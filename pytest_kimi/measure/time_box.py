@@ -3,9 +3,9 @@
 Why it scales with the request's length: a stationary trial's point is to cost less server
 time than whole requests while measuring the same rate.  A fixed box (32 settle steps and a
 128-step window, 161 steps a trial) is 8% of a 2048-token request's 2048 steps, but longer
-than a 128-token request: there the "cheap" protocol cost more than running the requests
-whole (issue 21: 0.81-1.35 of the whole-request protocol's server time at 128 tokens, 0.59-0.74
-at 256).  So the box is an eighth of a request, within bounds:
+than a 128-token request: there the "cheap" protocol cost about as much as running the
+requests whole, or more (issue 21; docs/evidence/gate.md, "Over workload shapes").  So the box
+is an eighth of a request, within bounds:
 
 * the window holds at least :data:`MIN_WINDOW_STEPS` steps, and at least
   :data:`READS_PER_WINDOW` of a stream's reads: a server that packs its tokens

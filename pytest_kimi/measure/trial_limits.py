@@ -99,20 +99,20 @@ def trial_limit(spec: MeasureSpec, level: LevelSpec, previous_s: float | None = 
     (stationary: the time box's steps and the first tokens; whole requests: a stream's requests
     one after the other; open loop: the arrivals and the last one's request); else the request
     timeout."""
-    w = spec.workload
+    w = spec.send.workload
     if previous_s is not None:
         return TrialLimit(previous_s, "the level's fastest trial before")
     stationary = (
-        level.concurrency is not None and w.protocol_for(level, spec.protocol) == STATIONARY
+        level.concurrency is not None and w.protocol_for(level, spec.send.protocol) == STATIONARY
     )
     requests = w.requests_for(level)
-    duration_s = w.duration_s / spec.clock if w.duration_s is not None else None
-    pace = spec.pace
+    duration_s = w.duration_s / spec.send.clock if w.duration_s is not None else None
+    pace = spec.state.pace
     if level.concurrency is not None:
         c = level.concurrency
         if stationary:
             box = stationary_box(level, pace)
-            min_s = box_min_s(box, spec.min_window_s)
+            min_s = box_min_s(box, spec.watch.min_window_s)
             if pace is None:
                 return TrialLimit(min_s + w.timeout_s, TIMEOUT_SOURCE, 1.0)
             # the time box's steps, priced as the tokens of one request of that length
@@ -125,7 +125,7 @@ def trial_limit(spec: MeasureSpec, level: LevelSpec, previous_s: float | None = 
         if pace is None:
             return TrialLimit(min(ends), TIMEOUT_SOURCE, 1.0)
         return TrialLimit(min(ends), _PACE)
-    rate = (level.rate or 1.0) * spec.clock
+    rate = (level.rate or 1.0) * spec.send.clock
     spans = [requests / rate] if requests is not None else []
     if duration_s is not None:
         spans.append(duration_s)

@@ -120,25 +120,25 @@ async def measure_level(
     level: LevelSpec,
     progress: ProgressFn | None = None,
 ) -> LevelResult:
-    """One level's trials and verdict, with the contamination check (``spec.guard``) open
+    """One level's trials and verdict, with the contamination check (``spec.watch.guard``) open
     around them.  The guard is opened here (idempotent) so that every path measuring levels
     has it, and closed by whoever runs the levels (:func:`close_guard`), not here: a signal
     that lands while it closes must not cost the level that just finished."""
-    if spec.guard is not None:
-        await spec.guard.open()
+    if spec.watch.guard is not None:
+        await spec.watch.guard.open()
     return await _measure_level(client, spec, level, progress)
 
 
 async def close_guard(spec: MeasureSpec) -> None:
     """Close the contamination check after the last level (also on error or cancel)."""
-    if spec.guard is not None:
-        await spec.guard.close()
+    if spec.watch.guard is not None:
+        await spec.watch.guard.close()
 
 
 def _watchers(spec: MeasureSpec) -> list[TrialObserver]:
     """The guard first: it waits for the server to drain before the observer's own readings,
     and its verdict is on the trial before the observer's (a stall check leaves void trials)."""
-    return [o for o in (spec.guard, spec.observer) if o is not None]
+    return [o for o in (spec.watch.guard, spec.watch.observer) if o is not None]
 
 
 def _merge_summary(result: LevelResult, summary: LevelSummary) -> None:
@@ -158,23 +158,25 @@ async def _measure_level(
     trials: list[TrialResult] = []
     planned = spec.trials
     offset = 0
-    if spec.level_probe is not None:
-        await spec.level_probe.start_level()
+    if spec.watch.level_probe is not None:
+        await spec.watch.level_probe.start_level()
     level_start = perf_counter()
-    label = spec.workload.label(level)
+    label = spec.send.workload.label(level)
     watchers = _watchers(spec)
     replaced: list[str] = []
     windows: list[TrialWindow] = []
     previous_s: float | None = None
     while len(trials) < planned:
-        stationary = spec.workload.protocol_for(level, spec.protocol) == STATIONARY
-        live = LiveTrial(total=None if stationary else spec.workload.requests_for(level))
+        stationary = spec.send.workload.protocol_for(level, spec.send.protocol) == STATIONARY
+        live = LiveTrial(total=None if stationary else spec.send.workload.requests_for(level))
         for watcher in watchers:
             await watcher.before_trial()
         ticker = None
         if progress is not None:
             ticker = asyncio.ensure_future(
-                _ticker(progress, live, label, len(trials) + 1, planned, level_start, spec.clock)
+                _ticker(
+                    progress, live, label, len(trials) + 1, planned, level_start, spec.send.clock
+                )
             )
         try:
             trial = await run_trial(client, spec, level, len(trials), offset, live, previous_s)
@@ -192,7 +194,7 @@ async def _measure_level(
         keep = not (_replaceable(trial) and len(replaced) < MAX_REPLACED_TRIALS)
         # every trial measured has a window record, a replaced one too (kept=False)
         windows.append(
-            trial_window(trial, len(windows), kept=keep, clock=spec.clock, offset=clock_pair)
+            trial_window(trial, len(windows), kept=keep, clock=spec.send.clock, offset=clock_pair)
         )
         if not keep:
             replaced.append(f"trial {len(trials) + len(replaced) + 1} replaced: {trial.invalid[0]}")
@@ -204,8 +206,8 @@ async def _measure_level(
             break  # the server is not progressing: the next trial would hang as long
         if len(trials) == planned:
             # in the figures' clock (the simulator's, at speed != 1), as the baseline's are
-            samples = [t.tok_s / spec.clock for t in trials if t.valid and t.tok_s is not None]
-            planned += spec.policy.more_trials(level, samples)
+            samples = [t.tok_s / spec.send.clock for t in trials if t.valid and t.tok_s is not None]
+            planned += spec.watch.policy.more_trials(level, samples)
         if progress is not None:
             progress(
                 Progress(
@@ -216,24 +218,29 @@ async def _measure_level(
                     live.done,
                     live.total,
                     live.failed,
-                    trial.tok_s / spec.clock if trial.tok_s is not None else None,
+                    trial.tok_s / spec.send.clock if trial.tok_s is not None else None,
                     perf_counter() - level_start,
                 )
             )
     result = judge_level(
-        level, spec.workload, spec.targets, trials, spec.prompts_key(level), spec.clock
+        level,
+        spec.send.workload,
+        spec.send.targets,
+        trials,
+        spec.send.prompts_key(level),
+        spec.send.clock,
     )
     spec.annotate_level(result, trials)  # range_ratio's draws, max_concurrency's queue
     result.trial_windows = windows
-    protocol = spec.workload.protocol_for(level, spec.protocol)
+    protocol = spec.send.workload.protocol_for(level, spec.send.protocol)
     result.protocol = protocol if protocol == STATIONARY else None
-    result.server_time_s = round((perf_counter() - level_start) * spec.clock, 3)
+    result.server_time_s = round((perf_counter() - level_start) * spec.send.clock, 3)
     result.prompt_tokens = prompt_tokens_summary(trials)
-    if spec.workload.turns > 1:
-        result.turns = turn_figures(trials, spec.clock)
-    if level.rate is not None and (note := fill_up_note(trials, spec.clock)) is not None:
+    if spec.send.workload.turns > 1:
+        result.turns = turn_figures(trials, spec.send.clock)
+    if level.rate is not None and (note := fill_up_note(trials, spec.send.clock)) is not None:
         result.fill_up = note
-    sizing = spec.sizing.get(level.input_tokens)
+    sizing = spec.send.sizing.get(level.input_tokens)
     if sizing is not None:
         result.input_tokens_sizing = sizing
         if sizing.startswith("estimate"):
@@ -244,14 +251,14 @@ async def _measure_level(
     if replaced:
         result.replaced_trials = list(replaced)
         result.errors.extend(f"note: {r}" for r in replaced)
-    if spec.level_info is not None:
-        extra, notes = spec.level_info(level)
+    if spec.watch.level_info is not None:
+        extra, notes = spec.watch.level_info(level)
         result.extra.update(extra)
         result.errors.extend(f"note: {n}" for n in notes)
-    if spec.level_probe is not None:
-        _merge_summary(result, await spec.level_probe.end_level())
+    if spec.watch.level_probe is not None:
+        _merge_summary(result, await spec.watch.level_probe.end_level())
     for watcher in watchers:
-        _merge_summary(result, _in_server_clock(watcher.level_summary(), spec.clock))
+        _merge_summary(result, _in_server_clock(watcher.level_summary(), spec.send.clock))
     if progress is not None:
         f = result.figures
         progress(
@@ -276,9 +283,9 @@ async def measure_test(
     progress: ProgressFn | None = None,
 ) -> ThroughputResult:
     """All levels of one test, in order; levels after an ``error`` are ``not-run``."""
-    result = ThroughputResult(spec.nodeid, spec.workload, spec.targets)
-    spec.partial = result
-    observer = spec.observer
+    result = ThroughputResult(spec.send.nodeid, spec.send.workload, spec.send.targets)
+    spec.state.partial = result
+    observer = spec.watch.observer
     warm_s = 0.0  # the warm-up's wall time: requests, and warm trials on a fresh server
     try:
         if observer is not None:
@@ -287,11 +294,15 @@ async def measure_test(
         await warm_up(client, spec)  # a dead server shows in the first level's errors
         warm_s += perf_counter() - warm_start
         stop_reason: str | None = None
-        for level in spec.workload.levels:
+        for level in spec.send.workload.levels:
             if stop_reason is not None:
                 result.levels.append(
                     not_run_level(
-                        level, spec.workload, spec.targets, stop_reason, spec.prompts_key(level)
+                        level,
+                        spec.send.workload,
+                        spec.send.targets,
+                        stop_reason,
+                        spec.send.prompts_key(level),
                     )
                 )
                 continue
@@ -304,18 +315,18 @@ async def measure_test(
                 warm_s += perf_counter() - warm_start
             measured = await measure_level(client, spec, level, progress)
             result.levels.append(measured)
-            if spec.level_done is not None:
-                spec.level_done(measured)
+            if spec.watch.level_done is not None:
+                spec.watch.level_done(measured)
             if (verdict := Verdict.of(measured.verdict)) is not None and verdict.stops_sweep:
                 stop_reason = f"not run: {measured.label} ended in error"
     finally:
-        result.warmup_server_time_s = round(warm_s * spec.clock, 3)
+        result.warmup_server_time_s = round(warm_s * spec.send.clock, 3)
         try:
             if observer is not None:
                 await observer.close()
         finally:
             await close_guard(spec)
-            _account(result, spec.clock)
+            _account(result, spec.send.clock)
     return result
 
 
@@ -326,8 +337,8 @@ async def _warm_level(client: TrialClient, spec: MeasureSpec, level: LevelSpec) 
 
     warm = await warm_until_stationary(
         lambda index, offset: run_trial(client, spec, level, index, offset),
-        spec.workload.label(level),
-        spec.clock,
+        spec.send.workload.label(level),
+        spec.send.clock,
     )
     return warm.to_dict()
 

@@ -15,7 +15,10 @@ a few trials whatever its trial noise.  Comparing with the best so far, not with
 before, keeps one noisy dip from ending the warm-up of a server still rising (vLLM's CPU
 engine read 293 then 148 tok/s: a rule on the last two trials called that stationary).  At
 least :data:`MIN_WARM_TRIALS`, at most :data:`MAX_WARM_TRIALS`: the bound; a server whose
-figures keep rising is said to be so in the report, and measured.
+figures keep rising is said to be so in the report, and measured.  Warm trials that give no
+figure :data:`VOID_IN_A_ROW` times in a row end the warm-up too: more of them cannot show a
+rise, and on a server that hangs each one lasts its whole wall-clock limit (eight of them
+would be eight limits before the first measured trial); the level's own trials then say why.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ MIN_WARM_TRIALS = 1 + STILL_TRIALS
 """A first trial to set the best, and the trials that show it no longer rises."""
 MAX_WARM_TRIALS = 8
 """The bound: a server still rising after eight trials is reported as such and measured."""
+VOID_IN_A_ROW = 2
+"""Warm trials in a row without a figure that end the warm-up (one could be a stalled client)."""
 WARM_INDEX = 1_000_000
 """Trial indices of the warm trials (seeds of open-loop arrivals), apart from the measured."""
 
@@ -49,16 +54,24 @@ class WarmUp:
     void: int = 0
     """Warm trials that gave no figure (invalid: a stalled client, an error)."""
     stationary: bool = False
+    no_figure: bool = False
+    """Ended by :data:`VOID_IN_A_ROW` trials in a row without a figure."""
 
     def text(self) -> str:
         figures = " -> ".join(f"{x:.1f}" for x in self.tok_s) or "no figure"
         n = len(self.tok_s) + self.void
-        state = (
-            f"stationary after {n} trial(s)"
-            if self.stationary
-            else f"still rising after {n} trial(s) (the bound): the first measured trials may "
-            "read low"
-        )
+        if self.stationary:
+            state = f"stationary after {n} trial(s)"
+        elif self.no_figure:
+            state = (
+                f"stopped after {n} trial(s): the last {VOID_IN_A_ROW} gave no figure, so "
+                "warming cannot show a rise; the first measured trials may read low"
+            )
+        else:
+            state = (
+                f"still rising after {n} trial(s) (the bound): the first measured trials may "
+                "read low"
+            )
         void = f", {self.void} void" if self.void else ""
         return f"warm-up on a fresh server: {self.level} {figures} tok/s, {state}{void}"
 
@@ -90,14 +103,20 @@ async def warm_until_stationary(
     """Trials that count for nothing (``run(index, offset)``: one trial of the level named
     ``label``, in the server's ``clock``), until :func:`settled` or the bound."""
     warm = WarmUp(label)
+    void_run = 0
     for i in range(MAX_WARM_TRIALS):
         trial = await run(WARM_INDEX + i, i)
         if trial.valid and trial.tok_s and trial.tok_s > 0:
             warm.tok_s.append(trial.tok_s / clock)
+            void_run = 0
         else:
             warm.void += 1
+            void_run += 1
         if settled(warm.tok_s):
             warm.stationary = True
+            break
+        if void_run >= VOID_IN_A_ROW:
+            warm.no_figure = True
             break
     return warm
 
@@ -106,6 +125,7 @@ __all__ = [
     "MAX_WARM_TRIALS",
     "MIN_WARM_TRIALS",
     "STILL_TRIALS",
+    "VOID_IN_A_ROW",
     "WARM_RISE",
     "WarmUp",
     "settled",

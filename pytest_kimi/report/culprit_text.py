@@ -1,5 +1,5 @@
 """The "culprit" section of the terminal and of the Markdown summary: the search of a
-``--perf-culprit`` run, read from the report's ``culprit`` dict (docs/json-report.md), so a saved
+``--perf-culprit`` run, read from the report's ``culprit`` dict (docs/reference/json-report.md), so a saved
 report prints the same lines.
 
 A short table, one row per paired comparison the search made (the deploy gate's own comparison

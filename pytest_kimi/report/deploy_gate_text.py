@@ -1,5 +1,5 @@
 """The terminal's "deploy gate" section: the paired comparison of a ``--perf-max-launches`` run,
-read from the report's ``deploy_gate`` dict (docs/json-report.md), so a saved report prints the
+read from the report's ``deploy_gate`` dict (docs/reference/json-report.md), so a saved report prints the
 same lines."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The "race" section of the terminal, of the Markdown summary and of the HTML page: which
 deployment of a ``--perf-race`` run is best, read from the report's ``race`` dict
-(docs/json-report.md), so a saved report prints the same lines.
+(docs/reference/json-report.md), so a saved report prints the same lines.
 
 One row per deployment, best first: its value with the 90% interval of that value, how far it
 is from the top with the interval of that ratio (wholly below zero when the top beats it), the

@@ -3,7 +3,7 @@
 The plugin makes a :class:`TestRecord` for each perf test's report and attaches
 :meth:`TestRecord.to_json` to pytest's test report, so it survives xdist (a worker's report is
 serialised to the controller); the controller's ``--perf-json`` is the list of those objects.
-The JSON's shape is documented in ``docs/json-report.md`` and versioned by
+The JSON's shape is documented in ``docs/reference/json-report.md`` and versioned by
 :data:`pytest_kimi.report.json_report.SCHEMA_VERSION`; every renderer (terminal, Markdown,
 HTML, JUnit, history, dashboard, ``kimi-perf``) reads that shape, since ``kimi-perf`` renders
 the same reports again from a saved file.

@@ -56,9 +56,15 @@ from pytest_kimi.gate.policy import (
 from pytest_kimi.measure.capacity_levels import SearchSettings
 from pytest_kimi.measure.capacity_run import run_capacity
 from pytest_kimi.measure.results import LevelResult, ServerExit, ThroughputResult, spec_key
-from pytest_kimi.measure.measure_spec import MeasureSpec
+from pytest_kimi.measure.measure_spec import FixedTrials, MeasureSpec, SendSpec, TrialPolicy
 from pytest_kimi.measure.trials import ProgressFn
-from pytest_kimi.run.measurer import Measurer, build_spec
+from pytest_kimi.run.measurer import (
+    LevelInfo,
+    Measurer,
+    build_send,
+    first_trials,
+    watchers_for,
+)
 from pytest_kimi.workload.capacity_marker import CapacitySpec
 from pytest_kimi.workload.workload_spec import DEFAULT_PROTOCOL, Targets, Workload
 from pytest_kimi.workload.prompts import WorkloadError
@@ -179,7 +185,11 @@ class Prepared:
     against, and the provenance of this run."""
 
     path: Path
-    spec: MeasureSpec
+    send: SendSpec
+    """What the test sends (its bodies encoded before any load)."""
+    level_info: LevelInfo | None
+    trials: int
+    """Trials each level starts with."""
     baseline: TestBaseline | None
     current: Provenance
     compared_with: str
@@ -201,10 +211,14 @@ class Judged:
 class Job(Protocol):
     """The middle of the path: what differs between a sweep and a capacity search."""
 
+    def policy(self, prepared: Prepared, settings: GateSettings) -> TrialPolicy:
+        """How many trials each level gets (a sweep's adapt to its baseline's spread)."""
+        ...
+
     def measure(
         self,
         measurer: Measurer,
-        prepared: Prepared,
+        spec: MeasureSpec,
         settings: GateSettings,
         progress: ProgressFn | None,
     ) -> ThroughputResult: ...
@@ -241,7 +255,6 @@ def conduct(
     prepared = prepare(plan, nodeid, measurer, endpoint, comparison, conditions)
     # the noise its baseline's recording measured, weighed with the session's
     session_settings, settings = settings, with_stored_noise(settings, prepared.baseline)
-    prepared.spec.level_done = conditions.level_done
     pid = getattr(server, "pid", None) or endpoint.server_pid
     # a fresh server is warmed until stationary, unless the marker asks for no warm-up at all
     # or the server is the simulator, whose first steps are as fast as its last unless it
@@ -249,19 +262,32 @@ def conduct(
     fresh = measurer.first_on(f"{endpoint.url} pid {pid}")
     sim = (endpoint.server_info or {}).get("sim")
     stationary = isinstance(sim, dict) and not sim.get("cold_steps")
-    prepared.spec.fresh_server = fresh and prepared.spec.workload.warmup > 0 and not stationary
     flush_note = flush_cache(server)
-    if conditions.server_metrics:
-        observer = ServerMetricsObserver(endpoint.url, endpoint.headers())
-        prepared.spec.observer = observer
-        prepared.spec.min_window_s = observer.min_window_s
+    observer = (
+        ServerMetricsObserver(endpoint.url, endpoint.headers())
+        if conditions.server_metrics
+        else None
+    )
     job = plan.job()
+    spec = MeasureSpec(  # built once: only its trial state changes under the measurement
+        prepared.send,
+        watchers_for(
+            endpoint,
+            prepared.level_info,
+            policy=job.policy(prepared, settings),
+            observer=observer,
+            min_window_s=observer.min_window_s if observer is not None else 0.0,
+            level_done=conditions.level_done,
+        ),
+        trials=prepared.trials,
+        fresh_server=fresh and prepared.send.workload.warmup > 0 and not stationary,
+    )
     try:
-        result = job.measure(measurer, prepared, settings, progress)
+        result = job.measure(measurer, spec, settings, progress)
     except ServerMetricsError as exc:
         raise GateProblem(f"--perf-server-metrics: {exc}") from None
     except KeyboardInterrupt:
-        partial = prepared.spec.partial
+        partial = spec.state.partial
         if partial is None:
             raise
         if isinstance(job, SweepJob) and partial.levels:
@@ -333,13 +359,12 @@ def prepare(
         suite_dir=conditions.rootdir,
     )
     try:
-        spec = build_spec(
+        send, level_info = build_send(
             endpoint,
             nodeid,
             plan.workload,
             plan.targets,
             rootdir=conditions.rootdir,
-            trials=conditions.trials,
             sizer=measurer.prompt_sizer,
             protocol=conditions.protocol,
             allow_large=conditions.allow_large,
@@ -371,7 +396,9 @@ def prepare(
         raise GateProblem(str(exc)) from None
     return Prepared(
         path,
-        spec,
+        send,
+        level_info,
+        first_trials(send.workload, conditions.trials),
         baseline,
         current,
         compared_with,
@@ -410,27 +437,33 @@ class SweepJob:
     def __init__(self) -> None:
         self._policy: AdaptiveTrials | None = None
 
-    def measure(
-        self,
-        measurer: Measurer,
-        prepared: Prepared,
-        settings: GateSettings,
-        progress: ProgressFn | None,
-    ) -> ThroughputResult:
-        spec = prepared.spec
+    def policy(self, prepared: Prepared, settings: GateSettings) -> TrialPolicy:
+        """Adaptive trials: as many as the level's spread and its baseline's need."""
+        send = prepared.send
         keys = {
             lv: spec_key(
                 lv,
-                spec.prompts_key(lv),
-                spec.workload,
-                spec.workload.protocol_for(lv, spec.protocol),
+                send.prompts_key(lv),
+                send.workload,
+                send.workload.protocol_for(lv, send.protocol),
             )
-            for lv in spec.workload.levels
+            for lv in send.workload.levels
         }
         self._policy = AdaptiveTrials(
-            baseline_samples(prepared.baseline, keys), settings, len(keys), first_trials=spec.trials
+            baseline_samples(prepared.baseline, keys),
+            settings,
+            len(keys),
+            first_trials=prepared.trials,
         )
-        spec.policy = self._policy
+        return self._policy
+
+    def measure(
+        self,
+        measurer: Measurer,
+        spec: MeasureSpec,
+        settings: GateSettings,
+        progress: ProgressFn | None,
+    ) -> ThroughputResult:
         return measurer.measure(spec, progress)
 
     def judge(
@@ -472,18 +505,22 @@ class CapacityJob:
         self._run: Any = None
         self._key: dict[str, Any] = {}
 
+    def policy(self, prepared: Prepared, settings: GateSettings) -> TrialPolicy:
+        """The search sets each probe's trials itself (its top-ups add more)."""
+        return FixedTrials(prepared.trials)
+
     def measure(
         self,
         measurer: Measurer,
-        prepared: Prepared,
+        spec: MeasureSpec,
         settings: GateSettings,
         progress: ProgressFn | None,
     ) -> ThroughputResult:
-        spec, capacity = prepared.spec, self.capacity
-        template = spec.workload.levels[0]
-        level_protocol = spec.workload.protocol_for(template, spec.protocol)
+        send, capacity = spec.send, self.capacity
+        template = send.workload.levels[0]
+        level_protocol = send.workload.protocol_for(template, send.protocol)
         self._key = capacity_key(
-            capacity, spec.workload, spec.prompts_key(template), level_protocol
+            capacity, send.workload, send.prompts_key(template), level_protocol
         )
         search = SearchSettings(
             metric=capacity.metric,

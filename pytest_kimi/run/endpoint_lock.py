@@ -1,7 +1,8 @@
 """One measurement at a time per endpoint, across every process of this user on this machine.
 
 Why.  Two pytest runs against one server at once each measure the other's load: both got a
-false ``regression`` (-16.6% / -17.5%, p = 2.7e-6), and the second run's baselines silently
+false ``regression`` (docs/evidence/engines.md, "Observed on real servers"), and the second
+run's baselines silently
 replaced the first's.  The old lock was a file in ``<rootdir>/.kimi/`` taken only by xdist
 workers, so two plain runs, or runs from two checkouts, never met.  The lock is now keyed by the
 endpoint (the normalised ``host:port`` of the URL the load goes to) and lives in a per-user

@@ -24,10 +24,13 @@ from pytest_kimi.measure.measure_spec import (
     DEFAULT_TRIALS,
     FixedTrials,
     MeasureSpec,
+    SendSpec,
+    TrialObserver,
     TrialPolicy,
+    Watchers,
 )
 from pytest_kimi.measure.trials import ProgressFn, measure_test
-from pytest_kimi.measure.results import ThroughputResult
+from pytest_kimi.measure.results import LevelResult, ThroughputResult
 from pytest_kimi.workload.prompts import (
     API_PATHS,
     UNIQUE_SLOT,
@@ -113,6 +116,10 @@ class Measurer:
             self._loop.close()
 
 
+LevelInfo = Callable[[LevelSpec], tuple[LevelExtra, list[str]]]
+"""Per level: the workload's sections for its JSON and notes for its reports."""
+
+
 def build_spec(
     endpoint: EndpointInfo,
     nodeid: str,
@@ -127,6 +134,68 @@ def build_spec(
     protocol: str = DEFAULT_PROTOCOL,
     allow_large: bool = False,
 ) -> MeasureSpec:
+    """A whole measurement spec with the standard watchers (``kimi_load``, the benchmarks):
+    :func:`build_send`, then :func:`watchers_for`.  The conductor builds its own from the
+    same two, with the session's observer and sinks."""
+    send, level_info = build_send(
+        endpoint,
+        nodeid,
+        workload,
+        targets,
+        rootdir=rootdir,
+        sizer=sizer,
+        unique_prompts=unique_prompts,
+        protocol=protocol,
+        allow_large=allow_large,
+    )
+    return MeasureSpec(
+        send,
+        watchers_for(endpoint, level_info, policy=policy),
+        trials=first_trials(send.workload, trials),
+    )
+
+
+def first_trials(workload: Workload, trials: int | None) -> int:
+    """Trials a level starts with: the marker's ``trials=``, else ``--perf-trials``, else 3."""
+    return workload.trials or trials or DEFAULT_TRIALS
+
+
+def watchers_for(
+    endpoint: EndpointInfo,
+    level_info: LevelInfo | None,
+    *,
+    policy: TrialPolicy | None = None,
+    observer: TrialObserver | None = None,
+    min_window_s: float = 0.0,
+    level_done: Callable[[LevelResult], None] | None = None,
+) -> Watchers:
+    """What watches every perf test's measurement: the contamination check and the
+    prefix-cache probe always, the workload's level info, and what the caller adds (the
+    adaptive trial policy, ``--perf-server-metrics``' observer, ``--perf-requests``' sink)."""
+    return Watchers(
+        policy=policy or FixedTrials(),
+        observer=observer,
+        min_window_s=min_window_s,
+        # on for every perf test: zombies of cut streams and another client's load void trials
+        guard=ContaminationCheck(endpoint.url, endpoint.headers()),
+        level_info=level_info,
+        level_probe=PrefixCacheProbe(endpoint.url, endpoint.headers()),
+        level_done=level_done,
+    )
+
+
+def build_send(
+    endpoint: EndpointInfo,
+    nodeid: str,
+    workload: Workload,
+    targets: Targets,
+    *,
+    rootdir: Path,
+    sizer: PromptSizer | None = None,
+    unique_prompts: bool = True,
+    protocol: str = DEFAULT_PROTOCOL,
+    allow_large: bool = False,
+) -> tuple[SendSpec, LevelInfo | None]:
     """Resolve prompts and pre-encode bodies: all the work that must not happen under the clock.
 
     ``sizer``: sizes synthetic prompts with the server's tokenizer (a session passes its own,
@@ -190,27 +259,22 @@ def build_spec(
     target = Target(
         url=endpoint.url + API_PATHS[workload.api], headers=endpoint.headers(), api=workload.api
     )
-    return MeasureSpec(
+    send = SendSpec(
         nodeid=nodeid,
         target=target,
         workload=workload,
         targets=targets,
         bodies=bodies,
         prompts_keys=keys,
-        trials=workload.trials or trials or DEFAULT_TRIALS,
-        policy=policy or FixedTrials(),
         clock=endpoint.clock,
         protocol=protocol,
         unique_slot=UNIQUE_SLOT.encode() if unique_prompts else None,
         unique_salt=int(run_token, 16) if run_token is not None else 0,
         sizing=sizing,
         output_tokens=output_tokens,
-        level_info=_level_info(workload, sample, prefixes),
-        level_probe=PrefixCacheProbe(endpoint.url, endpoint.headers()),
-        # on for every perf test: zombies of cut streams and another client's load void trials
-        guard=ContaminationCheck(endpoint.url, endpoint.headers()),
         warmup_bodies=max(2, workload.prefix_groups or 0),
     )
+    return send, _level_info(workload, sample, prefixes)
 
 
 def _dataset(
@@ -283,7 +347,7 @@ window ends when the first stream has run out of the sample's requests."""
 
 def _level_info(
     workload: Workload, sample: DatasetSample | None, prefixes: SharedPrefixes | None
-) -> Callable[[LevelSpec], tuple[LevelExtra, list[str]]] | None:
+) -> LevelInfo | None:
     """What every level's JSON says about its dataset sample (at the level's cap: the mean
     output length it asked for) and its shared prefix, and the notes its reports carry."""
     if sample is None and prefixes is None:

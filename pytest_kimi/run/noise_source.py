@@ -2,8 +2,9 @@
 
 The gate adds ``session_sigma`` (the log sd of the ratio of two server starts) to every
 comparison.  Assumed at 0.03 it cost a deployment whose starts differ by 0.5% most of its
-power: a sweep 10% slower read ``pass`` at p = 0.099, and ``regression`` at p < 1e-8 with the
-0.005 that ``kimi-perf history noise`` measured on the same deployment.  So, in order:
+power: a sweep 10% slower read ``pass``, and ``regression`` with the noise that ``kimi-perf
+history noise`` measured on the same deployment (docs/evidence/gate.md, "The gate's error
+rates, simulated").  So, in order:
 
 1. ``--perf-session-sigma`` (or its env / ini setting) where the user gave one: their word;
 2. the history (``--perf-history``): the sessions of runs of this deployment whose

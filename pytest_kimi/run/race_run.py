@@ -100,7 +100,7 @@ class RaceReport:
         return line
 
     def to_dict(self) -> RaceSection:
-        """The report's ``race`` section (docs/json-report.md)."""
+        """The report's ``race`` section (docs/reference/json-report.md)."""
         if self.result is not None:
             out = self.result.to_dict(server_s=self.server_s, grid_server_s=self.grid_server_s)
         else:

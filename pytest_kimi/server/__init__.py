@@ -7,7 +7,7 @@ Deliberately free of pytest so the same lifecycle can serve the plugin, a script
     with open_server(profile, ".kimi/logs") as server:   # start + wait_ready
         ...  # measure server.url
 
-See ``docs/managed-servers.md`` for the profile format and failure behaviour.
+See ``docs/guide/managed-servers.md`` for the profile format and failure behaviour.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The upper bounds on marker values (:data:`BOUNDED_ARGS`) and ``--perf-allow-large``, the
 one switch that lifts them.
 
-A module of its own because the bounds are a table with reasons (``docs/reference.md``,
+A module of its own because the bounds are a table with reasons (``docs/reference/reference.md``,
 "Upper bounds") that three otherwise unrelated callers read: the ``@throughput`` parse
 (:mod:`pytest_kimi.workload.markers`), the ``@capacity`` parse
 (:mod:`pytest_kimi.workload.capacity_marker`) and the option table (:mod:`pytest_kimi.options`).
@@ -93,7 +93,7 @@ BOUNDED_ARGS: Mapping[str, Bound] = {
     "prefix_groups": MAX_PREFIX_GROUPS,
     "max_concurrency": MAX_CONCURRENCY,
 }
-"""Every marker argument with an upper bound (``docs/reference.md``, "Upper bounds")."""
+"""Every marker argument with an upper bound (``docs/reference/reference.md``, "Upper bounds")."""
 
 
 def check_bound(

@@ -200,7 +200,7 @@ def _check_turns(values: dict[str, Any], levels: tuple[LevelSpec, ...]) -> None:
     stationary trial (which cuts its streams at its time box and opens them with shortened
     requests) cannot carry one: multi-turn levels run ``whole-requests`` trials, one
     conversation per stream by default (``requests_per_stream`` = ``turns``), and the protocol
-    and ``turns`` are both part of the baseline key (``docs/workloads.md``).
+    and ``turns`` are both part of the baseline key (``docs/guide/workloads.md``).
     """
     turns = values.get("turns", 1)
     if turns < 2:
@@ -234,7 +234,7 @@ def _check_arrivals_and_ranges(
     values: dict[str, Any], given: Mapping[str, Any], levels: tuple[LevelSpec, ...]
 ) -> None:
     """``burstiness=`` and ``max_concurrency=`` shape open-loop arrivals; ``range_ratio=`` draws
-    each request's lengths (``docs/workloads.md``).
+    each request's lengths (``docs/guide/workloads.md``).
 
     A closed loop has no arrivals to shape (its C streams send when they are free, and C is
     already its concurrency cap).  A range needs lengths of the plugin's own making: a

@@ -11,7 +11,7 @@ independent samples, and a regression at one rate would show up at the next ones
 that starts from an idle server measures the server at that rate alone, which is what the
 statistical gate compares with a baseline; what a ramp adds to a plain list is the reading of
 the result: every report shows the rate offered, the rate the client sent and the rate the
-server completed requests at, step by step (``docs/workloads.md``, "Rate ramps").
+server completed requests at, step by step (``docs/guide/workloads.md``, "Rate ramps").
 
 Pure and pytest-free: :func:`ramp` only records its arguments; ``@throughput`` validates
 them at collection (:func:`check`) so a bad ramp is reported with the test's name, like every

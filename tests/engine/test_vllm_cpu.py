@@ -8,7 +8,7 @@ a request in flight together (a steady state to measure).  The stationary test (
 instead, and is held to vLLM's counter trial by trial.
 
 Noise: on this shared 2-core machine the session-to-session spread of a level's median is
-about 5-15 % (docs/benchmarks.md has the measured figures), so these runs use a tolerance of
+about 5-15 % (docs/evidence/engines.md has the measured figures), so these runs use a tolerance of
 30 % and a session sigma of 10 %, and a `pass` vouches for catching a 60 % drop (the
 smallest one such noise lets any number of trials vouch for is about 50 %).  Turning batching
 off costs about 80 % at C=8, far outside that, and nothing at C=1.

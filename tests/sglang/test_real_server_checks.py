@@ -367,7 +367,7 @@ def test_latency_histograms_beside_the_client(pytester: pytest.Pytester, keyed: 
     i0, m0 = _histogram(before, HISTOGRAMS["itl"], before=True)
     i1, m1 = _histogram(after, HISTOGRAMS["itl"])
     server_itl = (i1 - i0) / (m1 - m0)
-    peer = levels  # the peer figures are the level's own keys (docs/json-report.md)
+    peer = levels  # the peer figures are the level's own keys (docs/reference/json-report.md)
     n_req = [lv["requests_ok"] for lv in levels]
     client_ttft = sum(p["ttft_s_mean"] * n for p, n in zip(peer, n_req)) / sum(n_req)
     client_itl = sum(p["itl_s_mean"] * n for p, n in zip(peer, n_req)) / sum(n_req)
