@@ -63,7 +63,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_kimi.gate import paired  # noqa: E402
-from pytest_kimi.gate.culprit import (  # noqa: E402
+from pytest_kimi.gate.culprit import find_culprit, measure_probe  # noqa: E402
+from pytest_kimi.gate.culprit_records import (  # noqa: E402
     CLEAN,
     NAMED,
     REPRODUCES,
@@ -71,8 +72,6 @@ from pytest_kimi.gate.culprit import (  # noqa: E402
     CulpritOutcome,
     Probe,
     Untestable,
-    find_culprit,
-    measure_probe,
 )
 
 NOISES = (0.01, 0.02)

@@ -106,6 +106,7 @@ sys.path.insert(0, str(REPO))
 
 from pytest_kimi.gate import paired  # noqa: E402
 from pytest_kimi.gate import race as racing  # noqa: E402
+from pytest_kimi.gate import race_stats  # noqa: E402
 from pytest_kimi.server.profile import ServerProfile, argv  # noqa: E402
 from pytest_kimi.server.profile_grid import parse_grid  # noqa: E402
 
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# {args.runs} seeded runs a cell, seed {args.seed}; {n} deployments, tolerance "
         f"{args.tolerance:.0%}, alpha {args.alpha:.0%}, margin {args.margin:.0%}, at most "
         f"{args.max_rounds} rounds; elimination level per look "
-        f"{racing.nominal_alpha(args.alpha, n, args.max_rounds):.4f} (Tukey), tie level "
+        f"{race_stats.nominal_alpha(args.alpha, n, args.max_rounds):.4f} (Tukey), tie level "
         f"{paired.nominal_alpha(args.alpha, args.max_rounds):.4f}; "
         f"a launch: {START_S:.0f} s start + {WARM_S:.0f} s warm-up + {MEASURE_S:.0f} s / speed"
     )

@@ -1,5 +1,11 @@
 """Options: one typed, frozen :class:`KimiOptions` per session that owns every default.
 
+One module above 700 lines on purpose: it is the one table of every option, one declaration
+each (its :class:`KimiOptions` field and default, its :data:`OPTIONS` entry: flag, ini key,
+variable, parser, help), which the help texts, the README and docs/reference/reference.md are
+checked against (tests/test_options.py, tests/test_readme.py); split over modules, an option
+could be declared twice, or a check read half the table.
+
 Why one object.  Defaults used to be supplied where each value was read (3 trials in the
 measuring code, ``baselines/`` in the plugin, the statistics' defaults in ``GateSettings``), so
 a help text, the README and the code could disagree and no test would notice.  Now each

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_kimi.measure.metrics import LevelFigures
 from pytest_kimi.sim.config import SimConfig
 
 PROFILE = SimConfig(speed=10.0)
@@ -92,13 +93,27 @@ def test_c8_window_holds_whole_steps_and_matches_the_truth(c8_long) -> None:
     _assert_trials_match(c8_long, PROFILE.true_tok_s(8), 0.0005)
 
 
+def _latency_figures_of(m) -> LevelFigures | None:
+    """The level's figures, for a check of its latency figures; None where every trial's load
+    client stalled (another process took the core): the level then voids its latency figures
+    by design (:attr:`TrialResult.latency_void`), and nothing of the server's is left."""
+    f = m.level.figures
+    if f.itl_s_p50 is None:
+        stalled = [t.client_stall or t.latency_void for t in m.level.trials]
+        assert all(stalled), "latency figures missing though a trial's client kept up"
+        return None
+    return f
+
+
 @pytest.mark.parametrize("concurrency", LEVELS)
 def test_request_tok_s_within_2_percent(measured, concurrency: int) -> None:
     """A request's decode rate spans its first to its last token; each may be late by the
     simulator's lateness and the client's stall at that instant."""
     m = measured[concurrency]
     expected = PROFILE.request_tok_s(concurrency)
-    f = m.level.figures
+    f = _latency_figures_of(m)
+    if f is None:
+        pytest.skip("every trial's load client stalled (a busy machine): no latency figures")
     assert f.request_tok_s_p50 * f.clock == pytest.approx(expected, rel=0.02 + m.request_slack())
 
 
@@ -140,6 +155,7 @@ def test_token_counts_and_itl(measured) -> None:
     half or twice that batch: nearer to it than half-way to theirs.  (How near, 5% on a quiet
     machine, is a timing claim: a simulator that falls behind at C=256 and catches up, or a
     client whose reads are held up, moves it; ``bench/timing_claims.py`` checks it.)"""
+    checked = 0
     for c, m in measured.items():
         m.assert_valid_but_for_the_machine()
         level = m.level
@@ -150,5 +166,11 @@ def test_token_counts_and_itl(measured) -> None:
         step = PROFILE.step_time(min(c, top))
         neighbours = [PROFILE.step_time(b) for b in (c // 2, 2 * c) if 1 <= b <= top and b != c]
         margin = min(abs(n - step) for n in neighbours) / 2
-        itl = level.figures.itl_s_p50 / level.figures.clock  # back to the wall clock
+        figures = _latency_figures_of(m)
+        if figures is None:
+            continue  # every trial's client stalled: its latency figures are void by design
+        itl = figures.itl_s_p50 / figures.clock  # back to the wall clock
         assert abs(itl - step) < margin, (c, itl, step)
+        checked += 1
+    if not checked:
+        pytest.skip("every level's load client stalled (a busy machine): no ITL to check")

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from pytest_kimi.gate.culprit import (
+from pytest_kimi.gate.culprit import find_culprit, measure_probe
+from pytest_kimi.gate.culprit_records import (
     CLEAN,
     NAMED,
     NOTHING_TO_EXPLAIN,
@@ -34,8 +35,6 @@ from pytest_kimi.gate.culprit import (
     Probe,
     Step,
     Untestable,
-    find_culprit,
-    measure_probe,
 )
 from pytest_kimi.gate.paired import PairedComparison, compare_paired
 from pytest_kimi.gate.probe_stats import (

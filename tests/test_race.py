@@ -28,10 +28,10 @@ from pytest_kimi.gate.race import (
     WINNER,
     Race,
     StartFailure,
-    nominal_alpha,
     round_order,
     run_race,
 )
+from pytest_kimi.gate.race_stats import nominal_alpha
 from pytest_kimi.server.profile import ProfileError, parse_profile
 from pytest_kimi.server.profile_grid import (
     GRID_KEYS,

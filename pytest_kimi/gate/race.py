@@ -16,29 +16,29 @@ Each round launches the survivors in :func:`round_order` (rotated every second r
 on odd ones): over each pair of rounds every deployment holds positions ``p`` and ``S - 1 -
 p``, so a linear drift adds the same to all of them (the gate's ABBA, for ``S`` deployments).
 
-**Elimination**, after every round from :data:`MIN_ROUNDS` on: ``i`` is dropped when some
-survivor ``j`` beats it beyond the noise, by Tukey's studentized range over all ordered pairs
-of survivors, ``W_ij = (ybar_j - ybar_i - E) / (s sqrt((1/n_i + 1/n_j) / 2))`` against the
-``1 - alpha'`` quantile of the range of ``S`` means on the pooled ``df``; ``E = -log(1 -
-margin)``, 0 by default ("significantly slower").  Why all pairs and not each against the
-observed best: the best is *selected* by the data (the winner's curse), and a comparison with
-the observed maximum is not a test of known level.  The largest ``W_ij`` is the range of the
-means, so whatever the true means, the chance that any pair whose true gap is within ``E``
-crosses is at most that of the range of ``S`` equal means: Tukey's bound, exact, one look.
-Every pair "``j`` beats the true best" has a true null, so the true best is eliminated at a
-look with probability at most ``alpha'``.
+**Elimination**, after every round from :data:`~pytest_kimi.gate.race_stats.MIN_ROUNDS` on:
+``i`` is dropped when some survivor ``j`` beats it beyond the noise, by Tukey's studentized
+range over all ordered pairs of survivors, ``W_ij = (ybar_j - ybar_i - E) / (s sqrt((1/n_i
++ 1/n_j) / 2))`` against the ``1 - alpha'`` quantile of the range of ``S`` means on the pooled
+``df``; ``E = -log(1 - margin)``, 0 by default ("significantly slower").  Why all pairs and not
+each against the observed best: the best is *selected* by the data (the winner's curse), and a
+comparison with the observed maximum is not a test of known level.  The largest ``W_ij`` is
+the range of the means, so whatever the true means, the chance that any pair whose true gap is
+within ``E`` crosses is at most that of the range of ``S`` equal means: Tukey's bound, exact,
+one look.  Every pair "``j`` beats the true best" has a true null, so the true best is
+eliminated at a look with probability at most ``alpha'``.
 
 **Across rounds** every look is read at Pocock's constant nominal level ``alpha'``
-(:func:`nominal_alpha`): a seeded simulation of ``N`` equal deployments over the looks
-``MIN_ROUNDS..max_rounds`` finds the level at which *any* look eliminates with probability
-``alpha``; the statistic's law is free of the noise's size, so one simulation per design
-serves every race.  Why not ``alpha / 2^j`` spending: the hard question (two leaders a few
-percent apart) is settled at rounds 4-8, where halving per look would leave a few per mille.
-Beyond the simulated case (survivors shrink as others are eliminated, and the Tukey quantile
-is the one for the current ``S``) the bound is measured, not proven: ``bench/race.py`` counts
-the races that eliminated the true best, and equal deployments raced to the budget (there
-every elimination is an error), and tests/test_race.py checks the latter: at or under
-``alpha``.
+(:func:`pytest_kimi.gate.race_stats.nominal_alpha`): a seeded simulation of ``N`` equal
+deployments over the looks ``MIN_ROUNDS..max_rounds`` finds the level at which *any* look
+eliminates with probability ``alpha``; the statistic's law is free of the noise's size, so one
+simulation per design serves every race.  Why not ``alpha / 2^j`` spending: the hard question
+(two leaders a few percent apart) is settled at rounds 4-8, where halving per look would leave
+a few per mille.  Beyond the simulated case (survivors shrink as others are eliminated, and the
+Tukey quantile is the one for the current ``S``) the bound is measured, not proven:
+``bench/race.py`` counts the races that eliminated the true best, and equal deployments raced
+to the budget (there every elimination is an error), and tests/test_race.py checks the latter:
+at or under ``alpha``.
 
 **Tie**, after a look's eliminations: the survivors are within the tolerance of one another
 when every ordered pair's non-inferiority test (the gate's, H0 ``mu_i - mu_j <= log(1 -
@@ -58,28 +58,34 @@ p, and P(best) (a seeded parametric bootstrap over the fitted means and the pool
 ``objective``, ``server_s`` and ``grid_server_s`` are the run layer's, which knows the test and
 holds the clocks: :meth:`RaceResult.to_dict` takes them.
 
-Pure: numpy and scipy are imported where a look is computed, as in the rest of the gate.
+Pure: the looks' numbers (the null calibration, the quantiles, P(best)) are
+:mod:`pytest_kimi.gate.race_stats`', which imports numpy and scipy where a look is computed, as
+in the rest of the gate; this module is the race's bookkeeping.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_kimi.gate import paired
-
-if TYPE_CHECKING:
-    import numpy as np
+from pytest_kimi.gate.race_stats import (
+    MIN_ROUNDS,
+    check_design,
+    nominal_alpha,
+    p_best,
+    range_quantile,
+    range_sf,
+    t_quantile,
+)
 
 __all__ = [
     "BUDGET",
     "DEFAULT_ALPHA",
     "DEFAULT_MAX_ROUNDS",
     "DEFAULT_TOLERANCE",
-    "MIN_ROUNDS",
     "NO_DEPLOYMENT",
     "TIE",
     "WINNER",
@@ -88,13 +94,10 @@ __all__ = [
     "RaceResult",
     "RaceState",
     "StartFailure",
-    "nominal_alpha",
     "round_order",
     "run_race",
 ]
 
-MIN_ROUNDS = 2
-"""The first look: two launches of every survivor, the fewest that measure a launch's noise."""
 DEFAULT_MAX_ROUNDS = 10
 """Launches of one deployment at most.  At 2% launch noise two deployments 1.5% apart are
 shown within a 5% tolerance of each other in about 5 rounds (bench/race.py); the budget bounds
@@ -102,13 +105,6 @@ the rest."""
 DEFAULT_TOLERANCE = 0.05
 """The gate's tolerance: deployments within 5% of one another tie."""
 DEFAULT_ALPHA = 0.05
-NULL_SIMS = 40_000
-"""Simulated null races behind :func:`nominal_alpha` (seeded: every verdict is a function of
-the data)."""
-BOOTSTRAP_DRAWS = 4000
-"""Draws of P(best) (seeded); its Monte Carlo error is at most 0.008."""
-
-_SEED = 20261207
 
 WINNER = "winner"
 """Stop: one deployment left."""
@@ -145,75 +141,6 @@ def round_order(survivors: Sequence[str], round_index: int) -> list[str]:
     k = (round_index // 2) % len(names)
     rotated = names[k:] + names[:k]
     return rotated[::-1] if round_index % 2 else rotated
-
-
-def _check(alpha: float, groups: int, max_rounds: int) -> None:
-    if not 0.0 < alpha < 0.5:
-        raise ValueError(f"alpha must be in (0, 0.5), got {alpha}")
-    if groups < 2:
-        raise ValueError(f"a race needs at least 2 deployments, got {groups}")
-    if max_rounds < MIN_ROUNDS:
-        raise ValueError(
-            f"max_rounds must be >= {MIN_ROUNDS} (two launches of each deployment measure "
-            f"the launch noise), got {max_rounds}"
-        )
-
-
-@functools.lru_cache(maxsize=64)
-def nominal_alpha(alpha: float, groups: int, max_rounds: int) -> float:
-    """The level of each look's elimination such that any look at rounds ``MIN_ROUNDS ..
-    max_rounds`` eliminates one of ``groups`` equal deployments with probability ``alpha``
-    (Pocock's constant nominal level; module docstring; ``alpha`` itself for a single look).
-
-    Each simulated look's range statistic is turned into its null p-value by its own simulated
-    law (its rank among the races: no quadrature), and ``alpha'`` is the ``alpha`` quantile
-    of each race's smallest p-value."""
-    _check(alpha, groups, max_rounds)
-    if max_rounds == MIN_ROUNDS:
-        return alpha
-    import numpy as np
-
-    rng = np.random.default_rng(_SEED)
-    sums = np.zeros((NULL_SIMS, groups))
-    squares = np.zeros((NULL_SIMS, groups))
-    looks: list[np.ndarray] = []
-    for k in range(1, max_rounds + 1):
-        y = rng.standard_normal((NULL_SIMS, groups))
-        sums += y
-        squares += y * y
-        if k < MIN_ROUNDS:
-            continue
-        means = sums / k
-        ss = (squares - k * means**2).sum(axis=1)
-        s = np.sqrt(np.maximum(ss, 1e-300) / (groups * (k - 1)))
-        looks.append((means.max(axis=1) - means.min(axis=1)) / (s / math.sqrt(k)))
-    w = np.stack(looks, axis=1)
-    order = np.argsort(-w, axis=0, kind="stable")
-    ranks = np.empty_like(order)
-    cols = np.arange(w.shape[1])
-    ranks[order, cols] = np.arange(1, NULL_SIMS + 1)[:, None]
-    min_p = (ranks / NULL_SIMS).min(axis=1)
-    return float(np.quantile(min_p, alpha))
-
-
-@functools.lru_cache(maxsize=1024)
-def _range_quantile(level: float, groups: int, df: int) -> float:
-    """The ``1 - level`` quantile of the studentized range of ``groups`` means on ``df``
-    degrees of freedom (two means: sqrt(2) times the two-sided t quantile, exactly)."""
-    from scipy import stats as st
-
-    if groups == 2:
-        return math.sqrt(2.0) * float(st.t.ppf(1.0 - level / 2.0, df))
-    return float(st.studentized_range.ppf(1.0 - level, groups, df))
-
-
-def _range_sf(w: float, groups: int, df: int) -> float:
-    """The Tukey-adjusted p of a pair whose studentized difference is ``w``."""
-    from scipy import stats as st
-
-    if groups == 2:
-        return float(2.0 * st.t.sf(w / math.sqrt(2.0), df))
-    return float(st.studentized_range.sf(w, groups, df))
 
 
 def _log(name: str, figure: float) -> float:
@@ -414,7 +341,7 @@ class Race:
         names = list(names)
         if len(set(names)) != len(names):
             raise ValueError(f"deployment names must be distinct, got {names}")
-        _check(alpha, len(names), max_rounds)
+        check_design(alpha, len(names), max_rounds)
         if not 0.0 < tolerance < 1.0:
             raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
         if not 0.0 <= margin < 1.0:
@@ -440,7 +367,8 @@ class Race:
 
     @property
     def elimination_alpha(self) -> float:
-        """Each look's Tukey level (:func:`nominal_alpha` for the race's design)."""
+        """Each look's Tukey level (:func:`~pytest_kimi.gate.race_stats.nominal_alpha` for the
+        race's design)."""
         return nominal_alpha(self.alpha, len(self.names), self.max_rounds)
 
     @property
@@ -529,7 +457,7 @@ class Race:
         """Drop every survivor some other survivor beats beyond the noise (Tukey, all ordered
         pairs, one look): all decided on this look's data before any is dropped."""
         level = self.elimination_alpha
-        q = _range_quantile(level, len(deps), df)
+        q = range_quantile(level, len(deps), df)
         shift = -math.log1p(-self.margin)
         beaten: list[tuple[_Deployment, _Deployment, float]] = []
         for i in deps:
@@ -543,11 +471,11 @@ class Race:
                     best_w, by = w, j
             if by is not None and best_w > q:
                 beaten.append((i, by, best_w))
-        t90 = _t_quantile(0.95, df)
+        t90 = t_quantile(0.95, df)
         for i, j, w in beaten:
             d = i.mean - j.mean
             se = s * math.sqrt(1.0 / len(i.logs) + 1.0 / len(j.logs))
-            p = _range_sf(w, len(deps), df)
+            p = range_sf(w, len(deps), df)
             i.eliminated_in_round = self._round
             i.beaten_by = j.name
             i.p_value = p
@@ -561,7 +489,7 @@ class Race:
     def _tied(self, deps: list[_Deployment], s: float, df: int) -> bool:
         """Every survivor shown within the tolerance of every other one (intersection-union:
         each ordered pair's one-sided test at the gate's level)."""
-        q = _t_quantile(1.0 - self.tie_alpha, df)
+        q = t_quantile(1.0 - self.tie_alpha, df)
         m = -math.log1p(-self.tolerance)
         for i in deps:
             for j in deps:
@@ -593,11 +521,11 @@ class Race:
             return (1, -d.eliminated_in_round, -value, idx)
 
         ordered = sorted(everyone, key=key)
-        p_best = _p_best(ordered, s if df else None)
+        chances = p_best([d.logs for d in ordered], s if df else None)
         top = ordered[0] if ordered and ordered[0].logs else None
-        t90 = _t_quantile(0.95, df) if df else math.nan
+        t90 = t_quantile(0.95, df) if df else math.nan
         entries: list[RaceEntry] = []
-        for d, pb in zip(ordered, p_best):
+        for d, pb in zip(ordered, chances):
             if d.eliminated_in_round is None:
                 status = survivor_status
             else:
@@ -645,33 +573,6 @@ class Race:
             launch_sigma=sigma,
             df=df,
         )
-
-
-@functools.lru_cache(maxsize=1024)
-def _t_quantile(p: float, df: int) -> float:
-    from scipy import stats as st
-
-    return float(st.t.ppf(p, df))
-
-
-def _p_best(deps: Sequence[_Deployment], s: float | None) -> list[float | None]:
-    """P(fastest) per deployment: the share of seeded draws of the log-means (each normal
-    about its estimate with the pooled noise's standard error) in which it is the largest.
-    None for all when the noise is not measured yet; 0 for a deployment without a figure."""
-    measured = [i for i, d in enumerate(deps) if d.logs]
-    if s is None or not measured:
-        return [None] * len(deps)
-    import numpy as np
-
-    rng = np.random.default_rng(_SEED)
-    means = np.array([deps[i].mean for i in measured])
-    se = np.array([max(s, 1e-12) / math.sqrt(len(deps[i].logs)) for i in measured])
-    draws = means + se * rng.standard_normal((BOOTSTRAP_DRAWS, len(measured)))
-    wins = np.bincount(draws.argmax(axis=1), minlength=len(measured)) / BOOTSTRAP_DRAWS
-    out: list[float | None] = [0.0] * len(deps)
-    for k, i in enumerate(measured):
-        out[i] = float(wins[k])
-    return out
 
 
 def run_race(

@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from pytest_kimi.gate.culprit import (
+from pytest_kimi.gate.culprit import find_culprit, measure_probe
+from pytest_kimi.gate.culprit_records import (
     NOTHING_TO_EXPLAIN,
     UNDECIDED,
     CulpritOutcome,
     Probe,
     Untestable,
-    find_culprit,
-    measure_probe,
 )
 from pytest_kimi.run.deploy_gate import DeployGate, PairedLevel
 from pytest_kimi.server.profile import ServerProfile
@@ -121,7 +120,7 @@ def search_culprit(
     explain when the gate decided none).
 
     ``measure(profile, plan, nodeid)`` launches ``profile``, measures the plan's one level and
-    returns its tok/s, raising :class:`~pytest_kimi.gate.culprit.Untestable` when the
+    returns its tok/s, raising :class:`~pytest_kimi.gate.culprit_records.Untestable` when the
     deployment does not start or gives no trustworthy figure (:func:`launch_and_measure`).
     """
     from pytest_kimi.server.profile_diff import atomic_changes, derive
@@ -196,7 +195,7 @@ def launch_and_measure(
     """One launch of the search: start ``profile``, measure ``plan`` (one level) through the
     conductor as the deploy gate's launches were (fresh, warmed until stationary, judged by
     nothing but the paired comparison), stop it; its level's tok/s.  A start that fails, or a
-    level the run cannot trust, is :class:`~pytest_kimi.gate.culprit.Untestable`."""
+    level the run cannot trust, is :class:`~pytest_kimi.gate.culprit_records.Untestable`."""
     from pytest_kimi.run.one_launch import LaunchFailed, launch_once
 
     try:
