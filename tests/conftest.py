@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -21,6 +23,14 @@ from support.otava import require_otava
 from support.busy_machine import INNER_ADDOPTS, SESSION_ATTEMPTS, rerun_when_the_machine_voided
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None or sys.dont_write_bytecode:
+    # The suite starts hundreds of Python processes (pytest sessions, simulators, engines'
+    # fakes), each importing the plugin, numpy, scipy and aiohttp; without bytecode caches
+    # every one compiles them all from source again (and pytest's assertion rewriting of the
+    # plugin's modules besides): about a second of CPU a session on a 2-core machine.  The
+    # caches go where Python puts them (``__pycache__``, ignored by git).
+    sys.dont_write_bytecode = False
 
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     # A shell without job control starts background commands with SIGINT ignored, and an

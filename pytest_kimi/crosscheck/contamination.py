@@ -18,7 +18,8 @@ against the client's own requests in flight at that instant, counted afterwards 
 records' send and end stamps.  A trial that starts on a server still busy, or during which the
 server holds more than the client sent, is void (non-transient: another trial would meet the
 same server), and the reason says which it was: zombies while the count is within the requests
-the client closed before they ended, foreign load beyond them or with nothing closed.
+the client closed before they ended, foreign load beyond them, with nothing closed, or once
+another client was found (its count moves, and what was cut cannot be told apart from it).
 
 Some servers publish their gauges late (SGLang when it logs: every 40 decode steps while busy
 and, on some releases, up to 30 s after it went idle).  So a count is taken for load only while
@@ -267,9 +268,12 @@ class ContaminationCheck:
         self._closed_early = min(self._closed_early, last.held)
 
     def _classify(self, excess: int, closed: int) -> str:
-        """Zombies as far as the requests the client closed early explain the count, beyond
-        any other client's requests found before (they stay: that client is still there)."""
-        zombies = min(closed, max(0, excess - self._foreign))
+        """Zombies as far as the requests the client closed early explain the count; foreign
+        load beyond them.  Once another client's requests were found, all of the count is
+        theirs: that client's count moves from one reading to the next (its streams end and
+        start again), so what the trial cut cannot be told apart from it, and the reason names
+        only what is certain (a trial with a known other client is void either way)."""
+        zombies = min(closed, excess) if self._foreign == 0 else 0
         foreign = excess - zombies
         self._foreign = foreign
         if foreign <= 0:
