@@ -7,7 +7,7 @@ This prints, for a throwaway project of one plain test:
   and ``python -X importtime``'s cumulative microseconds for the plugin's import;
 * the wall time of ``pytest -q`` with the plugin and with ``-p no:kimi``, best of ``--runs``.
 
-``tests/test_import_budget.py`` holds the module budget; the seconds are this script's.
+``tests/unit/core/test_import_budget.py`` holds the module budget; the seconds are this script's.
 
     python bench/plugin_cost.py [--runs 5]
 """

@@ -598,7 +598,7 @@ def cmd_sim(argv: Sequence[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # The same constants the plugin's options take their defaults from (tests/test_options.py).
+    # The same constants the plugin's options take their defaults from (tests/plugin/test_options.py).
     from pytest_kimi.baseline.paths import DEFAULT_DIRNAME
     from pytest_kimi.options import add_gate_arguments
 

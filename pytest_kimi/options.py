@@ -3,7 +3,7 @@
 One module above 700 lines on purpose: it is the one table of every option, one declaration
 each (its :class:`KimiOptions` field and default, its :data:`OPTIONS` entry: flag, ini key,
 variable, parser, help), which the help texts, the README and docs/reference/reference.md are
-checked against (tests/test_options.py, tests/test_readme.py); split over modules, an option
+checked against (tests/plugin/test_options.py, tests/plugin/test_readme.py); split over modules, an option
 could be declared twice, or a check read half the table.
 
 Why one object.  Defaults used to be supplied where each value was read (3 trials in the
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 # The defaults of the stages below, as they state them for their pytest-free functions
 # (gate/two_sample.py, gate/latency_gate.py, measure/measure_spec.py, baseline/paths.py),
 # restated so that the option table -- read by every pytest session, perf tests or not --
-# imports neither numpy nor the baseline store; tests/test_import_budget.py checks that each
+# imports neither numpy nor the baseline store; tests/unit/core/test_import_budget.py checks that each
 # equals its source.
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_ALPHA = 0.05

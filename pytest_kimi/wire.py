@@ -1,7 +1,7 @@
 """The JSON report's shape (docs/reference/json-report.md) as ``TypedDict`` s: the typed wire.
 
 One module above 700 lines on purpose: it is the one schema that docs/reference/json-report.md
-documents and ``tests/test_json_schema.py`` checks key by key, and it is read as one (an
+documents and ``tests/unit/core/test_json_schema.py`` checks key by key, and it is read as one (an
 object's keys beside the objects that hold it); it is declarations only, and splitting it would
 split the report's shape over files that no reader or check follows apart.
 
@@ -18,7 +18,7 @@ spelling.  A key the doc says is ``null`` when it does not apply is present, typ
 
 A saved report read back (``kimi-perf``, the history) is parsed JSON: the types say what the
 plugin writes, and the readers that take reports from elsewhere still check what they read.
-``tests/test_json_schema.py`` holds these keys against the doc's tables and the producers.
+``tests/unit/core/test_json_schema.py`` holds these keys against the doc's tables and the producers.
 """
 
 from __future__ import annotations

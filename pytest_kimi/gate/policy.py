@@ -42,7 +42,7 @@ class GateSettings:
 
     In a pytest session these come from the options (``KimiOptions.gate_settings``), which own
     the defaults; the defaults here serve pytest-free callers and are the same
-    :mod:`~pytest_kimi.gate.stats` constants, so they cannot diverge (tests/test_options.py
+    :mod:`~pytest_kimi.gate.stats` constants, so they cannot diverge (tests/plugin/test_options.py
     checks that they agree).  A marker's ``tolerance=`` / ``alpha=`` override the session's for
     its test: :meth:`for_test`.
     """

@@ -37,7 +37,7 @@ simulation per design serves every race.  Why not ``alpha / 2^j`` spending: the 
 a few per mille.  Beyond the simulated case (survivors shrink as others are eliminated, and the
 Tukey quantile is the one for the current ``S``) the bound is measured, not proven:
 ``bench/race.py`` counts the races that eliminated the true best, and equal deployments raced
-to the budget (there every elimination is an error), and tests/test_race.py checks the latter:
+to the budget (there every elimination is an error), and tests/unit/gate/test_race.py checks the latter:
 at or under ``alpha``.
 
 **Tie**, after a look's eliminations: the survivors are within the tolerance of one another

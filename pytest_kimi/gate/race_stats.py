@@ -3,7 +3,7 @@
 Why a module of its own: these are the race's statistics, apart from its bookkeeping
 (:mod:`pytest_kimi.gate.race`: who is launched, recorded, eliminated, ranked).  Each is a pure
 function of the design (deployments, looks, degrees of freedom) or of the figures, seeded where
-it simulates, so it is checked and reused (``bench/race.py``, tests/test_race.py) without a
+it simulates, so it is checked and reused (``bench/race.py``, tests/unit/gate/test_race.py) without a
 race; numpy and scipy are imported here only, where a look is computed, as in the rest of the
 gate.
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 if TYPE_CHECKING:  # numpy is imported where positions are resolved, after a trial: the load
-    import numpy as np  # engine's import stays light (tests/test_imports.py)
+    import numpy as np  # engine's import stays light (tests/unit/core/test_imports.py)
 
 Api = Literal["chat", "completions"]
 """Which OpenAI API a request uses (``/v1/chat/completions`` or ``/v1/completions``): the one

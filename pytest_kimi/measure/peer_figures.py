@@ -167,7 +167,7 @@ def empty_peer_dict() -> PeerEntry:
 def _peer_entry(figures: dict[str, float | None]) -> PeerEntry:
     """``figures`` (every ``LATENCIES`` x ``STATS`` key and the ``RATES``) as the typed entry,
     ``peer_counts`` null until set.  The keys are made from those tuples, so mypy cannot see
-    them: ``tests/test_json_schema.py`` holds them against :class:`PeerEntry`'s."""
+    them: ``tests/unit/core/test_json_schema.py`` holds them against :class:`PeerEntry`'s."""
     return cast(PeerEntry, {**figures, "peer_counts": None})
 
 

@@ -10,7 +10,7 @@ Lazy, as Hypothesis' plugin is: importing the plugin loads pytest and the plugin
 alone, and a session that collects no perf test (and sets no option that launches or checks a
 deployment) never imports the run stage, numpy, scipy or aiohttp: each hook imports what it
 uses where a perf test (a planned item, a ``kimi_*`` fixture) or such an option needs it.
-``tests/test_import_budget.py`` holds that budget.
+``tests/unit/core/test_import_budget.py`` holds that budget.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ a few multi-turn conversations (only the first human/gpt pair is used) and a lit
 text.  The words mean nothing; only the shape and the lengths matter to a throughput test.
 
 Run ``python tests/data/make_sharegpt_small.py`` to rewrite the file; the output is the same
-bytes every time (``tests/test_dataset.py`` checks that the shipped file is this script's).
+bytes every time (``tests/plugin/test_dataset.py`` checks that the shipped file is this script's).
 """
 
 from __future__ import annotations

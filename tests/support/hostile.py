@@ -6,8 +6,8 @@ streams past ``max_tokens``, reports impossible ``usage`` (or a running usage th
 down), sends one event of 50 MB, buffers a whole response into one gzip write, floods the stream
 with empty events, answers its headers or its body late, redirects, rate-limits.  Each is a
 case the plugin must end in bounded time with a reason that names it
-(tests/test_hostile_streams.py; at C=1 and with ``--update-baselines``:
-tests/test_hostile_streams_c1.py).
+(tests/plugin/test_hostile_streams.py; at C=1 and with ``--update-baselines``:
+tests/plugin/test_hostile_streams_c1.py).
 
 The server runs an aiohttp app in a thread of the test process, on a loop of its own and a free
 port, so a pytest session in a subprocess (``pytester.runpytest_subprocess``) reaches it over

@@ -2,7 +2,7 @@
 
 Why: the fake SGLang (``tests/fake_sglang``) and the simulator (``pytest_kimi/sim``) were
 written from SGLang's source, and fakes drift.  These samples are what the real server
-answered; ``tests/test_fakes_match_sglang.py`` (the normal suite, no SGLang needed) holds
+answered; ``tests/unit/server/test_fakes_match_sglang.py`` (the normal suite, no SGLang needed) holds
 both fakes to them.  Only shapes are kept where a value would be a machine path or a secret:
 ``/server_info`` is stored as its keys and value types, ``/metrics`` as metric families with
 their label names, the model path is replaced by ``<model>``.

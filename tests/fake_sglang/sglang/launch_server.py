@@ -274,7 +274,7 @@ def sim_profile(
         kwargs["seed"] = launch_seed()
     kwargs["disable_radix_cache"] = ns.disable_radix_cache
     # streamed as 0.5.23 streams with --stream-interval (the simulator's framing, which the
-    # recorded samples hold: tests/test_fakes_match_sglang.py)
+    # recorded samples hold: tests/unit/server/test_fakes_match_sglang.py)
     kwargs["stream_interval"] = ns.stream_interval or 1
     # SGLang counts generated tokens per finished request
     # (sglang/srt/managers/tokenizer_manager.py -> observe_one_finished_request in
