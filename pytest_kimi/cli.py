@@ -665,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_plot)
 
-    from pytest_kimi.history.cli import add_commands
+    from pytest_kimi.history.commands import add_commands
 
     add_commands(sub)
     return parser

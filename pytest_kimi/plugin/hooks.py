@@ -136,7 +136,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         config.pluginmanager.register(SessionOrder(config), "kimi-session-order")
     if paired(config):
-        from pytest_kimi.plugin.paired import PairedLaunches
+        from pytest_kimi.plugin.paired_wiring import PairedLaunches
 
         config.pluginmanager.register(PairedLaunches(config), "kimi-paired-launches")
     config.pluginmanager.register(PerfReporter(config), REPORTER_NAME)
@@ -167,7 +167,7 @@ def _load_deployments(config: pytest.Config, opts: KimiOptions) -> int:
     except SetupError as exc:
         raise pytest.UsageError(str(exc)) from None
     if opts.perf_race:
-        from pytest_kimi.plugin.race import check_race_process
+        from pytest_kimi.plugin.race_wiring import check_race_process
 
         check_race_process(config)
     return sessions
@@ -307,7 +307,7 @@ def _is_perf(node: pytest.Item) -> bool:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if kimi_options(session.config).perf_race:
-        from pytest_kimi.plugin.race import check_race_session
+        from pytest_kimi.plugin.race_wiring import check_race_session
 
         check_race_session(session.config, session.items)
 

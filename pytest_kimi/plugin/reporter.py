@@ -174,14 +174,14 @@ class PerfReporter:
         culprit = None
         if self.state.tests and kimi_options(self.config).perf_culprit:
             # before the reports are written, while Ctrl-C still stops the session
-            from pytest_kimi.plugin.culprit import junit_culprit, run_culprit
+            from pytest_kimi.plugin.culprit_wiring import junit_culprit, run_culprit
 
             culprit = run_culprit(session, self.state.tests)
             if culprit is not None:
                 junit_culprit(self.config, culprit)
         race = None
         if self.state.tests and kimi_options(self.config).perf_race:
-            from pytest_kimi.plugin.race import junit_race, run_race
+            from pytest_kimi.plugin.race_wiring import junit_race, run_race
 
             race = run_race(session, self.state.tests)
             if race is not None:
