@@ -93,6 +93,9 @@ class TrialResult:
     running-requests gauge can say whether it runs fewer than C at once: a reason of the trial
     then holds :data:`GAUGE_UNREAD`, which ``--perf-server-metrics`` replaces with what the
     gauge showed (:func:`gauge_finding`)."""
+    over_limit_s: float | None = None
+    """The wall-clock limit this trial ran past (its streams in flight were cut there); None:
+    it ended on its own."""
     latency_void: str | None = None
     """Set when the level is judged (:func:`pytest_kimi.measure.results.judge_level`): why
     this trial gives no latency figure (a client stall, :attr:`client_stall`, or one that
@@ -292,6 +295,7 @@ def summarize_trial(
         invalid=invalid,
         errors=errors,
         stopped_early=tr.stopped_early,
+        over_limit_s=tr.over_limit_s,
         records=records,
         offered_rate=level.rate,
         achieved_rate=getattr(tr, "achieved_rate", None),

@@ -17,8 +17,9 @@ engine read 293 then 148 tok/s: a rule on the last two trials called that statio
 least :data:`MIN_WARM_TRIALS`, at most :data:`MAX_WARM_TRIALS`: the bound; a server whose
 figures keep rising is said to be so in the report, and measured.  Warm trials that give no
 figure :data:`VOID_IN_A_ROW` times in a row end the warm-up too: more of them cannot show a
-rise, and on a server that hangs each one lasts its whole wall-clock limit (eight of them
-would be eight limits before the first measured trial); the level's own trials then say why.
+rise; and one that ran past its wall-clock limit ends it at once: a server that hangs holds
+each such trial for its whole limit (eight of them would be eight limits before the first
+measured trial).  The level's own trials then say why.
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ class WarmUp:
     """Warm trials that gave no figure (invalid: a stalled client, an error)."""
     stationary: bool = False
     no_figure: bool = False
-    """Ended by :data:`VOID_IN_A_ROW` trials in a row without a figure."""
+    """Ended by :data:`VOID_IN_A_ROW` trials in a row without a figure, or by one that ran
+    past its wall-clock limit."""
+    over_limit: bool = False
+    """Ended by a trial that ran past its wall-clock limit."""
 
     def text(self) -> str:
         figures = " -> ".join(f"{x:.1f}" for x in self.tok_s) or "no figure"
@@ -63,9 +67,14 @@ class WarmUp:
         if self.stationary:
             state = f"stationary after {n} trial(s)"
         elif self.no_figure:
+            why = (
+                "the last ran past its wall-clock limit"
+                if self.over_limit
+                else f"the last {VOID_IN_A_ROW} gave no figure"
+            )
             state = (
-                f"stopped after {n} trial(s): the last {VOID_IN_A_ROW} gave no figure, so "
-                "warming cannot show a rise; the first measured trials may read low"
+                f"stopped after {n} trial(s): {why}, so warming cannot show a rise; the first "
+                "measured trials may read low"
             )
         else:
             state = (
@@ -115,7 +124,8 @@ async def warm_until_stationary(
         if settled(warm.tok_s):
             warm.stationary = True
             break
-        if void_run >= VOID_IN_A_ROW:
+        warm.over_limit = bool(void_run) and trial.over_limit_s is not None
+        if void_run >= VOID_IN_A_ROW or warm.over_limit:
             warm.no_figure = True
             break
     return warm

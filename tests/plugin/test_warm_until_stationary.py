@@ -49,15 +49,18 @@ def test_the_rule_stops_when_the_rise_is_over() -> None:
     assert not settled([83.7, 60.0, 127.1, 140.4])
 
 
-def _warm(figures: list[float | None]) -> tuple[Any, int]:
-    """The warm-up over trials reading ``figures`` (None: a void trial), and how many ran."""
+def _warm(figures: list[float | str | None]) -> tuple[Any, int]:
+    """The warm-up over trials reading ``figures`` (None: a void trial; ``"limit"``: a void
+    trial that ran past its wall-clock limit), and how many ran."""
     ran: list[int] = []
 
     async def run(index: int, offset: int) -> Any:
         figure = figures[len(ran)]
         ran.append(index)
         # what the rule reads of a trial (metrics.TrialResult): its validity and its figure
-        return SimpleNamespace(valid=figure is not None, tok_s=figure)
+        if figure == "limit":
+            return SimpleNamespace(valid=False, tok_s=None, over_limit_s=9.0)
+        return SimpleNamespace(valid=figure is not None, tok_s=figure, over_limit_s=None)
 
     return asyncio.run(warm_until_stationary(run, "C=1")), len(ran)
 
@@ -74,6 +77,10 @@ def test_trials_that_give_no_figure_end_the_warm_up_at_once() -> None:
     # a rise, then two void trials: stopped, the figures kept
     warm, ran = _warm([100.0, 120.0, None, None, 130.0, 130.0, 130.0, 130.0])
     assert ran == 4 and warm.no_figure and warm.tok_s == [100.0, 120.0]
+    # a trial that ran past its wall-clock limit ends it at once: another would cost a limit
+    warm, ran = _warm([100.0, "limit", 120.0, 120.0, 120.0, 120.0, 120.0, 120.0])
+    assert ran == 2 and warm.no_figure and warm.over_limit and warm.tok_s == [100.0]
+    assert "the last ran past its wall-clock limit" in warm.text()
 
 
 def _run(pytester: pytest.Pytester, endpoint: str) -> dict[str, Any]:
