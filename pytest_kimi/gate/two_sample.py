@@ -83,6 +83,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -327,7 +328,10 @@ def smallest_vouchable_drop(
     normal quantiles).  When it exceeds ``detectable_drop`` every compared level ends
     ``underpowered`` (or significant): ``pass`` is unreachable with these settings."""
     _check_params(tolerance, alpha, session_sigma, power, 0.5)
-    k = float(_st().norm.ppf(1.0 - alpha) + _st().norm.ppf(power))
+    # the standard library's normal quantile: every perf session asks this at collection, and
+    # scipy.stats would cost it half a second before any measurement needs scipy
+    normal = NormalDist()
+    k = normal.inv_cdf(1.0 - alpha) + normal.inv_cdf(power)
     return float(-math.expm1(math.log1p(-tolerance) - k * session_sigma))
 
 
