@@ -73,22 +73,17 @@ def run_culprit(session: pytest.Session, tests: Sequence[TestEntry]) -> CulpritR
     )
 
 
-def junit_culprit(config: pytest.Config, report: CulpritReport) -> None:
-    """The answer as global properties of ``--junitxml`` (``kimi_culprit_status``,
-    ``kimi_culprit_named``, ``kimi_culprit``: the summary line), as ``record_testsuite_property``
-    adds them: the search runs after the last test, so no test's properties can carry it.
-    Called before pytest's own junitxml writer (the reporter's session finish runs first)."""
-    try:
-        from _pytest.junitxml import xml_key  # what record_testsuite_property uses
-    except ImportError:  # pragma: no cover - a pytest without it writes no junit properties
-        return
-    xml = config.stash.get(xml_key, None)
-    if xml is None:
-        return
+def junit_culprit(report: CulpritReport) -> dict[str, str]:
+    """The answer as global ``--junitxml`` properties (``kimi_culprit_status``,
+    ``kimi_culprit_named``, ``kimi_culprit``: the summary line): the search runs after the
+    last test, so no test's properties can carry it."""
     from pytest_kimi.scrub import scrub_text
 
     section = report.to_dict()
-    xml.add_global_property("kimi_culprit_status", str(section["status"]))
-    xml.add_global_property("kimi_culprit_named", ",".join(section.get("named") or []))
+    props = {
+        "kimi_culprit_status": str(section["status"]),
+        "kimi_culprit_named": ",".join(section.get("named") or []),
+    }
     if report.outcome is not None:
-        xml.add_global_property("kimi_culprit", scrub_text(report.outcome.summary()))
+        props["kimi_culprit"] = scrub_text(report.outcome.summary())
+    return props

@@ -162,20 +162,14 @@ def _gpus(profile: Any) -> int | None:
         return None
 
 
-def junit_race(config: pytest.Config, report: RaceReport) -> None:
-    """The answer as global properties of ``--junitxml`` (``kimi_race_stop``,
+def junit_race(report: RaceReport) -> dict[str, str]:
+    """The answer as global ``--junitxml`` properties (``kimi_race_stop``,
     ``kimi_race_winner``, ``kimi_race``: the summary line): the race ends after the last test,
     so no test's properties can carry it."""
-    try:
-        from _pytest.junitxml import xml_key  # what record_testsuite_property uses
-    except ImportError:  # pragma: no cover - a pytest without it writes no junit properties
-        return
-    xml = config.stash.get(xml_key, None)
-    if xml is None:
-        return
     from pytest_kimi.scrub import scrub_text
 
-    section = report.to_dict()
-    xml.add_global_property("kimi_race_stop", str(section["stop"]))
-    xml.add_global_property("kimi_race_winner", report.winner or "")
-    xml.add_global_property("kimi_race", scrub_text(report.summary()))
+    return {
+        "kimi_race_stop": str(report.to_dict()["stop"]),
+        "kimi_race_winner": report.winner or "",
+        "kimi_race": scrub_text(report.summary()),
+    }

@@ -164,6 +164,19 @@ class PerfReporter:
             text, failed = summary.history
             write(text, yellow=failed)
 
+    def _junit_global(self, properties: dict[str, str]) -> None:
+        """Global properties of ``--junitxml``, as ``record_testsuite_property`` adds them, for
+        what runs after the last test (the culprit search, the race); called before pytest's
+        own junitxml writer (this session finish runs first)."""
+        try:
+            from _pytest.junitxml import xml_key  # what record_testsuite_property uses
+        except ImportError:  # pragma: no cover - a pytest without it writes no junit properties
+            return
+        xml = self.config.stash.get(xml_key, None)
+        if xml is not None:
+            for name, value in properties.items():
+                xml.add_global_property(name, value)
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """First among the session-finish hooks: another plugin's that raises (pytest's own
@@ -178,14 +191,14 @@ class PerfReporter:
 
             culprit = run_culprit(session, self.state.tests)
             if culprit is not None:
-                junit_culprit(self.config, culprit)
+                self._junit_global(junit_culprit(culprit))
         race = None
         if self.state.tests and kimi_options(self.config).perf_race:
             from pytest_kimi.plugin.race_wiring import junit_race, run_race
 
             race = run_race(session, self.state.tests)
             if race is not None:
-                junit_race(self.config, race)
+                self._junit_global(junit_race(race))
         interrupts = self.config.stash.get(INTERRUPTS, None)
         if interrupts is not None:
             # the tests are over: a signal from now on must not cut the reports, a server's
