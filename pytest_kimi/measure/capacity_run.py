@@ -100,9 +100,10 @@ async def run_capacity(
     runs with (stationary by default), after one warm-up.  A top-up measures the extra trials
     and re-judges the level on all its trials.  The levels are left on ``spec.state.partial``
     as they finish, so an interrupted search still reports them.  Each probe measures with a
-    copy of ``spec`` (its trials, its workload's seed) that shares the spec's trial state.  Each trial passes
-    :class:`~pytest_kimi.measure.capacity_latency.ProbeStallCheck` (around the test's own
-    observer): a trial whose judged latency a client stall inflated is measured again.
+    copy of ``spec`` (its trials, its workload's seed) that shares the spec's trial state.
+    Each trial passes :class:`~pytest_kimi.measure.capacity_latency.ProbeStallCheck` (around
+    the test's own observer): a trial whose judged latency a client stall inflated is measured
+    again.
     """
     from pytest_kimi.measure.capacity_latency import ProbeStallCheck
     from pytest_kimi.measure.results import ThroughputResult

@@ -191,6 +191,10 @@ class SendSpec:
         return self.prompts_keys[level.input_tokens]
 
 
+LevelInfo = Callable[[LevelSpec], tuple[LevelExtra, list[str]]]
+"""Per level: the workload's sections for its JSON and notes for its reports."""
+
+
 @dataclass(frozen=True, slots=True)
 class Watchers:
     """What plugs into a measurement around its trials and levels: the trial policy, the
@@ -210,7 +214,7 @@ class Watchers:
     (:class:`~pytest_kimi.crosscheck.contamination.ContaminationCheck`), beside ``observer``:
     opened and closed around each level by :func:`~pytest_kimi.measure.trials.measure_level`
     itself, so every path that measures levels (a sweep, a capacity search) has it; None: none."""
-    level_info: Callable[[LevelSpec], tuple[LevelExtra, list[str]]] | None = None
+    level_info: LevelInfo | None = None
     """Per level: fields for its JSON (a dataset's sample at the level's cap, the shared
     prefix) and notes for its reports (estimated lengths, a sample too small for C)."""
     level_probe: LevelProbe | None = None

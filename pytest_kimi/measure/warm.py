@@ -124,9 +124,9 @@ async def warm_until_stationary(
         if settled(warm.tok_s):
             warm.stationary = True
             break
-        warm.over_limit = bool(void_run) and trial.over_limit_s is not None
-        if void_run >= VOID_IN_A_ROW or warm.over_limit:
+        if void_run and (void_run >= VOID_IN_A_ROW or trial.over_limit_s is not None):
             warm.no_figure = True
+            warm.over_limit = trial.over_limit_s is not None
             break
     return warm
 

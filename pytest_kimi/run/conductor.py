@@ -56,10 +56,15 @@ from pytest_kimi.gate.policy import (
 from pytest_kimi.measure.capacity_levels import SearchSettings
 from pytest_kimi.measure.capacity_run import run_capacity
 from pytest_kimi.measure.results import LevelResult, ServerExit, ThroughputResult, spec_key
-from pytest_kimi.measure.measure_spec import FixedTrials, MeasureSpec, SendSpec, TrialPolicy
+from pytest_kimi.measure.measure_spec import (
+    FixedTrials,
+    LevelInfo,
+    MeasureSpec,
+    SendSpec,
+    TrialPolicy,
+)
 from pytest_kimi.measure.trials import ProgressFn
 from pytest_kimi.run.measurer import (
-    LevelInfo,
     Measurer,
     build_send,
     first_trials,

@@ -23,6 +23,7 @@ from pytest_kimi.workload.workload_spec import DEFAULT_PROTOCOL, LevelSpec, Targ
 from pytest_kimi.measure.measure_spec import (
     DEFAULT_TRIALS,
     FixedTrials,
+    LevelInfo,
     MeasureSpec,
     SendSpec,
     TrialObserver,
@@ -114,10 +115,6 @@ class Measurer:
             self._loop.run(_close())
         finally:
             self._loop.close()
-
-
-LevelInfo = Callable[[LevelSpec], tuple[LevelExtra, list[str]]]
-"""Per level: the workload's sections for its JSON and notes for its reports."""
 
 
 def build_spec(
