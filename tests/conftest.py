@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 import signal
 import sys
 import urllib.request
@@ -20,6 +22,7 @@ from pytest_kimi.sim.config import SimConfig
 from pytest_kimi.workload.markers import parse_throughput
 
 from support.otava import require_otava
+from support.inprocess import bounded_inprocess
 from support.busy_machine import INNER_ADDOPTS, SESSION_ATTEMPTS, rerun_when_the_machine_voided
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -31,6 +34,26 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None or sys.dont_write
     # plugin's modules besides): about a second of CPU a session on a 2-core machine.  The
     # caches go where Python puts them (``__pycache__``, ignored by git).
     sys.dont_write_bytecode = False
+
+INNER_SESSION_IMPORTS = ("pytest_kimi", "alembic.command", "alembic.script")
+"""What every in-process inner session (``pytester.runpytest``) would import for itself,
+imported once here.  ``pytester`` puts ``sys.modules`` back as it was after each inline session,
+so a module first imported inside one (the run stage, the history's SQLAlchemy and, for a new
+history, Alembic) was dropped again and imported anew by the next: about half a second of CPU
+a session, over hundreds of sessions.  Modules present before a session are kept, and shared
+by the sessions as the plugin's own wiring always was."""
+
+
+def _import_inner_session_modules() -> None:
+    for name in INNER_SESSION_IMPORTS:
+        module = importlib.import_module(name)
+        for info in pkgutil.walk_packages(getattr(module, "__path__", []), f"{name}."):
+            if not info.name.endswith("__main__") and ".migrations." not in info.name:
+                importlib.import_module(info.name)
+
+
+_import_inner_session_modules()
+
 
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     # A shell without job control starts background commands with SIGINT ignored, and an
@@ -191,8 +214,12 @@ def pytester(
 ) -> Iterator[pytest.Pytester]:
     """pytest's ``pytester``, whose sessions are run again when the machine voided them
     (:func:`busy_machine.rerun_when_the_machine_voided`): the verdicts they test are the code's.
-    Its sessions get :data:`INNER_ADDOPTS` too (``pytester`` clears ``PYTEST_ADDOPTS``)."""
+    Its sessions get :data:`INNER_ADDOPTS` too (``pytester`` clears ``PYTEST_ADDOPTS``), and an
+    in-process session is bounded as a subprocess one is (:mod:`support.inprocess`)."""
     monkeypatch.setenv("PYTEST_ADDOPTS", INNER_ADDOPTS)
+    monkeypatch.setattr(
+        pytester, "runpytest_inprocess", bounded_inprocess(pytester.runpytest_inprocess)
+    )
     busy = [False]
     for name in ("runpytest", "runpytest_inprocess", "runpytest_subprocess"):
         wrapped = rerun_when_the_machine_voided(
@@ -203,31 +230,34 @@ def pytester(
 
 
 LONG_FILES = (
-    "test_hostile_streams_c1.py",
+    "test_race_run.py",
     "test_verdict_scenarios.py",
     "test_culprit_run.py",
-    "test_gate_flow.py",
     "test_latency_flow.py",
     "test_capacity.py",
-    "test_sessions.py",
-    "test_deploy_gate_run.py",
-    "test_history_store.py",
+    "test_hostile_streams_c1.py",
     "test_plugin.py",
+    "test_sessions.py",
+    "test_gate_flow.py",
+    "test_accuracy.py",
+    "test_deploy_gate_run.py",
+    "test_options.py",
     "test_noise_evidence.py",
     "test_managed.py",
+    "test_server.py",
     "test_history_capacity.py",
-    "test_hostile_streams.py",
+    "test_history_store.py",
 )
-"""The test files that take longest (a minute or more of one worker on a 2-core machine, the
-longest first), collected before all others.  ``pytest -n 2 --dist loadfile`` hands each file
-to one worker whole, the next file to whichever worker is free.  By default pytest-xdist
-orders the files by their number of tests, most first (``--loadscope-reorder``), which put
-these, a few long tests each, last: the run ended with one worker on
-``test_culprit_run.py`` or ``test_latency_flow.py`` while the other sat idle (a simulation of
-the measured durations: 859 s against 771 s for the two workers; 815 s against 814 s with
-this order).  Long files first leave the short ones to even out the two workers' ends.  Only
-the order of files changes, never their tests' order or outcome; a file missing from the
-list, or listed and gone, costs time at most."""
+"""The test files that take longest (20 s or more of one worker, the longest first: measured
+with ``--durations=0`` on a quiet 2-core machine), collected before all others.
+``pytest -n 3 --dist loadfile`` hands each file to one worker whole, the next file to
+whichever worker is free.  By default pytest-xdist orders the files by their number of tests,
+most first (``--loadscope-reorder``), which put these, a few long tests each, last: the run
+ended with one worker on ``test_culprit_run.py`` or ``test_latency_flow.py`` while the others
+sat idle (a simulation of the measured durations with two workers: 859 s against 771 s; 815 s
+against 814 s with this order).  Long files first leave the short ones to even out the
+workers' ends.  Only the order of files changes, never their tests' order or outcome; a file
+missing from the list, or listed and gone, costs time at most."""
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -96,7 +96,7 @@ def test_the_command_reads_a_sessions_report_of_the_simulator(
         """
     )
     report = pytester.path / "aa.json"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         "--endpoint=sim:speed=10,stream_interval=8,noise=0.02,seed=19",

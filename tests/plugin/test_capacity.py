@@ -516,7 +516,7 @@ def test_both():
 
 def test_a_malformed_marker_stops_the_run_at_collection(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_bad=MARKER_ERRORS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--endpoint=sim", timeout=600)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--endpoint=sim")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         [
@@ -556,8 +556,8 @@ def test_the_capacity_is_the_simulators_true_boundary_and_a_slower_one_regresses
     Then the same test against a simulator 40% slower per step is a regression."""
     pytester.makepyfile(test_slo=SLO_TEST)
     args = ["-p", "no:cacheprovider", "--perf-json=r.json", "--perf-markdown=r.md"]
-    record = pytester.runpytest_subprocess(
-        *args, "--endpoint=sim:speed=2,stream_interval=8", "--update-baselines", timeout=600
+    record = pytester.runpytest(
+        *args, "--endpoint=sim:speed=2,stream_interval=8", "--update-baselines"
     )
     record.assert_outcomes(passed=1)
     record.stdout.fnmatch_lines(
@@ -600,9 +600,7 @@ def test_the_capacity_is_the_simulators_true_boundary_and_a_slower_one_regresses
     stored = next((pytester.path / "baselines").rglob("test_capacity.yaml")).read_text()
     assert f"value: {cap['value']}" in stored and "levels: []" in stored
 
-    slower = pytester.runpytest_subprocess(
-        *args, "--endpoint=sim:speed=10,stream_interval=8,slowdown=1.4", timeout=600
-    )
+    slower = pytester.runpytest(*args, "--endpoint=sim:speed=10,stream_interval=8,slowdown=1.4")
     slower.assert_outcomes(failed=1)
     slower.stdout.fnmatch_lines(["*capacity regression beyond noise:*", "*[regression]*"])
     cap2 = json.loads((pytester.path / "r.json").read_text())["tests"][0]["capacity"]
@@ -624,9 +622,8 @@ def test_an_open_loop_capacity_is_a_rate(pytester: pytest.Pytester) -> None:
     """Open loop: the search moves the Poisson arrival rate; levels are named by it and the
     bracket's ends are the measured rates either side of the ceiling."""
     pytester.makepyfile(test_rate=RATE_TEST)
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p", "no:cacheprovider", "--perf-json=r.json", "--endpoint=sim:speed=10,stream_interval=8",
-        timeout=600,
     )  # fmt: skip
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*capacity rate=*/s under p95 end-to-end <= 1 s: rate=*/s held*"])

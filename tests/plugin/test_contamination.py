@@ -27,7 +27,6 @@ from pytest_kimi.crosscheck.contamination import (
 from pytest_kimi.load.records import RequestRecord
 from pytest_kimi.measure.client_signals import ClientSignals
 from pytest_kimi.measure.metrics import TrialResult
-from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]
 
@@ -53,10 +52,9 @@ def test_zombies_of_cut_streams_are_waited_for_and_named(
     trials agree, and the level names the zombies and the fix."""
     pytester.makepyfile(test_zombie=ZOMBIE)
     out = tmp_path / "perf.json"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "--endpoint=sim:speed=10,stream_interval=8,abort_on_disconnect=false",
         f"--perf-json={out}",
-        timeout=SESSION_S,
     )
     result.assert_outcomes(passed=1)
     (level,) = json.loads(out.read_text())["tests"][0]["levels"]

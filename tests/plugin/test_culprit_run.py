@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from support.timing import SESSION_S
 from support.paths import REPO
 
 pytest_plugins = ["pytester"]
@@ -63,7 +62,7 @@ def _run(pytester: pytest.Pytester, *extra: str, **changes: Any) -> tuple[Any, d
     b = _profile(pytester, "ep8-new", model, **changes)
     report = pytester.path / "perf.json"
     markdown = pytester.path / "perf.md"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         f"--server-profile={a}",
@@ -74,7 +73,6 @@ def _run(pytester: pytest.Pytester, *extra: str, **changes: Any) -> tuple[Any, d
         f"--perf-markdown={markdown}",
         f"--junitxml={pytester.path / 'junit.xml'}",
         f"--perf-html={pytester.path / 'html'}",
-        timeout=SESSION_S * 6,
     )
     return result, json.loads(report.read_text())
 
@@ -196,8 +194,6 @@ def test_an_untestable_subset_is_routed_around(pytester: pytest.Pytester) -> Non
 
 def test_the_search_needs_the_paired_comparison(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--endpoint=sim", "--perf-culprit"
-    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--endpoint=sim", "--perf-culprit")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--perf-culprit*--perf-max-launches*"])

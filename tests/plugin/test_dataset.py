@@ -331,13 +331,12 @@ def test_a_dataset_replay_reports_its_sample_and_lengths(
 ) -> None:
     pytester.makepyfile(test_perf=PERF_TEST)
     monkeypatch.setenv("COLUMNS", "250")  # content, not layout: the dataset's note on one line
-    run = pytester.runpytest_subprocess(
+    run = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         "--endpoint=sim:speed=10,stream_interval=8",
         "--perf-json=r.json",
         "--perf-markdown=r.md",
-        timeout=600,
     )
     run.assert_outcomes(passed=1)
     run.stdout.fnmatch_lines(
@@ -389,12 +388,10 @@ def test_an_edited_dataset_finds_no_baseline(pytester: pytest.Pytester) -> None:
     # quick to record
     args = ["-p", "no:cacheprovider", "--endpoint=sim:speed=10,stream_interval=8"]
     args.append("--perf-max-trials=2")
-    pytester.runpytest_subprocess(*args, "--update-baselines", timeout=600).assert_outcomes(
-        passed=2
-    )
+    pytester.runpytest(*args, "--update-baselines").assert_outcomes(passed=2)
     rows[3]["prompt"] += " (edited)"
     (data / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    again = pytester.runpytest_subprocess(*args, "--perf-json=r.json", timeout=600)
+    again = pytester.runpytest(*args, "--perf-json=r.json")
     again.assert_outcomes(passed=2)
     tests = {t["nodeid"].split("::")[1]: t for t in json.loads(Path("r.json").read_text())["tests"]}
     assert [lv["verdict"] for lv in tests["test_edited"]["levels"]] == ["no-baseline"]
@@ -410,8 +407,8 @@ def test_a_corrupt_dataset_fails_the_test_naming_the_argument_and_the_file(
     data = pytester.mkdir("data")
     (data / "a.json").write_text('[{"conversations": [{"from": "human", "value": "hi"}]')
     pytester.makepyfile(test_perf=KEYED_TEST.split('@throughput(concurrency=4, dataset="data/b')[0])
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--endpoint=sim:speed=10,stream_interval=8", timeout=600
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--endpoint=sim:speed=10,stream_interval=8"
     )
     result.assert_outcomes(errors=1)  # at setup: no trial was run on a workload it cannot build
     result.stdout.fnmatch_lines(["*@throughput dataset: a.json: not valid JSON (line 1*"])

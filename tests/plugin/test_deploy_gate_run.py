@@ -22,7 +22,6 @@ from pytest_kimi.gate.paired import run_sequential
 from pytest_kimi.run.deploy_gate import decided_block, judge, launch_figures
 from pytest_kimi.sim.config import SimConfig
 
-from support.timing import SESSION_S
 from support.paths import REPO
 
 pytest_plugins = ["pytester"]
@@ -168,7 +167,7 @@ def _run(
     a = _profile(pytester, "ep8", model, SEEDS["ref"], 1.0)
     b = _profile(pytester, "ep8-new", model, SEEDS["cand"], slowdown, max_running)
     report = pytester.path / "perf.json"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         f"--server-profile={a}",
@@ -177,7 +176,6 @@ def _run(
         f"--perf-json={report}",
         "-v",
         *extra,
-        timeout=SESSION_S * 3,
     )
     return result, json.loads(report.read_text())
 
@@ -243,7 +241,7 @@ def test_a_paired_run_that_cannot_run_is_refused(
     pytester.makepyfile(test_suite=SUITE)
     a = _profile(pytester, "ep8", "/models/m", 1, 1.0)
     b = _profile(pytester, "ep8-new", "/models/m", 2, 1.0)
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p", "no:cacheprovider", f"--server-profile={a}", f"--server-profile={b}", *args
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -253,7 +251,7 @@ def test_a_paired_run_that_cannot_run_is_refused(
 def test_one_deployment_is_no_paired_comparison(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     a = _profile(pytester, "ep8", "/models/m", 1, 1.0)
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p", "no:cacheprovider", f"--server-profile={a}", "--perf-max-launches=8"
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR

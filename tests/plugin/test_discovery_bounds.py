@@ -39,7 +39,7 @@ from pytest_kimi.server.launcher import ExternalServer
 from pytest_kimi.server.server_http import ResponseTooLarge, _http
 from pytest_kimi.server.profile import load_profile
 from support.hostile_discovery import DEEP_LEVELS, HUGE_BYTES, DiscoveryServer
-from support.timing import SESSION_S, poll_until
+from support.timing import poll_until
 
 # ------------------------------------------------------------------ depth and parsing
 
@@ -292,9 +292,7 @@ def test_discovered():
 def _session(pytester: pytest.Pytester, url: str) -> tuple[pytest.RunResult, dict[str, Any]]:
     pytester.makepyfile(test_discovered=SESSION)
     report = pytester.path / "perf.json"
-    result = pytester.runpytest_subprocess(
-        "-m", "perf", f"--endpoint={url}", f"--perf-json={report}", timeout=SESSION_S
-    )
+    result = pytester.runpytest("-m", "perf", f"--endpoint={url}", f"--perf-json={report}")
     return result, json.loads(report.read_text()) if report.exists() else {}
 
 

@@ -1,9 +1,8 @@
 """Broken servers: each fault gives a clear failure in bounded time, and measured levels survive.
 
 "Bounded" is said against the time the fault would take if the plugin waited it out: the
-per-request timeout (``timeout_s``), or the stall of the server.  Sessions that spawn the
-simulator (``--endpoint=sim:...``) run in a subprocess of their own; the others (a dead port,
-a garbage server in this process) run in process.
+per-request timeout (``timeout_s``), or the stall of the server.  Every session runs in
+process, bounded by the suite's session timeout (tests/support/inprocess.py).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from typing import Iterator
 import pytest
 
 from pytest_kimi.endpoint.discovery import discover
-from support.timing import SESSION_S
 
 SWEEP = """
 from pytest_kimi import throughput
@@ -42,14 +40,11 @@ def _run(
     pytester: pytest.Pytester, endpoint: str, timeout_s: float = TIMEOUT_S
 ) -> tuple[pytest.RunResult, list[dict], float]:
     """Run the sweep; the levels of its report and how long its measurement took (from the
-    report: a subprocess's start-up is not the plugin's doing)."""
+    report: the session's start-up is not the plugin's doing)."""
     pytester.makepyfile(test_faulty=SWEEP.format(timeout_s=timeout_s))
     report = pytester.path / "perf.json"
     args = (f"--endpoint={endpoint}", f"--perf-json={report}")
-    if endpoint.startswith("sim"):
-        result = pytester.runpytest_subprocess(*args, timeout=SESSION_S)
-    else:
-        result = pytester.runpytest(*args)
+    result = pytester.runpytest(*args)
     tests = json.loads(report.read_text())["tests"] if report.exists() else []
     levels = tests[0]["levels"] if tests else []
     spans = [t["measured"] for t in tests if "measured" in t]
@@ -167,14 +162,10 @@ def test_max_error_rate_relaxes_and_completions_api(pytester: pytest.Pytester) -
             assert all(r.completion_tokens == 16 for t in throughput_result.level(2).trials for r in t.records)
         """
     )
-    result = pytester.runpytest_subprocess(
-        "--endpoint=sim:speed=50,error_rate=0.25", timeout=SESSION_S
-    )
+    result = pytester.runpytest("--endpoint=sim:speed=50,error_rate=0.25")
     result.assert_outcomes(passed=1, failed=1)  # completions at 25% errors with max_error_rate 0
     result.stdout.fnmatch_lines(
         ["*test_completions*", "*C=2 error: * requests failed (max_error_rate=0)*HTTP 500*"]
     )
-    result = pytester.runpytest_subprocess(
-        "--endpoint=sim:speed=50", "-k", "completions", timeout=SESSION_S
-    )
+    result = pytester.runpytest("--endpoint=sim:speed=50", "-k", "completions")
     result.assert_outcomes(passed=1)

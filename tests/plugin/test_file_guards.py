@@ -8,8 +8,8 @@ guards a baseline committed as a symlink to a one-line secret printed the secret
 whole; and ``--server-profile ../other/x.yaml`` moved pytest's rootdir into the other checkout,
 where the reports, history and baselines were written.
 
-The user-facing cases run real sessions against the simulator (``pytester``, in a subprocess
-with the suite's session timeout, so a read that does not stop fails the test instead of
+The user-facing cases run real sessions against the simulator (``pytester``, bounded by
+the suite's session timeout, so a read that does not stop fails the test instead of
 hanging it); below them, the one reader (:func:`pytest_kimi.files.read_regular_bytes`) and
 each file's reader on their own.
 """
@@ -108,14 +108,13 @@ def test_a_symlinked_baseline_prints_no_content_anywhere(
     _link(store.path_for("test_perf.py::test_linked_in"), inside)
     _link(store.path_for("test_perf.py::test_zero"), "/dev/zero")
     report, junit = pytester.path / "perf.json", pytester.path / "junit.xml"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         "--endpoint=sim:speed=50",
         "--perf-history=off",
         f"--perf-json={report}",
         f"--junitxml={junit}",
-        timeout=SESSION_S,
     )
     result.assert_outcomes(errors=3)
     everything = _outputs(result, report, junit)
@@ -241,8 +240,8 @@ def test_dataset_and_prompts_files_fail_fast_naming_what_they_are(
         f.truncate(MAX_DATASET_BYTES + 1)
     long_prompt = "x" * (prompts_mod.MAX_PROMPT_CHARS + 1)
     (data / "long-line.jsonl").write_text(json.dumps({"prompt": long_prompt}) + "\n")
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--endpoint=sim:speed=50", "--perf-history=off", timeout=SESSION_S
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--endpoint=sim:speed=50", "--perf-history=off"
     )
     result.assert_outcomes(errors=4)
     out = "\n".join(result.outlines)

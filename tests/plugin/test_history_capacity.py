@@ -26,7 +26,6 @@ import pytest
 
 from support.otava import needs_otava
 from support.pg_server import PostgresServer, require_postgres
-from support.timing import SESSION_S
 from pytest_kimi.cli import main
 from pytest_kimi.history.dashboard import write_dashboard
 from pytest_kimi.history.model import CAPACITY, CapacityFigures, LevelSeries, Point, RunInfo
@@ -553,9 +552,7 @@ def test_real_capacity_runs_are_one_series_and_one_chart(
     reports = []
     for n, extra in enumerate((("--update-baselines",), ()), start=1):
         sim = SIM if n == 1 else SIM + ",slowdown=1.3"
-        result = pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", sim, f"--perf-json=r{n}.json", *extra, timeout=SESSION_S
-        )
+        result = pytester.runpytest("-p", "no:cacheprovider", sim, f"--perf-json=r{n}.json", *extra)
         assert f"history: run {n} -> sqlite:///.kimi/history.db" in result.outlines, (
             result.outlines[-30:]
         )

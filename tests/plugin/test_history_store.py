@@ -1,6 +1,6 @@
 """Every run in a database: ``--perf-history``, the store, its migrations, SQLite and PostgreSQL.
 
-Real sessions (``pytester`` in a subprocess, against the simulator) write the runs; the store
+Real sessions (``pytester``, against the simulator) write the runs; the store
 reads them back.  PostgreSQL is a real server (``tests/support/pg_server.py``) started once for the
 module; without Debian's ``postgresql`` binaries those tests skip, or fail under
 ``KIMI_REQUIRE_POSTGRES=1`` (CI).
@@ -549,9 +549,7 @@ def test_runs_append_to_the_default_sqlite_history(
     monkeypatch.setenv("GITHUB_RUN_ID", "7")
     reports = {}
     for n in (1, 2):
-        result = pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", SIM, f"--perf-json=r{n}.json", timeout=SESSION_S
-        )
+        result = pytester.runpytest("-p", "no:cacheprovider", SIM, f"--perf-json=r{n}.json")
         _finished(result, 1)
         assert _stored(result) == [f"history: run {n} -> sqlite:///.kimi/history.db"]
         reports[n] = json.loads((pytester.path / f"r{n}.json").read_text())
@@ -578,14 +576,13 @@ def test_runs_append_to_postgresql_and_the_password_never_shows(
     url = postgres.url(postgres.create_database())
     reports = {}
     for n in (1, 2):
-        result = pytester.runpytest_subprocess(
+        result = pytester.runpytest(
             "-p",
             "no:cacheprovider",
             SIM,
             f"--perf-history={url}",
             f"--perf-json=r{n}.json",
             "-v",
-            timeout=SESSION_S,
         )
         _finished(result, 1)
         reports[n] = json.loads((pytester.path / f"r{n}.json").read_text())
@@ -604,12 +601,11 @@ def test_runs_append_to_postgresql_and_the_password_never_shows(
 
 def test_a_database_that_is_down_costs_a_line_not_the_run(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_perf=PERF_ONE)
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         SIM,
         "--perf-history=postgresql://kimi:hunter22-secret@127.0.0.1:1/history",
-        timeout=SESSION_S,
     )
     _finished(result, 1)  # with the exit code of its verdicts
     (line,) = _stored(result)
@@ -647,14 +643,10 @@ def test_b():
 
 def test_off_and_a_run_that_measured_nothing_write_nothing(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_perf=PERF_ONE, test_plain="def test_plain(): pass")
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", SIM, "--perf-history=off", timeout=SESSION_S
-    )
+    result = pytester.runpytest("-p", "no:cacheprovider", SIM, "--perf-history=off")
     _finished(result, 1, plain=1)
     assert _stored(result) == []
     assert not (pytester.path / ".kimi" / "history.db").exists()
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "test_plain.py", SIM, timeout=SESSION_S
-    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "test_plain.py", SIM)
     result.assert_outcomes(passed=1)  # no perf test ran: nothing measured
     assert _stored(result) == [] and not (pytester.path / ".kimi" / "history.db").exists()

@@ -1,8 +1,8 @@
 """Hostile servers: each lie or misbehaviour ends the session in bounded time with its reason.
 
-Every case runs a real ``pytest -m perf --endpoint=http://127.0.0.1:PORT`` session in a
-subprocess (with a timeout: a session that hangs fails the test instead of hanging it) against
-:class:`support.hostile.HostileServer` in the mode of the case, and reads the level's verdict
+Every case runs a real ``pytest -m perf --endpoint=http://127.0.0.1:PORT`` session (bounded
+by the suite's session timeout: a session that hangs fails the test instead of hanging it)
+against :class:`support.hostile.HostileServer` in the mode of the case, and reads the level's verdict
 and reasons from its JSON report.  Before these guards, the cases hung (a stream past
 ``max_tokens``), passed with bogus figures (``usage`` of 3.5 or ``"12"``, a gzip-buffered
 stream, a redirect to another server), or failed without saying why (``HTTP 405`` after a
@@ -28,7 +28,7 @@ from pytest_kimi.measure.usage_checks import count_cut_tokens
 from pytest_kimi.workload.workload_spec import LevelSpec
 from pytest_kimi.workload.prompts import PromptSource, encode_bodies
 from support.hostile import RETRY_AFTER, HostileServer
-from support.timing import SESSION_S, poll_until
+from support.timing import poll_until
 
 MAX_TOKENS = 32
 """The session's ``max_tokens``: 32 token events, twice :data:`BUFFERED_MIN_EVENTS`."""
@@ -68,9 +68,7 @@ def _session(pytester: pytest.Pytester, url: str) -> tuple[pytest.RunResult, dic
     """Run the session against ``url``: its result and the (only) level of its report."""
     pytester.makepyfile(test_hostile=SESSION)
     report = pytester.path / "perf.json"
-    result = pytester.runpytest_subprocess(
-        "-m", "perf", f"--endpoint={url}", f"--perf-json={report}", timeout=SESSION_S
-    )
+    result = pytester.runpytest("-m", "perf", f"--endpoint={url}", f"--perf-json={report}")
     level = None
     if report.exists():
         tests = json.loads(report.read_text())["tests"]

@@ -1,7 +1,7 @@
 """Hostile servers at every level, C=1 included: no wrong baseline, and every stream fault named.
 
 The second pass of the hostile-server guards (issue 35).  Every case runs a real
-``pytest -m perf --endpoint=http://127.0.0.1:PORT`` session in a subprocess against
+``pytest -m perf --endpoint=http://127.0.0.1:PORT`` session against
 :class:`support.hostile.HostileServer`, most of them with ``--update-baselines``, in the
 marker's default protocol (stationary: a time box cuts the streams in flight) and with the
 default warm-up (so the client has a pace to size each trial's wall-clock limit from).
@@ -50,7 +50,7 @@ from pytest_kimi.load.trial import LiveTrial, TrialPlan
 from pytest_kimi.workload.markers import parse_throughput
 from pytest_kimi.workload.workload_spec import LevelSpec
 from support.hostile import FAST_FIRST, HostileServer
-from support.timing import SESSION_S, poll_until
+from support.timing import poll_until
 
 
 def _session_file(concurrency: int, max_tokens: int) -> str:
@@ -84,13 +84,12 @@ def _run(
     """Run the session with ``--update-baselines`` against ``url``: its result and its level."""
     pytester.makepyfile(test_hostile=_session_file(concurrency, max_tokens))
     report = pytester.path / "perf.json"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-m",
         "perf",
         f"--endpoint={url}",
         f"--perf-json={report}",
         "--update-baselines",
-        timeout=SESSION_S,
     )
     assert report.exists(), result.stdout.str()[-3000:]
     (test,) = json.loads(report.read_text())["tests"]

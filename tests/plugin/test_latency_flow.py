@@ -4,8 +4,7 @@ admitted prompt token costs 125 times as much, which at C=1 lengthens only the s
 the first token: about 2.5% of a 128-token request), rerun unchanged, and rerun against a
 baseline file written before latency was stored.
 
-Each session runs in a subprocess of its own (as tests/plugin/test_gate_flow.py's, whose docstring
-says why the simulator runs at speed 10).  ``--perf-latency-tolerance=0.5``: a slower client
+The simulator runs at speed 10 (tests/plugin/test_gate_flow.py's docstring says why).  ``--perf-latency-tolerance=0.5``: a slower client
 machine inflates the simulator-clock TTFT (wall x 10) of an unchanged run by a few tens of
 percent, while the slowed prefill adds about 200%.  Each stream sends 20 requests a trial
 (``requests_per_stream=20``): a trial's own TTFT p95 needs 20 values (``min_values``), and the
@@ -73,14 +72,13 @@ def _rerun(
     path.parent.mkdir(parents=True)
     path.write_text(baseline)
     report = pytester.path / "perf.json"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         f"--endpoint={endpoint}",
         *GATE,
         f"--perf-json={report}",
         f"--perf-markdown={pytester.path / 'perf.md'}",
         f"--perf-html={pytester.path / 'html'}",
         f"--junitxml={pytester.path / 'junit.xml'}",
-        timeout=SESSION_S,
     )
     (level,) = json.loads(report.read_text())["tests"][0]["levels"]
     return result, level

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from pytest_kimi.options import OPTIONS
-from support.timing import SESSION_S
 from pytest_kimi.workload import marker_bounds, markers
 from pytest_kimi.workload.capacity_marker import parse_capacity
 from pytest_kimi.workload.marker_bounds import ALLOW_LARGE_FLAG, BOUNDED_ARGS
@@ -209,10 +208,8 @@ def test_a_kimi_load_sweep_keeps_to_the_bounds_unless_allowed(pytester: pytest.P
                                  timeout_s=100_000)
         """
     )
-    refused = pytester.runpytest_subprocess("--endpoint=sim:speed=20", timeout=SESSION_S)
+    refused = pytester.runpytest("--endpoint=sim:speed=20")
     refused.assert_outcomes(failed=1)
     refused.stdout.fnmatch_lines(["*timeout_s*--perf-allow-large*"])
-    allowed = pytester.runpytest_subprocess(
-        "--endpoint=sim:speed=20", "--perf-allow-large", timeout=SESSION_S
-    )
+    allowed = pytester.runpytest("--endpoint=sim:speed=20", "--perf-allow-large")
     allowed.assert_outcomes(passed=1)

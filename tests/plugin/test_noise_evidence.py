@@ -115,7 +115,7 @@ def test_a_multi_start_recording_stores_its_noise_and_the_next_run_uses_it(
 ) -> None:
     pytester.makepyfile(test_suite=SUITE)
     sim = "sim:speed=10,stream_interval=8,noise=0.02"
-    rec = pytester.runpytest_subprocess(
+    rec = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         f"--endpoint={sim},seed=5",
@@ -128,7 +128,7 @@ def test_a_multi_start_recording_stores_its_noise_and_the_next_run_uses_it(
     (level,) = saved.levels
     assert level.session_noise is not None and level.session_noise.df == 2
     report = pytester.path / "r.json"
-    run = pytester.runpytest_subprocess(
+    run = pytester.runpytest(
         "-p", "no:cacheprovider", f"--endpoint={sim},seed=9", f"--perf-json={report}"
     )
     run.assert_outcomes(passed=1)
@@ -223,7 +223,7 @@ def test_re_recording_a_deployment_measures_its_noise(pytester: pytest.Pytester)
     pytester.makepyfile(test_suite=SUITE)
     path = pytester.path / "baselines/sim/test_suite/test_x.yaml"
     for seed, df in ((5, None), (9, 1), (13, 2)):
-        rec = pytester.runpytest_subprocess(
+        rec = pytester.runpytest(
             "-p",
             "no:cacheprovider",
             f"--endpoint=sim:speed=10,stream_interval=8,noise=0.02,seed={seed}",

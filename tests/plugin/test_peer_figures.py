@@ -301,14 +301,13 @@ def test_a_session_reports_consistent_peer_figures_within_the_terminal(
 ) -> None:
     monkeypatch.setenv("COLUMNS", str(columns))
     pytester.makepyfile(test_perf=PERF_TEST)
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         "--endpoint=sim:speed=10",
         "--perf-json=r.json",
         "--perf-markdown=r.md",
         *(["-k", "stationary"] if columns != 80 else []),
-        timeout=600,
     )
     result.assert_outcomes(passed=1 if columns != 80 else 2)
     tests = json.loads((pytester.path / "r.json").read_text())["tests"]

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import yaml
 
-from support.timing import SESSION_S
 from support.paths import REPO
 
 pytest_plugins = ["pytester"]
@@ -66,7 +65,7 @@ def _race(
 ) -> tuple[Any, dict[str, Any]]:
     pytester.makepyfile(test_suite=SUITE)
     report = pytester.path / "perf.json"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         *(f"--server-profile={p}" for p in profiles),
@@ -76,7 +75,6 @@ def _race(
         f"--perf-markdown={pytester.path / 'perf.md'}",
         f"--junitxml={pytester.path / 'junit.xml'}",
         f"--perf-html={pytester.path / 'html'}",
-        timeout=SESSION_S * 6,
     )
     assert report.exists(), result.stdout.str()[-3000:]
     return result, json.loads(report.read_text())
@@ -194,12 +192,11 @@ def test_the_winner_is_recorded_and_written_out(pytester: pytest.Pytester) -> No
     assert profile["args"]["enable-torch-compile"] is False
     # the written profile is the deployment: a plain run of it is judged by the new baseline
     report = pytester.path / "again.json"
-    again = pytester.runpytest_subprocess(
+    again = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         f"--server-profile={written}",
         f"--perf-json={report}",
-        timeout=SESSION_S,
     )
     assert again.ret == 0, again.stdout.str()[-3000:]
     (test,) = json.loads(report.read_text())["tests"]
@@ -241,13 +238,12 @@ def test_a_race_that_cannot_run_is_a_usage_error(
     pytester.makepyfile(test_suite=two if suite == "two" else SUITE)
     model = _model()
     profiles = [_profile(pytester, "a", model), _profile(pytester, "b", model)]
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         *(f"--server-profile={p}" for p in profiles),
         "--perf-race",
         *extra,
-        timeout=SESSION_S,
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
     result.stderr.fnmatch_lines([message])
@@ -257,8 +253,8 @@ def test_a_race_that_cannot_run_is_a_usage_error(
 def test_one_deployment_is_no_race(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     profile = _profile(pytester, "a", _model())
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", f"--server-profile={profile}", "--perf-race", timeout=SESSION_S
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", f"--server-profile={profile}", "--perf-race"
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*a race needs two or more deployments*got 1*"])
@@ -267,8 +263,6 @@ def test_one_deployment_is_no_race(pytester: pytest.Pytester) -> None:
 def test_a_grid_profile_outside_a_race_says_how_to_race_it(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     grid = _profile(pytester, "kimi", _model(), **{"tp-size": [4, 8]})
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", f"--server-profile={grid}", timeout=SESSION_S
-    )
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--server-profile={grid}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*expands to its deployments only with --perf-race*"])

@@ -43,9 +43,10 @@ def _test_examples(path: Path) -> list[str]:
 # ---------------------------------------------------------------------------------- README
 
 
-TEST_COMMAND = "pytest -n 2 --dist loadfile"
-"""The README's test command: two workers, each test file on one (its module fixtures, such as
-a recorded baseline or a measured simulator, are made once)."""
+TEST_COMMAND = "pytest -n 3 --dist loadfile"
+"""The README's test command: three workers on two cores (the sessions wait on their trials'
+clocks more than they compute), each test file on one (its module fixtures, such as a recorded
+baseline or a measured simulator, are made once)."""
 
 
 def test_readme_starts_with_the_two_commands() -> None:

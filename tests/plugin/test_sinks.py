@@ -57,7 +57,8 @@ def _own_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def _session(
     pytester: pytest.Pytester, *args: str, blocked: tuple[str, ...] = ()
 ) -> tuple[int | pytest.ExitCode, str]:
-    """The suite's session in a subprocess: its exit status and all it printed."""
+    """The suite's session in a subprocess (an inner conftest replaces a renderer, which must
+    not outlive the session): its exit status and all it printed."""
     pytester.makepyfile(test_sinks_suite=SUITE.format(blocked=blocked))
     # content, not layout: a wide COLUMNS keeps each line of the summary whole
     with pytest.MonkeyPatch.context() as mp:

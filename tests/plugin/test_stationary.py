@@ -294,13 +294,12 @@ def test_sweep():
 def test_reports_state_clock_and_price_and_protocols_never_mix(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_perf=PERF_TEST)
     args = ["-p", "no:cacheprovider", "--endpoint=sim:speed=10,stream_interval=8"]
-    record = pytester.runpytest_subprocess(
+    record = pytester.runpytest(
         *args,
         "--update-baselines",
         "--perf-max-trials=2",  # a baseline of the marker's trials: its protocol is the point
         "--perf-json=r.json",
         "--perf-markdown=r.md",
-        timeout=600,
     )
     record.assert_outcomes(passed=1)
     record.stdout.fnmatch_lines(["*server time * s in the simulator's clock (wall x 10)*"])
@@ -311,9 +310,7 @@ def test_reports_state_clock_and_price_and_protocols_never_mix(pytester: pytest.
     assert "server time" in (pytester.path / "r.md").read_text()
     baseline = next((pytester.path / "baselines").rglob("test_sweep.yaml")).read_text()
     assert "protocol: stationary" in baseline
-    again = pytester.runpytest_subprocess(
-        *args, "--perf-json=a.json", "--perf-server-metrics", timeout=600
-    )
+    again = pytester.runpytest(*args, "--perf-json=a.json", "--perf-server-metrics")
     again.assert_outcomes(passed=1)
     for lv in json.loads((pytester.path / "a.json").read_text())["tests"][0]["levels"]:
         server = lv["server"]  # counters beside a stationary trial: the rate check only
@@ -329,9 +326,7 @@ def test_reports_state_clock_and_price_and_protocols_never_mix(pytester: pytest.
         for lv in json.loads((pytester.path / "a.json").read_text())["tests"][0]["levels"]
     ]
     assert "no-baseline" not in verdicts  # the same protocol finds its baseline
-    other = pytester.runpytest_subprocess(
-        *args, "--perf-protocol=whole-requests", "--perf-json=o.json", timeout=600
-    )
+    other = pytester.runpytest(*args, "--perf-protocol=whole-requests", "--perf-json=o.json")
     other.assert_outcomes(passed=1)
     levels = json.loads((pytester.path / "o.json").read_text())["tests"][0]["levels"]
     assert [lv["verdict"] for lv in levels] == ["no-baseline"]

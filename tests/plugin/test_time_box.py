@@ -16,7 +16,6 @@ from pytest_kimi.measure.time_box import (
     WINDOW_MIN_S,
     time_box,
 )
-from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]
 
@@ -73,9 +72,7 @@ def _windows(pytester: pytest.Pytester, tmp_path: Path, max_tokens: int) -> dict
     pytester.makepyfile(test_short=SHORT.format(max_tokens=max_tokens))
     out = tmp_path / f"perf{max_tokens}.json"
     # speed 1: EP8's own steps (15-20 ms at C=4), so the box's steps, not the wall floors, rule
-    result = pytester.runpytest_subprocess(
-        "--endpoint=sim:speed=1", f"--perf-json={out}", timeout=SESSION_S
-    )
+    result = pytester.runpytest("--endpoint=sim:speed=1", f"--perf-json={out}")
     result.assert_outcomes(passed=1)
     (level,) = json.loads(out.read_text())["tests"][0]["levels"]
     return level

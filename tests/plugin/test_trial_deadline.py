@@ -32,7 +32,6 @@ from pytest_kimi.measure.trial_limits import (
 from pytest_kimi.sim.config import SimConfig
 from pytest_kimi.sim.process import SimProcess
 from pytest_kimi.workload.markers import parse_throughput
-from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]
 
@@ -55,12 +54,11 @@ def test_a_stream_of_keepalives_ends_at_the_trials_limit(
     pytester.makepyfile(test_hang=HANG)
     monkeypatch.setenv("COLUMNS", "250")  # content, not layout: one line per reason
     out = tmp_path / "perf.json"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         # every stream turns to keep-alive comments after 20 tokens (the warm-up's 16 pass)
         "--endpoint=sim:speed=10,keepalive_after_tokens=20",
         f"--perf-protocol={protocol}",
         f"--perf-json={out}",
-        timeout=SESSION_S,
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(

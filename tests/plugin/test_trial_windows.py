@@ -33,7 +33,6 @@ from pytest_kimi.measure.trials import MAX_REPLACED_TRIALS, measure_level
 from pytest_kimi.measure.windows import trial_window, unix_offset
 from pytest_kimi.workload.workload_spec import LevelSpec, Targets, Workload
 from support.records import stream_record
-from support.timing import SESSION_S
 
 LEVEL = LevelSpec(2, None, 101)
 
@@ -193,13 +192,12 @@ def _recomputed(w: dict[str, Any], speed: float) -> float:
 def test_a_reports_windows_let_anyone_recompute_every_trial(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     out = pytester.path / "perf.json"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         "--endpoint=sim:speed=10,stream_interval=8",
         "--perf-history=off",
         f"--perf-json={out}",
-        timeout=SESSION_S,
     )
     result.assert_outcomes(passed=3)
     report = json.loads(out.read_text())

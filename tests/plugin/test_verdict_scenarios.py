@@ -13,7 +13,7 @@ its word says.
 * The session noise is measured from the history once it holds five sessions of an unchanged
   build (one ``--perf-sessions 5`` run), and every report says which value and where from.
 
-Each session spawns a simulator, so each runs in a subprocess of its own.
+Each session spawns a simulator of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from support.timing import SESSION_S
 
 SWEEP = """
 from pytest_kimi import throughput
@@ -50,9 +49,7 @@ def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     # content, not layout: a wide COLUMNS keeps each line of the summary whole
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COLUMNS", "2000")
-        return pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", LOOSE_LATENCY, *args, timeout=SESSION_S
-        )
+        return pytester.runpytest("-p", "no:cacheprovider", LOOSE_LATENCY, *args)
 
 
 def _levels(path: Path) -> list[dict]:

@@ -86,7 +86,7 @@ def test_trials_that_give_no_figure_end_the_warm_up_at_once() -> None:
 def _run(pytester: pytest.Pytester, endpoint: str) -> dict[str, Any]:
     pytester.makepyfile(test_suite=SUITE)
     report = pytester.path / "r.json"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p", "no:cacheprovider", f"--endpoint={endpoint}", f"--perf-json={report}"
     )
     result.assert_outcomes(passed=2)

@@ -320,13 +320,12 @@ def test_every_request_gets_its_drawn_lengths(
 
 def _run(pytester: pytest.Pytester, source: str, *args: str) -> tuple[Any, dict[str, Any]]:
     pytester.makepyfile(test_perf=source)
-    run = pytester.runpytest_subprocess(
+    run = pytester.runpytest(
         "-p",
         "no:cacheprovider",
         "--endpoint=sim:speed=20",
         "--perf-json=r.json",
         *args,
-        timeout=600,
     )
     report: dict[str, Any] = json.loads(Path("r.json").read_text())
     return run, report
