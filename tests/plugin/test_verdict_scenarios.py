@@ -73,8 +73,11 @@ def test_a_sweep_ten_percent_slower_regresses_at_every_level(pytester: pytest.Py
     assert {lv["verdict"] for lv in levels} <= {"regression", "inconclusive"}, levels
     for lv in levels:
         assert -12.0 < lv["change_pct"] < -8.0
-        # the p shown agrees with the CI shown (both this level's own); the decision's beside
-        assert (lv["p_value"] <= 0.05) == (lv["ci90"][1] < -5.0)
+        # the p shown agrees with the CI shown (both this level's own); the decision's beside.
+        # The report rounds the bound to two decimals: at p = 0.04995 it reads -5.0 exactly,
+        # which says nothing of the side it lies on
+        on_edge = abs(lv["ci90"][1] + 5.0) < 0.006
+        assert on_edge or (lv["p_value"] <= 0.05) == (lv["ci90"][1] < -5.0), lv
         assert lv["p_adjusted"] >= lv["p_value"] * 0.9
     measured = _run(
         pytester,
@@ -115,7 +118,10 @@ def test_an_estimate_beyond_the_tolerance_is_inconclusive_not_pass(
 
 def test_session_noise_is_measured_from_the_history(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=ONE)
-    common = ("--endpoint=sim:speed=10", "--perf-max-trials=3")
+    # a tolerance no session of an unchanged build misses: what is tested is the noise the
+    # history measures, not each session's verdict (with 3 trials, a session on a machine
+    # whose cores are taken can lie beyond 5% and say inconclusive, failing the 5-session run)
+    common = ("--endpoint=sim:speed=10", "--perf-max-trials=3", "--perf-tolerance=0.25")
     rec = _run(pytester, *common, "--update-baselines")
     assert rec.ret == 0, rec.stdout.str()[-3000:]
     first = _run(pytester, *common)
