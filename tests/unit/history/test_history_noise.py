@@ -288,7 +288,20 @@ def test_simulator_runs_with_per_start_noise(
     assert one["sessions"] == len(SEEDS) and one["groups"] == 1, "seeds do not split builds"
     truth = math.sqrt(2) * NOISE
     assert one["session_sigma_low"] <= truth <= one["session_sigma_high"], one
-    # the estimate is the draws' own scatter, give or take the measurement's
+    # the estimate is the draws' own scatter, give or take the measurement's: each session's
+    # mean log tok/s is its drawn factor plus what the machine added to that session (on a
+    # loaded machine, a whole session slowed by a percent or two), and the scatter of a sum
+    # lies within the scatter of that addition of the draws' (|sd(a + b) - sd(a)| <= sd(b))
     drawn = [math.log(SimConfig(noise=NOISE, seed=s).noise_factor) for s in SEEDS]
-    assert one["session_sigma"] == pytest.approx(math.sqrt(2) * statistics.stdev(drawn), abs=0.015)
+    from pytest_kimi.history.changes import trusted
+    from pytest_kimi.history.store import open_history
+
+    with open_history(url) as history:
+        (series,) = history.series()
+    kept = [p for p in series.points if trusted(p) and p.trials]  # as the analysis keeps them
+    means = [statistics.fmean(math.log(v) for v in p.trials) for p in kept]
+    added = statistics.stdev(m - d for m, d in zip(means, drawn, strict=True))
+    assert one["session_sigma"] == pytest.approx(
+        math.sqrt(2) * statistics.stdev(drawn), abs=0.015 + math.sqrt(2) * added
+    )
     assert one["one_session_sd"] == pytest.approx(one["session_sigma"] / math.sqrt(2), abs=1e-5)
