@@ -39,8 +39,8 @@ INNER_SESSION_IMPORTS = ("pytest_kimi", "alembic.command", "alembic.script")
 """What every in-process inner session (``pytester.runpytest``) would import for itself,
 imported once here.  ``pytester`` puts ``sys.modules`` back as it was after each inline session,
 so a module first imported inside one (the run stage, the history's SQLAlchemy and, for a new
-history, Alembic) was dropped again and imported anew by the next: about half a second of CPU
-a session, over hundreds of sessions.  Modules present before a session are kept, and shared
+history, Alembic) was dropped again and imported anew by the next, in every one of hundreds
+of sessions.  Modules present before a session are kept, and shared
 by the sessions as the plugin's own wiring always was."""
 
 

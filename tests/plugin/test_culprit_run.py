@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from support.paths import REPO
+from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]
 
@@ -73,6 +74,7 @@ def _run(pytester: pytest.Pytester, *extra: str, **changes: Any) -> tuple[Any, d
         f"--perf-markdown={markdown}",
         f"--junitxml={pytester.path / 'junit.xml'}",
         f"--perf-html={pytester.path / 'html'}",
+        timeout=SESSION_S * 6,
     )
     return result, json.loads(report.read_text())
 

@@ -23,6 +23,7 @@ from pytest_kimi.run.deploy_gate import decided_block, judge, launch_figures
 from pytest_kimi.sim.config import SimConfig
 
 from support.paths import REPO
+from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]
 
@@ -176,6 +177,7 @@ def _run(
         f"--perf-json={report}",
         "-v",
         *extra,
+        timeout=SESSION_S * 3,
     )
     return result, json.loads(report.read_text())
 

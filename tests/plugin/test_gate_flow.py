@@ -1,9 +1,9 @@
 """Baselines end to end: record, rerun, regress, corrupt, change the workload, refuse to record.
 
 Every session spawns a simulator of its own, and runs in this process (``pytester.runpytest``,
-bounded as a subprocess would be: tests/support/inprocess.py).  The simulator runs at speed 10: at 50
-it streams ~12,000 tok/s, which keeps a core busy, and on a machine that shares its cores the
-trials then measure the CPU they got (seen: 23% spread at C=1) instead of the server, and a
+bounded as a subprocess would be: tests/support/inprocess.py).  The simulator runs at speed 10:
+at 50 it streams ~12,000 tok/s, which keeps a core busy, and on a machine that shares its cores
+the trials then measure the CPU they got (seen: 23% spread at C=1) instead of the server, and a
 50% slowdown comes out underpowered; at 10 it needs a few percent of a core and keeps time.
 """
 

@@ -2,8 +2,8 @@
 
 Every case runs a real ``pytest -m perf --endpoint=http://127.0.0.1:PORT`` session (bounded
 by the suite's session timeout: a session that hangs fails the test instead of hanging it)
-against :class:`support.hostile.HostileServer` in the mode of the case, and reads the level's verdict
-and reasons from its JSON report.  Before these guards, the cases hung (a stream past
+against :class:`support.hostile.HostileServer` in the mode of the case, and reads the level's
+verdict and reasons from its JSON report.  Before these guards, the cases hung (a stream past
 ``max_tokens``), passed with bogus figures (``usage`` of 3.5 or ``"12"``, a gzip-buffered
 stream, a redirect to another server), or failed without saying why (``HTTP 405`` after a
 302, a 429 without its ``Retry-After``).  Below them, the figures' own rules: what makes a

@@ -4,12 +4,13 @@ admitted prompt token costs 125 times as much, which at C=1 lengthens only the s
 the first token: about 2.5% of a 128-token request), rerun unchanged, and rerun against a
 baseline file written before latency was stored.
 
-The simulator runs at speed 10 (tests/plugin/test_gate_flow.py's docstring says why).  ``--perf-latency-tolerance=0.5``: a slower client
-machine inflates the simulator-clock TTFT (wall x 10) of an unchanged run by a few tens of
-percent, while the slowed prefill adds about 200%.  Each stream sends 20 requests a trial
-(``requests_per_stream=20``): a trial's own TTFT p95 needs 20 values (``min_values``), and the
-stationary protocol's two or three requests a trial at C=1 gave none (its "p95" was its
-median).  The test asks the p50 to be flagged and the p95 to have grown.
+The simulator runs at speed 10 (tests/plugin/test_gate_flow.py's docstring says why).
+``--perf-latency-tolerance=0.5``: a slower client machine inflates the simulator-clock TTFT
+(wall x 10) of an unchanged run by a few tens of percent, while the slowed prefill adds about
+200%.  Each stream sends 20 requests a trial (``requests_per_stream=20``): a trial's own TTFT
+p95 needs 20 values (``min_values``), and the stationary protocol's two or three requests a
+trial at C=1 gave none (its "p95" was its median).  The test asks the p50 to be flagged and the
+p95 to have grown.
 
 A trial is its 20 requests one after the other (4 s of wall time at 128 tokens and speed 10,
 8 s at 256): the sessions here are paced by the simulator's clock, not by the CPU, so the

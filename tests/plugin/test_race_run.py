@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from support.paths import REPO
+from support.timing import SESSION_S
 
 pytest_plugins = ["pytester"]
 
@@ -75,6 +76,7 @@ def _race(
         f"--perf-markdown={pytester.path / 'perf.md'}",
         f"--junitxml={pytester.path / 'junit.xml'}",
         f"--perf-html={pytester.path / 'html'}",
+        timeout=SESSION_S * 6,
     )
     assert report.exists(), result.stdout.str()[-3000:]
     return result, json.loads(report.read_text())
