@@ -23,6 +23,7 @@ from pytest_kimi.workload.markers import parse_throughput
 
 from support.otava import require_otava
 from support.inprocess import bounded_inprocess
+from support.timing import SESSION_S
 from support.busy_machine import INNER_ADDOPTS, SESSION_ATTEMPTS, rerun_when_the_machine_voided
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -209,8 +210,17 @@ def session_attempts() -> int:
 
 
 @pytest.fixture
+def session_bound_s() -> float:
+    """How long an in-process inner session may run (tests/engine and tests/sglang allow more)."""
+    return SESSION_S
+
+
+@pytest.fixture
 def pytester(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, session_attempts: int
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    session_attempts: int,
+    session_bound_s: float,
 ) -> Iterator[pytest.Pytester]:
     """pytest's ``pytester``, whose sessions are run again when the machine voided them
     (:func:`busy_machine.rerun_when_the_machine_voided`): the verdicts they test are the code's.
@@ -218,7 +228,9 @@ def pytester(
     in-process session is bounded as a subprocess one is (:mod:`support.inprocess`)."""
     monkeypatch.setenv("PYTEST_ADDOPTS", INNER_ADDOPTS)
     monkeypatch.setattr(
-        pytester, "runpytest_inprocess", bounded_inprocess(pytester.runpytest_inprocess)
+        pytester,
+        "runpytest_inprocess",
+        bounded_inprocess(pytester.runpytest_inprocess, session_bound_s),
     )
     busy = [False]
     for name in ("runpytest", "runpytest_inprocess", "runpytest_subprocess"):

@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from support.real_engine_suite import mark_suite, session_attempts, tiny_model  # noqa: F401
+from support.real_engine_suite import (  # noqa: F401
+    mark_suite,
+    session_attempts,
+    session_bound_s,
+    tiny_model,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

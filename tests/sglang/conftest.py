@@ -20,7 +20,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
-from support.real_engine_suite import mark_suite, session_attempts, tiny_model  # noqa: E402,F401
+from support.real_engine_suite import (  # noqa: E402,F401
+    mark_suite,
+    session_attempts,
+    session_bound_s,
+    tiny_model,
+)
 
 # pytester's inline runs put sys.modules back after each run, so a module first imported inside
 # one is imported afresh by the next; SQLAlchemy does not survive that in one process (storing

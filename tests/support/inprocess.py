@@ -25,12 +25,15 @@ import pytest
 from support.timing import SESSION_S
 
 
-def bounded_inprocess(run: Callable[..., pytest.RunResult]) -> Callable[..., pytest.RunResult]:
+def bounded_inprocess(
+    run: Callable[..., pytest.RunResult], default_s: float = SESSION_S
+) -> Callable[..., pytest.RunResult]:
     """``run`` (``pytester.runpytest_inprocess``), interrupted after ``timeout`` seconds
-    (:data:`SESSION_S` by default, the bound a subprocess session gets)."""
+    (``default_s`` when the call gives none: :data:`SESSION_S`, the bound a subprocess session
+    gets, or the real-engine suites' longer one)."""
 
     @functools.wraps(run)
-    def session(*args: Any, timeout: float = SESSION_S, **kwargs: Any) -> pytest.RunResult:
+    def session(*args: Any, timeout: float = default_s, **kwargs: Any) -> pytest.RunResult:
         fired = threading.Event()
 
         def interrupt() -> None:

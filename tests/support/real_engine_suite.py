@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from support.busy_machine import ENGINE_SESSION_ATTEMPTS
+from support.timing import ENGINE_SESSION_S
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "engine"))
@@ -40,6 +41,12 @@ def mark_suite(
 def session_attempts() -> int:
     """More attempts than the simulator's sessions get: see :data:`ENGINE_SESSION_ATTEMPTS`."""
     return ENGINE_SESSION_ATTEMPTS
+
+
+@pytest.fixture
+def session_bound_s() -> float:
+    """A longer bound than the simulator's sessions get: see :data:`ENGINE_SESSION_S`."""
+    return ENGINE_SESSION_S
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,12 @@ SESSION_S = 300.0
 """How long a whole pytest session run in a subprocess may take before the test gives up on it
 (a session against the simulator takes seconds; this only stops one that hangs)."""
 
+ENGINE_SESSION_S = 2400.0
+"""The bound of a whole session in the real-engine suites (``tests/engine``, ``tests/sglang``):
+their sessions launch real servers, each allowed its profile's 300 s to start, up to four
+launches a session (the paired deploy gate), each warmed and measured on two shared cores.
+Like :data:`SESSION_S`, it only stops a session that hangs."""
+
 POLL_S = 0.02
 
 

@@ -19,20 +19,29 @@ import pytest
 from pytest_kimi.measure.metrics import LevelFigures
 from pytest_kimi.sim.config import SimConfig
 
+from support.busy_machine import SESSION_ATTEMPTS
+
 PROFILE = SimConfig(speed=10.0)
 """EP8 shape at 10x: 650 tok/s at C=1 up to ~15,000 tok/s at C=256."""
 LEVELS = (1, 8, 64, 256)
 
 
+def _measure_level(sim_measure, concurrency: int):
+    # One request per worker: every trial is a single clean round, the purest steady state.
+    return sim_measure(
+        PROFILE,
+        "accuracy",
+        concurrency=concurrency,
+        requests=concurrency,
+        max_tokens=256,
+        trials=2,
+        warmup=2,
+    )
+
+
 @pytest.fixture(scope="module")
 def measured(sim_measure):
-    # One request per worker: every trial is a single clean round, the purest steady state.
-    return {
-        c: sim_measure(
-            PROFILE, "accuracy", concurrency=c, requests=c, max_tokens=256, trials=2, warmup=2
-        )
-        for c in LEVELS
-    }
+    return {c: _measure_level(sim_measure, c) for c in LEVELS}
 
 
 def _assert_trials_match(m, expected: float, rel: float) -> None:
@@ -106,14 +115,25 @@ def _latency_figures_of(m) -> LevelFigures | None:
 
 
 @pytest.mark.parametrize("concurrency", LEVELS)
-def test_request_tok_s_within_2_percent(measured, concurrency: int) -> None:
+def test_request_tok_s_within_2_percent(measured, sim_measure, concurrency: int) -> None:
     """A request's decode rate spans its first to its last token; each may be late by the
     simulator's lateness and the client's stall at that instant."""
     m = measured[concurrency]
     expected = PROFILE.request_tok_s(concurrency)
     f = _latency_figures_of(m)
+    for _ in range(SESSION_ATTEMPTS - 1):
+        if f is not None:
+            break
+        # the plugin voided the level's latency figures, by design, because the machine held
+        # the client up in every trial: measured again on a fresh simulator (what the machine
+        # did need not come back; a wrong voiding fails _latency_figures_of every time)
+        m = _measure_level(sim_measure, concurrency)
+        f = _latency_figures_of(m)
     if f is None:
-        pytest.skip("every trial's load client stalled (a busy machine): no latency figures")
+        pytest.skip(
+            f"every trial's load client stalled in {SESSION_ATTEMPTS} measurements"
+            " (a busy machine): no latency figures"
+        )
     assert f.request_tok_s_p50 * f.clock == pytest.approx(expected, rel=0.02 + m.request_slack())
 
 
