@@ -72,6 +72,12 @@ def sglang_profile(tiny_model: Path) -> Path:  # noqa: F811 (the fixture)
     return PROFILE
 
 
+@pytest.fixture(scope="session")
+def tiny_model_path(tiny_model: Path) -> Path:  # noqa: F811 (the fixture)
+    """The tiny Llama (``tiny_model``), as an absolute path."""
+    return tiny_model.resolve()
+
+
 @pytest.fixture
 def sglang_project(pytester: pytest.Pytester, sglang_profile: Path) -> pytest.Pytester:
     """A pytester project with the profile copied in, so baselines land in its tmp dir."""

@@ -10,10 +10,12 @@ only, so the recorder runs from any Python; the plugin's managed profile
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -27,6 +29,24 @@ LAUNCH_FLAGS = (
 """The CPU profile's flags (issue 24)."""
 READY_TIMEOUT_S = 300.0
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+SKIP_REASON = (
+    "SGLang 0.5.23 is not installed in this environment; `tox -e sglang` creates one and runs "
+    "these tests (or set KIMI_SGLANG_PYTHON to the python of such an env)"
+)
+
+
+def sglang_python() -> str | None:
+    """The Python to start SGLang from: ``KIMI_SGLANG_PYTHON``, else this one when it has the
+    real package (``tests/fake_sglang`` is also called ``sglang``: its version says fake)."""
+    configured = os.environ.get("KIMI_SGLANG_PYTHON")
+    if configured:
+        return configured if Path(configured).exists() else None
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or spec.origin is None or "fake_sglang" in spec.origin:
+        return None
+    return sys.executable
 
 
 class NotReady(RuntimeError):

@@ -20,14 +20,12 @@ Skipped with an instruction where SGLang 0.5.23 is not installed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import secrets
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -39,30 +37,12 @@ from typing import Any
 import pytest
 
 import cpu_server
-from support.real_engine_suite import first_run_after_a_launch
 from pytest_kimi.workload.prompts import SIZE_TOLERANCE
 
-REPO = Path(__file__).resolve().parents[2]
-SKIP_REASON = (
-    "SGLang 0.5.23 is not installed in this environment; `tox -e sglang` creates one and runs "
-    "these tests (or set KIMI_SGLANG_PYTHON to the python of such an env)"
-)
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def sglang_python() -> str | None:
-    """The Python to start SGLang from: ``KIMI_SGLANG_PYTHON``, else this one when it has the
-    real package (``tests/fake_sglang`` is also called ``sglang``: its version says fake)."""
-    configured = os.environ.get("KIMI_SGLANG_PYTHON")
-    if configured:
-        return configured if Path(configured).exists() else None
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or spec.origin is None or "fake_sglang" in spec.origin:
-        return None
-    return sys.executable
-
-
-pytestmark = pytest.mark.skipif(sglang_python() is None, reason=SKIP_REASON)
+pytestmark = pytest.mark.skipif(cpu_server.sglang_python() is None, reason=cpu_server.SKIP_REASON)
 
 
 @dataclass
@@ -94,7 +74,7 @@ class RealServer:
 def start_sglang(model: Path, log: Path, *extra: str) -> RealServer:
     """Launch (``cpu_server``: the recorder's flags), wait for ``/health``, return; the caller
     must :func:`stop_sglang` it."""
-    python = sglang_python()
+    python = cpu_server.sglang_python()
     assert python is not None
     url, port, proc = cpu_server.launch(python, model, log, *extra)
     server = RealServer(url, port, proc, log)
@@ -131,12 +111,6 @@ def stop_sglang(server: RealServer) -> None:
     while _group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _group_members(pgid), f"processes of SGLang's group {pgid} outlived the stop"
-
-
-@pytest.fixture(scope="module")
-def tiny_model_path(tiny_model: Path) -> Path:
-    """The tiny Llama (conftest's ``tiny_model``), as an absolute path."""
-    return tiny_model.resolve()
 
 
 @pytest.fixture(scope="module")
@@ -384,233 +358,3 @@ def test_latency_histograms_beside_the_client(pytester: pytest.Pytester, keyed: 
     print(figures)
     assert -0.001 <= client_ttft - server_ttft <= 2 * (step + spread), figures
     assert abs(client_itl - server_itl) <= spread, figures
-
-
-AB_SUITE = """
-from pytest_kimi import throughput
-
-@throughput(concurrency=8, max_tokens=64, requests_per_stream=4, warmup=2)
-def test_ab():
-    pass
-"""
-AB_GATE = (
-    "--perf-tolerance=0.3",
-    "--perf-session-sigma=0.1",
-    "--perf-detectable-drop=0.6",
-    "--perf-max-trials=6",
-)
-
-
-def _profile(max_running_requests: int, model: Path) -> dict[str, Any]:
-    """The CPU profile (A1's ``servers/sglang-cpu-tiny.yaml`` where it exists, else the same
-    flags written here) with ``max-running-requests`` set."""
-    import yaml
-
-    shipped = REPO / "servers" / "sglang-cpu-tiny.yaml"
-    if shipped.exists():
-        data: dict[str, Any] = yaml.safe_load(shipped.read_text())
-    else:
-        args: dict[str, Any] = {}
-        words = list(cpu_server.LAUNCH_FLAGS)
-        while words:
-            flag = words.pop(0)[2:]
-            args[flag] = words.pop(0) if words and not words[0].startswith("--") else True
-        data = {
-            "engine": "sglang",
-            "args": args,
-            "env": {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
-            "nice": 10,
-            "startup_timeout_s": cpu_server.READY_TIMEOUT_S,
-            "stop_grace_s": 10,
-            "stop_timeout_s": 10,
-        }
-    data["args"]["model-path"] = str(model)
-    data["args"]["max-running-requests"] = max_running_requests
-    python = os.environ.get("KIMI_SGLANG_PYTHON")
-    if python:
-        data["command"] = [python, "-m", "sglang.launch_server"]
-    return data
-
-
-def test_same_run_ab_names_the_changed_flag(
-    pytester: pytest.Pytester, tiny_model_path: Path
-) -> None:
-    """Two managed profiles in one session, ``--max-running-requests 8`` then ``2``, at C=8:
-    the second is judged against the first (same run), its drop flagged with the one flag
-    that changed named."""
-    import yaml
-
-    for name, n in (("sglang-tiny-mrr8", 8), ("sglang-tiny-mrr2", 2)):
-        (pytester.path / f"{name}.yaml").write_text(yaml.safe_dump(_profile(n, tiny_model_path)))
-    pytester.makepyfile(test_suite=AB_SUITE)
-    path = pytester.path / "ab.json"
-    result = pytester.runpytest(
-        "-m",
-        "perf",
-        "--server-profile=sglang-tiny-mrr8.yaml",
-        "--server-profile=sglang-tiny-mrr2.yaml",
-        *AB_GATE,
-        "-v",
-        f"--perf-json={path}",
-    )
-    out = result.stdout.str()
-    report = {t.get("profile"): t for t in json.loads(path.read_text())["tests"]}
-    (reference,) = report["sglang-tiny-mrr8"]["levels"]
-    (changed,) = report["sglang-tiny-mrr2"]["levels"]
-    figures = {"reference": reference["tok_s"], "changed": changed["tok_s"]}
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(
-        ["*changed vs deployment sglang-tiny-mrr8 (same run):*max_running_requests*"]
-    )
-    assert changed["verdict"] == "regression", (figures, changed["verdict"], out[-3000:])
-    assert reference["verdict"] not in ("regression", "fail", "invalid", "error"), reference
-
-
-# ------------------------------------------------------ the deploy gate, paired (issue 34)
-
-PAIRED_SUITE = """
-from pytest_kimi import throughput
-
-@throughput(concurrency=8, max_tokens=64, requests_per_stream=4, warmup=2, trials=3)
-def test_ab():
-    pass
-"""
-
-
-def _paired(
-    pytester: pytest.Pytester,
-    tiny_model_path: Path,
-    profiles: dict[str, int],
-    launches: int,
-    *extra: str,
-    changes: dict[str, Any] | None = None,
-) -> tuple[Any, dict[str, Any]]:
-    """A paired deploy comparison of managed profiles (name: ``max-running-requests``), the
-    first the reference, at most ``launches`` launches; ``changes``: more arguments (and an
-    ``env`` dict) for the last profile."""
-    import yaml
-
-    for i, (name, n) in enumerate(profiles.items()):
-        data = _profile(n, tiny_model_path)
-        if changes and i == len(profiles) - 1:
-            more = dict(changes)
-            data["env"] = {**data.get("env", {}), **more.pop("env", {})}
-            data["args"].update(more)
-        (pytester.path / f"{name}.yaml").write_text(yaml.safe_dump(data))
-    pytester.makepyfile(test_suite=PAIRED_SUITE)
-    path = pytester.path / "paired.json"
-    result = pytester.runpytest(
-        "-m",
-        "perf",
-        *(f"--server-profile={name}.yaml" for name in profiles),
-        f"--perf-max-launches={launches}",
-        "-v",
-        f"--perf-json={path}",
-        *extra,
-    )
-    return result, json.loads(path.read_text())
-
-
-def test_paired_aa_of_one_deployment_is_not_a_regression(
-    pytester: pytest.Pytester, tiny_model_path: Path
-) -> None:
-    """The same flags twice: fresh launches in ABBA blocks, each warmed until stationary; the
-    comparison measures the launches' own noise and does not call a regression."""
-    result, report = _paired(pytester, tiny_model_path, {"tiny-a": 8, "tiny-a2": 8}, 4)
-    gate = report["deploy_gate"]
-    (level,) = gate["levels"]
-    print(json.dumps(level, indent=1))
-    assert level["verdict"] != "regression", level
-    assert gate["changes"] == {"tiny-a2": []}, gate["changes"]
-    warm = [t.get("warm_up") for t in report["tests"]]
-    assert all(w is not None for w in warm), "every launch is a fresh server, warmed"
-    assert result.ret in (0, 1)  # undecided after 4 launches is inconclusive or underpowered
-
-
-def test_paired_ab_of_a_slower_deploy_is_a_regression_and_its_culprit_is_named(
-    pytester: pytest.Pytester, tiny_model_path: Path
-) -> None:
-    """``--max-running-requests 2`` against 8 at C=8 (about a quarter of the throughput), hidden
-    among three harmless changes (``--log-level``, ``--schedule-policy``, an env variable
-    SGLang never reads): the paired comparison decides a ``regression`` with the flag named in
-    its list of changes, and ``--perf-culprit`` names it alone, each step a paired comparison
-    of fresh launches of the real engine."""
-    result, report = _paired(
-        pytester,
-        tiny_model_path,
-        {"tiny-mrr8": 8, "tiny-mrr2": 2},
-        8,
-        "--perf-culprit",
-        changes={
-            "log-level": "warning",
-            "schedule-policy": "lpm",
-            "env": {"KIMI_HARMLESS_SETTING": "1"},
-        },
-    )
-    gate = report["deploy_gate"]
-    (level,) = gate["levels"]
-    print(json.dumps(level, indent=1))
-    assert level["verdict"] == "regression", level
-    assert any("max_running_requests" in c for c in gate["changes"]["tiny-mrr2"]), gate
-    assert result.ret == 1
-    result.stdout.fnmatch_lines(["*changed on tiny-mrr2:*max_running_requests*"])
-    culprit = report["culprit"]
-    print(json.dumps(culprit, indent=1))
-    assert sorted(culprit["changes"]) == sorted(
-        ["max-running-requests", "log-level", "schedule-policy", "env:KIMI_HARMLESS_SETTING"]
-    )
-    assert culprit["status"] == "named" and culprit["named"] == ["max-running-requests"], culprit
-    result.stdout.fnmatch_lines(["*pytest-kimi culprit*", "*named: max-running-requests (*"])
-
-
-def test_the_first_run_after_a_launch_agrees_with_the_later_ones(
-    pytester: pytest.Pytester, tiny_model_path: Path
-) -> None:
-    """SGLang: :func:`support.real_engine_suite.first_run_after_a_launch`."""
-    import yaml
-
-    (pytester.path / "tiny.yaml").write_text(yaml.safe_dump(_profile(8, tiny_model_path)))
-    first_run_after_a_launch(pytester, "tiny.yaml")
-
-
-# ------------------------------------------------------------------ the race (issue 37)
-
-
-def test_a_race_of_three_real_deployments_eliminates_the_clearly_worse_one(
-    pytester: pytest.Pytester, tiny_model_path: Path
-) -> None:
-    """Three managed profiles of the real CPU engine, ``--max-running-requests`` 8, 8 with a
-    harmless ``--log-level``, and 2 (about a quarter of the throughput at C=8): the session is
-    round 1, the race launches round 2 itself, and the clearly worse deployment leaves the
-    race with the deployment that beat it named, and one of the two equal ones leads."""
-    import yaml
-
-    profiles = {"race-mrr8": (8, {}), "race-mrr8-quiet": (8, {"log-level": "warning"})}
-    profiles["race-mrr2"] = (2, {})
-    for name, (n, more) in profiles.items():
-        data = _profile(n, tiny_model_path)
-        data["args"].update(more)
-        data["name"] = name
-        (pytester.path / f"{name}.yaml").write_text(yaml.safe_dump(data))
-    pytester.makepyfile(test_suite=PAIRED_SUITE)
-    path = pytester.path / "race.json"
-    result = pytester.runpytest(
-        "-m",
-        "perf",
-        *(f"--server-profile={name}.yaml" for name in profiles),
-        "--perf-race",
-        "--perf-race-rounds=2",
-        f"--perf-json={path}",
-    )
-    race = json.loads(path.read_text())["race"]
-    print(json.dumps(race, indent=1))
-    ranking = {e["deployment"]: e for e in race["ranking"]}
-    worse = ranking["race-mrr2"]
-    assert worse["status"] == "eliminated" and worse["eliminated_in_round"] == 2, worse
-    assert worse["vs_best_ci90_pct"][1] < -30, worse
-    assert "race-mrr8" in worse["reason"], worse
-    assert race["ranking"][0]["deployment"] in ("race-mrr8", "race-mrr8-quiet"), race
-    # two rounds of three is the full grid at this budget: the saving is the rounds not run
-    assert race["launches"] == 6 and race["server_s"] <= race["grid_server_s"]
-    assert result.ret == 0, result.stdout.str()[-3000:]
-    result.stdout.fnmatch_lines(["*pytest-kimi race*"])
