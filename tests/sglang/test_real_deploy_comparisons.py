@@ -177,13 +177,20 @@ def test_paired_ab_of_a_slower_deploy_is_a_regression_and_its_culprit_is_named(
     among three harmless changes (``--log-level``, ``--schedule-policy``, an env variable
     SGLang never reads): the paired comparison decides a ``regression`` with the flag named in
     its list of changes, and ``--perf-culprit`` names it alone, each step a paired comparison
-    of fresh launches of the real engine."""
+    of fresh launches of the real engine.
+
+    At a 30% tolerance, as the vLLM counterpart (``tests/engine``) is judged: launches of the
+    real engine on two shared cores differ by 7-8% (launch noise 7.9% and 7.2% in two runs of
+    ``.ci/run`` that left the culprit undecided at the default 5%), so 8 launches cannot vouch
+    that the harmless subset is within 5% of the reference (its 90% CI spans about ±12% after
+    four), while a drop of about 60% stays far beyond 30%."""
     result, report = _paired(
         pytester,
         tiny_model_path,
         {"tiny-mrr8": 8, "tiny-mrr2": 2},
         8,
         "--perf-culprit",
+        "--perf-tolerance=0.3",
         changes={
             "log-level": "warning",
             "schedule-policy": "lpm",
