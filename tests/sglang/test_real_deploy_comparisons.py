@@ -7,8 +7,9 @@ must reach the verdict that difference calls for.
 
 Why a module of their own: their verdicts rest on the launches' noise, and no other server may
 share the two cores meanwhile.  An idle SGLang CPU server does not sleep: its scheduler polls
-for work, a whole core's worth (``ps`` showed 29 CPU-minutes in 29 minutes for the idle
-``keyed`` server of ``test_real_server_checks.py``).  Here, every server is one the plugin
+for work, a whole core's worth (``ps -o time`` of an idle server's ``sglang::scheduler`` grows
+as fast as the clock), so the module-scoped ``keyed`` server of ``test_real_server_checks.py``
+would take one of the two cores from every launch here.  Here, every server is one the plugin
 launched for the test and stops after it.
 """
 
@@ -179,11 +180,11 @@ def test_paired_ab_of_a_slower_deploy_is_a_regression_and_its_culprit_is_named(
     its list of changes, and ``--perf-culprit`` names it alone, each step a paired comparison
     of fresh launches of the real engine.
 
-    At a 30% tolerance, as the vLLM counterpart (``tests/engine``) is judged: launches of the
-    real engine on two shared cores differ by 7-8% (launch noise 7.9% and 7.2% in two runs of
-    ``.ci/run`` that left the culprit undecided at the default 5%), so 8 launches cannot vouch
-    that the harmless subset is within 5% of the reference (its 90% CI spans about ±12% after
-    four), while a drop of about 60% stays far beyond 30%."""
+    At a 30% tolerance, as the vLLM counterpart (``tests/engine``) is judged: fresh launches of
+    the real engine on two shared cores differ by several percent (the session prints it as
+    "launch noise" on the gate's line), so 8 launches cannot vouch that the harmless subset is
+    within the default 5% of the reference (the culprit's lines print each step's 90% CI),
+    while a drop of about 60% stays far beyond 30%."""
     result, report = _paired(
         pytester,
         tiny_model_path,

@@ -26,9 +26,10 @@ SESSION_S = 300.0
 
 ENGINE_SESSION_S = 2400.0
 """The bound of a whole session in the real-engine suites (``tests/engine``, ``tests/sglang``):
-their sessions launch real servers, each allowed its profile's 300 s to start, up to four
-launches a session (the paired deploy gate), each warmed and measured on two shared cores.
-Like :data:`SESSION_S`, it only stops a session that hangs."""
+their sessions launch real servers, each allowed its profile's startup timeout (180 s for
+SGLang's, 300 s for vLLM's), up to eight launches a session (the paired gate with its culprit
+search), each warmed and measured on two shared cores.  Like :data:`SESSION_S`, it only stops
+a session that hangs."""
 
 POLL_S = 0.02
 
